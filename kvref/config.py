@@ -1,0 +1,142 @@
+"""PlanningConfig: the slice of vLLM's ``VllmConfig`` the planner reads.
+
+Defaults are vLLM 0.33.0's for a CUDA-like platform with async scheduling.
+The config is frozen: Core's auto-fit, which mutates ``max_model_len`` in
+place in vLLM, works on evolved copies here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from kvref.errors import ConfigError
+from kvref.layout import KVCacheLayout
+
+__all__ = ["PlanningConfig"]
+
+_MAMBA_CACHE_MODES = ("none", "align", "all")
+
+
+def _int_check(minimum: int, *, optional: bool = False) -> Any:
+    def check(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if optional and value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            kind = "an int" if not optional else "an int or None"
+            raise ConfigError(f"PlanningConfig.{attribute.name}={value!r} must be {kind} >= {minimum}")
+
+    return check
+
+
+def _bool(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"PlanningConfig.{attribute.name}={value!r} must be a bool")
+
+
+def _mamba_mode(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value not in _MAMBA_CACHE_MODES:
+        raise ConfigError(
+            f"PlanningConfig.mamba_cache_mode={value!r} must be one of {_MAMBA_CACHE_MODES}"
+        )
+
+
+def _layers(value: object) -> frozenset[str]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise ConfigError(f"PlanningConfig.host_resident_layers={value!r} must be a set of names")
+    for name in value:
+        if not isinstance(name, str):
+            raise ConfigError(
+                f"PlanningConfig.host_resident_layers contains {name!r}, which is not a str"
+            )
+    return frozenset(value)
+
+
+def _layout(value: object) -> KVCacheLayout:
+    if isinstance(value, (KVCacheLayout, str)):
+        return KVCacheLayout.parse(value)
+    raise ConfigError(f"PlanningConfig.kv_cache_layout={value!r} must be a KVCacheLayout or name")
+
+
+@attrs.frozen(kw_only=True)
+class PlanningConfig:
+    """What KV cache planning reads from vLLM's config.
+
+    Attributes:
+        max_model_len: longest request, in tokens; with ``auto_fit_max_model_len``
+            it is the upper bound of the search (vLLM's derived length).
+        auto_fit_max_model_len: vLLM's ``original_max_model_len == -1``: shrink
+            ``max_model_len`` to what memory allows.
+        max_num_batched_tokens: tokens per scheduler step.
+        async_scheduling: adds one batch in flight (SPEC 1.3, ``I``).
+        max_concurrent_batches: override of the batches in flight; by default
+            ``pipeline_parallel_size + 1`` with async scheduling, else the PP size.
+        max_num_encoder_input_tokens: cross-attention budget (default: batched tokens).
+        num_gpu_blocks_override: a fixed block count (vLLM ``num_gpu_blocks_override``).
+        disable_hybrid_kv_cache_manager: promote local attention to full (SPEC 3.2).
+        kv_cache_layout: the resolved layout the planner places tensors in.
+        mamba_cache_mode: ``"none"``, ``"align"`` or ``"all"``.
+        decode_context_parallel_size, pipeline_parallel_size, tensor_parallel_size:
+            parallel sizes.
+        prefix_cache_retention_interval: copied into every config.
+        num_prefill_lookahead_tokens: speculative lookahead; sliding windows
+            retain ``max(0, n - 1)`` extra tokens (SPEC 5.1).
+        eagle_block_drop: mark groups holding draft layers as EAGLE groups.
+        host_resident_layers: layers to keep in a host-resident group.
+        host_pool_bytes: bytes of the host pool that backs host-resident groups.
+    """
+
+    max_model_len: int = attrs.field(default=8192, validator=_int_check(1))
+    auto_fit_max_model_len: bool = attrs.field(default=False, validator=_bool)
+    max_num_batched_tokens: int = attrs.field(default=2048, validator=_int_check(1))
+    async_scheduling: bool = attrs.field(default=True, validator=_bool)
+    max_concurrent_batches: int | None = attrs.field(
+        default=None, validator=_int_check(1, optional=True)
+    )
+    max_num_encoder_input_tokens: int | None = attrs.field(
+        default=None, validator=_int_check(0, optional=True)
+    )
+    num_gpu_blocks_override: int | None = attrs.field(
+        default=None, validator=_int_check(1, optional=True)
+    )
+    disable_hybrid_kv_cache_manager: bool = attrs.field(default=False, validator=_bool)
+    kv_cache_layout: KVCacheLayout = attrs.field(default=KVCacheLayout.LBNHC, converter=_layout)
+    mamba_cache_mode: str = attrs.field(default="none", validator=_mamba_mode)
+    decode_context_parallel_size: int = attrs.field(default=1, validator=_int_check(1))
+    pipeline_parallel_size: int = attrs.field(default=1, validator=_int_check(1))
+    tensor_parallel_size: int = attrs.field(default=1, validator=_int_check(1))
+    prefix_cache_retention_interval: int = attrs.field(default=0, validator=_int_check(0))
+    num_prefill_lookahead_tokens: int = attrs.field(default=0, validator=_int_check(0))
+    eagle_block_drop: bool = attrs.field(default=False, validator=_bool)
+    host_resident_layers: frozenset[str] = attrs.field(default=frozenset(), converter=_layers)
+    host_pool_bytes: int | None = attrs.field(default=None, validator=_int_check(0, optional=True))
+
+    @property
+    def concurrent_batches(self) -> int:
+        """Batches in flight: the override, else PP + 1 with async scheduling, else PP."""
+        if self.max_concurrent_batches is not None:
+            return self.max_concurrent_batches
+        pp = self.pipeline_parallel_size
+        return pp + 1 if self.async_scheduling else pp
+
+    @property
+    def max_in_flight_tokens(self) -> int:
+        """``I``: tokens a request may have in flight beyond its window."""
+        return self.concurrent_batches * self.max_num_batched_tokens
+
+    @property
+    def encoder_input_tokens(self) -> int:
+        """The cross-attention budget (defaults to ``max_num_batched_tokens``)."""
+        if self.max_num_encoder_input_tokens is None:
+            return self.max_num_batched_tokens
+        return self.max_num_encoder_input_tokens
+
+    @property
+    def extra_retained_tokens(self) -> int:
+        """Tokens every sliding window keeps beyond its window (SPEC 5.1 step 4)."""
+        return max(0, self.num_prefill_lookahead_tokens - 1)
+
+    def with_max_model_len(self, max_model_len: int) -> PlanningConfig:
+        """A copy with another ``max_model_len`` (auto-fit's search works on copies)."""
+        return attrs.evolve(self, max_model_len=max_model_len)

@@ -1,0 +1,123 @@
+"""Exception types raised by kvref.
+
+Every error kvref raises on bad input or an impossible plan is a subclass of
+:class:`KVRefError`, itself a :class:`ValueError`, so callers that already
+catch ``ValueError`` around vLLM's planner keep working.  vLLM 0.33.0 raises a
+mix of ``AssertionError``, ``ValueError``, ``NotImplementedError`` and even
+``ZeroDivisionError`` for these conditions; kvref maps each of them to one
+typed exception whose message names the field and the value.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "ConflictingWindowError",
+    "GroupingError",
+    "IncompatibleSpecsError",
+    "InsufficientMemoryError",
+    "KVRefError",
+    "LayoutError",
+    "PageSizeUnificationError",
+    "PartitionError",
+    "PlacementError",
+    "PlanningError",
+    "SpecError",
+    "UnsupportedError",
+    "WorkerSpecMismatchError",
+]
+
+
+class KVRefError(ValueError):
+    """Base class of every error kvref raises for bad input or an impossible plan."""
+
+
+class SpecError(KVRefError):
+    """A KV cache spec field is invalid (vLLM: ``ValueError`` or ``AssertionError``)."""
+
+
+class ConfigError(KVRefError):
+    """A :class:`~kvref.PlanningConfig` field, memory figure or block count is invalid."""
+
+
+class IncompatibleSpecsError(SpecError):
+    """Specs cannot be merged into one (vLLM: ``AssertionError`` in ``merge``).
+
+    Grouping treats this as "not uniform" and moves on to the next rule.
+    """
+
+
+class ConflictingWindowError(SpecError):
+    """Full-attention specs carry two different windows or chunk sizes.
+
+    vLLM raises ``ValueError`` here, which escapes the uniform test instead of
+    being treated as "not uniform"; kvref keeps that distinction.
+    """
+
+
+class GroupingError(KVRefError):
+    """The layers cannot be split into KV cache groups."""
+
+
+class PageSizeUnificationError(GroupingError):
+    """A page cannot be scaled or padded to the largest page (vLLM: ``NotImplementedError``)."""
+
+
+class PartitionError(GroupingError):
+    """Groups do not partition the layers: a layer is missing, repeated or unknown."""
+
+
+class LayoutError(KVRefError):
+    """A KV cache layout cannot express the requested placement."""
+
+
+class PlacementError(KVRefError):
+    """Groups cannot be placed into tensors for the requested number of blocks."""
+
+
+class UnsupportedError(KVRefError):
+    """A feature of vLLM 0.33.0 that kvref deliberately does not implement."""
+
+
+class PlanningError(KVRefError):
+    """The cross-worker planning flow cannot produce a consistent set of configs."""
+
+
+class WorkerSpecMismatchError(PlanningError):
+    """The same layer is reported with different specs by two workers."""
+
+
+class InsufficientMemoryError(PlanningError):
+    """Not even one request at ``max_model_len`` fits in the available memory.
+
+    Attributes:
+        max_model_len: the length that was checked.
+        needed_bytes: bytes one request needs (0 when no memory is left at all).
+        available_bytes: bytes left for cache blocks after the null block.
+        estimated_max_model_len: the longest length that fits (0 if none does).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        max_model_len: int,
+        needed_bytes: int,
+        available_bytes: int,
+        estimated_max_model_len: int,
+    ) -> None:
+        super().__init__(message)
+        self.max_model_len = max_model_len
+        self.needed_bytes = needed_bytes
+        self.available_bytes = available_bytes
+        self.estimated_max_model_len = estimated_max_model_len
+
+    @property
+    def needed_gib(self) -> float:
+        """Needed memory in GiB, rounded to 2 decimals as vLLM prints it."""
+        return round(self.needed_bytes / 2**30, 2)
+
+    @property
+    def available_gib(self) -> float:
+        """Available memory in GiB, rounded to 2 decimals as vLLM prints it."""
+        return round(self.available_bytes / 2**30, 2)
