@@ -1,0 +1,257 @@
+"""Default placement of KV cache groups for an exact number of blocks (SPEC 4).
+
+Groups alias one backing allocation from byte 0: a block ID is held by one
+group at a time, so the same bytes serve every group (SPEC 4.4).  Host-resident
+groups get their own host backing, laid out in LBNHC with their own block count.
+
+Deliberate differences from vLLM 0.33.0 (DESIGN.md):
+
+* the returned config always has exactly the requested ``num_blocks``
+  (vLLM's default returns ``num_gpu_blocks_override`` when it is set);
+* in layer-outer layouts with several groups whose aligned page strides
+  differ, every layer uses one common block stride, so different block IDs
+  never alias (vLLM lets them, SPEC 6);
+* a uniform-type group only places the layers it names (vLLM places every
+  layer of its wrapper, which breaks on PP workers, SPEC 6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+from kvref._math import lcm_all, round_up
+from kvref.config import PlanningConfig
+from kvref.errors import ConfigError, LayoutError, PartitionError, PlacementError
+from kvref.layout import KVCacheLayout, compute_layout_strides
+from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
+
+__all__ = [
+    "bytes_per_block",
+    "get_kv_cache_config_from_groups",
+    "host_bytes_per_block",
+    "pool_bytes_per_block",
+    "validate_kv_cache_layout",
+]
+
+#: The host pool is always LBNHC (SPEC 1.10).
+HOST_LAYOUT = KVCacheLayout.LBNHC
+
+
+def _layer_stride1(spec: KVCacheSpec) -> int:
+    return round_up(spec.page_size_bytes, spec.get_block_stride_alignment())
+
+
+def _spec_buckets(group: KVCacheGroupSpec) -> Iterator[tuple[KVCacheSpec, list[str]]]:
+    """The group's layers bucketed by equal per-layer spec, in order of first appearance.
+
+    A uniform-type group walks its wrapper (as vLLM does), so layers of one
+    spec become contiguous even when interleaved in ``layer_names``; only the
+    layers the group names are placed.
+    """
+    spec = group.kv_cache_spec
+    if not isinstance(spec, UniformTypeKVCacheSpecs):
+        if group.layer_names:
+            yield spec, list(group.layer_names)
+        return
+    named = set(group.layer_names)
+    missing = named - set(spec.kv_cache_specs)
+    if missing:
+        raise PlacementError(
+            f"layers {sorted(missing)} of a group have no spec in its UniformTypeKVCacheSpecs"
+        )
+    buckets: dict[KVCacheSpec, list[str]] = {}
+    for name, layer_spec in spec.kv_cache_specs.items():
+        if name in named:
+            buckets.setdefault(layer_spec, []).append(name)
+    yield from buckets.items()
+
+
+def _layer_specs(group: KVCacheGroupSpec) -> Iterator[KVCacheSpec]:
+    for spec, names in _spec_buckets(group):
+        for _ in names:
+            yield spec
+
+
+def _stride_rule(
+    groups: Sequence[KVCacheGroupSpec], layout: KVCacheLayout
+) -> Callable[[KVCacheSpec], int]:
+    """Per-layer block stride of a layer-outer layout.
+
+    vLLM uses ``round_up(page, alignment)`` per layer.  When several groups
+    (which share one page size in layer-outer layouts, SPEC 4.2) disagree on
+    that stride, the slots of one group stop lining up with another's and
+    different block IDs alias; the reference then gives every layer one
+    common stride that satisfies every alignment.
+    """
+    specs = [s for g in groups for s in _layer_specs(g)]
+    populated = sum(1 for g in groups if g.layer_names)
+    strides = {_layer_stride1(s) for s in specs}
+    if layout.is_block_outermost or populated <= 1 or len(strides) <= 1:
+        return _layer_stride1
+    common = round_up(
+        max(s.page_size_bytes for s in specs),
+        lcm_all(s.get_block_stride_alignment() for s in specs),
+    )
+    return lambda _spec: common
+
+
+def bytes_per_block(groups: Sequence[KVCacheGroupSpec], layout: KVCacheLayout) -> int:
+    """Bytes one block ID takes across all layers of ``groups`` in ``layout`` (SPEC 4.1).
+
+    Layer-outer: the widest group's sum of aligned strides.  Block-outermost:
+    the widest group's sum of pages, rounded up to every layer's alignment.
+    """
+    if layout.is_block_outermost:
+        raw = max((sum(s.page_size_bytes for s in _layer_specs(g)) for g in groups), default=0)
+        alignment = lcm_all(
+            s.get_block_stride_alignment() for g in groups for s in _layer_specs(g)
+        )
+        return round_up(raw, alignment)
+    stride = _stride_rule(groups, layout)
+    return max((sum(stride(s) for s in _layer_specs(g)) for g in groups), default=0)
+
+
+def pool_bytes_per_block(config: PlanningConfig, groups: Sequence[KVCacheGroupSpec]) -> int:
+    """Device bytes per block: :func:`bytes_per_block` over the non-host groups."""
+    device = [g for g in groups if not g.host_resident]
+    return bytes_per_block(device, config.kv_cache_layout)
+
+
+def host_bytes_per_block(groups: Sequence[KVCacheGroupSpec]) -> int:
+    """Host bytes per host block: :func:`bytes_per_block` of the host groups in LBNHC."""
+    host = [g for g in groups if g.host_resident]
+    return bytes_per_block(host, HOST_LAYOUT)
+
+
+def validate_kv_cache_layout(groups: Sequence[KVCacheGroupSpec], layout: KVCacheLayout) -> None:
+    """Check that ``layout`` can express the groups' page sizes (SPEC 4.2).
+
+    Raises:
+        LayoutError: mixed page sizes in a layout that is not block-compact, or
+            in a layer-compact layout with more than one group.
+    """
+    pages = {s.page_size_bytes for g in groups for s in _layer_specs(g)}
+    if len(pages) <= 1:
+        return
+    if layout.is_block_compact and not (len(groups) > 1 and layout.is_layer_compact):
+        return
+    raise LayoutError(
+        f"layout {layout.name} cannot express this model's mixed page sizes "
+        f"{sorted(pages)} across {len(groups)} groups; declare a block-outermost layout "
+        "(e.g. BLHNC) or set VLLM_KV_CACHE_LAYOUT=BLHNC"
+    )
+
+
+def _check_groups(groups: object) -> list[KVCacheGroupSpec]:
+    if not isinstance(groups, (list, tuple)):
+        raise PlacementError(f"kv_cache_groups={groups!r} must be a list of KVCacheGroupSpec")
+    seen: dict[str, int] = {}
+    for index, group in enumerate(groups):
+        if not isinstance(group, KVCacheGroupSpec):
+            raise PlacementError(f"kv_cache_groups[{index}]={group!r} is not a KVCacheGroupSpec")
+        for name in group.layer_names:
+            if name in seen:
+                raise PartitionError(
+                    f"layer {name!r} is in group {seen[name]} and group {index}; "
+                    "each layer belongs to exactly one group"
+                )
+            seen[name] = index
+    return list(groups)
+
+
+def _place(
+    groups: Sequence[KVCacheGroupSpec],
+    layout: KVCacheLayout,
+    num_blocks: int,
+    *,
+    host_resident: bool,
+) -> list[KVCacheTensor]:
+    """Emit the tensors of ``groups`` in ``layout`` for ``num_blocks`` blocks (SPEC 4.3 step 4-5)."""
+    validate_kv_cache_layout(groups, layout)
+    bpb = bytes_per_block(groups, layout)
+    size = bpb * num_blocks
+    fixed_block_stride = bpb if layout.is_block_outermost else None
+    stride = _stride_rule(groups, layout)
+    tensors: list[KVCacheTensor] = []
+    for group in groups:
+        offset = 0
+        for spec, names in _spec_buckets(group):
+            block_stride = fixed_block_stride
+            if not layout.is_block_outermost and stride(spec) != spec.page_size_bytes:
+                if not layout.is_block_compact:
+                    raise LayoutError(
+                        f"layout {layout.name} cannot pad pages: layers {names[:3]} need a "
+                        f"block stride of {stride(spec)} bytes for a page of "
+                        f"{spec.page_size_bytes} bytes; use a block-compact layout"
+                    )
+                block_stride = stride(spec)
+            layer_stride, block_stride_out, *_ = compute_layout_strides(
+                spec, num_blocks, len(names), layout, fixed=(None, block_stride, None, None, None)
+            )
+            tensors.append(
+                KVCacheTensor(
+                    size=size,
+                    layers=names,
+                    layer_stride=layer_stride,
+                    block_stride=block_stride_out,
+                    offset=offset,
+                    host_resident=host_resident,
+                )
+            )
+            step = spec.page_size_bytes if layout.is_block_outermost else layer_stride
+            offset += len(names) * step
+    return tensors
+
+
+def get_kv_cache_config_from_groups(
+    config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+) -> KVCacheConfig:
+    """Place ``kv_cache_groups`` into tensors for exactly ``num_blocks`` device blocks (SPEC 4.3).
+
+    An empty group list gives one block and no tensors (the block pool's null
+    block).  Host-resident groups are placed in their own host backing of
+    ``config.host_pool_bytes // host_bytes_per_block`` blocks, before the
+    device tensors.
+
+    Raises:
+        ConfigError: ``num_blocks`` is not a positive int, or host groups have no host pool.
+        PartitionError: a layer is in two groups.
+        LayoutError: the layout cannot express the groups.
+        PlacementError: a group is malformed.
+    """
+    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+        raise ConfigError(f"num_blocks={num_blocks!r} must be an int >= 1")
+    groups = _check_groups(kv_cache_groups)
+    if not groups:
+        return KVCacheConfig(
+            num_blocks=1,
+            kv_cache_tensors=[],
+            kv_cache_groups=[],
+            prefix_cache_retention_interval=config.prefix_cache_retention_interval,
+        )
+    device = [g for g in groups if not g.host_resident]
+    host = [g for g in groups if g.host_resident]
+    tensors: list[KVCacheTensor] = []
+    host_num_blocks: int | None = None
+    if host:
+        host_bpb = host_bytes_per_block(host)
+        if config.host_pool_bytes is None:
+            raise ConfigError(
+                "PlanningConfig.host_pool_bytes=None: host-resident groups need a host pool"
+            )
+        host_num_blocks = config.host_pool_bytes // host_bpb if host_bpb else 0
+        if host_bpb and host_num_blocks < 1:
+            raise ConfigError(
+                f"PlanningConfig.host_pool_bytes={config.host_pool_bytes} holds no host block "
+                f"of {host_bpb} bytes"
+            )
+        tensors += _place(host, HOST_LAYOUT, max(host_num_blocks, 1), host_resident=True)
+    tensors += _place(device, config.kv_cache_layout, num_blocks, host_resident=False)
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=tensors,
+        kv_cache_groups=groups,
+        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
+        host_num_blocks=host_num_blocks,
+    )

@@ -1,0 +1,519 @@
+"""Core's cross-worker planning flow (SPEC 5).
+
+Core merges the workers' layer specs, asks a builder for global groups,
+projects them onto each worker, turns profiled memory into a block count
+(override, null block, auto-fit, admission check) and makes every worker
+agree on the smallest count.
+
+A builder may be given as an instance or as a class: with a class, every
+phase gets a fresh instance, as vLLM does (SPEC 2), so a stateful builder
+shows its bugs here too.
+
+Deliberate differences from vLLM 0.33.0 (DESIGN.md): a projected uniform-type
+group with no layers on a worker stays empty (no tensors), a worker holding no
+KV layer while others do takes the others' block count instead of dividing by
+zero, and every failure is a typed :class:`~kvref.errors.KVRefError`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from kvref._math import cdiv
+from kvref.builder import KVCacheConfigBuilder
+from kvref.config import PlanningConfig
+from kvref.errors import (
+    ConfigError,
+    InsufficientMemoryError,
+    PartitionError,
+    PlanningError,
+    SpecError,
+    WorkerSpecMismatchError,
+)
+from kvref.records import KVCacheConfig, KVCacheGroupSpec
+from kvref.specs import (
+    AttentionSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
+)
+
+__all__ = [
+    "BuilderLike",
+    "KVCachePlan",
+    "WorkerPlan",
+    "check_exact_partition",
+    "get_global_kv_cache_groups",
+    "get_kv_cache_configs",
+    "max_memory_usage_bytes_from_groups",
+    "plan_kv_cache",
+    "pool_bytes_per_block_from_builder",
+    "project_kv_cache_groups_to_worker",
+]
+
+#: A builder instance, or a builder class instantiated afresh for every phase.
+BuilderLike = KVCacheConfigBuilder | type[KVCacheConfigBuilder]
+
+_GIB = 2**30
+
+
+def _fresh(builder: BuilderLike) -> KVCacheConfigBuilder:
+    if isinstance(builder, type):
+        return builder()
+    return builder
+
+
+@attrs.frozen(kw_only=True)
+class WorkerPlan:
+    """What Core computed for one worker (the figures behind its config).
+
+    Attributes:
+        available_memory: bytes profiled for the KV cache.
+        effective_available_memory: after the override (``K * bpb``), else the same.
+        pool_bytes_per_block: the probe's bytes per block (0 without layers).
+        check_memory: effective memory less the null block.
+        needed_memory: bytes one request at the final ``max_model_len`` needs.
+        num_blocks_before_min: the worker's own block count before convergence.
+    """
+
+    available_memory: int
+    effective_available_memory: int
+    pool_bytes_per_block: int
+    check_memory: int
+    needed_memory: int
+    num_blocks_before_min: int | None
+
+
+@attrs.frozen(kw_only=True)
+class KVCachePlan:
+    """The result of Core's flow: global groups, per-worker configs and figures.
+
+    Attributes:
+        global_groups: the builder's groups over all workers' layers.
+        configs: one config per worker, all with ``num_blocks``.
+        workers: Core's figures per worker.
+        max_model_len: the length planned for (lowered by auto-fit).
+        num_blocks: the block count every worker ends with.
+    """
+
+    global_groups: tuple[KVCacheGroupSpec, ...]
+    configs: tuple[KVCacheConfig, ...]
+    workers: tuple[WorkerPlan, ...]
+    max_model_len: int
+    num_blocks: int
+
+
+def check_exact_partition(
+    groups: Sequence[KVCacheGroupSpec], layer_names: Sequence[str] | set[str]
+) -> None:
+    """Check that ``groups`` hold every name of ``layer_names`` exactly once, and nothing else.
+
+    Raises:
+        PartitionError: a layer is missing, repeated, or unknown.
+    """
+    expected = set(layer_names)
+    seen: dict[str, int] = {}
+    for index, group in enumerate(groups):
+        if not isinstance(group, KVCacheGroupSpec):
+            raise PartitionError(f"group {index} is {group!r}, not a KVCacheGroupSpec")
+        for name in group.layer_names:
+            if name in seen:
+                raise PartitionError(
+                    f"layer {name!r} is in group {seen[name]} and group {index}"
+                )
+            if name not in expected:
+                raise PartitionError(f"group {index} names layer {name!r}, which no worker has")
+            seen[name] = index
+    missing = [n for n in layer_names if n not in seen]
+    if missing:
+        raise PartitionError(f"groups miss layers {missing[:8]} ({len(missing)} in all)")
+
+
+def _merge_workers(
+    kv_cache_specs: Sequence[Mapping[str, KVCacheSpec]],
+) -> dict[str, KVCacheSpec]:
+    if isinstance(kv_cache_specs, Mapping) or not isinstance(kv_cache_specs, (list, tuple)):
+        raise ConfigError(
+            "kv_cache_specs must be a list with one {layer name: spec} dict per worker, "
+            f"got {type(kv_cache_specs).__name__}"
+        )
+    if not kv_cache_specs:
+        raise ConfigError("kv_cache_specs=[] has no worker")
+    merged: dict[str, KVCacheSpec] = {}
+    owner: dict[str, int] = {}
+    for worker, specs in enumerate(kv_cache_specs):
+        if not isinstance(specs, Mapping):
+            raise ConfigError(f"kv_cache_specs[{worker}]={specs!r} must be a dict of layer specs")
+        for name, spec in specs.items():
+            if not isinstance(name, str):
+                raise SpecError(f"kv_cache_specs[{worker}] has a non-str layer name {name!r}")
+            if not isinstance(spec, KVCacheSpec):
+                raise SpecError(
+                    f"layer {name!r} on worker {worker} has spec {spec!r}, not a per-layer "
+                    "KVCacheSpec"
+                )
+            if name in merged and merged[name] != spec:
+                raise WorkerSpecMismatchError(
+                    f"layer {name!r} has different specs on worker {owner[name]} "
+                    f"({merged[name]!r}) and worker {worker} ({spec!r})"
+                )
+            merged.setdefault(name, spec)
+            owner.setdefault(name, worker)
+    return merged
+
+
+def _check_registry(specs: Mapping[str, KVCacheSpec]) -> None:
+    for name, spec in specs.items():
+        if not type(spec).registered:
+            raise SpecError(
+                f"unsupported KV cache spec type for layer {name!r}: {type(spec).__name__} is "
+                "not registered for planning (vLLM adds such layers after planning)"
+            )
+
+
+def get_global_kv_cache_groups(
+    builder: BuilderLike,
+    config: PlanningConfig,
+    kv_cache_specs: Sequence[Mapping[str, KVCacheSpec]],
+) -> list[KVCacheGroupSpec]:
+    """Group all workers' layers with ``builder`` (SPEC 5.1).
+
+    The workers' dicts are not mutated: the builder gets a merged copy with
+    sliding windows tagged with ``config.extra_retained_tokens``.
+
+    Raises:
+        WorkerSpecMismatchError: one layer has different specs on two workers.
+        SpecError: a spec class is not registered for planning.
+        PartitionError: the builder's groups do not partition the layers.
+    """
+    merged = _merge_workers(kv_cache_specs)
+    _check_registry(merged)
+    extra = config.extra_retained_tokens
+    tagged: dict[str, KVCacheSpec] = {
+        name: (
+            attrs.evolve(spec, extra_retained_tokens=extra)
+            if isinstance(spec, SlidingWindowSpec) and spec.extra_retained_tokens != extra
+            else spec
+        )
+        for name, spec in merged.items()
+    }
+    groups = list(_fresh(builder).get_kv_cache_groups(config, dict(tagged)))
+    check_exact_partition(groups, list(tagged))
+    if config.eagle_block_drop:
+        groups = [
+            attrs.evolve(g, is_eagle_group=any(merged[n].is_draft for n in g.layer_names))
+            for g in groups
+        ]
+    return groups
+
+
+def project_kv_cache_groups_to_worker(
+    global_groups: Sequence[KVCacheGroupSpec], worker_specs: Mapping[str, KVCacheSpec]
+) -> list[KVCacheGroupSpec]:
+    """Each global group restricted to the worker's layers, in order (SPEC 5.2 step 2).
+
+    A group whose layers are all on the worker is kept as is.  A uniform-type
+    group is re-wrapped over the worker's subset; one with no layer on the
+    worker keeps the global wrapper (block IDs are global, so it still counts
+    for admission) but names no layer, so placement emits nothing for it.
+    """
+    projected: list[KVCacheGroupSpec] = []
+    for group in global_groups:
+        names = [n for n in group.layer_names if n in worker_specs]
+        if len(names) == len(group.layer_names):
+            projected.append(group)
+            continue
+        spec = group.kv_cache_spec
+        if isinstance(spec, UniformTypeKVCacheSpecs) and names:
+            spec = UniformTypeKVCacheSpecs(
+                kv_cache_specs={n: spec.kv_cache_specs[n] for n in names}
+            )
+        projected.append(attrs.evolve(group, layer_names=names, kv_cache_spec=spec))
+    return projected
+
+
+def pool_bytes_per_block_from_builder(
+    builder: KVCacheConfigBuilder, config: PlanningConfig, groups: Sequence[KVCacheGroupSpec]
+) -> int:
+    """Device bytes per block as Core learns them (SPEC 5.2, the probe).
+
+    ``[]`` gives 0; a builder that overrides ``_get_pool_bytes_per_block``
+    answers directly; otherwise one block is placed with the override unset
+    and the single device backing size is the answer (0 without device tensors).
+
+    Raises:
+        PlanningError: the one-block placement has several device backing sizes.
+    """
+    if not groups:
+        return 0
+    declared = builder._get_pool_bytes_per_block(config, groups)
+    if declared is not None:
+        return declared
+    probe_config = attrs.evolve(config, num_gpu_blocks_override=None)
+    probe = builder.get_kv_cache_config_from_groups(probe_config, groups, 1)
+    sizes = sorted({t.size for t in probe.kv_cache_tensors if not t.host_resident})
+    if len(sizes) > 1:
+        raise PlanningError(
+            f"device tensors must share one device backing allocation, but got sizes {sizes}; "
+            "a builder with several allocations must override _get_pool_bytes_per_block"
+        )
+    return sizes[0] if sizes else 0
+
+
+def _group_blocks_per_request(group: KVCacheGroupSpec, config: PlanningConfig) -> int:
+    spec = group.kv_cache_spec
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        return spec.max_memory_usage_pages(config)
+    return cdiv(spec.max_memory_usage_bytes(config), spec.page_size_bytes)
+
+
+def max_memory_usage_bytes_from_groups(
+    config: PlanningConfig, groups: Sequence[KVCacheGroupSpec], pool_bytes_per_block: int
+) -> int:
+    """Bytes one request at ``config.max_model_len`` needs: ``bpb * Σ blocks(g)`` (SPEC 5.3).
+
+    Every non-host group counts, even one with no layer on this worker,
+    because block IDs are shared by all groups.
+    """
+    blocks = sum(_group_blocks_per_request(g, config) for g in groups if not g.host_resident)
+    return pool_bytes_per_block * blocks
+
+
+def _estimate_max_model_len(
+    config: PlanningConfig, groups: Sequence[KVCacheGroupSpec], bpb: int, check: int
+) -> int:
+    """Largest length in ``[1, config.max_model_len]`` whose need fits ``check`` (0 if none)."""
+
+    def fits(length: int) -> bool:
+        need = max_memory_usage_bytes_from_groups(config.with_max_model_len(length), groups, bpb)
+        return need <= check
+
+    low, high, best = 1, config.max_model_len, 0
+    while low <= high:
+        mid = (low + high) // 2
+        if fits(mid):
+            best, low = mid, mid + 1
+        else:
+            high = mid - 1
+    return best
+
+
+def _kv_tp_replicas(config: PlanningConfig, specs: Sequence[KVCacheSpec]) -> int:
+    replicas = 0
+    for spec in specs:
+        value = 1
+        if (
+            isinstance(spec, AttentionSpec)
+            and spec.max_tp_shards is not None
+            and not (spec.dcp_sharded and config.decode_context_parallel_size > 1)
+        ):
+            value = max(1, config.tensor_parallel_size // spec.max_tp_shards)
+        replicas = math.gcd(replicas, value)
+    return replicas or 1
+
+
+def _available_per_worker(available_memory: int | Sequence[int], workers: int) -> list[int]:
+    if isinstance(available_memory, int) and not isinstance(available_memory, bool):
+        values = [available_memory] * workers
+    elif isinstance(available_memory, (list, tuple)):
+        values = list(available_memory)
+        if len(values) != workers:
+            raise ConfigError(
+                f"available_memory has {len(values)} entries for {workers} workers"
+            )
+    else:
+        raise ConfigError(f"available_memory={available_memory!r} must be an int or a list of ints")
+    for index, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"available_memory[{index}]={value!r} must be an int >= 0")
+    return values
+
+
+def _insufficient(
+    config: PlanningConfig, needed: int, check: int, estimated: int
+) -> InsufficientMemoryError:
+    message = (
+        f"one request at max_model_len={config.max_model_len} needs "
+        f"{round(needed / _GIB, 2)} GiB of KV cache, more than the "
+        f"{round(check / _GIB, 2)} GiB available"
+    )
+    if estimated > 0:
+        message += f"; the estimated maximum model length is {estimated}"
+    message += ". Increase gpu_memory_utilization or decrease max_model_len."
+    return InsufficientMemoryError(
+        message,
+        max_model_len=config.max_model_len,
+        needed_bytes=needed,
+        available_bytes=check,
+        estimated_max_model_len=estimated,
+    )
+
+
+def plan_kv_cache(
+    builder: BuilderLike,
+    config: PlanningConfig,
+    kv_cache_specs: Sequence[Mapping[str, KVCacheSpec]],
+    available_memory: int | Sequence[int],
+    global_groups: Sequence[KVCacheGroupSpec] | None = None,
+) -> KVCachePlan:
+    """Run Core's whole flow and return the configs with the figures behind them (SPEC 5).
+
+    Args:
+        builder: a builder instance, or a class to instantiate for every phase.
+        config: the planning config; auto-fit works on copies of it.
+        kv_cache_specs: one ``{layer name: spec}`` dict per worker (not mutated).
+        available_memory: bytes for the KV cache, one int for all workers or one per worker.
+        global_groups: groups from :func:`get_global_kv_cache_groups` (computed if ``None``).
+
+    Raises:
+        InsufficientMemoryError: one request at ``max_model_len`` does not fit, or
+            auto-fit finds no length that fits.
+        ConfigError, SpecError, PartitionError, PlanningError: bad input or a builder
+            that breaks the contract.
+    """
+    memory = _available_per_worker(available_memory, len(kv_cache_specs))
+    if global_groups is None:
+        global_groups = get_global_kv_cache_groups(builder, config, kv_cache_specs)
+    else:
+        _merge_workers(kv_cache_specs)
+    groups_global = list(global_groups)
+    worker_builder = _fresh(builder)
+    projected = [project_kv_cache_groups_to_worker(groups_global, w) for w in kv_cache_specs]
+    for index, (groups, specs) in enumerate(zip(projected, kv_cache_specs, strict=True)):
+        placed = sum(len(g.layer_names) for g in groups)
+        if placed != len(specs):
+            raise PartitionError(
+                f"worker {index} has {len(specs)} layers but its projected groups hold {placed}: "
+                "some layers are not assigned to any group"
+            )
+    bpbs = [pool_bytes_per_block_from_builder(worker_builder, config, g) for g in projected]
+    # A worker counts as "with groups" only if it holds a layer: a zero-layer
+    # worker needs nothing and takes the others' block count (vLLM divides by 0).
+    active = [bool(g) and bpb > 0 for g, bpb in zip(projected, bpbs, strict=True)]
+
+    effective = list(memory)
+    override = config.num_gpu_blocks_override
+    if override is not None:
+        effective = [
+            override * bpb if on else mem
+            for mem, bpb, on in zip(memory, bpbs, active, strict=True)
+        ]
+    check = [
+        mem - bpb if on else mem for mem, bpb, on in zip(effective, bpbs, active, strict=True)
+    ]
+
+    if config.auto_fit_max_model_len and any(active):
+        fitted = min(
+            _estimate_max_model_len(config, projected[w], bpbs[w], check[w])
+            for w in range(len(projected))
+            if active[w]
+        )
+        if fitted <= 0:
+            worst = min(
+                (w for w in range(len(projected)) if active[w]), key=lambda w: check[w]
+            )
+            one_token = config.with_max_model_len(1)
+            raise InsufficientMemoryError(
+                f"cannot auto-fit max_model_len: not even one token fits in "
+                f"{round(check[worst] / _GIB, 2)} GiB on worker {worst}",
+                max_model_len=1,
+                needed_bytes=max_memory_usage_bytes_from_groups(
+                    one_token, projected[worst], bpbs[worst]
+                ),
+                available_bytes=max(check[worst], 0),
+                estimated_max_model_len=0,
+            )
+        if fitted < config.max_model_len:
+            config = config.with_max_model_len(fitted)
+
+    needed = [
+        max_memory_usage_bytes_from_groups(config, g, bpb) if on else 0
+        for g, bpb, on in zip(projected, bpbs, active, strict=True)
+    ]
+    for w in range(len(projected)):
+        if not active[w]:
+            continue
+        if check[w] <= 0:
+            raise InsufficientMemoryError(
+                f"no available memory for the cache blocks on worker {w} "
+                f"(available_memory={memory[w]}, one block takes {bpbs[w]} bytes); "
+                "increase gpu_memory_utilization",
+                max_model_len=config.max_model_len,
+                needed_bytes=needed[w],
+                available_bytes=max(check[w], 0),
+                estimated_max_model_len=0,
+            )
+        if needed[w] > check[w]:
+            estimated = _estimate_max_model_len(config, projected[w], bpbs[w], check[w])
+            raise _insufficient(config, needed[w], check[w], estimated)
+
+    before_min: list[int | None] = []
+    configs: list[KVCacheConfig] = []
+    for w, groups in enumerate(projected):
+        if not groups:
+            blocks: int | None = 1
+        elif active[w]:
+            blocks = effective[w] // bpbs[w]
+        else:
+            blocks = None
+        before_min.append(blocks)
+    known = [b for b in before_min if b is not None]
+    if not known:
+        raise PlanningError("no worker holds a KV cache layer, but the global groups are not empty")
+    for w, groups in enumerate(projected):
+        own = before_min[w]
+        requested = own if own is not None else min(known)
+        configs.append(worker_builder.get_kv_cache_config_from_groups(config, groups, requested))
+    target = min(c.num_blocks for c in configs)
+    configs = [
+        c
+        if c.num_blocks == target
+        else worker_builder.get_kv_cache_config_from_groups(config, c.kv_cache_groups, target)
+        for c in configs
+    ]
+    finished = []
+    for c in configs:
+        specs = [s for g in c.kv_cache_groups for _, s in g.layer_specs()]
+        finished.append(
+            attrs.evolve(
+                c,
+                kv_cache_layout=config.kv_cache_layout,
+                kv_tp_replicas=_kv_tp_replicas(config, specs),
+            )
+        )
+    workers = tuple(
+        WorkerPlan(
+            available_memory=memory[w],
+            effective_available_memory=effective[w],
+            pool_bytes_per_block=bpbs[w],
+            check_memory=check[w],
+            needed_memory=needed[w],
+            num_blocks_before_min=before_min[w],
+        )
+        for w in range(len(projected))
+    )
+    return KVCachePlan(
+        global_groups=tuple(groups_global),
+        configs=tuple(finished),
+        workers=workers,
+        max_model_len=config.max_model_len,
+        num_blocks=target,
+    )
+
+
+def get_kv_cache_configs(
+    builder: BuilderLike,
+    config: PlanningConfig,
+    kv_cache_specs: Sequence[Mapping[str, KVCacheSpec]],
+    available_memory: int | Sequence[int],
+) -> list[KVCacheConfig]:
+    """One :class:`KVCacheConfig` per worker, all with the same ``num_blocks`` (SPEC 5).
+
+    See :func:`plan_kv_cache` for the arguments, the errors and the figures
+    behind the configs (including the auto-fitted ``max_model_len``).
+    """
+    return list(plan_kv_cache(builder, config, kv_cache_specs, available_memory).configs)
+
