@@ -476,12 +476,12 @@ def plan_kv_cache(
     ]
     finished = []
     for c in configs:
-        specs = [s for g in c.kv_cache_groups for _, s in g.layer_specs()]
+        layer_specs = [s for g in c.kv_cache_groups for _, s in g.layer_specs()]
         finished.append(
             attrs.evolve(
                 c,
                 kv_cache_layout=config.kv_cache_layout,
-                kv_tp_replicas=_kv_tp_replicas(config, specs),
+                kv_tp_replicas=_kv_tp_replicas(config, layer_specs),
             )
         )
     workers = tuple(

@@ -492,7 +492,7 @@ class MLAAttentionSpec(FullAttentionSpec):
     topk_buffer_width: int | None = attrs.field(default=None, validator=_optional_positive)
     alignment: int | None = attrs.field(default=None, validator=_optional_positive)
     model_version: str | None = attrs.field(default=None, validator=_optional_str)
-    cache_role: str | None = attrs.field(default=None, validator=_optional_str)
+    cache_role: str | None = attrs.field(default="SPARSE", validator=_optional_str)
     is_index_group_leader: bool = attrs.field(default=False, validator=_bool)
     non_causal_multi_token_decode: bool = attrs.field(default=False, validator=_bool)
 
@@ -767,6 +767,16 @@ class MambaSpec(KVCacheSpec):
     def num_states(self) -> int:
         """Always one state per block (SPEC 1.3: ``S = 1``)."""
         return 1
+
+    @property
+    def num_page_heads(self) -> int:
+        """``num_heads``: vLLM uses it as the view's ``H`` (in-tree models leave it at 1)."""
+        return self.num_heads
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        """The state bytes ``C``: vLLM leaves ``num_heads`` out of the page."""
+        return self.state_content_size_bytes
 
     def get_num_kernel_states(self, kernel_block_size: int) -> int:
         """One state, whatever the kernel block size."""

@@ -1,0 +1,139 @@
+"""Calls into untrusted builders: exceptions, wrong types and hangs become data.
+
+The kit runs code it does not trust.  Every call into a builder goes through
+:class:`Guard`, which runs it on a daemon thread with a deadline, catches
+every exception and checks the type of what comes back.  A builder that hangs
+once is not called again (its thread cannot be killed), so the kit never hangs.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+__all__ = ["CallResult", "Guard", "snapshot_differs"]
+
+
+@attrs.frozen(kw_only=True)
+class CallResult:
+    """The outcome of one guarded call.
+
+    Attributes:
+        hook: the builder hook called, e.g. ``"get_kv_cache_groups"``.
+        value: what it returned (``None`` when it failed).
+        error: ``"TypeName: message"`` when it raised.
+        error_type: the exception's class when it raised.
+        traceback: the last frames of the traceback when it raised.
+        timed_out: it ran past the deadline (or the builder hung before).
+        wrong_type: what was returned instead of the expected type.
+        seconds: wall time of the call.
+    """
+
+    hook: str
+    value: Any = None
+    error: str | None = None
+    error_type: type[BaseException] | None = None
+    traceback: str | None = None
+    timed_out: bool = False
+    wrong_type: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Whether the call returned a value of the expected type in time."""
+        return self.error is None and not self.timed_out and self.wrong_type is None
+
+    def describe(self) -> str:
+        """One line saying how the call failed (empty when it did not)."""
+        if self.timed_out:
+            return f"{self.hook} did not return within the deadline"
+        if self.error is not None:
+            return f"{self.hook} raised {self.error}"
+        if self.wrong_type is not None:
+            return f"{self.hook} returned {self.wrong_type}"
+        return ""
+
+
+class Guard:
+    """Runs builder hooks with a per-call deadline and captures every failure."""
+
+    def __init__(self, timeout: float = 10.0) -> None:
+        self.timeout = timeout
+        self.hung: str | None = None
+        self.calls = 0
+
+    def call(
+        self,
+        hook: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        expect: type | tuple[type, ...] | None = None,
+        validate: Callable[[Any], str | None] | None = None,
+    ) -> CallResult:
+        """Call ``fn(*args)`` and describe what happened.
+
+        Args:
+            hook: the hook's name, for messages.
+            fn: the bound hook.
+            args: its arguments (the caller passes copies it can compare later).
+            expect: the type the result must have.
+            validate: a further check of the result; returns what is wrong, or ``None``.
+        """
+        if self.hung is not None:
+            return CallResult(hook=hook, timed_out=True)
+        self.calls += 1
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - the builder's failure is data here
+                box["error"] = exc
+                box["tb"] = "".join(traceback.format_exception(exc)[-3:])
+
+        start = time.perf_counter()
+        thread = threading.Thread(target=run, name=f"kvref-guard-{hook}", daemon=True)
+        thread.start()
+        thread.join(self.timeout)
+        seconds = time.perf_counter() - start
+        if thread.is_alive():
+            self.hung = hook
+            return CallResult(hook=hook, timed_out=True, seconds=seconds)
+        if "error" in box:
+            exc = box["error"]
+            return CallResult(
+                hook=hook,
+                error=f"{type(exc).__name__}: {exc}",
+                error_type=type(exc),
+                traceback=box.get("tb"),
+                seconds=seconds,
+            )
+        value = box.get("value")
+        if expect is not None and not isinstance(value, expect):
+            return CallResult(
+                hook=hook, wrong_type=f"{type(value).__name__} ({value!r:.80})", seconds=seconds
+            )
+        if validate is not None:
+            problem = validate(value)
+            if problem is not None:
+                return CallResult(hook=hook, wrong_type=problem, seconds=seconds)
+        return CallResult(hook=hook, value=value, seconds=seconds)
+
+
+def snapshot_differs(before: Any, after: Any) -> bool:
+    """Whether ``after`` differs from the deep copy ``before`` taken before a call."""
+    try:
+        return bool(before != after)
+    except Exception:  # noqa: BLE001 - a broken __eq__ is itself a change worth reporting
+        return True
+
+
+def deep_copy(value: Any) -> Any:
+    """A deep copy that tolerates objects torch dtypes and attrs records hold."""
+    return copy.deepcopy(value)

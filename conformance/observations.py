@@ -1,0 +1,141 @@
+"""What the kit saw a builder do on one generated example.
+
+An observation bundles the inputs the kit generated and the guarded results
+of every builder call it made for them.  Invariants (:mod:`conformance.invariants`)
+are pure functions of observations, so one set of calls serves every
+invariant of a scenario, and a failing invariant can be re-checked on a
+shrunk example without touching the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from conformance.guard import CallResult
+from kvref.config import PlanningConfig
+from kvref.layout import KVCacheLayout
+from kvref.planning import KVCachePlan
+from kvref.records import KVCacheConfig, KVCacheGroupSpec
+from kvref.specs import KVCacheSpec
+
+__all__ = [
+    "CoreObservation",
+    "GroupingObservation",
+    "HostObservation",
+    "PlacementObservation",
+]
+
+
+@attrs.frozen(kw_only=True)
+class GroupingObservation:
+    """``get_kv_cache_groups`` called three times on one input.
+
+    Attributes:
+        config: the planning config passed.
+        specs: the layer specs passed (the kit's pristine copy).
+        first: the first call's result.
+        second: the same instance, same input, again.
+        fresh: a fresh instance, same input.
+        mutated: the call changed the dict it was given.
+    """
+
+    config: PlanningConfig
+    specs: Mapping[str, KVCacheSpec]
+    first: CallResult
+    second: CallResult
+    fresh: CallResult
+    mutated: bool
+
+
+@attrs.frozen(kw_only=True)
+class PlacementObservation:
+    """``get_kv_cache_config_from_groups`` called for several block counts on one group list.
+
+    Attributes:
+        config: the config passed (``num_gpu_blocks_override`` unset).
+        specs: the layer specs the groups were made from.
+        groups: the groups passed (the builder's own when they partition the
+            layers, else the reference's: see ``groups_source``).
+        groups_source: ``"builder"`` or ``"reference"``.
+        num_blocks: the block count under test.
+        results: block count to the call's result (1, ``num_blocks`` and a larger one).
+        repeat: ``num_blocks`` again on the same instance.
+        fresh: ``num_blocks`` on a fresh instance.
+        mutated: a call changed the group list it was given.
+        pool_bytes: the builder's ``_get_pool_bytes_per_block`` answer, when it gives one.
+        empty: the call with no groups (an attention-free model).
+    """
+
+    config: PlanningConfig
+    specs: Mapping[str, KVCacheSpec]
+    groups: tuple[KVCacheGroupSpec, ...]
+    groups_source: str
+    num_blocks: int
+    results: Mapping[int, CallResult]
+    repeat: CallResult
+    fresh: CallResult
+    mutated: bool
+    pool_bytes: CallResult | None
+    empty: CallResult
+
+    @property
+    def layout(self) -> KVCacheLayout:
+        """The layout the builder was asked to place in."""
+        return self.config.kv_cache_layout
+
+    def config_at(self, num_blocks: int) -> KVCacheConfig | None:
+        """The returned config for ``num_blocks`` when that call succeeded."""
+        result = self.results.get(num_blocks)
+        if result is None or not result.ok:
+            return None
+        value: Any = result.value
+        return value if isinstance(value, KVCacheConfig) else None
+
+
+@attrs.frozen(kw_only=True)
+class HostObservation:
+    """Grouping and placement of a model with layers to keep on the host.
+
+    Attributes:
+        config: the config naming ``host_resident_layers``.
+        specs: the layer specs passed.
+        groups: the builder's groups (a call result).
+        placed: placement of those groups at ``num_blocks`` (when grouping worked).
+        device_only: placement of the device groups alone at ``num_blocks``.
+        num_blocks: the device block count asked for.
+    """
+
+    config: PlanningConfig
+    specs: Mapping[str, KVCacheSpec]
+    groups: CallResult
+    placed: CallResult | None
+    device_only: CallResult | None
+    num_blocks: int
+
+
+@attrs.frozen(kw_only=True)
+class CoreObservation:
+    """Core's whole flow run with the builder on a multi-worker problem.
+
+    Attributes:
+        config: the planning config.
+        workers: one ``{layer: spec}`` dict per worker.
+        available_memory: bytes per worker.
+        result: the flow's outcome: a :class:`~kvref.planning.KVCachePlan` or an error.
+        core: which Core ran the flow (``"kvref"`` or ``"vllm"``).
+    """
+
+    config: PlanningConfig
+    workers: tuple[Mapping[str, KVCacheSpec], ...]
+    available_memory: tuple[int, ...]
+    result: CallResult
+    core: str = "kvref"
+
+    @property
+    def plan(self) -> KVCachePlan | None:
+        """The plan when the flow returned one."""
+        value: Any = self.result.value
+        return value if self.result.ok and isinstance(value, KVCachePlan) else None
