@@ -5,6 +5,8 @@ The public API: spec kinds, records, :class:`KVCacheLayout`,
 Core's planning flow and on-device allocation.
 """
 
+from kvref.allocation import KVCacheAllocation, allocate_kv_cache
+from kvref.builder import KVCacheConfigBuilder, ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.errors import (
     ConfigError,
@@ -23,6 +25,13 @@ from kvref.errors import (
     WorkerSpecMismatchError,
 )
 from kvref.layout import KVCacheLayout, compute_layer_kv_cache_shape_bytes, compute_layout_strides
+from kvref.planning import (
+    KVCachePlan,
+    WorkerPlan,
+    get_global_kv_cache_groups,
+    get_kv_cache_configs,
+    plan_kv_cache,
+)
 from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from kvref.specs import (
     AttentionSpec,
@@ -54,9 +63,12 @@ __all__ = [
     "GroupingError",
     "IncompatibleSpecsError",
     "InsufficientMemoryError",
+    "KVCacheAllocation",
     "KVCacheConfig",
+    "KVCacheConfigBuilder",
     "KVCacheGroupSpec",
     "KVCacheLayout",
+    "KVCachePlan",
     "KVCacheSpec",
     "KVCacheTensor",
     "KVRefError",
@@ -69,13 +81,19 @@ __all__ = [
     "PlacementError",
     "PlanningConfig",
     "PlanningError",
+    "ReferenceKVCacheConfigBuilder",
     "SlidingWindowMLASpec",
     "SlidingWindowSpec",
     "SpecError",
     "UniformTypeKVCacheSpecs",
     "UnsupportedError",
+    "WorkerPlan",
     "WorkerSpecMismatchError",
+    "allocate_kv_cache",
     "compute_layer_kv_cache_shape_bytes",
     "compute_layout_strides",
+    "get_global_kv_cache_groups",
+    "get_kv_cache_configs",
+    "plan_kv_cache",
     "__version__",
 ]

@@ -52,7 +52,7 @@ _STRIDE_NAMES = ("layer_stride", "block_stride", "head_stride", "state_stride")
 def resolve_layout(
     kv_cache_config: KVCacheConfig, layout: KVCacheLayout | str | None = None
 ) -> KVCacheLayout:
-    """The layout device tensors are viewed in: ``layout``, else the config's, else LBNHC."""
+    """Return the layout of the device tensors: ``layout``, else the config's, else LBNHC."""
     if layout is not None:
         return KVCacheLayout.parse(layout)
     return kv_cache_config.kv_cache_layout or KVCacheLayout.LBNHC
@@ -82,6 +82,7 @@ class TensorGeometry:
         layout: the layout the strides were computed in.
         shape: extents ``(L, N, H, S, C)``; ``C`` in bytes.
         strides: byte strides ``(L, B, H, S, C)``.
+
     """
 
     index: int
@@ -116,7 +117,8 @@ class TensorGeometry:
         if self.is_empty:
             return start
         # Strides are non-negative, so the last element along every axis is the farthest.
-        return start + sum((e - 1) * s for e, s in zip(self.shape[1:], self.strides[1:])) + 1
+        reach = sum((e - 1) * s for e, s in zip(self.shape[1:], self.strides[1:], strict=True))
+        return start + reach + 1
 
     @property
     def end(self) -> int:
@@ -138,6 +140,7 @@ class ViewProblem:
         layer: the layer concerned.
         message: what is wrong, with the numbers.
         byte_range: the bytes the layer would address, end exclusive, for ``"bounds"``.
+
     """
 
     kind: str
@@ -158,7 +161,7 @@ def _first_group_of(kv_cache_config: KVCacheConfig) -> dict[str, int]:
 def tensor_geometries(
     kv_cache_config: KVCacheConfig, layout: KVCacheLayout | str | None = None
 ) -> tuple[TensorGeometry, ...]:
-    """The geometry of every tensor of the config, in config order (SPEC 1.9 step 3).
+    """Return the geometry of every tensor of the config, in config order (SPEC 1.9 step 3).
 
     Device tensors use ``layout`` (see :func:`resolve_layout`); host tensors
     use :data:`HOST_LAYOUT` and ``host_num_blocks``.
@@ -166,6 +169,7 @@ def tensor_geometries(
     Raises:
         PlacementError: a tensor's first layer belongs to no group.
         LayoutError: the spec's padded page cannot be expressed in the layout.
+
     """
     device_layout = resolve_layout(kv_cache_config, layout)
     owner = _first_group_of(kv_cache_config)
@@ -256,7 +260,7 @@ def view_problems(geometry: TensorGeometry, backing_bytes: int) -> list[ViewProb
         # A single layer's view never uses the layer stride: only its storage offset.
         if num_layers > 1:
             fields.append(("layer_stride", geometry.strides[0]))
-        fields += list(zip(_STRIDE_NAMES[1:], geometry.strides[1:4]))
+        fields += list(zip(_STRIDE_NAMES[1:], geometry.strides[1:4], strict=True))
         fields.append(("state_content_bytes (C)", content))
         for name, value in fields:
             if value % itemsize:
@@ -321,6 +325,7 @@ def allocate_backings(
     Raises:
         PlacementError: device tensors disagree on ``size`` (SPEC 1.9 step 1).
         RuntimeError: ``pin_host=True`` but this process cannot pin memory.
+
     """
     target = torch.device(device)
     size = _single_size(kv_cache_config.device_tensors, "device")
@@ -378,6 +383,7 @@ class KVCacheAllocation:
         tensor_views: the raw 5-D ``uint8`` view ``(L, N, H, S, C)`` of every config tensor.
         backing_of: for every config tensor, the index of its host buffer, or
             :data:`DEVICE_BACKING`.
+
     """
 
     device: torch.device
@@ -392,7 +398,7 @@ class KVCacheAllocation:
     closed: bool = False
 
     def backing(self, index: int) -> torch.Tensor:
-        """The backing buffer of config tensor ``index``."""
+        """Return the backing buffer of config tensor ``index``."""
         where = self.backing_of[index]
         if where == DEVICE_BACKING:
             assert self.device_buffer is not None  # a device tensor implies a device buffer
@@ -449,6 +455,7 @@ def allocate_kv_cache(
             layer without a group, a view outside its backing, or a view whose offset
             or strides are not multiples of ``sizeof(dtype)``.
         LayoutError: a padded page the layout cannot express.
+
     """
     target = torch.device(device)
     chosen = resolve_layout(kv_cache_config, layout)

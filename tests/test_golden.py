@@ -64,9 +64,7 @@ VLLM_CLASS_NAMES: Mapping[str, str] = {}
 #: Spec fields whose kvref default differs from vLLM's: ``(class, field) ->
 #: (kvref value, vLLM value)``.  The field comparison treats the pair as
 #: equal; ``TestSpecDefaults`` asserts the difference on its own.
-KNOWN_DEFAULT_DIFFERENCES: Mapping[tuple[str, str], tuple[Any, Any]] = {
-    ("MLAAttentionSpec", "cache_role"): (None, "SPARSE"),
-}
+KNOWN_DEFAULT_DIFFERENCES: Mapping[tuple[str, str], tuple[Any, Any]] = {}
 
 _DESIGN_OVERRIDE = (
     "DESIGN.md, deliberate differences: placement always returns exactly the "
@@ -510,12 +508,6 @@ def _read_raw(path: Path) -> list[dict[str, Any]]:
 class TestSpecDefaults:
     """kvref spec defaults against vLLM's, where the golden files show vLLM's."""
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="kvref bug (kvref/specs.py): MLAAttentionSpec.cache_role defaults to None, "
-        "vLLM 0.33.0's to SPARSE (golden deepseek_v3_mla_like, mla_with_sliding_window_draft); "
-        "an explicit cache_role='SPARSE' then fails to merge with a default one",
-    )
     def test_mla_cache_role_default_is_vllms(self) -> None:
         """An MLA spec built without ``cache_role`` has vLLM's default, SPARSE."""
         spec = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype="bfloat16")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Any
 
 import attrs
 import pytest
@@ -28,19 +29,21 @@ from kvref.specs import (
 )
 
 
-def full(heads: int = 8, head_size: int = 128, block_size: int = 16, **kw: object) -> FullAttentionSpec:
+def full(
+    heads: int = 8, head_size: int = 128, block_size: int = 16, **kw: Any
+) -> FullAttentionSpec:
     kw.setdefault("dtype", "bfloat16")
     return FullAttentionSpec(block_size=block_size, num_kv_heads=heads, head_size=head_size, **kw)
 
 
-def sw(window: int = 128, heads: int = 8, head_size: int = 64, **kw: object) -> SlidingWindowSpec:
+def sw(window: int = 128, heads: int = 8, head_size: int = 64, **kw: Any) -> SlidingWindowSpec:
     kw.setdefault("block_size", 16)
     return SlidingWindowSpec(
         num_kv_heads=heads, head_size=head_size, dtype="bfloat16", sliding_window=window, **kw
     )
 
 
-def mla(block_size: int = 64, head_size: int = 576, **kw: object) -> MLAAttentionSpec:
+def mla(block_size: int = 64, head_size: int = 576, **kw: Any) -> MLAAttentionSpec:
     kw.setdefault("dtype", "bfloat16")
     return MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=head_size, **kw)
 
@@ -102,7 +105,7 @@ class TestPageSize:
 
 class TestMLAAlignment:
     def test_deepseek_v4_c4_padding(self) -> None:
-        """DeepSeek-V4 C4: 64 states x 584 B = 37,376, padded to alignment 576 = 37,440 (SPEC 1.3)."""
+        """DeepSeek-V4 C4: 64 states x 584 B = 37,376, aligned to 576 gives 37,440 (SPEC 1.3)."""
         spec = mla(
             block_size=256, head_size=512, dtype="uint8", state_content_bytes=584,
             tokens_per_state=4, alignment=576,

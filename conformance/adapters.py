@@ -1,0 +1,69 @@
+"""Load a builder by name, and recognise builders written against vLLM's own types."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from kvref.builder import KVCacheConfigBuilder, ReferenceKVCacheConfigBuilder
+
+__all__ = ["DEFAULT_BUILDER", "BuilderLoadError", "is_vllm_native", "load_builder"]
+
+#: What ``kvref-conformance`` checks when no builder is named.
+DEFAULT_BUILDER = "kvref:ReferenceKVCacheConfigBuilder"
+
+
+class BuilderLoadError(ValueError):
+    """The named builder cannot be imported or is not a builder."""
+
+
+def is_vllm_native(obj: object) -> bool:
+    """Whether ``obj`` is a builder class written against vLLM's ``KVCacheConfigBuilder``."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    return any(
+        base.__module__.startswith("vllm.") and base.__name__ == "KVCacheConfigBuilder"
+        for base in cls.__mro__
+    )
+
+
+def load_builder(spec: str) -> type[KVCacheConfigBuilder] | KVCacheConfigBuilder:
+    """Import ``module:Class`` or ``module.Class`` (a class, or an instance).
+
+    Raises:
+        BuilderLoadError: the module or attribute is missing, or the object is
+            not a kvref builder (vLLM-native builders need the vLLM adapter).
+    """
+    if spec in ("", "reference", DEFAULT_BUILDER):
+        return ReferenceKVCacheConfigBuilder
+    if ":" in spec:
+        module_name, _, attr = spec.partition(":")
+    else:
+        module_name, _, attr = spec.rpartition(".")
+    if not module_name or not attr:
+        raise BuilderLoadError(f"builder {spec!r} must be given as module:Class or module.Class")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is a usage error here
+        raise BuilderLoadError(f"cannot import module {module_name!r} for builder {spec!r}: {exc}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise BuilderLoadError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if is_vllm_native(obj):
+        raise BuilderLoadError(
+            f"{spec!r} is a vLLM-native builder; running it needs the vLLM adapter, which this "
+            "version of the kit does not ship yet (see docs/vllm.md)"
+        )
+    is_builder = (isinstance(obj, type) and issubclass(obj, KVCacheConfigBuilder)) or isinstance(
+        obj, KVCacheConfigBuilder
+    )
+    if not is_builder:
+        raise BuilderLoadError(
+            f"{spec!r} is {obj!r}, not a kvref.KVCacheConfigBuilder subclass or instance"
+        )
+    if isinstance(obj, type) and getattr(obj, "__abstractmethods__", None):
+        missing = ", ".join(sorted(obj.__abstractmethods__))
+        raise BuilderLoadError(f"{spec!r} is abstract: it does not implement {missing}")
+    return obj  # type: ignore[no-any-return]
