@@ -755,6 +755,10 @@ def verify_tags(
     corrupted: list[tuple[_Writer, torch.Tensor]] = []
     total = 0
     for writer in writers:
+        # torch.equal reads both operands once and allocates nothing on the CPU: the fast,
+        # exact answer for a healthy tensor.  Pages are located only when it fails.
+        if torch.equal(writer.dest, writer.source.expand(writer.dest.shape)):
+            continue
         mismatch = _read(writer)
         count = int(mismatch.sum().item())
         if count:

@@ -120,6 +120,9 @@ DEFAULT_BUDGET = 4_000_000
 # difference of two addresses; anything larger goes to exact object arrays.
 _INT64_SAFE = 2**62
 
+# Runs one page may have before its tensor is skipped as a Problem (at least).
+_MIN_PAGE_RUNS = 1 << 16
+
 _Array = npt.NDArray[Any]
 
 
@@ -774,7 +777,10 @@ def check_memory(
     runs take the large-config path (module docstring), whose result says
     whether it was exhaustive.  Never raises for a well-typed config.
     """
-    geometries, problems = tensor_geometries(config, layout, host=host, max_runs=budget)
+    # Pages are folded analytically, so only hostile shapes need many runs per
+    # page; the floor keeps tiny budgets (used in tests) from skipping tensors.
+    page_cap = max(budget, _MIN_PAGE_RUNS)
+    geometries, problems = tensor_geometries(config, layout, host=host, max_runs=page_cap)
     by_index = {g.tensor_index: g for g in geometries}
     total = sum(g.num_pages * len(g.runs.starts) for g in geometries)
     oob = _out_of_bounds(geometries, limit) if "P2" in properties else []

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -110,7 +110,9 @@ DEFAULT_MAX_MEMORY_BYTES = 2**30
 HEAD_SIZES = (64, 80, 96, 128, 256)
 # 16 first: vLLM's default block, and what shrinking should land on.  The rest
 # mixes powers of two with the odd sizes platforms produce (80, 528: SPEC 3.8d).
-BLOCK_SIZE_CHOICES = (16, 1, 2, 4, 8, 32, 64, 128, 256, 512, 1024, 2048, 3, 12, 48, 80, 96, 528, 1000)
+_COMMON_BLOCK_SIZES = (16, 1, 2, 4, 8, 32, 64, 128, 256, 512, 1024, 2048)
+_ODD_BLOCK_SIZES = (3, 12, 48, 80, 96, 528, 1000)
+BLOCK_SIZE_CHOICES = (*_COMMON_BLOCK_SIZES, *_ODD_BLOCK_SIZES)
 KV_HEAD_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
 SLIDING_WINDOWS = (1024, 128, 512, 4096, 32, 1, 8192)
 CHUNK_SIZES = (8192, 1024, 2048, 16)
@@ -174,6 +176,7 @@ class PlanningProblem:
 
     The repr is the counterexample a vendor reads: specs are listed once with
     a letter, and each worker's layers as a run-length pattern of letters.
+
     """
 
     config: PlanningConfig
@@ -218,6 +221,8 @@ class PlanningProblem:
 # compact reprs
 
 _INDEXED_NAME = re.compile(r"^(.*?)(\d+)(.*)$")
+#: Longest run of missing layer indices a pattern bridges with "-" units.
+_MAX_GAP = 4
 
 
 def _value_repr(value: object) -> str:
@@ -326,7 +331,8 @@ def _compress(seq: Sequence[str]) -> str:
         if best_reps == 1:
             out.append(seq[i])
         elif best_period == 1:
-            out.append(f"{seq[i]}*{best_reps}")
+            unit = seq[i] if "+" not in seq[i] else f"({seq[i]})"
+            out.append(f"{unit}*{best_reps}")
         else:
             out.append(f"({_compress(seq[i : i + best_period])})*{best_reps}")
         i += best_period * best_reps
@@ -336,11 +342,12 @@ def _compress(seq: Sequence[str]) -> str:
 def _render_layers(
     workers: Sequence[Mapping[str, KVCacheSpec]],
 ) -> tuple[list[str], list[str]]:
-    """A legend of distinct ``(name template, spec)`` and one compact pattern per worker.
+    """Return a legend of distinct ``(name template, spec)`` and a compact pattern per worker.
 
     Layers ``prefix{i}suffix`` with consecutive ``i`` form one segment,
     printed as ``[lo..hi]`` and a pattern of per-index units (``S+X`` when
-    one index holds several layers, as in encoder-decoder models).
+    one index holds several layers, as in encoder-decoder models; ``-`` for
+    an index without a KV cache layer).
     """
     labels: dict[tuple[str, str, KVCacheSpec, bool], str] = {}
     legend: list[str] = []
@@ -352,38 +359,47 @@ def _render_layers(
             legend.append(f"{labels[key]} = {template}: {_spec_repr(spec)}")
         return labels[key]
 
-    patterns: list[str] = []
-    for worker in workers:
-        segments: list[str] = []
-        prefix: str | None = None
-        lo = hi = -1
-        units: list[list[str]] = []
+    return legend, [_worker_pattern(worker, label) for worker in workers]
 
-        def close() -> None:
-            if prefix is not None:
-                span = f"[{lo}]" if lo == hi else f"[{lo}..{hi}]"
-                segments.append(f"{span} {_compress(['+'.join(u) for u in units])}")
 
-        for name, spec in worker.items():
-            match = _INDEXED_NAME.match(name)
-            if match is None:
-                close()
-                prefix = None
-                segments.append(label(name, "", spec, name))
-                continue
-            pre, index, suffix = match[1], int(match[2]), match[3]
-            letter = label(pre, suffix, spec, f"{pre}{{i}}{suffix}")
-            if pre == prefix and index == hi:
-                units[-1].append(letter)
-            elif pre == prefix and index == hi + 1:
-                units.append([letter])
-                hi = index
-            else:
-                close()
-                prefix, lo, hi, units = pre, index, index, [[letter]]
-        close()
-        patterns.append(", ".join(segments))
-    return legend, patterns
+@attrs.define
+class _Segment:
+    """Consecutive layers ``prefix{lo..hi}...``; ``units[k]`` are the labels at index ``lo + k``."""
+
+    prefix: str | None
+    lo: int
+    hi: int
+    units: list[list[str]]
+
+    def render(self) -> str:
+        if self.prefix is None:  # a name without an index
+            return self.units[0][0]
+        span = f"[{self.lo}]" if self.lo == self.hi else f"[{self.lo}..{self.hi}]"
+        return f"{span} {_compress(['+'.join(u) for u in self.units])}"
+
+
+def _worker_pattern(
+    worker: Mapping[str, KVCacheSpec], label: Callable[[str, str, KVCacheSpec, str], str]
+) -> str:
+    segments: list[_Segment] = []
+    for name, spec in worker.items():
+        match = _INDEXED_NAME.match(name)
+        if match is None:
+            segments.append(_Segment(None, -1, -1, [[label(name, "", spec, name)]]))
+            continue
+        prefix, index, suffix = match[1], int(match[2]), match[3]
+        letter = label(prefix, suffix, spec, f"{prefix}{{i}}{suffix}")
+        last = segments[-1] if segments else None
+        if last is not None and last.prefix == prefix and index == last.hi:
+            last.units[-1].append(letter)
+        elif last is not None and last.prefix == prefix and 0 < index - last.hi <= _MAX_GAP + 1:
+            # Short gaps (layers without KV cache, e.g. MLPs) print as "-".
+            last.units.extend([["-"]] * (index - last.hi - 1))
+            last.units.append([letter])
+            last.hi = index
+        else:
+            segments.append(_Segment(prefix, index, index, [[letter]]))
+    return ", ".join(seg.render() for seg in segments)
 
 
 # ---------------------------------------------------------------------------
@@ -418,7 +434,7 @@ def _rarely(draw: st.DrawFn) -> bool:
 def _pick_block_size(
     draw: st.DrawFn, token_bytes: int, max_page_bytes: int, tokens_per_state: int = 1
 ) -> int:
-    """A block size whose page (``token_bytes`` per state) stays within ``max_page_bytes``."""
+    """Draw a block size whose page (``token_bytes`` per state) stays within ``max_page_bytes``."""
     limit = max(tokens_per_state, max_page_bytes * tokens_per_state // max(token_bytes, 1))
     choices = [b for b in BLOCK_SIZE_CHOICES if tokens_per_state <= b <= limit and b <= 2048]
     if not choices:
@@ -450,7 +466,7 @@ def _attention_kwargs(
     max_page_bytes: int,
     edge: bool,
 ) -> dict[str, Any]:
-    """Keyword arguments of a plain attention spec: heads, head size, dtype, block, opaque fields."""
+    """Draw attention spec keywords: heads, head size, dtype, block and opaque fields."""
     dtype = draw(dtypes())
     heads = draw(st.one_of(st.sampled_from(KV_HEAD_CHOICES), st.integers(1, 128)))
     head_size = draw(st.sampled_from(HEAD_SIZES))
@@ -485,7 +501,7 @@ def _attention_kwargs(
 def full_attention_specs(
     *, block_size: int | None = None, max_page_bytes: int = MAX_PAGE_BYTES, edge: bool = True
 ) -> st.SearchStrategy[FullAttentionSpec]:
-    """Decoder full attention: 1..128 KV heads, head size 64..256, any KV dtype, any block.
+    """Generate decoder full attention: 1..128 KV heads, head size 64..256, any KV dtype, any block.
 
     With ``edge`` it rarely sets the opaque backend fields (``num_head_slots``,
     ``state_content_bytes``, ``page_size_padded``, ``block_stride_alignment``).
@@ -493,9 +509,8 @@ def full_attention_specs(
     creates those), a page above ``max_page_bytes`` unless ``block_size`` is
     forced, or ``dcp_sharded=False``.
     """
-    return st.builds(
-        lambda kw: FullAttentionSpec(**kw),
-        _attention_kwargs(block_size=block_size, max_page_bytes=max_page_bytes, edge=edge),
+    return _attention_kwargs(block_size=block_size, max_page_bytes=max_page_bytes, edge=edge).map(
+        lambda kw: FullAttentionSpec(**kw)
     )
 
 
@@ -503,9 +518,8 @@ def cross_attention_specs(
     *, block_size: int | None = None, max_page_bytes: int = MAX_PAGE_BYTES, edge: bool = True
 ) -> st.SearchStrategy[CrossAttentionSpec]:
     """Encoder-decoder cross attention, with the same geometry as :func:`full_attention_specs`."""
-    return st.builds(
-        lambda kw: CrossAttentionSpec(**kw),
-        _attention_kwargs(block_size=block_size, max_page_bytes=max_page_bytes, edge=edge),
+    return _attention_kwargs(block_size=block_size, max_page_bytes=max_page_bytes, edge=edge).map(
+        lambda kw: CrossAttentionSpec(**kw)
     )
 
 
@@ -513,9 +527,8 @@ def circular_buffer_specs(
     *, block_size: int | None = None, max_page_bytes: int = MAX_PAGE_BYTES, edge: bool = True
 ) -> st.SearchStrategy[CircularBufferSpec]:
     """Ring buffers holding one block per request, with :func:`full_attention_specs` geometry."""
-    return st.builds(
-        lambda kw: CircularBufferSpec(**kw),
-        _attention_kwargs(block_size=block_size, max_page_bytes=max_page_bytes, edge=edge),
+    return _attention_kwargs(block_size=block_size, max_page_bytes=max_page_bytes, edge=edge).map(
+        lambda kw: CircularBufferSpec(**kw)
     )
 
 
@@ -590,9 +603,8 @@ def mla_specs(
     alignment 576), or an ``alignment``.  Never an explicit ``page_size_padded``
     (MLA pads only through ``alignment``).
     """
-    return st.builds(
-        lambda kw: MLAAttentionSpec(**kw),
-        _mla_kwargs(block_size=block_size, max_page_bytes=max_page_bytes, edge=edge),
+    return _mla_kwargs(block_size=block_size, max_page_bytes=max_page_bytes, edge=edge).map(
+        lambda kw: MLAAttentionSpec(**kw)
     )
 
 
@@ -727,7 +739,9 @@ def _hybrid_models(draw: st.DrawFn, max_layers: int) -> Model:
     full = FullAttentionSpec(**kw)
     local: KVCacheSpec
     if ratio == "3:1" and draw(st.booleans()):
-        local = ChunkedLocalAttentionSpec(**kw, attention_chunk_size=draw(st.sampled_from(CHUNK_SIZES)))
+        local = ChunkedLocalAttentionSpec(
+            **kw, attention_chunk_size=draw(st.sampled_from(CHUNK_SIZES))
+        )
     else:
         local = SlidingWindowSpec(**kw, sliding_window=draw(st.sampled_from(SLIDING_WINDOWS)))
     repeats = draw(st.integers(1, max(1, max_layers // period)))
@@ -773,7 +787,9 @@ def _mla_models(draw: st.DrawFn, max_layers: int) -> Model:
         desc += " + MTP draft"
     elif draft == "swa":
         # SPEC 3.8(e): an MLA target with a sliding-window EAGLE draft.
-        kw = draw(_attention_kwargs(block_size=mla.block_size, max_page_bytes=MAX_PAGE_BYTES, edge=False))
+        kw = draw(
+            _attention_kwargs(block_size=mla.block_size, max_page_bytes=MAX_PAGE_BYTES, edge=False)
+        )
         specs[_ATTENTION.format(n)] = SlidingWindowSpec(**kw, sliding_window=128, is_draft=True)
         desc += " + sliding-window draft"
     return Model(specs, desc)
@@ -802,7 +818,9 @@ def _mamba_hybrid_models(draw: st.DrawFn, max_layers: int) -> Model:
     else:
         block = _pick_block_size(draw, token_bytes, MAX_PAGE_BYTES)
         padded = None
-    attention = FullAttentionSpec(block_size=block, num_kv_heads=heads, head_size=head_size, dtype=dtype)
+    attention = FullAttentionSpec(
+        block_size=block, num_kv_heads=heads, head_size=head_size, dtype=dtype
+    )
     mode = draw(st.sampled_from(["none", "align", "all"]))
     # vLLM's Mamba block size is max_model_len without prefix caching of
     # states, and the attention block size with it.
@@ -866,13 +884,14 @@ def cross_attention_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
 
 
 def attention_free_models() -> st.SearchStrategy[Model]:
-    """The attention-free model: no KV cache layers at all (SPEC 3.1 step 2)."""
+    """Generate the attention-free model: no KV cache layers at all (SPEC 3.1 step 2)."""
     return st.just(Model({}, "attention-free"))
 
 
 @st.composite
 def _mixed_page_models(draw: st.DrawFn, max_layers: int) -> Model:
-    kw = draw(_attention_kwargs(block_size=None, max_page_bytes=MAX_PAGE_BYTES, edge=False))
+    # A sixteenth of the page limit: the other head count is at most 16x larger.
+    kw = draw(_attention_kwargs(block_size=None, max_page_bytes=MAX_PAGE_BYTES // 16, edge=False))
     heads = kw["num_kv_heads"]
     other = draw(st.sampled_from([h for h in (4, 6, 2, 1, 3, 8, 16) if h != heads]))
     full = FullAttentionSpec(**kw)
@@ -914,7 +933,9 @@ def _circular_buffer_models(draw: st.DrawFn, max_layers: int) -> Model:
             specs[f"model.layers.{i}.self_attn.kpool"] = ring
         else:
             specs[_ATTENTION.format(i)] = full
-    return Model(specs, f"ring buffers (GLM5-like kpool): {len(specs) - repeats} full + {repeats} ring")
+    return Model(
+        specs, f"ring buffers (GLM5-like kpool): {len(specs) - repeats} full + {repeats} ring"
+    )
 
 
 def circular_buffer_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
@@ -931,7 +952,12 @@ def _llama3_8b() -> Model:
 
 
 def _gemma3_27b() -> Model:
-    kw: dict[str, Any] = {"block_size": 16, "num_kv_heads": 16, "head_size": 128, "dtype": "bfloat16"}
+    kw: dict[str, Any] = {
+        "block_size": 16,
+        "num_kv_heads": 16,
+        "head_size": 128,
+        "dtype": "bfloat16",
+    }
     full, local = FullAttentionSpec(**kw), SlidingWindowSpec(**kw, sliding_window=1024)
     specs: dict[str, KVCacheSpec] = {
         _ATTENTION.format(i): full if i % 6 == 5 else local for i in range(62)
@@ -989,7 +1015,7 @@ _PRESETS = (_llama3_8b, _gpt_oss_20b_eagle, _gemma3_27b, _deepseek_v3, _nemotron
 
 
 def realistic_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
-    """Fixed real-size models from the golden set (Llama-3-8B, gpt-oss-20b + EAGLE, ...).
+    """Generate fixed real-size models from the golden set (Llama-3-8B, gpt-oss-20b + EAGLE, ...).
 
     Only those with at most ``max_layers`` layers; never a model that differs
     from one of the presets.
@@ -1025,6 +1051,7 @@ def models(
 
     Raises:
         ValueError: ``families`` names an unknown family.
+
     """
     names = list(families) if families is not None else [*_FAMILIES, "attention_free"]
     strategies: list[st.SearchStrategy[Model]] = []
@@ -1126,9 +1153,7 @@ def allowed_layouts(model: Model | Mapping[str, KVCacheSpec]) -> tuple[KVCacheLa
         if len({s.block_stride for s in specs}) == 1:
             allowed |= {KVCacheLayout.LBNHC, KVCacheLayout.LBHNC}
         shapes = {compute_layer_kv_cache_shape_bytes(s, 1)[1:] for s in specs}
-        plain = all(
-            s.padded_page_size is None and s.block_stride_alignment is None for s in specs
-        )
+        plain = all(s.padded_page_size is None and s.block_stride_alignment is None for s in specs)
         if len(shapes) == 1 and plain:
             allowed |= {KVCacheLayout.LHBNC, KVCacheLayout.BHLNC}
     if any(isinstance(s, CircularBufferSpec) for s in specs):
@@ -1137,7 +1162,7 @@ def allowed_layouts(model: Model | Mapping[str, KVCacheSpec]) -> tuple[KVCacheLa
 
 
 def layouts_for(model: Model | Mapping[str, KVCacheSpec]) -> st.SearchStrategy[KVCacheLayout]:
-    """A layout from :func:`allowed_layouts`, shrinking towards vLLM's first preference.
+    """Generate a layout from :func:`allowed_layouts`, shrinking to vLLM's first preference.
 
     Never a layout vLLM's resolution would refuse for the model.
     """
@@ -1304,9 +1329,13 @@ def _pp_splits(
     if n == 0:
         return [{} for _ in range(draw(st.integers(1, max_workers)))]
     workers = draw(st.integers(1, min(max_workers, n)))
-    if draw(st.booleans()):
+    if workers > 1 and draw(st.booleans()):
         cuts = sorted(
-            draw(st.lists(st.integers(1, n - 1), min_size=workers - 1, max_size=workers - 1, unique=True))
+            draw(
+                st.lists(
+                    st.integers(1, n - 1), min_size=workers - 1, max_size=workers - 1, unique=True
+                )
+            )
         )
     else:
         # vLLM's default: layers spread as evenly as possible over stages.
@@ -1343,6 +1372,7 @@ def memory_budgets(
 
     Raises:
         ValueError: a negative argument.
+
     """
     if bytes_per_block < 0 or blocks_per_request < 0 or max_extra_blocks < 0:
         raise ValueError(

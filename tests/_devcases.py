@@ -125,24 +125,3 @@ def misaligned_strides() -> KVCacheConfig:
     )
 
 
-def big_config(num_blocks: int, layers_per_group: int = 16) -> KVCacheConfig:
-    """Two groups (full, sliding) of 8-head, head-128, fp16, block-16 layers (64 KiB pages), LBNHC."""
-    full_spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype=torch.float16)
-    sw_spec = SlidingWindowSpec(
-        block_size=16, num_kv_heads=8, head_size=128, dtype=torch.float16, sliding_window=1024
-    )
-    page = full_spec.page_size_bytes
-    size = page * layers_per_group * num_blocks
-    names = [[f"{kind}{i}" for i in range(layers_per_group)] for kind in ("f", "s")]
-    return KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[
-            KVCacheTensor(size=size, layers=n, layer_stride=page * num_blocks, block_stride=page)
-            for n in names
-        ],
-        kv_cache_groups=[
-            KVCacheGroupSpec(layer_names=names[0], kv_cache_spec=full_spec),
-            KVCacheGroupSpec(layer_names=names[1], kv_cache_spec=sw_spec),
-        ],
-        kv_cache_layout=KVCacheLayout.LBNHC,
-    )

@@ -401,7 +401,7 @@ def configs(draw: st.DrawFn) -> KVCacheConfig:
     shift = draw(st.sampled_from([0, 0, 2**63 - 10**4]))
     tensors = []
     for _ in range(draw(st.integers(1, 4))):
-        layers = draw(st.lists(st.sampled_from([*names, "ghost"]), min_size=1, max_size=3))
+        layers = draw(st.lists(st.sampled_from([*names, "ghost"]), min_size=1, max_size=3, unique=True))
         tensors.append(
             tensor(
                 draw(st.integers(0, 600)) + shift,
