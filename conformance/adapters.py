@@ -44,7 +44,9 @@ def load_builder(spec: str) -> type[KVCacheConfigBuilder] | KVCacheConfigBuilder
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is a usage error here
-        raise BuilderLoadError(f"cannot import module {module_name!r} for builder {spec!r}: {exc}") from exc
+        raise BuilderLoadError(
+            f"cannot import module {module_name!r} for builder {spec!r}: {exc}"
+        ) from exc
     obj: Any = module
     for part in attr.split("."):
         try:

@@ -384,9 +384,7 @@ def check_device_alloc(
 # -- KV-DEV-VIEWS ----------------------------------------------------------------------
 
 
-def _storage_violations(
-    allocation: KVCacheAllocation, worker: int | None
-) -> Iterator[Violation]:
+def _storage_violations(allocation: KVCacheAllocation, worker: int | None) -> Iterator[Violation]:
     # Ask torch itself where every view ends: this is the on-device half of the check.
     for name, view in allocation.views.items():
         if view.numel() == 0:
@@ -668,9 +666,7 @@ def _unsigned_hex(value: int, width: int) -> str:
     return f"0x{value & ((1 << (8 * width)) - 1):0{2 * width}x}"
 
 
-def _who_wrote(
-    writers: list[_Writer], backing: int, found: int
-) -> tuple[_Writer, int, int] | None:
+def _who_wrote(writers: list[_Writer], backing: int, found: int) -> tuple[_Writer, int, int] | None:
     for other in writers:
         if other.backing != backing:
             continue
@@ -913,9 +909,7 @@ def check_device_host(
     host_where = "cpu" if budget.host_ok else "meta"
     before = read() if read is not None and measured else 0
     try:
-        device_buffer, host_buffers, _ = allocate_backings(
-            config, where, host_device=host_where
-        )
+        device_buffer, host_buffers, _ = allocate_backings(config, where, host_device=host_where)
     except KVRefError as error:
         notes.append(f"the backings were not allocated: {error}")
         return _result(KV_DEV_HOST, violations, notes, measured=False)

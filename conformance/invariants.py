@@ -23,8 +23,8 @@ from conformance.observations import (
     HostObservation,
     PlacementObservation,
 )
+from conformance.scenarios import absurd_size, size_bound
 from conformance.violations import Violation
-from kvref._math import cdiv, lcm_all, round_up
 from kvref.errors import InsufficientMemoryError
 from kvref.layout import compute_layer_kv_cache_shape_bytes, compute_layout_strides
 from kvref.planning import max_memory_usage_bytes_from_groups, project_kv_cache_groups_to_worker
@@ -84,13 +84,19 @@ def _call_check(kind: str, invariant: str) -> Check:
         for call in _all_calls(obs):
             if kind == "raises":
                 # Core may refuse a problem with its own typed error; that is not the builder's.
-                failed = call.error is not None and call.hook != "core"
+                failed = call.error is not None and call.hook not in ("core", "core-builder")
             elif kind == "type":
                 failed = call.wrong_type is not None
             else:
                 failed = call.timed_out
             if failed:
-                out.append(_v(invariant, call.describe() + (f"\n{call.traceback}" if call.traceback and kind == "raises" else "")))
+                out.append(
+                    _v(
+                        invariant,
+                        call.describe()
+                        + (f"\n{call.traceback}" if call.traceback and kind == "raises" else ""),
+                    )
+                )
         return out[:1]
 
     return check
@@ -109,7 +115,11 @@ def _partition(obs: GroupingObservation) -> list[Violation] | None:
         for name in dict.fromkeys(group.layer_names):
             if name in where and name in obs.specs:
                 out.append(
-                    _v("KV-GROUP-PARTITION", f"layer is in group {where[name]} and group {index}", layer=name)
+                    _v(
+                        "KV-GROUP-PARTITION",
+                        f"layer is in group {where[name]} and group {index}",
+                        layer=name,
+                    )
                 )
             where.setdefault(name, index)
     for name in obs.specs:
@@ -191,7 +201,10 @@ def _one_block_size(obs: GroupingObservation) -> list[Violation] | None:
         sizes = sorted({s.block_size for _, s in _group_layer_specs(g)})
         if len(sizes) > 1:
             out.append(
-                _v("KV-GROUP-ONE-BLOCK-SIZE", f"group {i} mixes block sizes {sizes}; one block table has one block size")
+                _v(
+                    "KV-GROUP-ONE-BLOCK-SIZE",
+                    f"group {i} mixes block sizes {sizes}; one block table has one block size",
+                )
             )
     return out
 
@@ -225,14 +238,24 @@ def _layer_spec_kept(obs: GroupingObservation) -> list[Violation] | None:
                 )
             if problems:
                 out.append(
-                    _v("KV-GROUP-LAYER-SPEC", f"group {i}'s spec for the layer shrinks or changes it: " + "; ".join(problems), layer=name)
+                    _v(
+                        "KV-GROUP-LAYER-SPEC",
+                        f"group {i}'s spec for the layer shrinks or changes it: "
+                        + "; ".join(problems),
+                        layer=name,
+                    )
                 )
     return out
 
 
 def _grouping_input(obs: GroupingObservation) -> list[Violation] | None:
     if obs.mutated:
-        return [_v("KV-GROUP-INPUT-UNCHANGED", "get_kv_cache_groups changed the dict of layer specs it was given")]
+        return [
+            _v(
+                "KV-GROUP-INPUT-UNCHANGED",
+                "get_kv_cache_groups changed the dict of layer specs it was given",
+            )
+        ]
     return []
 
 
@@ -241,9 +264,19 @@ def _grouping_deterministic(obs: GroupingObservation) -> list[Violation] | None:
         return None
     out = []
     if list(obs.first.value) != list(obs.second.value):
-        out.append(_v("KV-GROUP-DETERMINISTIC", "a second call on the same instance returned different groups"))
+        out.append(
+            _v(
+                "KV-GROUP-DETERMINISTIC",
+                "a second call on the same instance returned different groups",
+            )
+        )
     if list(obs.first.value) != list(obs.fresh.value):
-        out.append(_v("KV-GROUP-DETERMINISTIC", "a fresh instance returned different groups for the same input"))
+        out.append(
+            _v(
+                "KV-GROUP-DETERMINISTIC",
+                "a fresh instance returned different groups for the same input",
+            )
+        )
     return out
 
 
@@ -274,7 +307,10 @@ def _groups_echoed(obs: PlacementObservation) -> list[Violation] | None:
     for n, c in configs.items():
         if list(c.kv_cache_groups) != list(obs.groups):
             out.append(
-                _v("KV-PLACE-GROUPS-ECHOED", f"at {n} blocks the config's kv_cache_groups differ from the groups passed in (same groups, same order, unchanged)")
+                _v(
+                    "KV-PLACE-GROUPS-ECHOED",
+                    f"at {n} blocks the config's kv_cache_groups differ from the groups passed in (same groups, same order, unchanged)",
+                )
             )
     return out[:1]
 
@@ -308,17 +344,29 @@ def _coverage(kind: str) -> Check:
                 counts.update(t.layers)
                 if kind == "unknown":
                     out += [
-                        _v(invariant, f"tensor {t_index} holds a layer that no device group has", layer=name)
+                        _v(
+                            invariant,
+                            f"tensor {t_index} holds a layer that no device group has",
+                            layer=name,
+                        )
                         for name in t.layers
                         if name not in device_layers
                     ]
                 if kind == "one-spec":
                     known = [name for name in t.layers if name in owner]
                     groups_here = {owner[name] for name in known}
-                    specs_here = {obs.groups[owner[name]].layer_spec(name) for name in known if _has_spec(obs.groups[owner[name]], name)}
+                    specs_here = {
+                        obs.groups[owner[name]].layer_spec(name)
+                        for name in known
+                        if _has_spec(obs.groups[owner[name]], name)
+                    }
                     if len(groups_here) > 1 or len(specs_here) > 1:
                         out.append(
-                            _v(invariant, f"tensor {t_index} mixes layers of groups {sorted(groups_here)} with {len(specs_here)} different specs; a worker views every layer with layers[0]'s spec", layer=t.layers[0])
+                            _v(
+                                invariant,
+                                f"tensor {t_index} mixes layers of groups {sorted(groups_here)} with {len(specs_here)} different specs; a worker views every layer with layers[0]'s spec",
+                                layer=t.layers[0],
+                            )
                         )
             if kind == "once":
                 out += [
@@ -328,7 +376,11 @@ def _coverage(kind: str) -> Check:
                 ]
             if kind == "missing":
                 out += [
-                    _v(invariant, f"at {n} blocks the layer of a device group is in no device tensor", layer=name)
+                    _v(
+                        invariant,
+                        f"at {n} blocks the layer of a device group is in no device tensor",
+                        layer=name,
+                    )
                     for name in sorted(device_layers)
                     if counts[name] == 0
                 ]
@@ -352,7 +404,12 @@ def _single_backing(obs: PlacementObservation) -> list[Violation] | None:
     for n, c in configs.items():
         sizes = sorted({t.size for t in c.device_tensors})
         if len(sizes) > 1:
-            out.append(_v("KV-PLACE-SINGLE-BACKING", f"at {n} blocks device tensors name {len(sizes)} backing sizes {sizes[:4]}; the worker allocates one buffer"))
+            out.append(
+                _v(
+                    "KV-PLACE-SINGLE-BACKING",
+                    f"at {n} blocks device tensors name {len(sizes)} backing sizes {sizes[:4]}; the worker allocates one buffer",
+                )
+            )
     return out
 
 
@@ -361,9 +418,17 @@ def _device_size(config: KVCacheConfig) -> int | None:
     return sizes.pop() if len(sizes) == 1 else None
 
 
+def _absurd(obs: PlacementObservation, configs: dict[int, KVCacheConfig]) -> bool:
+    bound = size_bound(obs.groups)
+    return any(
+        absurd_size(sum({t.size for t in c.device_tensors}), n, bound) for n, c in configs.items()
+    )
+
+
 def _backing_size(obs: PlacementObservation) -> list[Violation] | None:
     configs = _configs(obs)
-    if configs is None or 1 not in configs:
+    if configs is None or 1 not in configs or _absurd(obs, configs):
+        # An absurd size is KV-PLACE-SIZE-BOUND's finding.
         return None
     bpb = _device_size(configs[1])
     if bpb is None:
@@ -373,7 +438,10 @@ def _backing_size(obs: PlacementObservation) -> list[Violation] | None:
         size = _device_size(c)
         if size is not None and size != bpb * n:
             out.append(
-                _v("KV-PLACE-BACKING-SIZE", f"at {n} blocks the device backing is {size} bytes; one block takes {bpb} bytes, so it must be {bpb} x {n} = {bpb * n} (a constant part or an extra block breaks Core's block arithmetic)")
+                _v(
+                    "KV-PLACE-BACKING-SIZE",
+                    f"at {n} blocks the device backing is {size} bytes; one block takes {bpb} bytes, so it must be {bpb} x {n} = {bpb * n} (a constant part or an extra block breaks Core's block arithmetic)",
+                )
             )
     return out
 
@@ -392,7 +460,12 @@ def _pool_bytes(obs: PlacementObservation) -> list[Violation] | None:
         # Several allocations are allowed here, so add up each distinct backing once.
         actual = sum({t.size for t in c.device_tensors})
         if declared * n != actual:
-            out.append(_v("KV-PLACE-POOL-BYTES", f"_get_pool_bytes_per_block says {declared} bytes per block, but {n} blocks take {actual} device bytes ({declared} x {n} = {declared * n})"))
+            out.append(
+                _v(
+                    "KV-PLACE-POOL-BYTES",
+                    f"_get_pool_bytes_per_block says {declared} bytes per block, but {n} blocks take {actual} device bytes ({declared} x {n} = {declared * n})",
+                )
+            )
     return out
 
 
@@ -400,14 +473,17 @@ def _size_bound(obs: PlacementObservation) -> list[Violation] | None:
     configs = _configs(obs)
     if configs is None:
         return None
-    specs = [s for g in obs.groups if not g.host_resident for _, s in _group_layer_specs(g)]
-    alignment = lcm_all(s.get_block_stride_alignment() for s in specs)
-    bound = sum(round_up(s.page_size_bytes, alignment) for s in specs)
+    bound = size_bound(obs.groups)
     out = []
     for n, c in configs.items():
-        size = max((t.size for t in c.device_tensors), default=0)
-        if size > bound * n:
-            out.append(_v("KV-PLACE-SIZE-BOUND", f"at {n} blocks the device backing is {size} bytes, more than giving every layer its own aligned pages ({bound} x {n} = {bound * n})"))
+        size = sum({t.size for t in c.device_tensors})
+        if absurd_size(size, n, bound):
+            out.append(
+                _v(
+                    "KV-PLACE-SIZE-BOUND",
+                    f"at {n} blocks the device backing is {size} bytes, more than twice what giving every layer its own aligned pages takes ({bound} x {n} = {bound * n}) plus 1 MiB; the kit will not allocate it",
+                )
+            )
     return out
 
 
@@ -416,12 +492,21 @@ def _attention_free(obs: PlacementObservation) -> list[Violation] | None:
         return None
     c = obs.empty.value
     if c.num_blocks != 1 or c.kv_cache_tensors:
-        return [_v("KV-PLACE-ATTENTION-FREE", f"with no groups the config must have num_blocks=1 (the null block) and no tensors, got num_blocks={c.num_blocks} and {len(c.kv_cache_tensors)} tensors")]
+        return [
+            _v(
+                "KV-PLACE-ATTENTION-FREE",
+                f"with no groups the config must have num_blocks=1 (the null block) and no tensors, got num_blocks={c.num_blocks} and {len(c.kv_cache_tensors)} tensors",
+            )
+        ]
     return []
 
 
 def _memory_check(kind: str) -> Check:
-    invariant = {"bounds": "KV-PLACE-IN-BOUNDS", "blocks": "KV-PLACE-NO-BLOCK-ALIAS", "layers": "KV-PLACE-NO-LAYER-OVERLAP"}[kind]
+    invariant = {
+        "bounds": "KV-PLACE-IN-BOUNDS",
+        "blocks": "KV-PLACE-NO-BLOCK-ALIAS",
+        "layers": "KV-PLACE-NO-LAYER-OVERLAP",
+    }[kind]
 
     def check(obs: PlacementObservation) -> list[Violation] | None:
         configs = _configs(obs)
@@ -431,14 +516,34 @@ def _memory_check(kind: str) -> Check:
         for n, c in sorted(configs.items()):
             if kind == "bounds":
                 out += [
-                    _v(invariant, f"at {n} blocks tensor {o.page.tensor_index}'s page ends past the backing of {o.size} bytes", layer=o.page.layer, block=o.page.block, byte_range=o.byte_range)
+                    _v(
+                        invariant,
+                        f"at {n} blocks tensor {o.page.tensor_index}'s page ends past the backing of {o.size} bytes",
+                        layer=o.page.layer,
+                        block=o.page.block,
+                        byte_range=o.byte_range,
+                    )
                     for o in memory.find_out_of_bounds(c, obs.layout, limit=3)
                 ]
             else:
-                finder = memory.find_block_overlaps if kind == "blocks" else memory.find_layer_overlaps
+                finder = (
+                    memory.find_block_overlaps if kind == "blocks" else memory.find_layer_overlaps
+                )
+                # A layer placed twice overlapping itself is KV-PLACE-LAYER-ONCE's finding.
+                found = [
+                    ov
+                    for ov in finder(c, obs.layout, limit=64)
+                    if ov.a.layer != ov.b.layer or ov.a.block != ov.b.block
+                ]
                 out += [
-                    _v(invariant, f"at {n} blocks {ov.a.layer!r} block {ov.a.block} (tensor {ov.a.tensor_index}) overlaps {ov.b.layer!r} block {ov.b.block} (tensor {ov.b.tensor_index})", layer=ov.a.layer, block=ov.a.block, byte_range=ov.byte_range)
-                    for ov in finder(c, obs.layout, limit=3)
+                    _v(
+                        invariant,
+                        f"at {n} blocks {ov.a.layer!r} block {ov.a.block} (tensor {ov.a.tensor_index}) overlaps {ov.b.layer!r} block {ov.b.block} (tensor {ov.b.tensor_index})",
+                        layer=ov.a.layer,
+                        block=ov.a.block,
+                        byte_range=ov.byte_range,
+                    )
+                    for ov in found[:3]
                 ]
             if out:
                 break
@@ -456,7 +561,11 @@ def _typed_views(obs: PlacementObservation) -> list[Violation] | None:
         owner = _group_of(c.kv_cache_groups)
         for t in c.device_tensors:
             name = t.layers[0] if t.layers else None
-            if name is None or name not in owner or not _has_spec(c.kv_cache_groups[owner[name]], name):
+            if (
+                name is None
+                or name not in owner
+                or not _has_spec(c.kv_cache_groups[owner[name]], name)
+            ):
                 continue
             spec = c.kv_cache_groups[owner[name]].layer_spec(name)
             dtype = spec.view_dtype
@@ -464,14 +573,33 @@ def _typed_views(obs: PlacementObservation) -> list[Violation] | None:
                 continue
             size = dtype_size(dtype)
             try:
-                strides = compute_layout_strides(spec, n, len(t.layers), obs.layout, fixed=(t.layer_stride, t.block_stride, None, None, None))
+                strides = compute_layout_strides(
+                    spec,
+                    n,
+                    len(t.layers),
+                    obs.layout,
+                    fixed=(t.layer_stride, t.block_stride, None, None, None),
+                )
             except ValueError:
                 continue
             content = compute_layer_kv_cache_shape_bytes(spec, 1)[3]
-            values = {"offset": t.offset, "layer_stride": strides[0], "block_stride": strides[1], "head_stride": strides[2], "state_stride": strides[3], "content bytes": content}
+            values = {
+                "offset": t.offset,
+                "layer_stride": strides[0],
+                "block_stride": strides[1],
+                "head_stride": strides[2],
+                "state_stride": strides[3],
+                "content bytes": content,
+            }
             bad = {k: v for k, v in values.items() if v % size}
             if bad:
-                out.append(_v("KV-PLACE-TYPED-VIEWS", f"at {n} blocks {bad} are not multiples of sizeof({dtype}) = {size}, so the worker cannot view the tensor as {dtype}", layer=name))
+                out.append(
+                    _v(
+                        "KV-PLACE-TYPED-VIEWS",
+                        f"at {n} blocks {bad} are not multiples of sizeof({dtype}) = {size}, so the worker cannot view the tensor as {dtype}",
+                        layer=name,
+                    )
+                )
         if out:
             break
     return out[:3]
@@ -490,7 +618,11 @@ def _block_stride(obs: PlacementObservation) -> list[Violation] | None:
             continue
         bpb = size // n
         out += [
-            _v("KV-PLACE-BLOCK-STRIDE", f"in block-outermost {obs.layout.name} every tensor must step {bpb} bytes per block (the backing divided by {n} blocks); tensor {i} steps {t.block_stride}", layer=t.layers[0] if t.layers else None)
+            _v(
+                "KV-PLACE-BLOCK-STRIDE",
+                f"in block-outermost {obs.layout.name} every tensor must step {bpb} bytes per block (the backing divided by {n} blocks); tensor {i} steps {t.block_stride}",
+                layer=t.layers[0] if t.layers else None,
+            )
             for i, t in enumerate(c.device_tensors)
             if t.block_stride != bpb
         ]
@@ -499,7 +631,12 @@ def _block_stride(obs: PlacementObservation) -> list[Violation] | None:
 
 def _placement_input(obs: PlacementObservation) -> list[Violation] | None:
     if obs.mutated:
-        return [_v("KV-PLACE-INPUT-UNCHANGED", "get_kv_cache_config_from_groups changed the group list it was given")]
+        return [
+            _v(
+                "KV-PLACE-INPUT-UNCHANGED",
+                "get_kv_cache_config_from_groups changed the group list it was given",
+            )
+        ]
     return []
 
 
@@ -509,9 +646,19 @@ def _placement_deterministic(obs: PlacementObservation) -> list[Violation] | Non
         return None
     out = []
     if base.value != obs.repeat.value:
-        out.append(_v("KV-PLACE-DETERMINISTIC", f"placing {obs.num_blocks} blocks twice on one instance gave different configs"))
+        out.append(
+            _v(
+                "KV-PLACE-DETERMINISTIC",
+                f"placing {obs.num_blocks} blocks twice on one instance gave different configs",
+            )
+        )
     if base.value != obs.fresh.value:
-        out.append(_v("KV-PLACE-DETERMINISTIC", f"a fresh instance placed {obs.num_blocks} blocks differently"))
+        out.append(
+            _v(
+                "KV-PLACE-DETERMINISTIC",
+                f"a fresh instance placed {obs.num_blocks} blocks differently",
+            )
+        )
     return out
 
 
@@ -522,6 +669,9 @@ def _host_config(obs: HostObservation) -> tuple[list[KVCacheGroupSpec], KVCacheC
     groups = _groups(obs.groups)
     if groups is None or obs.placed is None or not obs.placed.ok:
         return None
+    names = [n for g in groups for n in g.layer_names]
+    if len(names) != len(set(names)) or set(names) != set(obs.specs):
+        return None  # a grouping bug, reported by KV-GROUP-*
     return groups, obs.placed.value
 
 
@@ -536,10 +686,21 @@ def _host_tensors(obs: HostObservation) -> list[Violation] | None:
         wrong = [n for n in t.layers if (n in host_layers) != t.host_resident]
         if wrong:
             where = "device" if not t.host_resident else "host"
-            out.append(_v("KV-HOST-TENSORS", f"tensor {i} is a {where} tensor but holds {wrong[:3]}; layers kept on the host belong in host tensors only, the others on the device", layer=wrong[0]))
+            out.append(
+                _v(
+                    "KV-HOST-TENSORS",
+                    f"tensor {i} is a {where} tensor but holds {wrong[:3]}; layers kept on the host belong in host tensors only, the others on the device",
+                    layer=wrong[0],
+                )
+            )
     grouped_host = {n for g in groups if g.host_resident for n in g.layer_names}
     if grouped_host != host_layers & set(obs.specs):
-        out.append(_v("KV-HOST-TENSORS", f"host-resident groups hold {sorted(grouped_host)[:4]} but the config keeps {sorted(host_layers)[:4]} on the host"))
+        out.append(
+            _v(
+                "KV-HOST-TENSORS",
+                f"host-resident groups hold {sorted(grouped_host)[:4]} but the config keeps {sorted(host_layers)[:4]} on the host",
+            )
+        )
     return out[:3]
 
 
@@ -552,7 +713,12 @@ def _host_excluded(obs: HostObservation) -> list[Violation] | None:
     with_host = sorted({t.size for t in config.device_tensors})
     without = sorted({t.size for t in alone.device_tensors})
     if with_host != without:
-        return [_v("KV-HOST-EXCLUDED", f"the device backing is {with_host} bytes with host-resident groups and {without} without them; host pages must not take device memory")]
+        return [
+            _v(
+                "KV-HOST-EXCLUDED",
+                f"the device backing is {with_host} bytes with host-resident groups and {without} without them; host pages must not take device memory",
+            )
+        ]
     return []
 
 
@@ -572,12 +738,24 @@ def _host_sized(obs: HostObservation) -> list[Violation] | None:
     pool = obs.config.host_pool_bytes or 0
     for size in sizes:
         if size % blocks or size > pool:
-            out.append(_v("KV-HOST-SIZED", f"a host backing of {size} bytes is not a whole number of {blocks} host blocks within the host pool of {pool} bytes"))
-    for t in host:
-        ends = memory.host_tensor_end(config, t, memory.HOST_LAYOUT)
-        if ends is not None and ends > t.size:
-            out.append(_v("KV-HOST-SIZED", f"host tensor for {t.layers[0]!r} ends at byte {ends} past its backing of {t.size} bytes at {blocks} host blocks", layer=t.layers[0]))
+            out.append(
+                _v(
+                    "KV-HOST-SIZED",
+                    f"a host backing of {size} bytes is not a whole number of {blocks} host blocks within the host pool of {pool} bytes",
+                )
+            )
+    out += [
+        _v("KV-HOST-SIZED", f"host tensor {o.page.tensor_index}'s page ends past its backing of {o.size} bytes at {blocks} host blocks", layer=o.page.layer, block=o.page.block, byte_range=o.byte_range)
+        for o in memory.find_host_out_of_bounds(config, memory_host_layout(), limit=3)
+    ]
     return out[:3]
+
+
+def memory_host_layout() -> Any:
+    """The host pool's layout (always LBNHC, SPEC 1.10)."""
+    from kvref.placement import HOST_LAYOUT
+
+    return HOST_LAYOUT
 
 
 # -- Core flow ----------------------------------------------------------------------
@@ -599,9 +777,20 @@ def _worker_layers(obs: CoreObservation) -> list[Violation] | None:
         if grouped != expected or placed != expected:
             missing = sorted(expected - (grouped & placed))[:3]
             foreign = sorted((grouped | placed) - expected)[:3]
-            out.append(_v("KV-CORE-WORKER-LAYERS", f"the config covers {len(grouped & placed)} of the worker's {len(expected)} layers (missing {missing}, foreign {foreign})", worker=w))
+            out.append(
+                _v(
+                    "KV-CORE-WORKER-LAYERS",
+                    f"the config covers {len(grouped & placed)} of the worker's {len(expected)} layers (missing {missing}, foreign {foreign})",
+                    worker=w,
+                )
+            )
     if len(plan.configs) != len(obs.workers):
-        out.append(_v("KV-CORE-WORKER-LAYERS", f"{len(plan.configs)} configs for {len(obs.workers)} workers"))
+        out.append(
+            _v(
+                "KV-CORE-WORKER-LAYERS",
+                f"{len(plan.configs)} configs for {len(obs.workers)} workers",
+            )
+        )
     return out
 
 
@@ -611,7 +800,12 @@ def _same_blocks(obs: CoreObservation) -> list[Violation] | None:
         return None
     counts = [c.num_blocks for c in plan.configs]
     if len(set(counts)) > 1:
-        return [_v("KV-CORE-SAME-BLOCKS", f"workers end with different num_blocks {counts}; the scheduler needs one block count")]
+        return [
+            _v(
+                "KV-CORE-SAME-BLOCKS",
+                f"workers end with different num_blocks {counts}; the scheduler needs one block count",
+            )
+        ]
     return []
 
 
@@ -628,7 +822,13 @@ def _core_memory(obs: CoreObservation) -> list[Violation] | None:
     for w, (config, available) in enumerate(zip(plan.configs, obs.available_memory, strict=False)):
         used = sum({t.size for t in config.device_tensors})
         if used > available:
-            out.append(_v("KV-CORE-MEMORY", f"the device backing is {used} bytes but only {available} are available", worker=w))
+            out.append(
+                _v(
+                    "KV-CORE-MEMORY",
+                    f"the device backing is {used} bytes but only {available} are available",
+                    worker=w,
+                )
+            )
     return out
 
 
@@ -644,7 +844,12 @@ def _core_slack(obs: CoreObservation) -> list[Violation] | None:
     if any((n + 1) * b > obs.available_memory[w] for w, b in active):
         return []
     slack = min(obs.available_memory[w] // b - n for w, b in active)
-    return [_v("KV-CORE-SLACK", f"every worker could hold at least {slack} more blocks than the {n} planned; the limiting worker must be left with less than one block")]
+    return [
+        _v(
+            "KV-CORE-SLACK",
+            f"every worker could hold at least {slack} more blocks than the {n} planned; the limiting worker must be left with less than one block",
+        )
+    ]
 
 
 def _core_override(obs: CoreObservation) -> list[Violation] | None:
@@ -656,7 +861,12 @@ def _core_override(obs: CoreObservation) -> list[Violation] | None:
         return None
     bad = [c.num_blocks for c in plan.configs if c.num_blocks != override]
     if bad:
-        return [_v("KV-CORE-OVERRIDE", f"num_gpu_blocks_override={override} but the configs have num_blocks {bad[:4]}")]
+        return [
+            _v(
+                "KV-CORE-OVERRIDE",
+                f"num_gpu_blocks_override={override} but the configs have num_blocks {bad[:4]}",
+            )
+        ]
     return []
 
 
@@ -678,7 +888,13 @@ def _core_admission(obs: CoreObservation) -> list[Violation] | None:
             available = obs.config.num_gpu_blocks_override * bpb
         needed = max_memory_usage_bytes_from_groups(config, groups, bpb)
         if needed > available - bpb:
-            out.append(_v("KV-CORE-ADMISSION", f"a config was returned although one request at max_model_len={plan.max_model_len} needs {needed} bytes and only {available - bpb} are left after the null block; this must be an error", worker=w))
+            out.append(
+                _v(
+                    "KV-CORE-ADMISSION",
+                    f"a config was returned although one request at max_model_len={plan.max_model_len} needs {needed} bytes and only {available - bpb} are left after the null block; this must be an error",
+                    worker=w,
+                )
+            )
     return out
 
 
@@ -688,64 +904,307 @@ def _core_error_clear(obs: CoreObservation) -> list[Violation] | None:
     if issubclass(obs.result.error_type, InsufficientMemoryError):
         return []
     if not issubclass(obs.result.error_type, ValueError):
-        return [_v("KV-CORE-ERROR-TYPED", f"Core's flow failed with {obs.result.error}; failures must be typed ValueErrors with the numbers in the message")]
+        return [
+            _v(
+                "KV-CORE-ERROR-TYPED",
+                f"Core's flow failed with {obs.result.error}; failures must be typed ValueErrors with the numbers in the message",
+            )
+        ]
     return []
 
 
 # -- catalog -------------------------------------------------------------------
 
 
-def _inv(id: str, title: str, spec: str, scenario: Scenario, check: Check, *requires: str) -> Invariant:  # noqa: A002
-    return Invariant(id=id, title=title, spec=spec, scenario=scenario, check=check, requires=frozenset(requires))
+def _inv(
+    id: str, title: str, spec: str, scenario: Scenario, check: Check, *requires: str
+) -> Invariant:
+    return Invariant(
+        id=id, title=title, spec=spec, scenario=scenario, check=check, requires=frozenset(requires)
+    )
 
 
 CATALOG: tuple[Invariant, ...] = (
-    _inv("KV-CALL-RAISES", "hooks return on every valid input instead of raising", "2", "grouping", _call_check("raises", "KV-CALL-RAISES")),
-    _inv("KV-CALL-RETURN-TYPE", "hooks return the documented types", "2", "grouping", _call_check("type", "KV-CALL-RETURN-TYPE")),
-    _inv("KV-CALL-TIMEOUT", "every hook returns within the per-call deadline", "2", "grouping", _call_check("timeout", "KV-CALL-TIMEOUT")),
-    _inv("KV-GROUP-PARTITION", "every input layer is in exactly one group", "2 #1, 3", "grouping", _partition),
-    _inv("KV-GROUP-UNKNOWN-LAYER", "groups name only layers of the input", "2 #1", "grouping", _unknown_layer),
-    _inv("KV-GROUP-REPEATED-LAYER", "no group lists a layer twice", "2 #1", "grouping", _repeated_layer),
+    _inv(
+        "KV-CALL-RAISES",
+        "hooks return on every valid input instead of raising",
+        "2",
+        "grouping",
+        _call_check("raises", "KV-CALL-RAISES"),
+    ),
+    _inv(
+        "KV-CALL-RETURN-TYPE",
+        "hooks return the documented types",
+        "2",
+        "grouping",
+        _call_check("type", "KV-CALL-RETURN-TYPE"),
+    ),
+    _inv(
+        "KV-CALL-TIMEOUT",
+        "every hook returns within the per-call deadline",
+        "2",
+        "grouping",
+        _call_check("timeout", "KV-CALL-TIMEOUT"),
+    ),
+    _inv(
+        "KV-GROUP-PARTITION",
+        "every input layer is in exactly one group",
+        "2 #1, 3",
+        "grouping",
+        _partition,
+    ),
+    _inv(
+        "KV-GROUP-UNKNOWN-LAYER",
+        "groups name only layers of the input",
+        "2 #1",
+        "grouping",
+        _unknown_layer,
+    ),
+    _inv(
+        "KV-GROUP-REPEATED-LAYER",
+        "no group lists a layer twice",
+        "2 #1",
+        "grouping",
+        _repeated_layer,
+    ),
     _inv("KV-GROUP-NONEMPTY", "no global group is empty", "3.3", "grouping", _nonempty),
-    _inv("KV-GROUP-WRAPPER", "a uniform-type group's wrapper covers exactly its layers", "1.6", "grouping", _wrapper),
-    _inv("KV-GROUP-ONE-BLOCK-SIZE", "the layers of a group share one block size", "1.6, 3.3", "grouping", _one_block_size),
-    _inv("KV-GROUP-LAYER-SPEC", "a layer's group spec stores what the layer stores and never shrinks its page", "3.2, 3.4", "grouping", _layer_spec_kept),
-    _inv("KV-GROUP-INPUT-UNCHANGED", "grouping does not mutate its input", "2", "grouping", _grouping_input),
-    _inv("KV-GROUP-DETERMINISTIC", "grouping is deterministic and stateless", "2 #7", "grouping", _grouping_deterministic),
-    _inv("KV-PLACE-NUM-BLOCKS", "the config has exactly the requested num_blocks", "2 #6", "placement", _num_blocks),
-    _inv("KV-PLACE-GROUPS-ECHOED", "the config's groups are the groups passed in, unchanged, in order", "2 #9", "placement", _groups_echoed),
-    _inv("KV-PLACE-LAYER-ONCE", "no device layer is in two device tensors", "2 #10, 6 P6", "placement", _coverage("once")),
-    _inv("KV-PLACE-LAYER-MISSING", "every device layer is in a device tensor", "2 #10, 6 P6", "placement", _coverage("missing")),
-    _inv("KV-PLACE-UNKNOWN-LAYER", "device tensors hold only layers of device groups", "6 P6", "placement", _coverage("unknown")),
-    _inv("KV-PLACE-TENSOR-ONE-SPEC", "a tensor's layers share one group and one per-layer spec", "2 #10, 6 P6", "placement", _coverage("one-spec")),
-    _inv("KV-PLACE-SINGLE-BACKING", "device tensors share one backing size", "2 #2, 6 P1", "placement", _single_backing),
-    _inv("KV-PLACE-BACKING-SIZE", "the device backing is bytes_per_block x num_blocks", "2 #3-4, 6 P7", "placement", _backing_size),
-    _inv("KV-PLACE-POOL-BYTES", "_get_pool_bytes_per_block matches the device bytes placed", "2, 5.2", "placement", _pool_bytes),
-    _inv("KV-PLACE-SIZE-BOUND", "the backing never exceeds every layer's own aligned pages", "4.1", "placement", _size_bound),
-    _inv("KV-PLACE-ATTENTION-FREE", "no groups give one block and no tensors", "2 #8, 6 P11", "placement", _attention_free),
-    _inv("KV-PLACE-IN-BOUNDS", "every page lies inside its backing", "6 P2", "placement", _memory_check("bounds")),
-    _inv("KV-PLACE-NO-BLOCK-ALIAS", "pages of different block IDs never overlap", "4.4, 6 P3", "placement", _memory_check("blocks")),
-    _inv("KV-PLACE-NO-LAYER-OVERLAP", "layers of one group never overlap within a block", "4.4, 6 P4", "placement", _memory_check("layers")),
-    _inv("KV-PLACE-TYPED-VIEWS", "offsets and strides allow views in the spec's dtype", "1.9, 6 P10", "placement", _typed_views),
-    _inv("KV-PLACE-BLOCK-STRIDE", "block-outermost tensors step one whole block per block", "1.9, 6 P8", "placement", _block_stride),
-    _inv("KV-PLACE-INPUT-UNCHANGED", "placement does not mutate its input", "2", "placement", _placement_input),
-    _inv("KV-PLACE-DETERMINISTIC", "placement is deterministic and stateless", "2 #7", "placement", _placement_deterministic),
-    _inv("KV-HOST-TENSORS", "host-resident layers live in host tensors only", "1.10", "host", _host_tensors, "host_resident"),
-    _inv("KV-HOST-EXCLUDED", "host tensors take no device memory", "1.10, 2 #5", "host", _host_excluded, "host_resident"),
-    _inv("KV-HOST-SIZED", "host tensors are sized by their own block count", "1.10", "host", _host_sized, "host_resident"),
-    _inv("KV-CORE-WORKER-LAYERS", "each worker's config covers exactly its layers", "5.2", "core", _worker_layers),
-    _inv("KV-CORE-SAME-BLOCKS", "all workers end with the same num_blocks", "5.2 step 8", "core", _same_blocks),
-    _inv("KV-CORE-MEMORY", "device bytes never exceed the available memory", "5.2", "core", _core_memory),
-    _inv("KV-CORE-SLACK", "the limiting worker has less than one block of slack", "5.2 step 7-8", "core", _core_slack),
-    _inv("KV-CORE-OVERRIDE", "num_gpu_blocks_override is honoured", "5.2 step 3", "core", _core_override),
-    _inv("KV-CORE-ADMISSION", "insufficient memory is an error, never a config", "5.2 step 6", "core", _core_admission),
-    _inv("KV-CORE-ERROR-TYPED", "Core's failures are typed errors with numbers", "7", "core", _core_error_clear),
+    _inv(
+        "KV-GROUP-WRAPPER",
+        "a uniform-type group's wrapper covers exactly its layers",
+        "1.6",
+        "grouping",
+        _wrapper,
+    ),
+    _inv(
+        "KV-GROUP-ONE-BLOCK-SIZE",
+        "the layers of a group share one block size",
+        "1.6, 3.3",
+        "grouping",
+        _one_block_size,
+    ),
+    _inv(
+        "KV-GROUP-LAYER-SPEC",
+        "a layer's group spec stores what the layer stores and never shrinks its page",
+        "3.2, 3.4",
+        "grouping",
+        _layer_spec_kept,
+    ),
+    _inv(
+        "KV-GROUP-INPUT-UNCHANGED",
+        "grouping does not mutate its input",
+        "2",
+        "grouping",
+        _grouping_input,
+    ),
+    _inv(
+        "KV-GROUP-DETERMINISTIC",
+        "grouping is deterministic and stateless",
+        "2 #7",
+        "grouping",
+        _grouping_deterministic,
+    ),
+    _inv(
+        "KV-PLACE-NUM-BLOCKS",
+        "the config has exactly the requested num_blocks",
+        "2 #6",
+        "placement",
+        _num_blocks,
+    ),
+    _inv(
+        "KV-PLACE-GROUPS-ECHOED",
+        "the config's groups are the groups passed in, unchanged, in order",
+        "2 #9",
+        "placement",
+        _groups_echoed,
+    ),
+    _inv(
+        "KV-PLACE-LAYER-ONCE",
+        "no device layer is in two device tensors",
+        "2 #10, 6 P6",
+        "placement",
+        _coverage("once"),
+    ),
+    _inv(
+        "KV-PLACE-LAYER-MISSING",
+        "every device layer is in a device tensor",
+        "2 #10, 6 P6",
+        "placement",
+        _coverage("missing"),
+    ),
+    _inv(
+        "KV-PLACE-UNKNOWN-LAYER",
+        "device tensors hold only layers of device groups",
+        "6 P6",
+        "placement",
+        _coverage("unknown"),
+    ),
+    _inv(
+        "KV-PLACE-TENSOR-ONE-SPEC",
+        "a tensor's layers share one group and one per-layer spec",
+        "2 #10, 6 P6",
+        "placement",
+        _coverage("one-spec"),
+    ),
+    _inv(
+        "KV-PLACE-SINGLE-BACKING",
+        "device tensors share one backing size",
+        "2 #2, 6 P1",
+        "placement",
+        _single_backing,
+    ),
+    _inv(
+        "KV-PLACE-BACKING-SIZE",
+        "the device backing is bytes_per_block x num_blocks",
+        "2 #3-4, 6 P7",
+        "placement",
+        _backing_size,
+    ),
+    _inv(
+        "KV-PLACE-POOL-BYTES",
+        "_get_pool_bytes_per_block matches the device bytes placed",
+        "2, 5.2",
+        "placement",
+        _pool_bytes,
+    ),
+    _inv(
+        "KV-PLACE-SIZE-BOUND",
+        "the backing never exceeds every layer's own aligned pages",
+        "4.1",
+        "placement",
+        _size_bound,
+    ),
+    _inv(
+        "KV-PLACE-ATTENTION-FREE",
+        "no groups give one block and no tensors",
+        "2 #8, 6 P11",
+        "placement",
+        _attention_free,
+    ),
+    _inv(
+        "KV-PLACE-IN-BOUNDS",
+        "every page lies inside its backing",
+        "6 P2",
+        "placement",
+        _memory_check("bounds"),
+    ),
+    _inv(
+        "KV-PLACE-NO-BLOCK-ALIAS",
+        "pages of different block IDs never overlap",
+        "4.4, 6 P3",
+        "placement",
+        _memory_check("blocks"),
+    ),
+    _inv(
+        "KV-PLACE-NO-LAYER-OVERLAP",
+        "layers of one group never overlap within a block",
+        "4.4, 6 P4",
+        "placement",
+        _memory_check("layers"),
+    ),
+    _inv(
+        "KV-PLACE-TYPED-VIEWS",
+        "offsets and strides allow views in the spec's dtype",
+        "1.9, 6 P10",
+        "placement",
+        _typed_views,
+    ),
+    _inv(
+        "KV-PLACE-BLOCK-STRIDE",
+        "block-outermost tensors step one whole block per block",
+        "1.9, 6 P8",
+        "placement",
+        _block_stride,
+    ),
+    _inv(
+        "KV-PLACE-INPUT-UNCHANGED",
+        "placement does not mutate its input",
+        "2",
+        "placement",
+        _placement_input,
+    ),
+    _inv(
+        "KV-PLACE-DETERMINISTIC",
+        "placement is deterministic and stateless",
+        "2 #7",
+        "placement",
+        _placement_deterministic,
+    ),
+    _inv(
+        "KV-HOST-TENSORS",
+        "host-resident layers live in host tensors only",
+        "1.10",
+        "host",
+        _host_tensors,
+        "host_resident",
+    ),
+    _inv(
+        "KV-HOST-EXCLUDED",
+        "host tensors take no device memory",
+        "1.10, 2 #5",
+        "host",
+        _host_excluded,
+        "host_resident",
+    ),
+    _inv(
+        "KV-HOST-SIZED",
+        "host tensors are sized by their own block count",
+        "1.10",
+        "host",
+        _host_sized,
+        "host_resident",
+    ),
+    _inv(
+        "KV-CORE-WORKER-LAYERS",
+        "each worker's config covers exactly its layers",
+        "5.2",
+        "core",
+        _worker_layers,
+    ),
+    _inv(
+        "KV-CORE-SAME-BLOCKS",
+        "all workers end with the same num_blocks",
+        "5.2 step 8",
+        "core",
+        _same_blocks,
+    ),
+    _inv(
+        "KV-CORE-MEMORY",
+        "device bytes never exceed the available memory",
+        "5.2",
+        "core",
+        _core_memory,
+    ),
+    _inv(
+        "KV-CORE-SLACK",
+        "the limiting worker has less than one block of slack",
+        "5.2 step 7-8",
+        "core",
+        _core_slack,
+    ),
+    _inv(
+        "KV-CORE-OVERRIDE",
+        "num_gpu_blocks_override is honoured",
+        "5.2 step 3",
+        "core",
+        _core_override,
+    ),
+    _inv(
+        "KV-CORE-ADMISSION",
+        "insufficient memory is an error, never a config",
+        "5.2 step 6",
+        "core",
+        _core_admission,
+    ),
+    _inv(
+        "KV-CORE-ERROR-TYPED",
+        "Core's failures are typed errors with numbers",
+        "7",
+        "core",
+        _core_error_clear,
+    ),
 )
 
 
 def by_id() -> dict[str, Invariant]:
     """The catalog keyed by id."""
     return {inv.id: inv for inv in CATALOG}
-
-
-__all__ += ["cdiv"]

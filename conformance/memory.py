@@ -411,9 +411,7 @@ def tensor_geometries(
             runs = page_runs(0, 1, 0, 1, spec.page_size_bytes, max_runs=max_runs)
         else:
             try:
-                runs = page_runs(
-                    strides[2], heads, strides[3], states, content, max_runs=max_runs
-                )
+                runs = page_runs(strides[2], heads, strides[3], states, content, max_runs=max_runs)
             except _TooManyRunsError as exc:
                 problems.append(
                     Problem(index, f"a page of layer {first!r} has {exc} runs (budget {max_runs})")

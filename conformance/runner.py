@@ -202,7 +202,9 @@ def select_invariants(
         pattern = pattern.strip().upper()
         if not pattern:
             continue
-        hits = [inv for inv in catalog if inv.id == pattern or inv.id.startswith(pattern.rstrip("*"))]
+        hits = [
+            inv for inv in catalog if inv.id == pattern or inv.id.startswith(pattern.rstrip("*"))
+        ]
         if not hits:
             raise ValueError(f"--select {pattern!r} matches no invariant id")
         chosen += [h for h in hits if h not in chosen]
@@ -296,37 +298,20 @@ def check_builder(
     first_failure: dict[str, tuple[str, _Example]] = {}
     scenarios = [s for s in _SCENARIOS if by_scenario[s] or (call_checks and s == "grouping")]
     total = len(scenarios) * examples_per_scenario
-    done = 0
 
     for scenario in scenarios:
-        checks = by_scenario[scenario] + call_checks
-
-        @settings(
-            max_examples=examples_per_scenario,
-            deadline=None,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-            derandomize=False,
-            phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
+        _run_scenario(
+            scenario,
+            by_scenario[scenario] + call_checks,
+            factory,
+            guard,
+            examples_per_scenario,
+            seed,
+            stats,
+            first_failure,
+            lambda n, s=scenario: progress(s, min(n, total), total) if progress else None,
+            done_before=scenarios.index(scenario) * examples_per_scenario,
         )
-        @hypothesis.seed(seed)
-        @hypothesis.given(_examples(scenario))
-        def run(ex: _Example, scenario: str = scenario, checks: list[Invariant] = checks) -> None:
-            nonlocal done
-            obs = _observe(scenario, factory, guard, ex)
-            for inv in checks:
-                found = inv.check(obs)
-                if found is None:
-                    stats[inv.id][1] += 1
-                    continue
-                stats[inv.id][0] += 1
-                if found and inv.id not in first_failure:
-                    first_failure[inv.id] = (scenario, ex)
-            done += 1
-            if progress is not None:
-                progress(scenario, min(done, total), total)
-
-        run()
 
     results: list[InvariantResult] = []
     for inv in catalog:
@@ -340,9 +325,12 @@ def check_builder(
         expected = inv.id in xfail_ids
         if found_in is None:
             if checked == 0:
-                status, reason = "not-checked", (
-                    f"all {inconclusive} examples were inconclusive: the calls it needs failed "
-                    "or no example applied (see KV-CALL-*)"
+                status, reason = (
+                    "not-checked",
+                    (
+                        f"all {inconclusive} examples were inconclusive: the calls it needs failed "
+                        "or no example applied (see KV-CALL-*)"
+                    ),
                 )
             else:
                 status, reason = ("xpass" if expected else "pass"), None
@@ -381,8 +369,54 @@ def check_builder(
     )
 
 
+def _run_scenario(
+    scenario: str,
+    checks: list[Invariant],
+    factory: BuilderFactory,
+    guard: Guard,
+    max_examples: int,
+    seed: int,
+    stats: dict[str, list[int]],
+    first_failure: dict[str, tuple[str, _Example]],
+    tick: Callable[[int], object],
+    *,
+    done_before: int,
+) -> None:
+    done = done_before
+
+    @settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
+    )
+    @hypothesis.seed(seed)
+    @hypothesis.given(_examples(scenario))
+    def run(ex: _Example) -> None:
+        nonlocal done
+        obs = _observe(scenario, factory, guard, ex)
+        for inv in checks:
+            found = inv.check(obs)
+            if found is None:
+                stats[inv.id][1] += 1
+                continue
+            stats[inv.id][0] += 1
+            if found and inv.id not in first_failure:
+                first_failure[inv.id] = (scenario, ex)
+        done += 1
+        tick(done)
+
+    run()
+
+
 def _result(
-    inv: Invariant, status: str, examples: int = 0, inconclusive: int = 0, *, reason: str | None = None
+    inv: Invariant,
+    status: str,
+    examples: int = 0,
+    inconclusive: int = 0,
+    *,
+    reason: str | None = None,
 ) -> InvariantResult:
     return InvariantResult(
         id=inv.id,

@@ -24,7 +24,7 @@ from kvref.config import PlanningConfig
 from kvref.errors import KVRefError
 from kvref.planning import plan_kv_cache
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
-from kvref.specs import KVCacheSpec
+from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
 
 __all__ = [
     "BuilderFactory",
@@ -58,11 +58,20 @@ def _pool_validator(value: Any) -> str | None:
     return None
 
 
-def _group(guard: Guard, builder: KVCacheConfigBuilder, config: PlanningConfig, specs: Mapping[str, KVCacheSpec]) -> tuple[CallResult, bool]:
+def _group(
+    guard: Guard,
+    builder: KVCacheConfigBuilder,
+    config: PlanningConfig,
+    specs: Mapping[str, KVCacheSpec],
+) -> tuple[CallResult, bool]:
     given = dict(deep_copy(dict(specs)))
     pristine = deep_copy(given)
     result = guard.call(
-        "get_kv_cache_groups", builder.get_kv_cache_groups, config, given, validate=_groups_validator
+        "get_kv_cache_groups",
+        builder.get_kv_cache_groups,
+        config,
+        given,
+        validate=_groups_validator,
     )
     return result, snapshot_differs(pristine, given)
 
@@ -87,13 +96,18 @@ def observe_grouping(
 
 def _partitions(groups: Sequence[KVCacheGroupSpec], specs: Mapping[str, KVCacheSpec]) -> bool:
     names = [n for g in groups for n in g.layer_names]
-    return len(names) == len(set(names)) and set(names) == set(specs) and all(
-        g.layer_names for g in groups
+    return (
+        len(names) == len(set(names))
+        and set(names) == set(specs)
+        and all(g.layer_names for g in groups)
     )
 
 
 def _overrides_pool_bytes(builder: KVCacheConfigBuilder) -> bool:
-    return type(builder)._get_pool_bytes_per_block is not KVCacheConfigBuilder._get_pool_bytes_per_block
+    return (
+        type(builder)._get_pool_bytes_per_block
+        is not KVCacheConfigBuilder._get_pool_bytes_per_block
+    )
 
 
 def _place(
@@ -200,31 +214,121 @@ def observe_host(
     )
 
 
+class _ContractBroken(Exception):
+    """The builder broke a hook-level promise inside Core's flow."""
+
+
+def size_bound(groups: Sequence[KVCacheGroupSpec]) -> int:
+    """Bytes per block if every device layer had its own aligned pages (no aliasing)."""
+    from kvref._math import lcm_all, round_up
+    from kvref.specs import iter_layer_specs
+
+    specs = []
+    for g in groups:
+        if g.host_resident:
+            continue
+        spec = g.kv_cache_spec
+        if isinstance(spec, UniformTypeKVCacheSpecs):
+            specs += [spec.kv_cache_specs[n] for n in g.layer_names if n in spec.kv_cache_specs]
+        else:
+            specs += list(iter_layer_specs(spec)) * len(g.layer_names)
+    alignment = lcm_all(s.get_block_stride_alignment() for s in specs)
+    return sum(round_up(s.page_size_bytes, alignment) for s in specs)
+
+
+def absurd_size(size: int, num_blocks: int, bound: int) -> bool:
+    """Whether a backing is beyond any sane plan: over twice the no-aliasing bytes plus 1 MiB."""
+    return size > 2 * bound * num_blocks + 2**20
+
+
+class _Checked(KVCacheConfigBuilder):
+    """Delegates to a builder and stops Core's flow when a hook breaks its contract.
+
+    Core-flow invariants judge Core given honest hooks; a hook that lies is
+    reported by the grouping and placement invariants, so Core's result is
+    then inconclusive instead of a second report of the same bug.
+    """
+
+    def __init__(self, inner: KVCacheConfigBuilder) -> None:
+        self.inner = inner
+        self.declared: int | None = None
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> list[KVCacheGroupSpec]:
+        groups = self.inner.get_kv_cache_groups(config, kv_cache_spec)
+        if _groups_validator(groups) is not None:
+            raise _ContractBroken("get_kv_cache_groups returned the wrong type")
+        return groups
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        given = list(kv_cache_groups)
+        result = self.inner.get_kv_cache_config_from_groups(config, list(given), num_blocks)
+        if _config_validator(result) is not None:
+            raise _ContractBroken("placement returned the wrong type")
+        if result.num_blocks != num_blocks or list(result.kv_cache_groups) != given:
+            raise _ContractBroken("placement changed num_blocks or the groups")
+        sizes = {t.size for t in result.device_tensors}
+        if self.declared is None and len(sizes) > 1:
+            raise _ContractBroken("several device backings")
+        total = sum(sizes)
+        if self.declared is not None and total != self.declared * num_blocks:
+            raise _ContractBroken("pool bytes per block disagree with the placement")
+        if absurd_size(total, num_blocks, size_bound(given)):
+            raise _ContractBroken("absurd backing size")
+        if total % max(num_blocks, 1):
+            raise _ContractBroken("backing not a whole number of blocks")
+        return result
+
+    def _get_pool_bytes_per_block(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]
+    ) -> int | None:
+        declared = self.inner._get_pool_bytes_per_block(config, kv_cache_groups)
+        if declared is not None:
+            self.declared = declared
+        return declared
+
+
 def observe_core(
     factory: BuilderFactory,
     guard: Guard,
     config: PlanningConfig,
     workers: Sequence[Mapping[str, KVCacheSpec]],
     available_memory: Sequence[int],
+    core: Callable[..., Any] | None = None,
 ) -> CoreObservation:
-    """Run Core's flow (kvref's) with a fresh builder per phase, as one guarded call."""
+    """Run Core's flow (kvref's by default) with a fresh builder per phase, as one guarded call.
+
+    ``core`` replaces :func:`kvref.planning.plan_kv_cache` (the kit's own
+    tests use it to show the Core invariants catch a broken flow).
+    """
 
     class _Fresh(KVCacheConfigBuilder):
         # Core instantiates a builder per phase; route each to the factory.
         def __new__(cls) -> Any:  # type: ignore[misc]
-            return factory()
+            return _Checked(factory())
 
-        def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:  # pragma: no cover - never instantiated
+        def get_kv_cache_groups(  # pragma: no cover - never instantiated
+            self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+        ) -> list[KVCacheGroupSpec]:
             raise NotImplementedError
 
-        def get_kv_cache_config_from_groups(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int) -> KVCacheConfig:  # pragma: no cover
+        def get_kv_cache_config_from_groups(  # pragma: no cover - never instantiated
+            self,
+            config: PlanningConfig,
+            kv_cache_groups: Sequence[KVCacheGroupSpec],
+            num_blocks: int,
+        ) -> KVCacheConfig:
             raise NotImplementedError
 
     copies = [dict(deep_copy(dict(w))) for w in workers]
-    result = guard.call("core", plan_kv_cache, _Fresh, config, copies, list(available_memory))
+    flow = core or plan_kv_cache
+    result = guard.call("core", flow, _Fresh, config, copies, list(available_memory))
     if result.error_type is not None and not issubclass(result.error_type, KVRefError):
-        # The builder raised inside Core: that is KV-CALL-RAISES's finding from
-        # the grouping and placement scenarios, not a Core-flow result.
+        # A hook raised or broke its contract inside Core: the grouping and
+        # placement scenarios report that; Core's result says nothing.
         result = attrs.evolve(result, hook="core-builder")
     return CoreObservation(
         config=config,

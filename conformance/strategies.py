@@ -1196,18 +1196,35 @@ def _promotion_succeeds(specs: Sequence[KVCacheSpec]) -> bool:
     )
 
 
-def _worker_estimate(specs: Mapping[str, KVCacheSpec], config: PlanningConfig) -> tuple[int, int]:
-    """``(Σ block strides, Σ per-layer memory one request needs)`` of a worker's device layers.
+def _blocks_per_request(spec: KVCacheSpec, config: PlanningConfig) -> int:
+    return cdiv(spec.max_memory_usage_bytes(config), spec.page_size_bytes)
 
-    The first bounds the bytes per block from above for layer-outer layouts
-    and approximates it for block-outermost ones; the second is vLLM's legacy
-    per-layer estimate of one request's bytes (SPEC 5.3 note), close to the
-    per-group figure Core checks.
+
+def _worker_estimate(
+    worker: Mapping[str, KVCacheSpec],
+    config: PlanningConfig,
+    model: Mapping[str, KVCacheSpec] | None = None,
+) -> tuple[int, int]:
+    """``(Σ block strides, bytes one request needs)`` over a worker's device layers.
+
+    The first is about the bytes per block (exact for one layer-outer group,
+    an upper bound otherwise).  The second is a lower bound of Core's figure
+    (SPEC 5.3), ``bpb * Σ_groups blocks``: the per-layer sum of
+    ``max_memory_usage_bytes`` (vLLM's legacy estimate), or the worker's
+    largest page times the most blocks any layer of ``model`` needs (every
+    global group counts on every worker), whichever is larger.  Neither needs
+    grouping, so the kit's inputs do not depend on the planner it tests.
     """
-    device = [s for n, s in specs.items() if n not in config.host_resident_layers]
+    host = config.host_resident_layers
+    device = [s for n, s in worker.items() if n not in host]
+    if not device:
+        return 0, 0
+    everyone = [s for n, s in (model or worker).items() if n not in host] or device
     page_sum = sum(s.block_stride for s in device)
-    need = sum(s.max_memory_usage_bytes(config) for s in device)
-    return page_sum, need
+    usage = sum(s.max_memory_usage_bytes(config) for s in device)
+    most_blocks = max(_blocks_per_request(s, config) for s in everyone)
+    largest_page = max(s.page_size_bytes for s in device)
+    return page_sum, max(usage, largest_page * most_blocks)
 
 
 @st.composite
@@ -1264,8 +1281,13 @@ def _planning_configs(
         changes["disable_hybrid_kv_cache_manager"] = True
     if values and _rarely(draw):
         page_sum = sum(s.block_stride for s in values)
-        cap = (max_memory_bytes or 64 * 2**30) // page_sum
-        changes["num_gpu_blocks_override"] = draw(st.integers(1, max(1, min(cap, 65536))))
+        cap = max(1, min((max_memory_bytes or 64 * 2**30) // page_sum, 65536))
+        # At least one request's blocks (an upper bound: one group per layer)
+        # plus the null block, or a handful that may not admit a request.
+        enough = min(cap, 1 + sum(_blocks_per_request(s, config) for s in values))
+        changes["num_gpu_blocks_override"] = draw(
+            st.one_of(st.integers(enough, cap), st.integers(1, min(16, cap)))
+        )
     if len(values) >= 2 and _rarely(draw):
         changes.update(draw(_host_resident(specs, config)))
     return attrs.evolve(config, **changes) if changes else config
@@ -1306,8 +1328,8 @@ def planning_configs(
     Draws: a layout from :func:`layouts_for`; ``max_model_len`` (8192 first;
     with ``max_memory_bytes``, only lengths whose estimated request fits in half
     of it); ``max_num_batched_tokens``; rarely auto-fit (with a large upper
-    bound), ``num_gpu_blocks_override`` (at most ``max_memory_bytes`` worth of
-    blocks), MTP lookahead, ``disable_hybrid_kv_cache_manager`` (only when
+    bound), ``num_gpu_blocks_override`` (enough for a request, or 1..16; at
+    most ``max_memory_bytes`` worth of blocks), MTP lookahead, ``disable_hybrid_kv_cache_manager`` (only when
     promotion gives one group) and host-resident layers (a proper subset of
     one spec's layers, with a host pool of at least one request).  The Mamba
     cache mode is the model's; draft layers turn on EAGLE's lookahead.
@@ -1425,16 +1447,16 @@ def _planning_problems(
     regime = draw(st.sampled_from(["roomy", "boundary", "short"]))
     budgets = []
     for worker in workers:
-        page_sum, need = _worker_estimate(worker, config)
+        page_sum, need = _worker_estimate(worker, config, model.specs)
         if page_sum == 0:
             budgets.append(draw(memory_budgets(0, 0)))
             continue
-        # The estimate is within a few blocks of Core's figure; "boundary"
-        # budgets land on both sides of it.
+        # The estimate is a lower bound of Core's figure, often close to it:
+        # "boundary" budgets land on both sides of it.
         exact = (cdiv(need, page_sum) + 1) * page_sum
         cap = max(max_memory_bytes, 2 * page_sum)
         if regime == "roomy":
-            low = min(exact + exact // 4 + page_sum, cap)
+            low = min(4 * exact, cap)
             budgets.append(draw(st.integers(low, max(low, cap))))
         elif regime == "boundary":
             budgets.append(draw(st.integers(max(0, exact - 4 * page_sum), exact + 4 * page_sum)))
@@ -1454,9 +1476,11 @@ def planning_problems(
 
     Memory is sized from the model's pages and the estimated bytes of one
     request, in one of three regimes per problem: ``roomy`` (every worker
-    has at least 25% more than one request needs; shrinks to it),
+    has at least four times the estimate; shrinks to it),
     ``boundary`` (within four blocks of it, either side) and ``short``
-    (at most 75% of it).  Budgets stay at or below ``max_memory_bytes``
+    (at most 75% of it).  The estimate is a lower bound of what Core
+    needs, computed without grouping, so a roomy problem can still be short
+    (or fit only after auto-fit).  Budgets stay at or below ``max_memory_bytes``
     when the request fits in it, so most plans are allocatable; the
     attention-free model gets any budget.  Never a problem whose layout
     vLLM would refuse, or with a worker without device layers (unless the

@@ -844,6 +844,15 @@ class UniformTypeKVCacheSpecs:
 
     kv_cache_specs: Mapping[str, KVCacheSpec] = attrs.field(converter=_convert_layer_specs)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> UniformTypeKVCacheSpecs:
+        # The read-only mapping proxy cannot be pickled; copy through a dict.
+        import copy
+
+        return UniformTypeKVCacheSpecs(kv_cache_specs=copy.deepcopy(dict(self.kv_cache_specs), memo))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_uniform_type, (dict(self.kv_cache_specs),))
+
     @property
     def first(self) -> KVCacheSpec:
         """The first layer's spec, which decides the type."""
@@ -903,6 +912,10 @@ class UniformTypeKVCacheSpecs:
         if cls.is_uniform_type(list(specs.values())):
             return cls(kv_cache_specs=specs)
         return None
+
+
+def _rebuild_uniform_type(specs: dict[str, KVCacheSpec]) -> UniformTypeKVCacheSpecs:
+    return UniformTypeKVCacheSpecs(kv_cache_specs=specs)
 
 
 #: What a group carries: a merged per-layer spec or a uniform-type wrapper.
