@@ -12,6 +12,7 @@ written, measured in the same run.  The goal is a ratio of at least 0.5.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from collections.abc import Callable
 
@@ -75,8 +76,13 @@ def best_of(repeats: int, device: torch.device, run: Callable[[], object]) -> fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1...)")
-    parser.add_argument("--mib", type=int, default=None, help="backing size (default: 256 MiB "
-                        "on cpu, 1 GiB elsewhere, never above the device check cap)")
+    parser.add_argument(
+        "--mib",
+        type=int,
+        default=None,
+        help="backing size (default: 256 MiB "
+        "on cpu, 1 GiB elsewhere, never above the device check cap)",
+    )
     parser.add_argument("--layout", default="LBNHC", help="KV cache layout of the backing")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
@@ -91,17 +97,17 @@ def main() -> None:
     assert not readback.violations, readback.violations
     written = readback.bytes_written
 
-    tags = best_of(args.repeats, device, lambda: verify_tags(allocation, plan))
+    tags = best_of(args.repeats, device, functools.partial(verify_tags, allocation, plan))
     allocation.close()
-    del allocation
     target = torch.empty(written, dtype=torch.uint8, device=device)
-    fill = best_of(args.repeats, device, lambda: target.fill_(1))
-    del target
+    fill = best_of(args.repeats, device, functools.partial(target.fill_, 1))
 
     tags_bw = (readback.bytes_written + readback.bytes_read) / tags
     fill_bw = written / fill
-    print(f"device {device}, layout {args.layout}, backing {plan.device_size / _MiB:.0f} MiB, "
-          f"{readback.pages} pages, {written / _MiB:.0f} MiB of footprint")
+    print(
+        f"device {device}, layout {args.layout}, backing {plan.device_size / _MiB:.0f} MiB, "
+        f"{readback.pages} pages, {written / _MiB:.0f} MiB of footprint"
+    )
     print(f"KV-DEV-TAGS: {tags * 1e3:8.2f} ms  {tags_bw / 1e9:7.2f} GB/s (written + read)")
     print(f"fill_:       {fill * 1e3:8.2f} ms  {fill_bw / 1e9:7.2f} GB/s (written)")
     print(f"ratio: {tags_bw / fill_bw:.2f} (goal >= 0.5)")

@@ -38,9 +38,7 @@ def build(layout: KVCacheLayout, layers: int, blocks: int) -> KVCacheConfig:
         ls, bs = page, bpb
     else:  # LHBNC: block stride S*C, head stride S*C*N, layer stride a whole layer
         ls, bs = page * blocks, page // full.num_kv_heads
-    tensors = [
-        KVCacheTensor(size=size, layers=n, layer_stride=ls, block_stride=bs) for n in names
-    ]
+    tensors = [KVCacheTensor(size=size, layers=n, layer_stride=ls, block_stride=bs) for n in names]
     return KVCacheConfig(num_blocks=blocks, kv_cache_tensors=tensors, kv_cache_groups=groups)
 
 

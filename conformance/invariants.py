@@ -292,6 +292,8 @@ def _num_blocks(obs: PlacementObservation) -> list[Violation] | None:
     configs = _configs(obs)
     if configs is None:
         return None
+    if not obs.groups:
+        return []  # no groups always give the null block: KV-PLACE-ATTENTION-FREE
     return [
         _v("KV-PLACE-NUM-BLOCKS", f"asked for {n} blocks, the config has num_blocks={c.num_blocks}")
         for n, c in configs.items()

@@ -70,8 +70,12 @@ enumerated.  Instead:
    layer-outer region shows first.
 
 :attr:`MemoryReport.exhaustive` is ``False`` when step 2 could not decide
-everything (a different-stride candidate pair, more candidate pairs or
-families than ``budget``); the violations reported are real either way.
+everything (a different-stride candidate pair, more than ``budget`` families,
+or more candidate pairs than ``min(budget, 1_000_000)``); the violations
+reported are real either way.
+
+:func:`host_tensor_end` gives the closed-form end of one tensor's footprint
+(host tensors default to :data:`HOST_LAYOUT`, LBNHC).
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ from kvref.specs import KVCacheSpec
 
 __all__ = [
     "DEFAULT_BUDGET",
+    "HOST_LAYOUT",
     "MemoryReport",
     "OutOfBounds",
     "Overlap",
@@ -109,6 +114,7 @@ __all__ = [
     "find_layer_overlaps",
     "find_out_of_bounds",
     "find_unusable_tensors",
+    "host_tensor_end",
     "page_runs",
     "tensor_geometries",
 ]
@@ -119,6 +125,12 @@ DEFAULT_BUDGET = 4_000_000
 # Byte addresses below this stay in int64 with room for one addition or a
 # difference of two addresses; anything larger goes to exact object arrays.
 _INT64_SAFE = 2**62
+
+#: Layout of host-resident tensors: vLLM always places them LBNHC (SPEC 1.10).
+HOST_LAYOUT = KVCacheLayout.LBNHC
+
+# Candidate family pairs evaluated at once (about 20 arrays of this length).
+_MAX_PAIRS = 1_000_000
 
 # Runs one page may have before its tensor is skipped as a Problem (at least).
 _MIN_PAGE_RUNS = 1 << 16
@@ -359,6 +371,54 @@ def _selected(config: KVCacheConfig, host: bool) -> list[tuple[int, KVCacheTenso
     return [(i, t) for i, t in enumerate(config.kv_cache_tensors) if t.host_resident == host]
 
 
+def _group_index(config: KVCacheConfig) -> dict[str, int]:
+    group_of: dict[str, int] = {}
+    for group_index, group in enumerate(config.kv_cache_groups):
+        for name in group.layer_names:
+            group_of.setdefault(name, group_index)
+    return group_of
+
+
+def _geometry(
+    config: KVCacheConfig,
+    layout: KVCacheLayout,
+    index: int,
+    tensor: KVCacheTensor,
+    group_of: dict[str, int],
+    *,
+    max_runs: int,
+) -> TensorGeometry | Problem | None:
+    """Geometry of one tensor, a Problem, or ``None`` for a tensor without layers."""
+    if not tensor.layers:
+        return None
+    first = tensor.layers[0]
+    gi = group_of.get(first)
+    if gi is None:
+        return Problem(index, f"layer {first!r} is in no KV cache group")
+    try:
+        spec = config.kv_cache_groups[gi].layer_spec(first)
+        n = config.num_blocks_of(tensor)
+        strides = compute_layout_strides(
+            spec,
+            n,
+            len(tensor.layers),
+            layout,
+            fixed=(tensor.layer_stride, tensor.block_stride, None, None, None),
+        )
+        _, heads, states, content = compute_layer_kv_cache_shape_bytes(spec, 1)
+    except KVRefError as exc:
+        return Problem(index, f"footprint of layer {first!r} undefined: {exc}")
+    try:
+        if not getattr(spec, "has_layer_views", True):
+            # Specs without layer views (HiSparse) use the raw page (SPEC 6).
+            runs = page_runs(0, 1, 0, 1, spec.page_size_bytes, max_runs=max_runs)
+        else:
+            runs = page_runs(strides[2], heads, strides[3], states, content, max_runs=max_runs)
+    except _TooManyRunsError as exc:
+        return Problem(index, f"a page of layer {first!r} has {exc} runs (budget {max_runs})")
+    return TensorGeometry(index, tensor, gi, spec, n, strides, heads, states, content, runs)
+
+
 def tensor_geometries(
     config: KVCacheConfig,
     layout: KVCacheLayout | str,
@@ -378,49 +438,38 @@ def tensor_geometries(
     Never raises for a well-typed config.
     """
     layout = KVCacheLayout.parse(layout)
-    group_of: dict[str, int] = {}
-    for group_index, group in enumerate(config.kv_cache_groups):
-        for name in group.layer_names:
-            group_of.setdefault(name, group_index)
+    group_of = _group_index(config)
     geometries: list[TensorGeometry] = []
     problems: list[Problem] = []
     for index, tensor in _selected(config, host):
-        if not tensor.layers:
-            continue
-        first = tensor.layers[0]
-        gi = group_of.get(first)
-        if gi is None:
-            problems.append(Problem(index, f"layer {first!r} is in no KV cache group"))
-            continue
-        try:
-            spec = config.kv_cache_groups[gi].layer_spec(first)
-            n = config.num_blocks_of(tensor)
-            strides = compute_layout_strides(
-                spec,
-                n,
-                len(tensor.layers),
-                layout,
-                fixed=(tensor.layer_stride, tensor.block_stride, None, None, None),
-            )
-            _, heads, states, content = compute_layer_kv_cache_shape_bytes(spec, 1)
-        except KVRefError as exc:
-            problems.append(Problem(index, f"footprint of layer {first!r} undefined: {exc}"))
-            continue
-        if not getattr(spec, "has_layer_views", True):
-            # Specs without layer views (HiSparse) use the raw page (SPEC 6).
-            runs = page_runs(0, 1, 0, 1, spec.page_size_bytes, max_runs=max_runs)
-        else:
-            try:
-                runs = page_runs(strides[2], heads, strides[3], states, content, max_runs=max_runs)
-            except _TooManyRunsError as exc:
-                problems.append(
-                    Problem(index, f"a page of layer {first!r} has {exc} runs (budget {max_runs})")
-                )
-                continue
-        geometries.append(
-            TensorGeometry(index, tensor, gi, spec, n, strides, heads, states, content, runs)
-        )
+        got = _geometry(config, layout, index, tensor, group_of, max_runs=max_runs)
+        if isinstance(got, TensorGeometry):
+            geometries.append(got)
+        elif got is not None:
+            problems.append(got)
     return geometries, problems
+
+
+def host_tensor_end(
+    config: KVCacheConfig, tensor: KVCacheTensor, layout: KVCacheLayout | str = HOST_LAYOUT
+) -> int | None:
+    """End (exclusive) of the farthest footprint byte of ``tensor``, at ``num_blocks_of(tensor)``.
+
+    Meant for host tensors (hence the LBNHC default) but valid for any tensor.
+    ``None`` when the tensor has no pages or its footprint is undefined (see
+    :func:`tensor_geometries`).  Closed-form; never raises for a well-typed config.
+    """
+    got = _geometry(
+        config,
+        KVCacheLayout.parse(layout),
+        -1,
+        tensor,
+        _group_index(config),
+        max_runs=_MIN_PAGE_RUNS,
+    )
+    if not isinstance(got, TensorGeometry) or got.num_pages == 0 or not got.runs.starts:
+        return None
+    return got.max_end
 
 
 def find_unusable_tensors(
@@ -673,7 +722,7 @@ def _pair_test(
     upto = np.searchsorted(hs, he, side="left")
     counts = np.maximum(upto - np.arange(x) - 1, 0)
     total = int(counts.sum())
-    if total > budget:
+    if total > min(budget, _MAX_PAIRS):
         return p3, p4, False
     if total == 0:
         return p3, p4, True
@@ -889,7 +938,7 @@ def find_layer_overlaps(
 
 def find_host_out_of_bounds(
     config: KVCacheConfig,
-    layout: KVCacheLayout | str = KVCacheLayout.LBNHC,
+    layout: KVCacheLayout | str = HOST_LAYOUT,
     *,
     limit: int = 10,
 ) -> list[OutOfBounds]:
@@ -899,7 +948,7 @@ def find_host_out_of_bounds(
 
 def find_host_block_overlaps(
     config: KVCacheConfig,
-    layout: KVCacheLayout | str = KVCacheLayout.LBNHC,
+    layout: KVCacheLayout | str = HOST_LAYOUT,
     *,
     limit: int = 10,
     budget: int = DEFAULT_BUDGET,
@@ -910,7 +959,7 @@ def find_host_block_overlaps(
 
 def find_host_layer_overlaps(
     config: KVCacheConfig,
-    layout: KVCacheLayout | str = KVCacheLayout.LBNHC,
+    layout: KVCacheLayout | str = HOST_LAYOUT,
     *,
     limit: int = 10,
     budget: int = DEFAULT_BUDGET,

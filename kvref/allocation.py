@@ -330,9 +330,7 @@ def allocate_backings(
     target = torch.device(device)
     size = _single_size(kv_cache_config.device_tensors, "device")
     # vLLM allocates int8; uint8 is the same bytes and prints as unsigned.
-    device_buffer = (
-        None if size is None else torch.zeros(size, dtype=torch.uint8, device=target)
-    )
+    device_buffer = None if size is None else torch.zeros(size, dtype=torch.uint8, device=target)
     host_buffers: list[torch.Tensor] = []
     pinned = False
     if include_host:

@@ -20,7 +20,9 @@ TEST_DEVICE = os.environ.get("KVREF_TEST_DEVICE", "cpu")
 SHAPE_DEVICES = [TEST_DEVICE, "meta"] if TEST_DEVICE != "meta" else ["meta"]
 
 
-def full(heads: int = 1, head_size: int = 4, dtype: torch.dtype = torch.float16) -> FullAttentionSpec:
+def full(
+    heads: int = 1, head_size: int = 4, dtype: torch.dtype = torch.float16
+) -> FullAttentionSpec:
     """Full attention with block 2 (SPEC 4.5: 1 head, head 4, fp16 gives a 32-byte page)."""
     return FullAttentionSpec(block_size=2, num_kv_heads=heads, head_size=head_size, dtype=dtype)
 
@@ -54,7 +56,9 @@ def mamba_config() -> KVCacheConfig:
     spec = MambaSpec(block_size=16, shapes=((3, 4), (5,)), dtypes=(torch.float16, torch.float32))
     return KVCacheConfig(
         num_blocks=3,
-        kv_cache_tensors=[KVCacheTensor(size=132, layers=["m0"], layer_stride=132, block_stride=44)],
+        kv_cache_tensors=[
+            KVCacheTensor(size=132, layers=["m0"], layer_stride=132, block_stride=44)
+        ],
         kv_cache_groups=[KVCacheGroupSpec(layer_names=["m0"], kv_cache_spec=spec)],
         kv_cache_layout=KVCacheLayout.LBNHC,
     )
@@ -123,5 +127,3 @@ def misaligned_strides() -> KVCacheConfig:
         ],
         kv_cache_layout=KVCacheLayout.LBNHC,
     )
-
-

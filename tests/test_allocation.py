@@ -18,6 +18,7 @@ from _devcases import (
     worked_example,
 )
 
+import kvref
 from kvref.allocation import (
     HOST_LAYOUT,
     KVCacheAllocation,
@@ -267,16 +268,20 @@ class TestAllocationErrors:
     def test_layer_without_group(self) -> None:
         """A tensor whose layer no group holds has no spec to view it with."""
         config = worked_example(KVCacheLayout.LBNHC)
-        tensors = [*config.kv_cache_tensors, KVCacheTensor(size=256, layers=["X"],
-                                                           layer_stride=128, block_stride=32)]
+        tensors = [
+            *config.kv_cache_tensors,
+            KVCacheTensor(size=256, layers=["X"], layer_stride=128, block_stride=32),
+        ]
         with pytest.raises(PlacementError, match="'X' belongs to no KV cache group"):
             allocate_kv_cache(with_tensors(config, tensors), "cpu")
 
     def test_layer_in_two_tensors(self) -> None:
         """A layer placed twice would get two views: refused."""
         config = worked_example(KVCacheLayout.LBNHC)
-        tensors = [*config.kv_cache_tensors, KVCacheTensor(size=256, layers=["L0"],
-                                                           layer_stride=128, block_stride=32)]
+        tensors = [
+            *config.kv_cache_tensors,
+            KVCacheTensor(size=256, layers=["L0"], layer_stride=128, block_stride=32),
+        ]
         with pytest.raises(PlacementError, match="'L0' appears in"):
             allocate_kv_cache(with_tensors(config, tensors), "cpu")
 
@@ -290,8 +295,6 @@ class TestAllocationErrors:
 class TestAllocationObject:
     def test_is_exported_from_kvref(self) -> None:
         """allocate_kv_cache and KVCacheAllocation are public API."""
-        import kvref
-
         assert kvref.allocate_kv_cache is allocate_kv_cache
         assert kvref.KVCacheAllocation is KVCacheAllocation
 
@@ -308,8 +311,9 @@ class TestAllocationObject:
         spec = full(dtype=torch.float32)
         config = KVCacheConfig(
             num_blocks=2,
-            kv_cache_tensors=[KVCacheTensor(size=128, layers=["x"], layer_stride=128,
-                                            block_stride=64)],
+            kv_cache_tensors=[
+                KVCacheTensor(size=128, layers=["x"], layer_stride=128, block_stride=64)
+            ],
             kv_cache_groups=[KVCacheGroupSpec(layer_names=["x"], kv_cache_spec=spec)],
         )
         with allocate_kv_cache(config, "meta") as allocation:

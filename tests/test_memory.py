@@ -19,6 +19,7 @@ from conformance.memory import (
     find_layer_overlaps,
     find_out_of_bounds,
     find_unusable_tensors,
+    host_tensor_end,
     page_runs,
     tensor_geometries,
 )
@@ -62,9 +63,16 @@ def group(names: Sequence[str], spec: KVCacheSpec, **kw: bool) -> KVCacheGroupSp
     return KVCacheGroupSpec(layer_names=list(names), kv_cache_spec=spec, **kw)
 
 
-def tensor(size: int, layers: Sequence[str], ls: int, bs: int, offset: int = 0, host: bool = False) -> KVCacheTensor:
+def tensor(
+    size: int, layers: Sequence[str], ls: int, bs: int, offset: int = 0, host: bool = False
+) -> KVCacheTensor:
     return KVCacheTensor(
-        size=size, layers=list(layers), layer_stride=ls, block_stride=bs, offset=offset, host_resident=host
+        size=size,
+        layers=list(layers),
+        layer_stride=ls,
+        block_stride=bs,
+        offset=offset,
+        host_resident=host,
     )
 
 
@@ -92,9 +100,9 @@ def spec_6_config() -> KVCacheConfig:
 def interleaved_config(layout: str, n: int = 3) -> KVCacheConfig:
     """SPEC 1.8's 2-head page (H=2, S=2, C=16) over two layers, in LHBNC or BHLNC."""
     spec = full(heads=2, content=16, block=2)
-    ls, bs = (192, 32) if layout == "LHBNC" else (32, 128)
-    if layout == "LHBNC":
-        ls = 2 * 32 * n * 2 // 2 * 1  # H * (S*C) * N = 2 * 32 * n
+    # LHBNC: block stride S*C, head stride S*C*N, layer stride H*S*C*N.
+    # BHLNC: layer stride S*C, head stride S*C*layers, block stride = bpb.
+    ls, bs = (64 * n, 32) if layout == "LHBNC" else (32, 128)
     groups = [group(["a", "b"], spec)]
     return KVCacheConfig(
         num_blocks=n, kv_cache_tensors=[tensor(128 * n, ["a", "b"], ls, bs)], kv_cache_groups=groups
@@ -206,7 +214,9 @@ class TestBlockOverlaps:
         groups = [group(["a"], full())]
         base = 2**70
         config = KVCacheConfig(
-            num_blocks=3, kv_cache_tensors=[tensor(2**71, ["a"], 0, 24, base)], kv_cache_groups=groups
+            num_blocks=3,
+            kv_cache_tensors=[tensor(2**71, ["a"], 0, 24, base)],
+            kv_cache_groups=groups,
         )
         found = find_block_overlaps(config, "LBNHC")
         assert found[0].byte_range == (base + 24, base + 32)
@@ -219,7 +229,9 @@ class TestLayerOverlaps:
         """Two layers 16 bytes apart with 32-byte pages share 16 bytes in every block."""
         groups = [group(["a", "b"], full())]
         config = KVCacheConfig(
-            num_blocks=4, kv_cache_tensors=[tensor(1024, ["a", "b"], 16, 64)], kv_cache_groups=groups
+            num_blocks=4,
+            kv_cache_tensors=[tensor(1024, ["a", "b"], 16, 64)],
+            kv_cache_groups=groups,
         )
         found = find_layer_overlaps(config, "BLHNC")
         assert found[0] == Overlap(PageRef(0, "a", 0), PageRef(0, "b", 0), (16, 32))
@@ -267,7 +279,7 @@ class TestHostTensors:
 
     def config(self) -> KVCacheConfig:
         groups = [group(["d"], full()), group(["h"], full(), host_resident=True)]
-        tensors = [tensor(64, ["d"], 64, 32), tensor(96, ["h"], 96, 16, host=True)]
+        tensors = [tensor(64, ["d"], 64, 32), tensor(48, ["h"], 96, 16, host=True)]
         return KVCacheConfig(
             num_blocks=2, kv_cache_tensors=tensors, kv_cache_groups=groups, host_num_blocks=3
         )
@@ -283,10 +295,14 @@ class TestHostTensors:
         assert find_host_block_overlaps(config)[0] == Overlap(
             PageRef(1, "h", 0), PageRef(1, "h", 1), (16, 32)
         )
-        assert find_host_out_of_bounds(config) == [OutOfBounds(PageRef(1, "h", 2), (32, 64), 96)] or (
-            find_host_out_of_bounds(config) == []
-        )
+        assert find_host_out_of_bounds(config) == [OutOfBounds(PageRef(1, "h", 2), (32, 64), 48)]
         assert find_host_layer_overlaps(config) == []
+
+    def test_host_tensor_end(self) -> None:
+        """host_tensor_end is the closed-form end of the farthest host page, None if undefined."""
+        config = self.config()
+        assert host_tensor_end(config, config.kv_cache_tensors[1]) == 64
+        assert host_tensor_end(config, tensor(8, ["ghost"], 0, 0, host=True)) is None
 
 
 class TestUnusableTensors:
@@ -316,7 +332,12 @@ class TestUnusableTensors:
 # -- property test against a brute-force byte-set oracle ------------------------------
 
 
-def oracle(config: KVCacheConfig, layout: KVCacheLayout, host: bool) -> tuple[set[int], set[tuple[PageRef, PageRef]], set[tuple[PageRef, PageRef]], dict[PageRef, set[int]]]:
+Pair = tuple[PageRef, PageRef]
+
+
+def oracle(
+    config: KVCacheConfig, layout: KVCacheLayout, host: bool
+) -> tuple[set[int], set[Pair], set[Pair], dict[PageRef, set[int]]]:
     """Enumerate every byte of every page: P2 tensors, P3 pairs, P4 pairs (incl. self)."""
     group_of: dict[str, int] = {}
     for gi, g in enumerate(config.kv_cache_groups):
@@ -325,7 +346,7 @@ def oracle(config: KVCacheConfig, layout: KVCacheLayout, host: bool) -> tuple[se
     pages: dict[PageRef, set[int]] = {}
     owner: dict[PageRef, tuple[int, int]] = {}
     oob: set[int] = set()
-    p4: set[tuple[PageRef, PageRef]] = set()
+    p4: set[Pair] = set()
     for ti, t in enumerate(config.kv_cache_tensors):
         if t.host_resident != host or not t.layers or t.layers[0] not in group_of:
             continue
@@ -334,7 +355,11 @@ def oracle(config: KVCacheConfig, layout: KVCacheLayout, host: bool) -> tuple[se
         n = config.num_blocks_of(t)
         try:
             ls, bs, hs, ss, _ = compute_layout_strides(
-                spec, n, len(t.layers), layout, fixed=(t.layer_stride, t.block_stride, None, None, None)
+                spec,
+                n,
+                len(t.layers),
+                layout,
+                fixed=(t.layer_stride, t.block_stride, None, None, None),
             )
         except LayoutError:
             continue
@@ -354,7 +379,7 @@ def oracle(config: KVCacheConfig, layout: KVCacheLayout, host: bool) -> tuple[se
                     oob.add(ti)
                 pages[ref] = footprint
                 owner[ref] = (gi, li)
-    p3: set[tuple[PageRef, PageRef]] = set()
+    p3: set[Pair] = set()
     refs = list(pages)
     for i, a in enumerate(refs):
         for b in refs[i + 1 :]:
@@ -394,14 +419,23 @@ def configs(draw: st.DrawFn) -> KVCacheConfig:
         else:
             blocks = {s.block_size for s in specs.values()}
             if len(blocks) > 1:
-                specs = {m: full(heads=s.num_kv_heads, content=s.state_content_size_bytes) for m, s in specs.items()}
+                specs = {
+                    m: full(heads=s.num_kv_heads, content=s.state_content_size_bytes)
+                    for m, s in specs.items()
+                }
             groups.append(
-                group(members, UniformTypeKVCacheSpecs(kv_cache_specs=specs), host_resident=draw(st.booleans()))
+                group(
+                    members,
+                    UniformTypeKVCacheSpecs(kv_cache_specs=specs),
+                    host_resident=draw(st.booleans()),
+                )
             )
     shift = draw(st.sampled_from([0, 0, 2**63 - 10**4]))
     tensors = []
     for _ in range(draw(st.integers(1, 4))):
-        layers = draw(st.lists(st.sampled_from([*names, "ghost"]), min_size=1, max_size=3, unique=True))
+        layers = draw(
+            st.lists(st.sampled_from([*names, "ghost"]), min_size=1, max_size=3, unique=True)
+        )
         tensors.append(
             tensor(
                 draw(st.integers(0, 600)) + shift,
@@ -425,7 +459,9 @@ class TestAgainstOracle:
 
     @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(configs(), st.sampled_from(LAYOUTS), st.booleans(), st.sampled_from([10**6, 4, 1]))
-    def test_matches_oracle(self, config: KVCacheConfig, layout: KVCacheLayout, host: bool, budget: int) -> None:
+    def test_matches_oracle(
+        self, config: KVCacheConfig, layout: KVCacheLayout, host: bool, budget: int
+    ) -> None:
         """Exact path: same verdicts; any path: every reported overlap is real, with real bytes."""
         oob, p3, p4, pages = oracle(config, layout, host)
         report = check_memory(config, layout, host=host, limit=10**6, budget=budget)

@@ -1,0 +1,384 @@
+"""Deliberately broken builders: one bug each, for the kit's meta-tests.
+
+Each class says which invariant is meant to catch it in ``CAUGHT_BY``.  They
+start from the reference and break one promise, so any other failure the kit
+reports for them is noise to be fixed in the kit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from kvref import (
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    PlanningConfig,
+    ReferenceKVCacheConfigBuilder,
+)
+from kvref.specs import KVCacheSpec
+
+Groups = list[KVCacheGroupSpec]
+
+
+class _Base(ReferenceKVCacheConfigBuilder):
+    CAUGHT_BY = ""
+
+
+def _with_tensors(config: KVCacheConfig, tensors: Sequence[Any], **changes: Any) -> KVCacheConfig:
+    return attrs.evolve(config, kv_cache_tensors=list(tensors), **changes)
+
+
+class DroppedLayer(_Base):
+    """Forgets the last layer of the largest group."""
+
+    CAUGHT_BY = "KV-GROUP-PARTITION"
+
+    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        if not groups:
+            return groups
+        i = max(range(len(groups)), key=lambda k: len(groups[k].layer_names))
+        g = groups[i]
+        if len(g.layer_names) == 1:
+            return groups[:i] + groups[i + 1 :]
+        names = list(g.layer_names[:-1])
+        spec = g.kv_cache_spec
+        from kvref import UniformTypeKVCacheSpecs
+
+        if isinstance(spec, UniformTypeKVCacheSpecs):
+            spec = UniformTypeKVCacheSpecs(kv_cache_specs={n: spec.kv_cache_specs[n] for n in names})
+        groups[i] = attrs.evolve(g, layer_names=names, kv_cache_spec=spec)
+        return groups
+
+
+class DuplicatedLayer(_Base):
+    """Puts the first layer into a second, extra group as well."""
+
+    CAUGHT_BY = "KV-GROUP-PARTITION"
+
+    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        if not groups:
+            return groups
+        name = groups[0].layer_names[0]
+        return [*groups, KVCacheGroupSpec(layer_names=[name], kv_cache_spec=groups[0].layer_spec(name))]
+
+
+class RepeatedInGroup(_Base):
+    """Lists the first layer of the first group twice in that group."""
+
+    CAUGHT_BY = "KV-GROUP-REPEATED-LAYER"
+
+    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        if groups:
+            g = groups[0]
+            groups[0] = attrs.evolve(g, layer_names=[*g.layer_names, g.layer_names[0]])
+        return groups
+
+
+class EmptyGroup(_Base):
+    """Appends a group with no layers."""
+
+    CAUGHT_BY = "KV-GROUP-NONEMPTY"
+
+    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        if groups:
+            groups.append(attrs.evolve(groups[-1], layer_names=[]))
+        return groups
+
+
+class HalvedBlockSize(_Base):
+    """Halves every group's block size (and page): the layers lose half their tokens."""
+
+    CAUGHT_BY = "KV-GROUP-LAYER-SPEC"
+
+    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        out = []
+        for g in groups:
+            spec = g.kv_cache_spec
+            if isinstance(spec, KVCacheSpec) and spec.block_size % 2 == 0 and getattr(spec, "page_size_padded", None) is None and not hasattr(spec, "shapes"):
+                spec = attrs.evolve(spec, block_size=spec.block_size // 2)
+            out.append(attrs.evolve(g, kv_cache_spec=spec))
+        return out
+
+
+class Stateful(_Base):
+    """Returns the groups in reverse order from its second call on."""
+
+    CAUGHT_BY = "KV-GROUP-DETERMINISTIC"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+        self.calls += 1
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        return groups[::-1] if self.calls > 1 else groups
+
+
+class MutatesInput(_Base):
+    """Empties the dict of layer specs it was given."""
+
+    CAUGHT_BY = "KV-GROUP-INPUT-UNCHANGED"
+
+    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        if isinstance(kv_cache_spec, dict):
+            kv_cache_spec.clear()
+        return groups
+
+
+class RaisesOnValidInput(_Base):
+    """Raises on any model with more than two layers."""
+
+    CAUGHT_BY = "KV-CALL-RAISES"
+
+    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+        if len(kv_cache_spec) > 2:
+            raise RuntimeError("unsupported model")
+        return super().get_kv_cache_groups(config, kv_cache_spec)
+
+
+class WrongReturnType(_Base):
+    """Returns the config as a plain dict."""
+
+    CAUGHT_BY = "KV-CALL-RETURN-TYPE"
+
+    def get_kv_cache_config_from_groups(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int) -> Any:
+        return attrs.asdict(super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks))
+
+
+class Hangs(_Base):
+    """Never returns from placement."""
+
+    CAUGHT_BY = "KV-CALL-TIMEOUT"
+
+    def get_kv_cache_config_from_groups(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int) -> KVCacheConfig:
+        time.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+class _Placement(_Base):
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        raise NotImplementedError
+
+    def get_kv_cache_config_from_groups(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int) -> KVCacheConfig:
+        result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
+        if not result.kv_cache_tensors:
+            return result
+        return self.fix(config, result, num_blocks)
+
+
+class WrongNumBlocks(_Placement):
+    """Reports one block more than it placed."""
+
+    CAUGHT_BY = "KV-PLACE-NUM-BLOCKS"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        return attrs.evolve(result, num_blocks=num_blocks + 1)
+
+
+class GroupsNotEchoed(_Placement):
+    """Returns the groups in reverse order."""
+
+    CAUGHT_BY = "KV-PLACE-GROUPS-ECHOED"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        if len(result.kv_cache_groups) < 2:
+            return attrs.evolve(result, kv_cache_groups=[attrs.evolve(g, enable_kv_transfer=False) for g in result.kv_cache_groups])
+        return attrs.evolve(result, kv_cache_groups=list(result.kv_cache_groups)[::-1])
+
+
+class SizeOneBlockTooBig(_Placement):
+    """Sizes the backing for one block more than asked."""
+
+    CAUGHT_BY = "KV-PLACE-BACKING-SIZE"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        bpb = result.device_size // num_blocks
+        return _with_tensors(result, [attrs.evolve(t, size=t.size + bpb) for t in result.kv_cache_tensors])
+
+
+class ConstantHeader(_Placement):
+    """Reserves a 256-byte header before every tensor."""
+
+    CAUGHT_BY = "KV-PLACE-BACKING-SIZE"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        return _with_tensors(result, [attrs.evolve(t, size=t.size + 256, offset=t.offset + 256) for t in result.kv_cache_tensors])
+
+
+class AbsurdSize(_Placement):
+    """Claims a 2**60-byte backing."""
+
+    CAUGHT_BY = "KV-PLACE-SIZE-BOUND"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        return _with_tensors(result, [attrs.evolve(t, size=2**60) for t in result.kv_cache_tensors])
+
+
+class OverlappingBlocks(_Placement):
+    """Halves the block stride in layer-outer layouts, so neighbouring blocks overlap."""
+
+    CAUGHT_BY = "KV-PLACE-NO-BLOCK-ALIAS"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        if config.kv_cache_layout.is_block_outermost or num_blocks < 2:
+            return result
+        return _with_tensors(result, [attrs.evolve(t, block_stride=max(t.block_stride // 2 // 16 * 16, 16)) if t.block_stride >= 32 else t for t in result.kv_cache_tensors])
+
+
+class OverlappingLayers(_Placement):
+    """Halves the layer stride in block-outermost layouts, so a block's layers overlap."""
+
+    CAUGHT_BY = "KV-PLACE-NO-LAYER-OVERLAP"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        if not config.kv_cache_layout.is_block_outermost:
+            return result
+        return _with_tensors(result, [attrs.evolve(t, layer_stride=t.layer_stride // 2 // 16 * 16) if len(t.layers) > 1 and t.layer_stride >= 32 else t for t in result.kv_cache_tensors])
+
+
+class OutOfBoundsOffset(_Placement):
+    """Starts the last tensor at the end of the backing."""
+
+    CAUGHT_BY = "KV-PLACE-IN-BOUNDS"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        tensors = list(result.kv_cache_tensors)
+        tensors[-1] = attrs.evolve(tensors[-1], offset=tensors[-1].size)
+        return _with_tensors(result, tensors)
+
+
+class LayerInTwoTensors(_Placement):
+    """Emits the first tensor twice."""
+
+    CAUGHT_BY = "KV-PLACE-LAYER-ONCE"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        tensors = list(result.kv_cache_tensors)
+        return _with_tensors(result, [tensors[0], *tensors])
+
+
+class MissingTensor(_Placement):
+    """Drops the last device tensor."""
+
+    CAUGHT_BY = "KV-PLACE-LAYER-MISSING"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        device = [t for t in result.kv_cache_tensors if not t.host_resident]
+        host = [t for t in result.kv_cache_tensors if t.host_resident]
+        return _with_tensors(result, host + device[:-1])
+
+
+class MisalignedStride(_Placement):
+    """Steps one byte more than a page per block in LBNHC/LBHNC, so typed views misalign."""
+
+    CAUGHT_BY = "KV-PLACE-TYPED-VIEWS"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        device = result.device_tensors
+        layout = config.kv_cache_layout
+        same = {(t.block_stride, t.offset, t.layer_stride) for t in device}
+        if not (layout.is_block_compact and layout.is_layer_compact) or len(same) != 1:
+            return result
+        ((block_stride, offset, layer_stride),) = same
+        if offset != 0 or layer_stride != block_stride * num_blocks:
+            return result
+        stride = block_stride + 1
+        widest = max(len(t.layers) for t in device)
+        return _with_tensors(
+            result,
+            [
+                t if t.host_resident else attrs.evolve(t, block_stride=stride, layer_stride=stride * num_blocks, size=widest * stride * num_blocks)
+                for t in result.kv_cache_tensors
+            ],
+        )
+
+
+class AttentionFreeZeroBlocks(_Base):
+    """Returns zero blocks for an attention-free model."""
+
+    CAUGHT_BY = "KV-PLACE-ATTENTION-FREE"
+
+    def get_kv_cache_config_from_groups(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int) -> KVCacheConfig:
+        result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
+        return attrs.evolve(result, num_blocks=0) if not kv_cache_groups else result
+
+
+class LyingPoolBytes(_Base):
+    """Declares half the device bytes per block it really places."""
+
+    CAUGHT_BY = "KV-PLACE-POOL-BYTES"
+
+    def _get_pool_bytes_per_block(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]) -> int | None:
+        probe = super().get_kv_cache_config_from_groups(config, kv_cache_groups, 2)
+        return max(probe.device_size // 4, 1)
+
+
+class HostTensorOnDevice(_Placement):
+    """Marks host-resident tensors as device tensors."""
+
+    CAUGHT_BY = "KV-HOST-TENSORS"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        return _with_tensors(result, [attrs.evolve(t, host_resident=False) for t in result.kv_cache_tensors])
+
+
+class HostCountedOnDevice(_Placement):
+    """Grows the device backing by the host pages when host groups exist."""
+
+    CAUGHT_BY = "KV-HOST-EXCLUDED"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        host = [t for t in result.kv_cache_tensors if t.host_resident]
+        if not host:
+            return result
+        extra = host[0].size
+        return _with_tensors(result, [t if t.host_resident else attrs.evolve(t, size=t.size + extra) for t in result.kv_cache_tensors])
+
+
+class HostSizedByDeviceBlocks(_Placement):
+    """Makes host backings one byte short of their host blocks."""
+
+    CAUGHT_BY = "KV-HOST-SIZED"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        return _with_tensors(result, [attrs.evolve(t, size=t.size - 1) if t.host_resident else t for t in result.kv_cache_tensors])
+
+
+ALL: tuple[type[_Base], ...] = (
+    DroppedLayer,
+    DuplicatedLayer,
+    RepeatedInGroup,
+    EmptyGroup,
+    HalvedBlockSize,
+    Stateful,
+    MutatesInput,
+    RaisesOnValidInput,
+    WrongReturnType,
+    Hangs,
+    WrongNumBlocks,
+    GroupsNotEchoed,
+    SizeOneBlockTooBig,
+    ConstantHeader,
+    AbsurdSize,
+    OverlappingBlocks,
+    OverlappingLayers,
+    OutOfBoundsOffset,
+    LayerInTwoTensors,
+    MissingTensor,
+    MisalignedStride,
+    AttentionFreeZeroBlocks,
+    LyingPoolBytes,
+    HostTensorOnDevice,
+    HostCountedOnDevice,
+    HostSizedByDeviceBlocks,
+)
