@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from conformance.vllm_adapter import wrap_vllm_builder
 from kvref.builder import KVCacheConfigBuilder, ReferenceKVCacheConfigBuilder
+from kvref.interop.vllm import INSTALL_HINT, VLLMUnavailableError
 
 __all__ = ["DEFAULT_BUILDER", "BuilderLoadError", "is_vllm_native", "load_builder"]
 
@@ -44,8 +46,11 @@ def load_builder(spec: str) -> type[KVCacheConfigBuilder] | KVCacheConfigBuilder
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is a usage error here
+        hint = ""
+        if module_name.split(".")[0] == "vllm":
+            hint = f". {INSTALL_HINT}"
         raise BuilderLoadError(
-            f"cannot import module {module_name!r} for builder {spec!r}: {exc}"
+            f"cannot import module {module_name!r} for builder {spec!r}: {exc}{hint}"
         ) from exc
     obj: Any = module
     for part in attr.split("."):
@@ -54,10 +59,7 @@ def load_builder(spec: str) -> type[KVCacheConfigBuilder] | KVCacheConfigBuilder
         except AttributeError:
             raise BuilderLoadError(f"module {module_name!r} has no attribute {attr!r}") from None
     if is_vllm_native(obj):
-        raise BuilderLoadError(
-            f"{spec!r} is a vLLM-native builder; running it needs the vLLM adapter, which this "
-            "version of the kit does not ship yet (see docs/vllm.md)"
-        )
+        return _wrap_vllm(spec, obj)
     is_builder = (isinstance(obj, type) and issubclass(obj, KVCacheConfigBuilder)) or isinstance(
         obj, KVCacheConfigBuilder
     )
@@ -69,3 +71,11 @@ def load_builder(spec: str) -> type[KVCacheConfigBuilder] | KVCacheConfigBuilder
         missing = ", ".join(sorted(obj.__abstractmethods__))
         raise BuilderLoadError(f"{spec!r} is abstract: it does not implement {missing}")
     return obj  # type: ignore[no-any-return]
+
+
+def _wrap_vllm(spec: str, obj: Any) -> type[KVCacheConfigBuilder]:
+    """The kvref adapter class of a vLLM-native builder (class or instance)."""
+    try:
+        return wrap_vllm_builder(obj if isinstance(obj, type) else type(obj))
+    except VLLMUnavailableError as exc:
+        raise BuilderLoadError(f"{spec!r} is a vLLM-native builder, but {exc}") from exc

@@ -75,6 +75,7 @@ class Guard:
         *args: Any,
         expect: type | tuple[type, ...] | None = None,
         validate: Callable[[Any], str | None] | None = None,
+        timeout: float | None = None,
     ) -> CallResult:
         """Call ``fn(*args)`` and describe what happened.
 
@@ -84,6 +85,7 @@ class Guard:
             args: its arguments (the caller passes copies it can compare later).
             expect: the type the result must have.
             validate: a further check of the result; returns what is wrong, or ``None``.
+            timeout: this call's deadline, when it is not the guard's per-call one.
         """
         if self.hung is not None:
             return CallResult(hook=hook, timed_out=True)
@@ -100,7 +102,7 @@ class Guard:
         start = time.perf_counter()
         thread = threading.Thread(target=run, name=f"kvref-guard-{hook}", daemon=True)
         thread.start()
-        thread.join(self.timeout)
+        thread.join(self.timeout if timeout is None else timeout)
         seconds = time.perf_counter() - start
         if thread.is_alive():
             self.hung = hook

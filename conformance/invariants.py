@@ -23,7 +23,7 @@ from conformance.observations import (
     HostObservation,
     PlacementObservation,
 )
-from conformance.scenarios import absurd_size, size_bound
+from conformance.bounds import absurd_size, size_bound
 from conformance.violations import Violation
 from kvref.errors import InsufficientMemoryError
 from kvref.layout import compute_layer_kv_cache_shape_bytes, compute_layout_strides
@@ -177,7 +177,7 @@ def _wrapper(obs: GroupingObservation) -> list[Violation] | None:
     out = []
     for i, g in enumerate(groups):
         spec = g.kv_cache_spec
-        if isinstance(spec, UniformTypeKVCacheSpecs):
+        if isinstance(spec, UniformTypeKVCacheSpecs) and g.layer_names:  # empty: KV-GROUP-NONEMPTY
             extra = [n for n in spec.kv_cache_specs if n not in g.layer_names]
             missing = [n for n in g.layer_names if n not in spec.kv_cache_specs]
             if extra or missing:
@@ -286,6 +286,14 @@ def _grouping_deterministic(obs: GroupingObservation) -> list[Violation] | None:
 def _configs(obs: PlacementObservation) -> dict[int, KVCacheConfig] | None:
     out = {n: c for n in obs.results if (c := obs.config_at(n)) is not None}
     return out or None
+
+
+def _honest_configs(obs: PlacementObservation) -> dict[int, KVCacheConfig] | None:
+    """Configs whose num_blocks is the one asked for (else KV-PLACE-NUM-BLOCKS reports)."""
+    configs = _configs(obs)
+    if configs is None:
+        return None
+    return {n: c for n, c in configs.items() if c.num_blocks == n} or None
 
 
 def _num_blocks(obs: PlacementObservation) -> list[Violation] | None:
@@ -511,7 +519,7 @@ def _memory_check(kind: str) -> Check:
     }[kind]
 
     def check(obs: PlacementObservation) -> list[Violation] | None:
-        configs = _configs(obs)
+        configs = _honest_configs(obs)
         if configs is None:
             return None
         out: list[Violation] = []
@@ -613,12 +621,16 @@ def _block_stride(obs: PlacementObservation) -> list[Violation] | None:
     configs = _configs(obs)
     if configs is None:
         return None
+    sizes = {n: _device_size(c) for n, c in configs.items()}
+    counts = sorted(sizes)
+    if len(counts) < 2 or any(v is None for v in sizes.values()):
+        return None
+    low, high = counts[0], counts[-1]
+    bpb = ((sizes[high] or 0) - (sizes[low] or 0)) // (high - low)
+    if any(sizes[n] != bpb * n for n in counts):
+        return None  # sizes that are not linear are KV-PLACE-BACKING-SIZE's finding
     out = []
     for n, c in configs.items():
-        size = _device_size(c)
-        if size is None or n == 0:
-            continue
-        bpb = size // n
         out += [
             _v(
                 "KV-PLACE-BLOCK-STRIDE",
@@ -711,6 +723,9 @@ def _host_excluded(obs: HostObservation) -> list[Violation] | None:
     if got is None or obs.device_only is None or not obs.device_only.ok:
         return None
     _, config = got
+    host_layers = set(obs.config.host_resident_layers)
+    if any(n in host_layers for t in config.device_tensors for n in t.layers):
+        return None  # host layers on the device are KV-HOST-TENSORS's finding
     alone: KVCacheConfig = obs.device_only.value
     with_host = sorted({t.size for t in config.device_tensors})
     without = sorted({t.size for t in alone.device_tensors})
@@ -901,7 +916,7 @@ def _core_admission(obs: CoreObservation) -> list[Violation] | None:
 
 
 def _core_error_clear(obs: CoreObservation) -> list[Violation] | None:
-    if obs.result.ok or obs.result.error_type is None:
+    if obs.result.ok or obs.result.error_type is None or obs.result.hook != "core":
         return None
     if issubclass(obs.result.error_type, InsufficientMemoryError):
         return []

@@ -21,7 +21,6 @@ from conformance.observations import (
 )
 from kvref.builder import KVCacheConfigBuilder, ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
-from kvref.errors import KVRefError
 from kvref.planning import plan_kv_cache
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
@@ -103,6 +102,22 @@ def _partitions(groups: Sequence[KVCacheGroupSpec], specs: Mapping[str, KVCacheS
     )
 
 
+def _valid_groups(
+    config: PlanningConfig, specs: Mapping[str, KVCacheSpec], result: CallResult
+) -> bool:
+    """Whether the builder's groups keep every grouping invariant (so placement can use them)."""
+    from conformance.invariants import CATALOG
+
+    if not _partitions(result.value, specs):
+        return False
+    obs = GroupingObservation(
+        config=config, specs=specs, first=result, second=result, fresh=result, mutated=False
+    )
+    return not any(
+        inv.check(obs) for inv in CATALOG if inv.scenario == "grouping" and not inv.id.startswith("KV-CALL")
+    )
+
+
 def _overrides_pool_bytes(builder: KVCacheConfigBuilder) -> bool:
     return (
         type(builder)._get_pool_bytes_per_block
@@ -139,7 +154,7 @@ def builder_or_reference_groups(
     once, by the grouping invariants, and placement is still exercised.
     """
     result, _ = _group(guard, factory(), config, specs)
-    if result.ok and _partitions(result.value, specs):
+    if result.ok and _valid_groups(config, specs, result):
         return tuple(result.value), "builder"
     return tuple(_REFERENCE.get_kv_cache_groups(config, dict(specs))), "reference"
 
@@ -199,7 +214,7 @@ def observe_host(
     builder = factory()
     groups_result, _ = _group(guard, builder, config, specs)
     placed = device_only = None
-    if groups_result.ok:
+    if groups_result.ok and _valid_groups(config, specs, groups_result):
         groups = list(groups_result.value)
         placed, _ = _place(guard, builder, config, groups, num_blocks)
         device_groups = [g for g in groups if not g.host_resident]
@@ -214,31 +229,11 @@ def observe_host(
     )
 
 
+from conformance.bounds import absurd_size, size_bound  # noqa: E402
+
+
 class _ContractBroken(Exception):
     """The builder broke a hook-level promise inside Core's flow."""
-
-
-def size_bound(groups: Sequence[KVCacheGroupSpec]) -> int:
-    """Bytes per block if every device layer had its own aligned pages (no aliasing)."""
-    from kvref._math import lcm_all, round_up
-    from kvref.specs import iter_layer_specs
-
-    specs = []
-    for g in groups:
-        if g.host_resident:
-            continue
-        spec = g.kv_cache_spec
-        if isinstance(spec, UniformTypeKVCacheSpecs):
-            specs += [spec.kv_cache_specs[n] for n in g.layer_names if n in spec.kv_cache_specs]
-        else:
-            specs += list(iter_layer_specs(spec)) * len(g.layer_names)
-    alignment = lcm_all(s.get_block_stride_alignment() for s in specs)
-    return sum(round_up(s.page_size_bytes, alignment) for s in specs)
-
-
-def absurd_size(size: int, num_blocks: int, bound: int) -> bool:
-    """Whether a backing is beyond any sane plan: over twice the no-aliasing bytes plus 1 MiB."""
-    return size > 2 * bound * num_blocks + 2**20
 
 
 class _Checked(KVCacheConfigBuilder):
@@ -256,7 +251,10 @@ class _Checked(KVCacheConfigBuilder):
     def get_kv_cache_groups(
         self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
     ) -> list[KVCacheGroupSpec]:
-        groups = self.inner.get_kv_cache_groups(config, kv_cache_spec)
+        try:
+            groups = self.inner.get_kv_cache_groups(config, kv_cache_spec)
+        except Exception as exc:
+            raise _ContractBroken(f"get_kv_cache_groups raised {exc!r}") from exc
         if _groups_validator(groups) is not None:
             raise _ContractBroken("get_kv_cache_groups returned the wrong type")
         return groups
@@ -265,7 +263,10 @@ class _Checked(KVCacheConfigBuilder):
         self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
     ) -> KVCacheConfig:
         given = list(kv_cache_groups)
-        result = self.inner.get_kv_cache_config_from_groups(config, list(given), num_blocks)
+        try:
+            result = self.inner.get_kv_cache_config_from_groups(config, list(given), num_blocks)
+        except Exception as exc:
+            raise _ContractBroken(f"placement raised {exc!r}") from exc
         if _config_validator(result) is not None:
             raise _ContractBroken("placement returned the wrong type")
         if result.num_blocks != num_blocks or list(result.kv_cache_groups) != given:
@@ -276,6 +277,10 @@ class _Checked(KVCacheConfigBuilder):
         total = sum(sizes)
         if self.declared is not None and total != self.declared * num_blocks:
             raise _ContractBroken("pool bytes per block disagree with the placement")
+        placed = [n for t in result.device_tensors for n in t.layers]
+        wanted = [n for g in given if not g.host_resident for n in g.layer_names]
+        if sorted(placed) != sorted(wanted):
+            raise _ContractBroken("device tensors do not hold each device layer once")
         if absurd_size(total, num_blocks, size_bound(given)):
             raise _ContractBroken("absurd backing size")
         if total % max(num_blocks, 1):
@@ -285,7 +290,10 @@ class _Checked(KVCacheConfigBuilder):
     def _get_pool_bytes_per_block(
         self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]
     ) -> int | None:
-        declared = self.inner._get_pool_bytes_per_block(config, kv_cache_groups)
+        try:
+            declared = self.inner._get_pool_bytes_per_block(config, kv_cache_groups)
+        except Exception as exc:
+            raise _ContractBroken(f"_get_pool_bytes_per_block raised {exc!r}") from exc
         if declared is not None:
             self.declared = declared
         return declared
@@ -325,8 +333,11 @@ def observe_core(
 
     copies = [dict(deep_copy(dict(w))) for w in workers]
     flow = core or plan_kv_cache
-    result = guard.call("core", flow, _Fresh, config, copies, list(available_memory))
-    if result.error_type is not None and not issubclass(result.error_type, KVRefError):
+    # Core makes many hook calls; give the whole flow a proportionally longer deadline.
+    result = guard.call(
+        "core", flow, _Fresh, config, copies, list(available_memory), timeout=guard.timeout * 20
+    )
+    if result.error_type is not None and issubclass(result.error_type, _ContractBroken):
         # A hook raised or broke its contract inside Core: the grouping and
         # placement scenarios report that; Core's result says nothing.
         result = attrs.evolve(result, hook="core-builder")

@@ -202,6 +202,14 @@ def get_global_kv_cache_groups(
     }
     groups = list(_fresh(builder).get_kv_cache_groups(config, dict(tagged)))
     check_exact_partition(groups, list(tagged))
+    for index, group in enumerate(groups):
+        wrapper = group.kv_cache_spec
+        if isinstance(wrapper, UniformTypeKVCacheSpecs):
+            lacking = [n for n in group.layer_names if n not in wrapper.kv_cache_specs]
+            if lacking:
+                raise PartitionError(
+                    f"group {index}'s UniformTypeKVCacheSpecs has no spec for layers {lacking[:4]}"
+                )
     if config.eagle_block_drop:
         groups = [
             attrs.evolve(g, is_eagle_group=any(merged[n].is_draft for n in g.layer_names))

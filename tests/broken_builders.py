@@ -203,7 +203,7 @@ class SizeOneBlockTooBig(_Placement):
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         bpb = result.device_size // num_blocks
-        return _with_tensors(result, [attrs.evolve(t, size=t.size + bpb) for t in result.kv_cache_tensors])
+        return _with_tensors(result, [t if t.host_resident else attrs.evolve(t, size=t.size + bpb) for t in result.kv_cache_tensors])
 
 
 class ConstantHeader(_Placement):
@@ -212,7 +212,7 @@ class ConstantHeader(_Placement):
     CAUGHT_BY = "KV-PLACE-BACKING-SIZE"
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
-        return _with_tensors(result, [attrs.evolve(t, size=t.size + 256, offset=t.offset + 256) for t in result.kv_cache_tensors])
+        return _with_tensors(result, [t if t.host_resident else attrs.evolve(t, size=t.size + 256, offset=t.offset + 256) for t in result.kv_cache_tensors])
 
 
 class AbsurdSize(_Placement):
@@ -221,7 +221,7 @@ class AbsurdSize(_Placement):
     CAUGHT_BY = "KV-PLACE-SIZE-BOUND"
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
-        return _with_tensors(result, [attrs.evolve(t, size=2**60) for t in result.kv_cache_tensors])
+        return _with_tensors(result, [t if t.host_resident else attrs.evolve(t, size=2**60) for t in result.kv_cache_tensors])
 
 
 class OverlappingBlocks(_Placement):
@@ -253,6 +253,8 @@ class OutOfBoundsOffset(_Placement):
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         tensors = list(result.kv_cache_tensors)
+        if tensors[-1].host_resident:
+            return result
         tensors[-1] = attrs.evolve(tensors[-1], offset=tensors[-1].size)
         return _with_tensors(result, tensors)
 
@@ -354,6 +356,121 @@ class HostSizedByDeviceBlocks(_Placement):
         return _with_tensors(result, [attrs.evolve(t, size=t.size - 1) if t.host_resident else t for t in result.kv_cache_tensors])
 
 
+class UnknownLayer(_Base):
+    """Adds a group for a layer the model does not have."""
+
+    CAUGHT_BY = "KV-GROUP-UNKNOWN-LAYER"
+
+    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        if groups:
+            first = groups[0]
+            groups.append(KVCacheGroupSpec(layer_names=["ghost.attn"], kv_cache_spec=first.layer_spec(first.layer_names[0])))
+        return groups
+
+
+class WrapperMissesLayer(_Base):
+    """Wraps the first group's spec over all but its last layer."""
+
+    CAUGHT_BY = "KV-GROUP-WRAPPER"
+
+    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+        from kvref import UniformTypeKVCacheSpecs
+
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        if groups and len(groups[0].layer_names) >= 2:
+            g = groups[0]
+            wrapper = UniformTypeKVCacheSpecs(kv_cache_specs={n: g.layer_spec(n) for n in g.layer_names[:-1]})
+            groups[0] = attrs.evolve(g, kv_cache_spec=wrapper)
+        return groups
+
+
+class MixedBlockSizes(_Base):
+    """Gives the last layer of the first group twice the block size of the others."""
+
+    CAUGHT_BY = "KV-GROUP-ONE-BLOCK-SIZE"
+
+    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+        from kvref import MambaSpec, UniformTypeKVCacheSpecs
+
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        for i, g in enumerate(groups):
+            last = g.layer_names[-1]
+            spec = g.layer_spec(last)
+            if len(g.layer_names) < 2 or isinstance(spec, MambaSpec) or getattr(spec, "page_size_padded", None) is not None or getattr(spec, "alignment", None) is not None:
+                continue
+            specs = {n: g.layer_spec(n) for n in g.layer_names}
+            specs[last] = attrs.evolve(spec, block_size=spec.block_size * 2)
+            groups[i] = attrs.evolve(g, kv_cache_spec=UniformTypeKVCacheSpecs(kv_cache_specs=specs))
+            break
+        return groups
+
+
+class GhostTensor(_Placement):
+    """Emits an extra tensor for a layer no group has."""
+
+    CAUGHT_BY = "KV-PLACE-UNKNOWN-LAYER"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        device = result.device_tensors
+        if not device:
+            return result
+        ghost = attrs.evolve(device[0], layers=["ghost.attn"])
+        return _with_tensors(result, [*result.kv_cache_tensors, ghost])
+
+
+class TwoBackingSizes(_Placement):
+    """Gives the second device tensor a backing one byte larger."""
+
+    CAUGHT_BY = "KV-PLACE-SINGLE-BACKING"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        tensors = list(result.kv_cache_tensors)
+        device = [i for i, t in enumerate(tensors) if not t.host_resident]
+        if len(device) < 2:
+            return result
+        i = device[1]
+        tensors[i] = attrs.evolve(tensors[i], size=tensors[i].size + 1)
+        return _with_tensors(result, tensors)
+
+
+class HalfUsedBlocks(_Placement):
+    """In block-outermost layouts, doubles the backing but keeps stepping the old block size."""
+
+    CAUGHT_BY = "KV-PLACE-BLOCK-STRIDE"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        if not config.kv_cache_layout.is_block_outermost:
+            return result
+        return _with_tensors(result, [t if t.host_resident else attrs.evolve(t, size=t.size * 2) for t in result.kv_cache_tensors])
+
+
+class MutatesGroupList(_Base):
+    """Reverses the list of groups it was given, in place."""
+
+    CAUGHT_BY = "KV-PLACE-INPUT-UNCHANGED"
+
+    def get_kv_cache_config_from_groups(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int) -> KVCacheConfig:
+        result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
+        if isinstance(kv_cache_groups, list) and len(kv_cache_groups) > 1:
+            kv_cache_groups.reverse()
+        return result
+
+
+class StatefulPlacement(_Base):
+    """Counts its placements in prefix_cache_retention_interval."""
+
+    CAUGHT_BY = "KV-PLACE-DETERMINISTIC"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def get_kv_cache_config_from_groups(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int) -> KVCacheConfig:
+        self.calls += 1
+        result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
+        return attrs.evolve(result, prefix_cache_retention_interval=self.calls)
+
+
 ALL: tuple[type[_Base], ...] = (
     DroppedLayer,
     DuplicatedLayer,
@@ -381,4 +498,12 @@ ALL: tuple[type[_Base], ...] = (
     HostTensorOnDevice,
     HostCountedOnDevice,
     HostSizedByDeviceBlocks,
+    UnknownLayer,
+    WrapperMissesLayer,
+    MixedBlockSizes,
+    GhostTensor,
+    TwoBackingSizes,
+    HalfUsedBlocks,
+    MutatesGroupList,
+    StatefulPlacement,
 )

@@ -21,8 +21,12 @@ class TestReferenceIsClean:
         report = check_builder(ReferenceKVCacheConfigBuilder, max_examples=40, seed=7)
         assert report.ok, [(r.id, r.violations, r.counterexample) for r in report.failures]
         statuses = {r.id: r.status for r in report.results}
-        assert all(s == "pass" for s in statuses.values()), statuses
         assert set(statuses) >= {inv.id for inv in CATALOG}
+        # cpu has no device memory counter: those two are reported as not measured.
+        unmeasurable = {"KV-DEV-ALLOC", "KV-DEV-HOST"}
+        assert all(s == "pass" for i, s in statuses.items() if i not in unmeasurable), statuses
+        assert all(statuses[i] == "not-checked" for i in unmeasurable)
+        assert statuses["KV-DEV-TAGS"] == statuses["KV-DEV-VIEWS"] == "pass"
 
 
 @pytest.mark.parametrize("builder", broken_builders.ALL, ids=lambda b: b.__name__)
@@ -32,7 +36,7 @@ class TestBrokenBuildersAreCaught:
     def test_caught_by_the_right_invariant(self, builder: type) -> None:
         """The meant invariant fails, with a shrunk counterexample and a reproduce line, and no other does."""
         report = check_builder(
-            builder, select=_PAPER, max_examples=40, seed=11, timeout=0.5, shrink=builder is not broken_builders.Hangs
+            builder, select=_PAPER, max_examples=25, seed=11, timeout=0.5, shrink=builder is not broken_builders.Hangs
         )
         meant = builder.CAUGHT_BY
         assert meant in report.failed_ids, report.failed_ids
@@ -50,16 +54,8 @@ class TestEveryInvariantHasABrokenBuilder:
         covered = {b.CAUGHT_BY for b in broken_builders.ALL}
         # Core-flow invariants hold by construction under kvref's Core for any
         # honest builder; tests/test_core_invariants.py breaks the flow itself.
-        dedicated = {
-            "KV-GROUP-UNKNOWN-LAYER",
-            "KV-GROUP-WRAPPER",
-            "KV-GROUP-ONE-BLOCK-SIZE",
-            "KV-PLACE-UNKNOWN-LAYER",
-            "KV-PLACE-TENSOR-ONE-SPEC",
-            "KV-PLACE-SINGLE-BACKING",
-            "KV-PLACE-BLOCK-STRIDE",
-            "KV-PLACE-INPUT-UNCHANGED",
-            "KV-PLACE-DETERMINISTIC",
-        } | {inv.id for inv in CATALOG if inv.id.startswith("KV-CORE")}
+        dedicated = {"KV-PLACE-TENSOR-ONE-SPEC"} | {
+            inv.id for inv in CATALOG if inv.id.startswith("KV-CORE")
+        }
         missing = {inv.id for inv in CATALOG} - covered - dedicated
         assert not missing, missing

@@ -1,0 +1,148 @@
+"""Shared helpers of the differential tests: run kvref and vLLM on one problem and compare.
+
+"kvref" is :func:`kvref.plan_kv_cache` with the reference builder; "vLLM" is
+vLLM 0.33.0's own Core flow with its ``DefaultKVCacheConfigBuilder``, reached
+through the kit's adapter (``kvref_core``), so both sides speak kvref records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import pytest
+
+# tests/ is on sys.path during a full run, and tests/vllm then looks like a
+# namespace package called "vllm": ask for a real vLLM module.
+pytest.importorskip("vllm.v1.core.kv_cache_planning")
+
+from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder  # noqa: E402
+
+from conformance.vllm_adapter import wrap_vllm_builder  # noqa: E402
+from kvref import (  # noqa: E402
+    InsufficientMemoryError,
+    KVCachePlan,
+    PlanningConfig,
+    ReferenceKVCacheConfigBuilder,
+    plan_kv_cache,
+)
+from kvref.records import KVCacheGroupSpec  # noqa: E402
+from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs  # noqa: E402
+
+VLLMDefault = wrap_vllm_builder(DefaultKVCacheConfigBuilder)
+Workers = Sequence[Mapping[str, KVCacheSpec]]
+
+
+@attrs.frozen
+class Outcome:
+    """A plan, or the error that replaced it."""
+
+    plan: KVCachePlan | None
+    error: BaseException | None
+
+    @property
+    def kind(self) -> str:
+        """``ok``, ``insufficient`` (typed memory error) or ``refused`` (any other error)."""
+        if self.error is None:
+            return "ok"
+        if isinstance(self.error, InsufficientMemoryError):
+            return "insufficient"
+        return "refused"
+
+
+def _run(flow: Callable[[], KVCachePlan]) -> Outcome:
+    try:
+        return Outcome(flow(), None)
+    except Exception as exc:  # noqa: BLE001 - the outcome is compared, not raised
+        return Outcome(None, exc)
+
+
+def run_kvref(config: PlanningConfig, workers: Workers, memory: Sequence[int]) -> Outcome:
+    """kvref's Core flow with the reference builder."""
+    return _run(
+        lambda: plan_kv_cache(ReferenceKVCacheConfigBuilder, config, list(workers), list(memory))
+    )
+
+
+def run_vllm(config: PlanningConfig, workers: Workers, memory: Sequence[int]) -> Outcome:
+    """vLLM's Core flow with its default builder, converted to kvref records."""
+    core: Any = VLLMDefault.kvref_core  # type: ignore[attr-defined]
+    return _run(lambda: core(None, config, list(workers), list(memory)))
+
+
+def empty_uniform_projection(plan: KVCachePlan, workers: Workers) -> bool:
+    """Whether a uniform-type global group has no layer on some worker (vLLM's PP defect)."""
+    return any(
+        isinstance(g.kv_cache_spec, UniformTypeKVCacheSpecs)
+        and not any(n in w for n in g.layer_names)
+        for g in plan.global_groups
+        for w in workers
+    )
+
+
+def describe_tensors(plan: KVCachePlan) -> list[list[tuple[Any, ...]]]:
+    """Per worker: ``(layers, size, layer_stride, block_stride, offset, host)`` of every tensor."""
+    return [
+        [
+            (t.layers, t.size, t.layer_stride, t.block_stride, t.offset, t.host_resident)
+            for t in c.kv_cache_tensors
+        ]
+        for c in plan.configs
+    ]
+
+
+def assert_same_plan(ref: KVCachePlan, vl: KVCachePlan) -> None:
+    """Same groups, block count, length, tensors (sizes, strides, offsets) and worker figures."""
+    assert vl.global_groups == ref.global_groups
+    assert vl.num_blocks == ref.num_blocks
+    assert vl.max_model_len == ref.max_model_len
+    assert describe_tensors(vl) == describe_tensors(ref)
+    assert [c.kv_cache_groups for c in vl.configs] == [c.kv_cache_groups for c in ref.configs]
+    assert [c.num_blocks for c in vl.configs] == [c.num_blocks for c in ref.configs]
+    assert [c.kv_tp_replicas for c in vl.configs] == [c.kv_tp_replicas for c in ref.configs]
+    for rw, vw in zip(ref.workers, vl.workers, strict=True):
+        assert (vw.pool_bytes_per_block, vw.check_memory, vw.needed_memory) == (
+            rw.pool_bytes_per_block,
+            rw.check_memory,
+            rw.needed_memory,
+        )
+
+
+def assert_agree(config: PlanningConfig, workers: Workers, memory: Sequence[int]) -> str:
+    """Run both flows and assert they agree, except where DESIGN.md differs on purpose.
+
+    Returns the outcome kind (``ok``, ``insufficient``, ``refused``), or
+    ``pp-projection`` when the problem hits vLLM's PP projection defect; the
+    defect itself is then asserted (vLLM's worker config names layers the
+    worker does not hold; kvref's does not).
+    """
+    ref = run_kvref(config, workers, memory)
+    vl = run_vllm(config, workers, memory)
+    if ref.plan is not None and empty_uniform_projection(ref.plan, workers):
+        assert ref.kind == "ok"
+        assert_pp_projection_defect(vl, workers)
+        return "pp-projection"
+    assert vl.kind == ref.kind, (
+        f"kvref: {ref.error!r}\nvLLM: {vl.error!r}"
+    )
+    if ref.plan is not None and vl.plan is not None:
+        assert_same_plan(ref.plan, vl.plan)
+    return ref.kind
+
+
+def assert_pp_projection_defect(vl: Outcome, workers: Workers) -> None:
+    """vLLM either fails untyped or gives a worker a tensor of layers it does not hold."""
+    if vl.plan is None:
+        assert vl.error is not None
+        return
+    foreign = [
+        sorted({n for t in c.kv_cache_tensors for n in t.layers} - set(w))
+        for c, w in zip(vl.plan.configs, workers, strict=True)
+    ]
+    assert any(foreign), "expected vLLM's PP projection defect to place foreign layers"
+
+
+def group_names(groups: Sequence[KVCacheGroupSpec]) -> list[tuple[str, ...]]:
+    """The layer names of every group, in order."""
+    return [g.layer_names for g in groups]
