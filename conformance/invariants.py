@@ -893,8 +893,14 @@ def _core_admission(obs: CoreObservation) -> list[Violation] | None:
         return None
     if not plan.global_groups:
         return []
-    config = obs.config.with_max_model_len(plan.max_model_len)
     out = []
+    length = plan.max_model_len
+    if not obs.config.auto_fit_max_model_len and length != obs.config.max_model_len:
+        out.append(_v("KV-CORE-ADMISSION", f"the plan is for max_model_len={length} but the config asks for {obs.config.max_model_len} and does not auto-fit"))
+        length = obs.config.max_model_len
+    elif length > obs.config.max_model_len:
+        out.append(_v("KV-CORE-ADMISSION", f"auto-fit raised max_model_len to {length}, above the config's {obs.config.max_model_len}"))
+    config = obs.config.with_max_model_len(length)
     for w, (cfg, specs) in enumerate(zip(plan.configs, obs.workers, strict=False)):
         groups = project_kv_cache_groups_to_worker(plan.global_groups, specs)
         bpb = _bpb(cfg)
@@ -908,7 +914,7 @@ def _core_admission(obs: CoreObservation) -> list[Violation] | None:
             out.append(
                 _v(
                     "KV-CORE-ADMISSION",
-                    f"a config was returned although one request at max_model_len={plan.max_model_len} needs {needed} bytes and only {available - bpb} are left after the null block; this must be an error",
+                    f"a config was returned although one request at max_model_len={length} needs {needed} bytes and only {available - bpb} are left after the null block; this must be an error",
                     worker=w,
                 )
             )

@@ -141,6 +141,9 @@ def _examples(scenario: str) -> st.SearchStrategy[_Example]:
         num_blocks = draw(kst.num_blocks())
         config = problem.config
         workers = tuple(problem.workers)
+        if not _reference_accepts(config, workers):
+            # Only problems the reference can group are valid inputs for a builder.
+            hypothesis.reject()
         if scenario == "host":
             merged: dict[str, KVCacheSpec] = {}
             for w in workers:
@@ -175,6 +178,24 @@ def _examples(scenario: str) -> st.SearchStrategy[_Example]:
         )
 
     return build()
+
+
+def _reference_accepts(
+    config: PlanningConfig, workers: Sequence[Mapping[str, KVCacheSpec]]
+) -> bool:
+    from kvref.builder import ReferenceKVCacheConfigBuilder
+    from kvref.errors import KVRefError
+    from kvref.placement import get_kv_cache_config_from_groups
+
+    merged: dict[str, KVCacheSpec] = {}
+    for worker in workers:
+        merged.update(worker)
+    try:
+        groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(config, merged)
+        get_kv_cache_config_from_groups(config, groups, 1)
+    except KVRefError:
+        return False
+    return True
 
 
 def _observe(scenario: str, factory: BuilderFactory, guard: Guard, ex: _Example) -> Any:

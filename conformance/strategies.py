@@ -1140,13 +1140,9 @@ def allowed_layouts(model: Model | Mapping[str, KVCacheSpec]) -> tuple[KVCacheLa
     independent of grouping:
 
     - attention-free: every layout;
-    - mixed page sizes: block-outermost and block-compact only (BLNHC, BLHNC);
-      a layer-outer layout would need to know that the model forms a
-      single group;
-    - one page size: LBNHC, LBHNC, BLNHC, BLHNC, but the two layer-outer ones
-      only when every layer has the same ``round_up(page, alignment)``
-      (otherwise groups get different block strides and vLLM aliases
-      block IDs, SPEC 6);
+    - LBNHC, LBHNC, BLNHC and BLHNC always (layer-outer ones with mixed
+      pages go through page-size unification; with different aligned strides
+      across groups vLLM aliases block IDs, SPEC 6, a defect the kit finds);
     - LHBNC and BHLNC only for single-shape models: one ``(H, S, C)``, one
       page, no padding and no ``block_stride_alignment``;
     - a model with a ring buffer (``CircularBufferSpec``): BLHNC only, the
@@ -1155,13 +1151,13 @@ def allowed_layouts(model: Model | Mapping[str, KVCacheSpec]) -> tuple[KVCacheLa
     specs = list(_as_specs(model).values())
     if not specs:
         return DEFAULT_LAYOUT_PREFERENCE
+    # vLLM's resolution picks LBNHC/LBHNC first whatever the pages and
+    # alignments: page-size unification then runs, and with different aligned
+    # strides vLLM's own placement aliases block IDs (SPEC 6), which the kit
+    # must be able to find.  The kit drops problems the reference rejects.
+    allowed = {KVCacheLayout.LBNHC, KVCacheLayout.LBHNC, KVCacheLayout.BLNHC, KVCacheLayout.BLHNC}
     pages = {s.page_size_bytes for s in specs}
-    if len(pages) > 1:
-        allowed = {KVCacheLayout.BLNHC, KVCacheLayout.BLHNC}
-    else:
-        allowed = {KVCacheLayout.BLNHC, KVCacheLayout.BLHNC}
-        if len({s.block_stride for s in specs}) == 1:
-            allowed |= {KVCacheLayout.LBNHC, KVCacheLayout.LBHNC}
+    if len(pages) == 1:
         shapes = {compute_layer_kv_cache_shape_bytes(s, 1)[1:] for s in specs}
         plain = all(s.padded_page_size is None and s.block_stride_alignment is None for s in specs)
         if len(shapes) == 1 and plain:

@@ -17,18 +17,18 @@ import pytest
 # namespace package called "vllm": ask for a real vLLM module.
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
-from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder  # noqa: E402
+from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 
-from conformance.vllm_adapter import wrap_vllm_builder  # noqa: E402
-from kvref import (  # noqa: E402
+from conformance.vllm_adapter import wrap_vllm_builder
+from kvref import (
     InsufficientMemoryError,
     KVCachePlan,
     PlanningConfig,
     ReferenceKVCacheConfigBuilder,
     plan_kv_cache,
 )
-from kvref.records import KVCacheGroupSpec  # noqa: E402
-from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs  # noqa: E402
+from kvref.records import KVCacheGroupSpec
+from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
 
 VLLMDefault = wrap_vllm_builder(DefaultKVCacheConfigBuilder)
 Workers = Sequence[Mapping[str, KVCacheSpec]]
@@ -54,7 +54,7 @@ class Outcome:
 def _run(flow: Callable[[], KVCachePlan]) -> Outcome:
     try:
         return Outcome(flow(), None)
-    except Exception as exc:  # noqa: BLE001 - the outcome is compared, not raised
+    except Exception as exc:
         return Outcome(None, exc)
 
 
@@ -123,9 +123,7 @@ def assert_agree(config: PlanningConfig, workers: Workers, memory: Sequence[int]
         assert ref.kind == "ok"
         assert_pp_projection_defect(vl, workers)
         return "pp-projection"
-    assert vl.kind == ref.kind, (
-        f"kvref: {ref.error!r}\nvLLM: {vl.error!r}"
-    )
+    assert vl.kind == ref.kind, f"kvref: {ref.error!r}\nvLLM: {vl.error!r}"
     if ref.plan is not None and vl.plan is not None:
         assert_same_plan(ref.plan, vl.plan)
     return ref.kind

@@ -116,7 +116,11 @@ class TestLayerOuterAlias:
     def _groups_and_config(self) -> tuple[list[object], PlanningConfig]:
         kw = {"num_kv_heads": 1, "head_size": 24, "dtype": "float16", "block_size": 1}
         full = FullAttentionSpec(block_stride_alignment=24, **kw)  # type: ignore[arg-type]
-        swa = SlidingWindowSpec(block_stride_alignment=64, sliding_window=1024, **kw)  # type: ignore[arg-type]
+        swa = SlidingWindowSpec(
+            block_stride_alignment=64,
+            sliding_window=1024,
+            **kw,  # type: ignore[arg-type]
+        )
         assert full.page_size_bytes == swa.page_size_bytes == 96
         model = {"L0": full, "L1": swa, "L2": swa, "L3": full}
         config = PlanningConfig(max_model_len=2048, kv_cache_layout=KVCacheLayout.LBNHC)
@@ -126,7 +130,7 @@ class TestLayerOuterAlias:
         return list(groups), config
 
     def test_vllm_aliases_block_ids(self) -> None:
-        """vLLM: G0 at Bs 96 / Ls 192, G1 at Bs 128 / Ls 256; block 0 of L3 overlaps block 1 of L1."""
+        """vLLM: G0 at Bs 96 / Ls 192, G1 at Bs 128 / Ls 256; block 0 of L3 meets block 1 of L1."""
         groups, config = self._groups_and_config()
         placed = VLLMDefault().get_kv_cache_config_from_groups(config, groups, 2)  # type: ignore[arg-type]
         strides = [(t.layers, t.layer_stride, t.block_stride) for t in placed.kv_cache_tensors]
@@ -150,7 +154,7 @@ class TestTypedErrors:
     """(d) vLLM's untyped failures are typed kvref errors."""
 
     def test_worker_spec_mismatch(self) -> None:
-        """One layer, two specs on two workers: vLLM AssertionError, kvref WorkerSpecMismatchError."""
+        """A layer with two specs on two workers: vLLM asserts, kvref raises a typed error."""
         a = FullAttentionSpec(num_kv_heads=2, head_size=16, dtype="float16", block_size=16)
         b = FullAttentionSpec(num_kv_heads=4, head_size=16, dtype="float16", block_size=16)
         workers = [{"x": a}, {"x": b}]
@@ -160,11 +164,12 @@ class TestTypedErrors:
         assert isinstance(ref.error, WorkerSpecMismatchError)
 
     def test_zero_layer_worker(self) -> None:
-        """A worker without KV layers: vLLM fails untyped, kvref plans it with the others' blocks."""
+        """A worker without KV layers: vLLM fails untyped; kvref gives it the others' blocks."""
         spec = FullAttentionSpec(num_kv_heads=2, head_size=16, dtype="float16", block_size=16)
         workers: list[dict[str, FullAttentionSpec]] = [{"a": spec, "b": spec}, {}]
         config = PlanningConfig(max_model_len=1024, pipeline_parallel_size=2)
-        vl, ref = run_vllm(config, workers, [GIB, GIB]), run_kvref(config, workers, [GIB, GIB])  # type: ignore[arg-type]
+        memory = [GIB, GIB]
+        vl, ref = run_vllm(config, workers, memory), run_kvref(config, workers, memory)
         assert vl.error is not None and not isinstance(vl.error, KVRefError)
         assert ref.plan is not None
         assert ref.plan.configs[1].kv_cache_tensors == ()

@@ -62,11 +62,14 @@ def _layers(pattern: str, specs: dict[str, KVCacheSpec], repeats: int) -> dict[s
     return out
 
 
-def _split(model: dict[str, KVCacheSpec], workers: int) -> list[dict[str, KVCacheSpec]]:
-    """Contiguous, even PP split (vLLM's default)."""
+def _split(model: dict[str, KVCacheSpec], workers: int | list[int]) -> list[dict[str, KVCacheSpec]]:
+    """Contiguous PP split: even (vLLM's default) for a count, else the given stage sizes."""
     items = list(model.items())
-    cuts = [len(items) * k // workers for k in range(workers + 1)]
-    return [dict(items[cuts[k] : cuts[k + 1]]) for k in range(workers)]
+    if isinstance(workers, int):
+        cuts = [len(items) * k // workers for k in range(workers + 1)]
+    else:
+        cuts = [sum(workers[:k]) for k in range(len(workers) + 1)]
+    return [dict(items[cuts[k] : cuts[k + 1]]) for k in range(len(cuts) - 1)]
 
 
 def _mamba_hybrid() -> dict[str, KVCacheSpec]:
@@ -123,7 +126,11 @@ def _mixed(heads: int) -> dict[str, KVCacheSpec]:
 
 
 #: name -> (model, workers, config changes, memory per worker)
-Case = tuple[dict[str, KVCacheSpec], int, dict[str, object], list[int] | int]
+Case = tuple[dict[str, KVCacheSpec], int | list[int], dict[str, object], list[int] | int]
+
+#: SPEC 5.4: 30 layers (F,S,S), stages of 16 and 14 layers, 2 GiB / 1.5 GiB,
+#: max_model_len 32,768 and I = 2,048 (two batches of 1,024 tokens in flight).
+SPEC_54 = {"max_model_len": 32768, "async_scheduling": False, "max_num_batched_tokens": 1024}
 
 CATALOG: dict[str, Callable[[], Case]] = {
     "uniform": lambda: (_layers("F", {"F": _full()}, 32), 1, {}, 8 * GIB),
@@ -164,28 +171,28 @@ CATALOG: dict[str, Callable[[], Case]] = {
     "pp2-unequal": lambda: (
         # SPEC 5.4: 30 layers (F,S,S), 2 GiB / 1.5 GiB, max_model_len 32,768.
         _layers("FSS", {"S": _swa(), "F": _full()}, 10),
-        2,
-        {"max_model_len": 32768, "async_scheduling": False},
+        [16, 14],
+        SPEC_54,
         [2 * GIB, 3 * GIB // 2],
     ),
     "pp4-uniform": lambda: (_layers("F", {"F": _full()}, 32), 4, {}, 2 * GIB),
     "pp3-hybrid": lambda: (_layers("SSSF", {"S": _swa(), "F": _full()}, 6), 3, {}, 2 * GIB),
     "override-fits": lambda: (
         _layers("FSS", {"S": _swa(), "F": _full()}, 10),
-        2,
-        {"max_model_len": 32768, "async_scheduling": False, "num_gpu_blocks_override": 3000},
+        [16, 14],
+        {**SPEC_54, "num_gpu_blocks_override": 3000},
         [2 * GIB, 3 * GIB // 2],
     ),
     "override-too-small": lambda: (
         _layers("FSS", {"S": _swa(), "F": _full()}, 10),
-        2,
-        {"max_model_len": 32768, "async_scheduling": False, "num_gpu_blocks_override": 2000},
+        [16, 14],
+        {**SPEC_54, "num_gpu_blocks_override": 2000},
         [2 * GIB, 3 * GIB // 2],
     ),
     "auto-fit": lambda: (
         _layers("FSS", {"S": _swa(), "F": _full()}, 10),
-        2,
-        {"max_model_len": 131072, "auto_fit_max_model_len": True, "async_scheduling": False},
+        [16, 14],
+        {**SPEC_54, "max_model_len": 131072, "auto_fit_max_model_len": True},
         [2 * GIB, 3 * GIB // 2],
     ),
     "auto-fit-nothing-fits": lambda: (
@@ -225,11 +232,13 @@ def _cases() -> list[object]:
 
 def _problem(name: str, layout: KVCacheLayout) -> tuple[PlanningConfig, Workers, list[int]]:
     model, workers, changes, memory = CATALOG[name]()
-    split = _split(model, workers) if model else [{} for _ in range(workers)]
+    split = _split(model, workers) if model else [{} for _ in range(int(workers))]
     config = PlanningConfig(
-        kv_cache_layout=layout, pipeline_parallel_size=workers, **changes
+        kv_cache_layout=layout,
+        pipeline_parallel_size=len(split),
+        **changes,  # type: ignore[arg-type]
     )
-    per_worker = memory if isinstance(memory, list) else [memory] * workers
+    per_worker = memory if isinstance(memory, list) else [memory] * len(split)
     return config, split, per_worker
 
 

@@ -1,0 +1,144 @@
+"""The Core-flow invariants fail on broken Core flows.
+
+Under kvref's own Core these invariants hold for any builder that keeps its
+hook contract (a hook that breaks it is reported by the hook invariants), so
+they are shown to catch their bugs with deliberately broken flows passed to
+``observe_core`` (as a vLLM-based Core would be).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import pytest
+
+from conformance.guard import Guard
+from conformance.invariants import by_id
+from conformance.scenarios import observe_core
+from kvref import (
+    FullAttentionSpec,
+    KVCachePlan,
+    PlanningConfig,
+    ReferenceKVCacheConfigBuilder,
+    SlidingWindowSpec,
+    plan_kv_cache,
+)
+from kvref.errors import InsufficientMemoryError
+from kvref.specs import KVCacheSpec
+
+FULL = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
+SWA = SlidingWindowSpec(
+    block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=1024
+)
+LAYERS = {f"l{i}": (FULL if i % 3 == 0 else SWA) for i in range(30)}
+WORKERS = [{k: v for k, v in LAYERS.items() if int(k[1:]) < 16}, {k: v for k, v in LAYERS.items() if int(k[1:]) >= 16}]
+MEMORY = [2 * 2**30, 3 * 2**29]
+CONFIG = PlanningConfig(max_model_len=32768)
+
+
+def _replan(plan: KVCachePlan, n: int, which: Sequence[int] | None = None) -> KVCachePlan:
+    builder = ReferenceKVCacheConfigBuilder()
+    configs = [
+        builder.get_kv_cache_config_from_groups(CONFIG, c.kv_cache_groups, n)
+        if which is None or w in which
+        else c
+        for w, c in enumerate(plan.configs)
+    ]
+    return attrs.evolve(plan, configs=tuple(configs), num_blocks=n)
+
+
+def _run(core: Callable[..., Any], config: PlanningConfig = CONFIG, memory: Sequence[int] = MEMORY, workers: Sequence[Mapping[str, KVCacheSpec]] = WORKERS) -> Any:
+    return observe_core(ReferenceKVCacheConfigBuilder, Guard(10), config, workers, memory, core=core)
+
+
+def _failed(obs: Any) -> set[str]:
+    return {i for i, inv in by_id().items() if inv.scenario == "core" and inv.check(obs)}
+
+
+class TestHonestCore:
+    """kvref's Core keeps every Core invariant on the SPEC 5.4 example."""
+
+    def test_reference_core_clean(self) -> None:
+        """No Core invariant fails on the PP=2 worked example."""
+        obs = _run(plan_kv_cache)
+        assert obs.plan is not None and obs.plan.num_blocks == 4915
+        assert _failed(obs) == set()
+
+
+class TestBrokenCores:
+    """Each broken flow fails exactly its invariant."""
+
+    def test_no_convergence(self) -> None:
+        """Workers left with their own block counts fail KV-CORE-SAME-BLOCKS."""
+
+        def core(*args: Any) -> KVCachePlan:
+            plan = plan_kv_cache(*args)
+            return _replan(plan, 4000, which=[1])
+
+        assert _failed(_run(core)) == {"KV-CORE-SAME-BLOCKS"}
+
+    def test_over_memory(self) -> None:
+        """Blocks beyond the memory fail KV-CORE-MEMORY."""
+
+        def core(*args: Any) -> KVCachePlan:
+            return _replan(plan_kv_cache(*args), 6000)
+
+        assert _failed(_run(core)) == {"KV-CORE-MEMORY"}
+
+    def test_too_few_blocks(self) -> None:
+        """Half the blocks that fit fail KV-CORE-SLACK."""
+
+        def core(*args: Any) -> KVCachePlan:
+            return _replan(plan_kv_cache(*args), 2440)
+
+        assert _failed(_run(core)) == {"KV-CORE-SLACK"}
+
+    def test_foreign_layers(self) -> None:
+        """A worker config without one of its layers fails KV-CORE-WORKER-LAYERS."""
+
+        def core(*args: Any) -> KVCachePlan:
+            plan = plan_kv_cache(*args)
+            config = plan.configs[1]
+            tensors = [t for t in config.kv_cache_tensors if "l29" not in t.layers]
+            broken = attrs.evolve(config, kv_cache_tensors=tensors)
+            return attrs.evolve(plan, configs=(plan.configs[0], broken))
+
+        assert _failed(_run(core)) == {"KV-CORE-WORKER-LAYERS"}
+
+    def test_override_ignored(self) -> None:
+        """A flow that ignores num_gpu_blocks_override fails KV-CORE-OVERRIDE."""
+
+        def core(builder: Any, config: PlanningConfig, *rest: Any) -> KVCachePlan:
+            return plan_kv_cache(builder, attrs.evolve(config, num_gpu_blocks_override=None), *rest)
+
+        obs = _run(core, config=attrs.evolve(CONFIG, num_gpu_blocks_override=3000))
+        assert _failed(obs) == {"KV-CORE-OVERRIDE"}
+
+    def test_admits_too_little_memory(self) -> None:
+        """A flow that plans although one request does not fit fails KV-CORE-ADMISSION."""
+
+        def core(builder: Any, config: PlanningConfig, *rest: Any) -> KVCachePlan:
+            try:
+                return plan_kv_cache(builder, config, *rest)
+            except InsufficientMemoryError:
+                return plan_kv_cache(builder, config.with_max_model_len(1024), *rest)
+
+        obs = _run(core, config=CONFIG.with_max_model_len(131072), memory=[2**30, 2**30])
+        assert obs.plan is not None
+        assert _failed(obs) == {"KV-CORE-ADMISSION"}
+
+    def test_untyped_error(self) -> None:
+        """A flow that fails with a bare AssertionError fails KV-CORE-ERROR-TYPED."""
+
+        def core(*args: Any) -> KVCachePlan:
+            raise AssertionError("Some layers are not assigned to any group.")
+
+        assert _failed(_run(core)) == {"KV-CORE-ERROR-TYPED"}
+
+    @pytest.mark.parametrize("memory", [[2**20, 2**20]])
+    def test_typed_insufficient_memory_is_fine(self, memory: list[int]) -> None:
+        """A typed InsufficientMemoryError fails no Core invariant."""
+        obs = _run(plan_kv_cache, memory=memory)
+        assert obs.plan is None and _failed(obs) == set()
