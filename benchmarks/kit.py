@@ -29,7 +29,10 @@ def main() -> None:
     for family, select in FAMILIES.items():
         start = time.perf_counter()
         check_builder(
-            ReferenceKVCacheConfigBuilder, max_examples=args.max_examples, seed=args.seed, select=select
+            ReferenceKVCacheConfigBuilder,
+            max_examples=args.max_examples,
+            seed=args.seed,
+            select=select,
         )
         seconds = time.perf_counter() - start
         print(f"{family:14} {args.max_examples / seconds:7.1f} examples/s ({seconds:.1f} s)")

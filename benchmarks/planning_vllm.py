@@ -3,11 +3,12 @@
 Run: ``/work/vllm-venv/bin/python benchmarks/planning_vllm.py [--repeats 3] [--only a|b]``
 
 Inputs (one per case): 3:1 sliding-window(4096):full layers, 8 KV heads x 128,
-bf16, block 16, max_model_len 32,768, LBNHC, 80 GiB per worker, split
-contiguously over the workers:
+bf16, block 16, max_model_len 32,768, LBNHC, split contiguously over the workers:
 
-- (a) 4,096 layers on 8 PP workers;
-- (b) 16,384 layers on 16 PP workers.
+- (a) 4,096 layers on 8 PP workers with 80 GiB each;
+- (b) 16,384 layers on 16 PP workers with 160 GiB each (a stage of 1,024
+  layers needs 128.05 GiB for one 32K request, so 80 GiB would only time
+  both planners refusing).
 
 Timed, best of ``--repeats``, in one process:
 
@@ -74,7 +75,7 @@ def best(fn: Callable[[], Any], repeats: int, setup: Callable[[], Any] | None = 
     return min(times)
 
 
-def run_case(name: str, layers: int, workers: int, repeats: int) -> None:
+def run_case(name: str, layers: int, workers: int, memory_gib: int, repeats: int) -> None:
     """Time both flows on one case and print the times and the ratio."""
     config = PlanningConfig(
         max_model_len=32768,
@@ -82,7 +83,7 @@ def run_case(name: str, layers: int, workers: int, repeats: int) -> None:
         kv_cache_layout="LBNHC",
     )
     per_worker = split(model(layers), workers)
-    memory = [80 * GIB] * workers
+    memory = [memory_gib * GIB] * workers
 
     # vLLM inputs, built outside the clock.
     kvp = iv.vllm_modules().kvp
@@ -118,7 +119,7 @@ def run_case(name: str, layers: int, workers: int, repeats: int) -> None:
     t_vllm = t_vllm_groups + t_vllm_configs
     t_kvref = t_kvref_groups + t_kvref_configs
     print(
-        f"{name}: {layers} layers, {workers} workers, {len(groups)} groups, "
+        f"{name}: {layers} layers, {workers} workers x {memory_gib} GiB, {len(groups)} groups, "
         f"num_blocks {plan.num_blocks}, plans agree: {same}"
     )
     print(f"  {'':26} {'vLLM':>10} {'kvref':>10} {'kvref/vLLM':>11}")
@@ -137,10 +138,10 @@ def main() -> None:
     parser.add_argument("--only", choices=["a", "b"], default=None)
     args = parser.parse_args()
     iv.vllm_modules()  # import vLLM (seconds) before any clock starts
-    cases = {"a": ("(a)", 4096, 8), "b": ("(b)", 16384, 16)}
-    for key, (name, layers, workers) in cases.items():
+    cases = {"a": ("(a)", 4096, 8, 80), "b": ("(b)", 16384, 16, 160)}
+    for key, (name, layers, workers, memory_gib) in cases.items():
         if args.only in (None, key):
-            run_case(name, layers, workers, args.repeats)
+            run_case(name, layers, workers, memory_gib, args.repeats)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def load_builder(spec: str) -> type[KVCacheConfigBuilder] | KVCacheConfigBuilder
         raise BuilderLoadError(f"builder {spec!r} must be given as module:Class or module.Class")
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import failure is a usage error here
+    except Exception as exc:
         hint = ""
         if module_name.split(".")[0] == "vllm":
             hint = f". {INSTALL_HINT}"
@@ -67,8 +67,9 @@ def load_builder(spec: str) -> type[KVCacheConfigBuilder] | KVCacheConfigBuilder
         raise BuilderLoadError(
             f"{spec!r} is {obj!r}, not a kvref.KVCacheConfigBuilder subclass or instance"
         )
-    if isinstance(obj, type) and getattr(obj, "__abstractmethods__", None):
-        missing = ", ".join(sorted(obj.__abstractmethods__))
+    abstract = getattr(obj, "__abstractmethods__", None) if isinstance(obj, type) else None
+    if abstract:
+        missing = ", ".join(sorted(abstract))
         raise BuilderLoadError(f"{spec!r} is abstract: it does not implement {missing}")
     return obj  # type: ignore[no-any-return]
 

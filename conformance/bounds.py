@@ -29,5 +29,3 @@ def size_bound(groups: Sequence[KVCacheGroupSpec]) -> int:
 def absurd_size(size: int, num_blocks: int, bound: int) -> bool:
     """Whether a backing is beyond any sane plan: over twice the no-aliasing bytes plus 1 MiB."""
     return size > 2 * bound * num_blocks + 2**20
-
-

@@ -137,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
         import torch
 
         torch.empty(0, device=args.device)
-    except Exception as exc:  # noqa: BLE001 - any failure means the device is unusable
+    except Exception as exc:
         raise _UsageError(f"--device {args.device!r} is not usable here: {exc}") from None
     progress = _Progress(sys.stderr)
     try:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import attrs
 
 from conformance import memory
+from conformance.bounds import absurd_size, size_bound
 from conformance.guard import CallResult
 from conformance.observations import (
     CoreObservation,
@@ -23,7 +24,6 @@ from conformance.observations import (
     HostObservation,
     PlacementObservation,
 )
-from conformance.bounds import absurd_size, size_bound
 from conformance.violations import Violation
 from kvref.errors import InsufficientMemoryError
 from kvref.layout import compute_layer_kv_cache_shape_bytes, compute_layout_strides
@@ -184,7 +184,8 @@ def _wrapper(obs: GroupingObservation) -> list[Violation] | None:
                 out.append(
                     _v(
                         "KV-GROUP-WRAPPER",
-                        f"group {i}'s UniformTypeKVCacheSpecs covers {sorted(spec.kv_cache_specs)[:4]}"
+                        f"group {i}'s UniformTypeKVCacheSpecs covers "
+                        f"{sorted(spec.kv_cache_specs)[:4]}"
                         f" but the group names {list(g.layer_names)[:4]} (extra {extra[:3]}, "
                         f"missing {missing[:3]})",
                     )
@@ -222,19 +223,23 @@ def _layer_spec_kept(obs: GroupingObservation) -> list[Violation] | None:
             problems = []
             if spec.block_size % given.block_size:
                 problems.append(
-                    f"block_size {spec.block_size} is not a multiple of the layer's {given.block_size}"
+                    f"block_size {spec.block_size} is not a multiple of the layer's "
+                    f"{given.block_size}"
                 )
             elif spec.page_size_bytes * given.block_size < given.page_size_bytes * spec.block_size:
                 problems.append(
-                    f"page {spec.page_size_bytes} B for {spec.block_size} tokens is smaller than the "
+                    f"page {spec.page_size_bytes} B for {spec.block_size} tokens is smaller than "
+                    "the "
                     f"layer's {given.page_size_bytes} B for {given.block_size} tokens"
                 )
             if spec.state_content_size_bytes != given.state_content_size_bytes or (
                 spec.num_page_heads != given.num_page_heads
             ):
                 problems.append(
-                    f"stores (H={spec.num_page_heads}, C={spec.state_content_size_bytes}) per state "
-                    f"where the layer stores (H={given.num_page_heads}, C={given.state_content_size_bytes})"
+                    f"stores (H={spec.num_page_heads}, C={spec.state_content_size_bytes}) per "
+                    "state "
+                    f"where the layer stores (H={given.num_page_heads}, "
+                    f"C={given.state_content_size_bytes})"
                 )
             if problems:
                 out.append(
@@ -319,7 +324,8 @@ def _groups_echoed(obs: PlacementObservation) -> list[Violation] | None:
             out.append(
                 _v(
                     "KV-PLACE-GROUPS-ECHOED",
-                    f"at {n} blocks the config's kv_cache_groups differ from the groups passed in (same groups, same order, unchanged)",
+                    f"at {n} blocks the config's kv_cache_groups differ from the groups passed in "
+                    "(same groups, same order, unchanged)",
                 )
             )
     return out[:1]
@@ -374,7 +380,9 @@ def _coverage(kind: str) -> Check:
                         out.append(
                             _v(
                                 invariant,
-                                f"tensor {t_index} mixes layers of groups {sorted(groups_here)} with {len(specs_here)} different specs; a worker views every layer with layers[0]'s spec",
+                                f"tensor {t_index} mixes layers of groups {sorted(groups_here)} "
+                                f"with {len(specs_here)} different specs; a worker views every "
+                                "layer with layers[0]'s spec",
                                 layer=t.layers[0],
                             )
                         )
@@ -417,7 +425,8 @@ def _single_backing(obs: PlacementObservation) -> list[Violation] | None:
             out.append(
                 _v(
                     "KV-PLACE-SINGLE-BACKING",
-                    f"at {n} blocks device tensors name {len(sizes)} backing sizes {sizes[:4]}; the worker allocates one buffer",
+                    f"at {n} blocks device tensors name {len(sizes)} backing sizes {sizes[:4]}; "
+                    "the worker allocates one buffer",
                 )
             )
     return out
@@ -450,7 +459,9 @@ def _backing_size(obs: PlacementObservation) -> list[Violation] | None:
             out.append(
                 _v(
                     "KV-PLACE-BACKING-SIZE",
-                    f"at {n} blocks the device backing is {size} bytes; one block takes {bpb} bytes, so it must be {bpb} x {n} = {bpb * n} (a constant part or an extra block breaks Core's block arithmetic)",
+                    f"at {n} blocks the device backing is {size} bytes; one block takes {bpb} "
+                    f"bytes, so it must be {bpb} x {n} = {bpb * n} (a constant part or an extra "
+                    "block breaks Core's block arithmetic)",
                 )
             )
     return out
@@ -473,7 +484,8 @@ def _pool_bytes(obs: PlacementObservation) -> list[Violation] | None:
             out.append(
                 _v(
                     "KV-PLACE-POOL-BYTES",
-                    f"_get_pool_bytes_per_block says {declared} bytes per block, but {n} blocks take {actual} device bytes ({declared} x {n} = {declared * n})",
+                    f"_get_pool_bytes_per_block says {declared} bytes per block, but {n} blocks "
+                    f"take {actual} device bytes ({declared} x {n} = {declared * n})",
                 )
             )
     return out
@@ -491,7 +503,9 @@ def _size_bound(obs: PlacementObservation) -> list[Violation] | None:
             out.append(
                 _v(
                     "KV-PLACE-SIZE-BOUND",
-                    f"at {n} blocks the device backing is {size} bytes, more than twice what giving every layer its own aligned pages takes ({bound} x {n} = {bound * n}) plus 1 MiB; the kit will not allocate it",
+                    f"at {n} blocks the device backing is {size} bytes, more than twice what "
+                    f"giving every layer its own aligned pages takes ({bound} x {n} = {bound * n}) "
+                    "plus 1 MiB; the kit will not allocate it",
                 )
             )
     return out
@@ -505,7 +519,8 @@ def _attention_free(obs: PlacementObservation) -> list[Violation] | None:
         return [
             _v(
                 "KV-PLACE-ATTENTION-FREE",
-                f"with no groups the config must have num_blocks=1 (the null block) and no tensors, got num_blocks={c.num_blocks} and {len(c.kv_cache_tensors)} tensors",
+                "with no groups the config must have num_blocks=1 (the null block) and no "
+                f"tensors, got num_blocks={c.num_blocks} and {len(c.kv_cache_tensors)} tensors",
             )
         ]
     return []
@@ -528,7 +543,8 @@ def _memory_check(kind: str) -> Check:
                 out += [
                     _v(
                         invariant,
-                        f"at {n} blocks tensor {o.page.tensor_index}'s page ends past the backing of {o.size} bytes",
+                        f"at {n} blocks tensor {o.page.tensor_index}'s page ends past the backing "
+                        f"of {o.size} bytes",
                         layer=o.page.layer,
                         block=o.page.block,
                         byte_range=o.byte_range,
@@ -548,7 +564,9 @@ def _memory_check(kind: str) -> Check:
                 out += [
                     _v(
                         invariant,
-                        f"at {n} blocks {ov.a.layer!r} block {ov.a.block} (tensor {ov.a.tensor_index}) overlaps {ov.b.layer!r} block {ov.b.block} (tensor {ov.b.tensor_index})",
+                        f"at {n} blocks {ov.a.layer!r} block {ov.a.block} (tensor "
+                        f"{ov.a.tensor_index}) overlaps {ov.b.layer!r} block {ov.b.block} (tensor "
+                        f"{ov.b.tensor_index})",
                         layer=ov.a.layer,
                         block=ov.a.block,
                         byte_range=ov.byte_range,
@@ -606,7 +624,8 @@ def _typed_views(obs: PlacementObservation) -> list[Violation] | None:
                 out.append(
                     _v(
                         "KV-PLACE-TYPED-VIEWS",
-                        f"at {n} blocks {bad} are not multiples of sizeof({dtype}) = {size}, so the worker cannot view the tensor as {dtype}",
+                        f"at {n} blocks {bad} are not multiples of sizeof({dtype}) = {size}, so "
+                        f"the worker cannot view the tensor as {dtype}",
                         layer=name,
                     )
                 )
@@ -634,7 +653,8 @@ def _block_stride(obs: PlacementObservation) -> list[Violation] | None:
         out += [
             _v(
                 "KV-PLACE-BLOCK-STRIDE",
-                f"in block-outermost {obs.layout.name} every tensor must step {bpb} bytes per block (the backing divided by {n} blocks); tensor {i} steps {t.block_stride}",
+                f"in block-outermost {obs.layout.name} every tensor must step {bpb} bytes per "
+                f"block (the backing divided by {n} blocks); tensor {i} steps {t.block_stride}",
                 layer=t.layers[0] if t.layers else None,
             )
             for i, t in enumerate(c.device_tensors)
@@ -703,7 +723,8 @@ def _host_tensors(obs: HostObservation) -> list[Violation] | None:
             out.append(
                 _v(
                     "KV-HOST-TENSORS",
-                    f"tensor {i} is a {where} tensor but holds {wrong[:3]}; layers kept on the host belong in host tensors only, the others on the device",
+                    f"tensor {i} is a {where} tensor but holds {wrong[:3]}; layers kept on the "
+                    "host belong in host tensors only, the others on the device",
                     layer=wrong[0],
                 )
             )
@@ -712,7 +733,8 @@ def _host_tensors(obs: HostObservation) -> list[Violation] | None:
         out.append(
             _v(
                 "KV-HOST-TENSORS",
-                f"host-resident groups hold {sorted(grouped_host)[:4]} but the config keeps {sorted(host_layers)[:4]} on the host",
+                f"host-resident groups hold {sorted(grouped_host)[:4]} but the config keeps "
+                f"{sorted(host_layers)[:4]} on the host",
             )
         )
     return out[:3]
@@ -733,7 +755,8 @@ def _host_excluded(obs: HostObservation) -> list[Violation] | None:
         return [
             _v(
                 "KV-HOST-EXCLUDED",
-                f"the device backing is {with_host} bytes with host-resident groups and {without} without them; host pages must not take device memory",
+                f"the device backing is {with_host} bytes with host-resident groups and {without} "
+                "without them; host pages must not take device memory",
             )
         ]
     return []
@@ -743,7 +766,7 @@ def _host_sized(obs: HostObservation) -> list[Violation] | None:
     got = _host_config(obs)
     if got is None:
         return None
-    groups, config = got
+    _groups, config = got
     host = [t for t in config.kv_cache_tensors if t.host_resident]
     if not host:
         return []
@@ -758,11 +781,19 @@ def _host_sized(obs: HostObservation) -> list[Violation] | None:
             out.append(
                 _v(
                     "KV-HOST-SIZED",
-                    f"a host backing of {size} bytes is not a whole number of {blocks} host blocks within the host pool of {pool} bytes",
+                    f"a host backing of {size} bytes is not a whole number of {blocks} host blocks "
+                    f"within the host pool of {pool} bytes",
                 )
             )
     out += [
-        _v("KV-HOST-SIZED", f"host tensor {o.page.tensor_index}'s page ends past its backing of {o.size} bytes at {blocks} host blocks", layer=o.page.layer, block=o.page.block, byte_range=o.byte_range)
+        _v(
+            "KV-HOST-SIZED",
+            f"host tensor {o.page.tensor_index}'s page ends past its backing of {o.size} bytes at "
+            f"{blocks} host blocks",
+            layer=o.page.layer,
+            block=o.page.block,
+            byte_range=o.byte_range,
+        )
         for o in memory.find_host_out_of_bounds(config, memory_host_layout(), limit=3)
     ]
     return out[:3]
@@ -797,7 +828,8 @@ def _worker_layers(obs: CoreObservation) -> list[Violation] | None:
             out.append(
                 _v(
                     "KV-CORE-WORKER-LAYERS",
-                    f"the config covers {len(grouped & placed)} of the worker's {len(expected)} layers (missing {missing}, foreign {foreign})",
+                    f"the config covers {len(grouped & placed)} of the worker's {len(expected)} "
+                    f"layers (missing {missing}, foreign {foreign})",
                     worker=w,
                 )
             )
@@ -820,7 +852,8 @@ def _same_blocks(obs: CoreObservation) -> list[Violation] | None:
         return [
             _v(
                 "KV-CORE-SAME-BLOCKS",
-                f"workers end with different num_blocks {counts}; the scheduler needs one block count",
+                f"workers end with different num_blocks {counts}; the scheduler needs one block "
+                "count",
             )
         ]
     return []
@@ -864,7 +897,8 @@ def _core_slack(obs: CoreObservation) -> list[Violation] | None:
     return [
         _v(
             "KV-CORE-SLACK",
-            f"every worker could hold at least {slack} more blocks than the {n} planned; the limiting worker must be left with less than one block",
+            f"every worker could hold at least {slack} more blocks than the {n} planned; the "
+            "limiting worker must be left with less than one block",
         )
     ]
 
@@ -896,10 +930,22 @@ def _core_admission(obs: CoreObservation) -> list[Violation] | None:
     out = []
     length = plan.max_model_len
     if not obs.config.auto_fit_max_model_len and length != obs.config.max_model_len:
-        out.append(_v("KV-CORE-ADMISSION", f"the plan is for max_model_len={length} but the config asks for {obs.config.max_model_len} and does not auto-fit"))
+        out.append(
+            _v(
+                "KV-CORE-ADMISSION",
+                f"the plan is for max_model_len={length} but the config asks for "
+                f"{obs.config.max_model_len} and does not auto-fit",
+            )
+        )
         length = obs.config.max_model_len
     elif length > obs.config.max_model_len:
-        out.append(_v("KV-CORE-ADMISSION", f"auto-fit raised max_model_len to {length}, above the config's {obs.config.max_model_len}"))
+        out.append(
+            _v(
+                "KV-CORE-ADMISSION",
+                f"auto-fit raised max_model_len to {length}, above the config's "
+                f"{obs.config.max_model_len}",
+            )
+        )
     config = obs.config.with_max_model_len(length)
     for w, (cfg, specs) in enumerate(zip(plan.configs, obs.workers, strict=False)):
         groups = project_kv_cache_groups_to_worker(plan.global_groups, specs)
@@ -914,7 +960,9 @@ def _core_admission(obs: CoreObservation) -> list[Violation] | None:
             out.append(
                 _v(
                     "KV-CORE-ADMISSION",
-                    f"a config was returned although one request at max_model_len={length} needs {needed} bytes and only {available - bpb} are left after the null block; this must be an error",
+                    f"a config was returned although one request at max_model_len={length} needs "
+                    f"{needed} bytes and only {available - bpb} are left after the null block; "
+                    "this must be an error",
                     worker=w,
                 )
             )
@@ -930,7 +978,8 @@ def _core_error_clear(obs: CoreObservation) -> list[Violation] | None:
         return [
             _v(
                 "KV-CORE-ERROR-TYPED",
-                f"Core's flow failed with {obs.result.error}; failures must be typed ValueErrors with the numbers in the message",
+                f"Core's flow failed with {obs.result.error}; failures must be typed ValueErrors "
+                "with the numbers in the message",
             )
         ]
     return []

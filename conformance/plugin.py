@@ -37,7 +37,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     return [
         f"kvref-conformance: builder={builder} device={config.getoption('--kv-device')} "
         f"profile={config.getoption('--kv-profile')} "
-        f"max_examples={config.getoption('--kv-max-examples')} seed={config.getoption('--kv-seed')} "
+        f"max_examples={config.getoption('--kv-max-examples')} "
+        f"seed={config.getoption('--kv-seed')} "
         f"xfail_file={xfail} unsupported={config.getoption('--kv-unsupported') or '-'}"
     ]
 

@@ -8,6 +8,7 @@ check the observation.  An invariant that fails is then re-run alone under
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -221,8 +222,8 @@ def select_invariants(
     if select is None:
         return list(catalog)
     chosen: list[Invariant] = []
-    for pattern in select:
-        pattern = pattern.strip().upper()
+    for raw in select:
+        pattern = raw.strip().upper()
         if not pattern:
             continue
         hits = [
@@ -242,7 +243,7 @@ def _factory(builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder]) -> Buil
     def fresh() -> KVCacheConfigBuilder:
         try:
             return cls()
-        except Exception:  # noqa: BLE001 - no no-arg constructor: reuse the instance
+        except Exception:
             return builder
 
     return fresh
@@ -332,7 +333,7 @@ def check_builder(
             seed,
             stats,
             first_failure,
-            lambda n, s=scenario: progress(s, min(n, total), total) if progress else None,
+            _ticker(progress, scenario, total),
             done_before=scenarios.index(scenario) * examples_per_scenario,
         )
 
@@ -391,6 +392,14 @@ def check_builder(
         results=tuple(results),
         seconds=time.perf_counter() - started,
     )
+
+
+def _ticker(progress: Progress | None, scenario: str, total: int) -> Callable[[int], object]:
+    def tick(done: int) -> None:
+        if progress is not None:
+            progress(scenario, min(done, total), total)
+
+    return tick
 
 
 def _run_scenario(
@@ -468,7 +477,7 @@ def _shrink(
     stop_at = time.perf_counter() + shrink_seconds
     smallest = [failing]
 
-    class _StillFails(Exception):
+    class _StillFailsError(Exception):
         pass
 
     @settings(
@@ -489,12 +498,10 @@ def _shrink(
             return
         if inv.check(_observe(scenario, factory, guard, ex)):
             smallest[0] = ex
-            raise _StillFails
+            raise _StillFailsError
 
-    try:
+    with contextlib.suppress(Exception):
         search()
-    except Exception:  # noqa: BLE001, S110 - the search ends by raising; the example is kept
-        pass
     return smallest[0]
 
 

@@ -23,7 +23,7 @@ from kvref.builder import KVCacheConfigBuilder, ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.planning import plan_kv_cache
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
-from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
+from kvref.specs import KVCacheSpec
 
 __all__ = [
     "BuilderFactory",
@@ -114,7 +114,9 @@ def _valid_groups(
         config=config, specs=specs, first=result, second=result, fresh=result, mutated=False
     )
     return not any(
-        inv.check(obs) for inv in CATALOG if inv.scenario == "grouping" and not inv.id.startswith("KV-CALL")
+        inv.check(obs)
+        for inv in CATALOG
+        if inv.scenario == "grouping" and not inv.id.startswith("KV-CALL")
     )
 
 
@@ -232,7 +234,7 @@ def observe_host(
 from conformance.bounds import absurd_size, size_bound  # noqa: E402
 
 
-class _ContractBroken(Exception):
+class _ContractBrokenError(Exception):
     """The builder broke a hook-level promise inside Core's flow."""
 
 
@@ -254,9 +256,9 @@ class _Checked(KVCacheConfigBuilder):
         try:
             groups = self.inner.get_kv_cache_groups(config, kv_cache_spec)
         except Exception as exc:
-            raise _ContractBroken(f"get_kv_cache_groups raised {exc!r}") from exc
+            raise _ContractBrokenError(f"get_kv_cache_groups raised {exc!r}") from exc
         if _groups_validator(groups) is not None:
-            raise _ContractBroken("get_kv_cache_groups returned the wrong type")
+            raise _ContractBrokenError("get_kv_cache_groups returned the wrong type")
         return groups
 
     def get_kv_cache_config_from_groups(
@@ -266,25 +268,25 @@ class _Checked(KVCacheConfigBuilder):
         try:
             result = self.inner.get_kv_cache_config_from_groups(config, list(given), num_blocks)
         except Exception as exc:
-            raise _ContractBroken(f"placement raised {exc!r}") from exc
+            raise _ContractBrokenError(f"placement raised {exc!r}") from exc
         if _config_validator(result) is not None:
-            raise _ContractBroken("placement returned the wrong type")
+            raise _ContractBrokenError("placement returned the wrong type")
         if result.num_blocks != num_blocks or list(result.kv_cache_groups) != given:
-            raise _ContractBroken("placement changed num_blocks or the groups")
+            raise _ContractBrokenError("placement changed num_blocks or the groups")
         sizes = {t.size for t in result.device_tensors}
         if self.declared is None and len(sizes) > 1:
-            raise _ContractBroken("several device backings")
+            raise _ContractBrokenError("several device backings")
         total = sum(sizes)
         if self.declared is not None and total != self.declared * num_blocks:
-            raise _ContractBroken("pool bytes per block disagree with the placement")
+            raise _ContractBrokenError("pool bytes per block disagree with the placement")
         placed = [n for t in result.device_tensors for n in t.layers]
         wanted = [n for g in given if not g.host_resident for n in g.layer_names]
         if sorted(placed) != sorted(wanted):
-            raise _ContractBroken("device tensors do not hold each device layer once")
+            raise _ContractBrokenError("device tensors do not hold each device layer once")
         if absurd_size(total, num_blocks, size_bound(given)):
-            raise _ContractBroken("absurd backing size")
+            raise _ContractBrokenError("absurd backing size")
         if total % max(num_blocks, 1):
-            raise _ContractBroken("backing not a whole number of blocks")
+            raise _ContractBrokenError("backing not a whole number of blocks")
         return result
 
     def _get_pool_bytes_per_block(
@@ -293,7 +295,7 @@ class _Checked(KVCacheConfigBuilder):
         try:
             declared = self.inner._get_pool_bytes_per_block(config, kv_cache_groups)
         except Exception as exc:
-            raise _ContractBroken(f"_get_pool_bytes_per_block raised {exc!r}") from exc
+            raise _ContractBrokenError(f"_get_pool_bytes_per_block raised {exc!r}") from exc
         if declared is not None:
             self.declared = declared
         return declared
@@ -315,7 +317,7 @@ def observe_core(
 
     class _Fresh(KVCacheConfigBuilder):
         # Core instantiates a builder per phase; route each to the factory.
-        def __new__(cls) -> Any:  # type: ignore[misc]
+        def __new__(cls) -> Any:
             return _Checked(factory())
 
         def get_kv_cache_groups(  # pragma: no cover - never instantiated
@@ -337,7 +339,7 @@ def observe_core(
     result = guard.call(
         "core", flow, _Fresh, config, copies, list(available_memory), timeout=guard.timeout * 20
     )
-    if result.error_type is not None and issubclass(result.error_type, _ContractBroken):
+    if result.error_type is not None and issubclass(result.error_type, _ContractBrokenError):
         # A hook raised or broke its contract inside Core: the grouping and
         # placement scenarios report that; Core's result says nothing.
         result = attrs.evolve(result, hook="core-builder")

@@ -1,4 +1,7 @@
-"""Generate docs/invariants.md from the catalog (one source of truth): python docs/gen_invariants.py."""
+"""Generate docs/invariants.md from the catalog (one source of truth).
+
+Run: python docs/gen_invariants.py.
+"""
 
 from __future__ import annotations
 

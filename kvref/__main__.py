@@ -20,7 +20,8 @@ def _show(title: str, plan: KVCachePlan) -> None:
     for w, (config, figures) in enumerate(zip(plan.configs, plan.workers, strict=True)):
         print(
             f"  worker {w}: {figures.pool_bytes_per_block} bytes per block, "
-            f"backing {config.device_size / _GIB:.2f} GiB, layout {config.kv_cache_layout.name if config.kv_cache_layout else None}"
+            f"backing {config.device_size / _GIB:.2f} GiB, layout "
+            f"{config.kv_cache_layout.name if config.kv_cache_layout else None}"
         )
         for i, group in enumerate(config.kv_cache_groups):
             spec = group.kv_cache_spec

@@ -25,7 +25,9 @@ def _int_check(minimum: int, *, optional: bool = False) -> Any:
             return
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             kind = "an int" if not optional else "an int or None"
-            raise ConfigError(f"PlanningConfig.{attribute.name}={value!r} must be {kind} >= {minimum}")
+            raise ConfigError(
+                f"PlanningConfig.{attribute.name}={value!r} must be {kind} >= {minimum}"
+            )
 
     return check
 

@@ -161,9 +161,7 @@ def get_packed_kv_cache_groups(
 
     # A state bucket could go down to one layer per group, so it does not
     # widen the block; every other bucket's split is fixed by the pattern.
-    anchor = max(
-        b.widest(b.size if b.is_state(repeats) else groups_for(b)) for b in buckets
-    )
+    anchor = max(b.widest(b.size if b.is_state(repeats) else groups_for(b)) for b in buckets)
 
     groups: list[KVCacheGroupSpec] = []
     for bucket in buckets:

@@ -104,9 +104,7 @@ def bytes_per_block(groups: Sequence[KVCacheGroupSpec], layout: KVCacheLayout) -
     """
     if layout.is_block_outermost:
         raw = max((sum(s.page_size_bytes for s in _layer_specs(g)) for g in groups), default=0)
-        alignment = lcm_all(
-            s.get_block_stride_alignment() for g in groups for s in _layer_specs(g)
-        )
+        alignment = lcm_all(s.get_block_stride_alignment() for g in groups for s in _layer_specs(g))
         return round_up(raw, alignment)
     stride = _stride_rule(groups, layout)
     return max((sum(stride(s) for s in _layer_specs(g)) for g in groups), default=0)
@@ -167,7 +165,10 @@ def _place(
     *,
     host_resident: bool,
 ) -> list[KVCacheTensor]:
-    """Emit the tensors of ``groups`` in ``layout`` for ``num_blocks`` blocks (SPEC 4.3 step 4-5)."""
+    """Emit the tensors of ``groups`` in ``layout`` for ``num_blocks`` blocks.
+
+    SPEC 4.3 step 4-5.
+    """
     validate_kv_cache_layout(groups, layout)
     bpb = bytes_per_block(groups, layout)
     size = bpb * num_blocks

@@ -121,9 +121,7 @@ def check_exact_partition(
             raise PartitionError(f"group {index} is {group!r}, not a KVCacheGroupSpec")
         for name in group.layer_names:
             if name in seen:
-                raise PartitionError(
-                    f"layer {name!r} is in group {seen[name]} and group {index}"
-                )
+                raise PartitionError(f"layer {name!r} is in group {seen[name]} and group {index}")
             if name not in expected:
                 raise PartitionError(f"group {index} names layer {name!r}, which no worker has")
             seen[name] = index
@@ -329,9 +327,7 @@ def _available_per_worker(available_memory: int | Sequence[int], workers: int) -
     elif isinstance(available_memory, (list, tuple)):
         values = list(available_memory)
         if len(values) != workers:
-            raise ConfigError(
-                f"available_memory has {len(values)} entries for {workers} workers"
-            )
+            raise ConfigError(f"available_memory has {len(values)} entries for {workers} workers")
     else:
         raise ConfigError(f"available_memory={available_memory!r} must be an int or a list of ints")
     for index, value in enumerate(values):
@@ -406,12 +402,9 @@ def plan_kv_cache(
     override = config.num_gpu_blocks_override
     if override is not None:
         effective = [
-            override * bpb if on else mem
-            for mem, bpb, on in zip(memory, bpbs, active, strict=True)
+            override * bpb if on else mem for mem, bpb, on in zip(memory, bpbs, active, strict=True)
         ]
-    check = [
-        mem - bpb if on else mem for mem, bpb, on in zip(effective, bpbs, active, strict=True)
-    ]
+    check = [mem - bpb if on else mem for mem, bpb, on in zip(effective, bpbs, active, strict=True)]
 
     if config.auto_fit_max_model_len and any(active):
         fitted = min(
@@ -420,9 +413,7 @@ def plan_kv_cache(
             if active[w]
         )
         if fitted <= 0:
-            worst = min(
-                (w for w in range(len(projected)) if active[w]), key=lambda w: check[w]
-            )
+            worst = min((w for w in range(len(projected)) if active[w]), key=lambda w: check[w])
             one_token = config.with_max_model_len(1)
             raise InsufficientMemoryError(
                 f"cannot auto-fit max_model_len: not even one token fits in "
@@ -524,4 +515,3 @@ def get_kv_cache_configs(
     behind the configs (including the auto-fitted ``max_model_len``).
     """
     return list(plan_kv_cache(builder, config, kv_cache_specs, available_memory).configs)
-

@@ -129,7 +129,9 @@ def _alignment_validator(inst: object, attribute: attrs.Attribute[Any], value: o
         )
 
 
-def _tokens_per_state_validator(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+def _tokens_per_state_validator(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, Fraction)):
         raise SpecError(
             f"{type(inst).__name__}.{attribute.name}={value!r} must be an int or a Fraction"
@@ -336,7 +338,9 @@ class AttentionSpec(KVCacheSpec):
                 "non-negative int or None"
             )
         if not isinstance(self.kv_quant_mode, str):
-            raise SpecError(f"{type(self).__name__}.kv_quant_mode={self.kv_quant_mode!r} must be a str")
+            raise SpecError(
+                f"{type(self).__name__}.kv_quant_mode={self.kv_quant_mode!r} must be a str"
+            )
         if self.tokens_per_state <= 0:
             raise SpecError(
                 f"{type(self).__name__}.tokens_per_state={self.tokens_per_state!r} must be positive"
@@ -651,9 +655,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 
     def max_memory_usage_bytes(self, config: PlanningConfig) -> int:
         """``cdiv(min(chunk + I, L), block_size) * page``."""
-        tokens = min(
-            self.attention_chunk_size + config.max_in_flight_tokens, config.max_model_len
-        )
+        tokens = min(self.attention_chunk_size + config.max_in_flight_tokens, config.max_model_len)
         return cdiv(tokens, self.block_size) * self.page_size_bytes
 
     def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
@@ -704,9 +706,7 @@ def _convert_shapes(value: object) -> tuple[tuple[int, ...], ...]:
         raise SpecError(f"MambaSpec.shapes={value!r} must be a non-empty sequence of shapes")
     out: list[tuple[int, ...]] = []
     for shape in value:
-        if not isinstance(shape, (list, tuple)) or not all(
-            _is_int(d) and d > 0 for d in shape
-        ):
+        if not isinstance(shape, (list, tuple)) or not all(_is_int(d) and d > 0 for d in shape):
             raise SpecError(
                 f"MambaSpec.shapes={value!r}: shape {shape!r} must be a sequence of positive ints"
             )
@@ -796,7 +796,7 @@ class MambaSpec(KVCacheSpec):
         return self.page_size_padded
 
     def max_memory_usage_bytes(self, config: PlanningConfig) -> int:
-        """``page * (2 + spec + ckpt)`` in the config's ``align`` mode, else ``page * (1 + spec)``."""
+        """``page * (2 + spec + ckpt)`` in ``align`` mode, else ``page * (1 + spec)``."""
         if config.mamba_cache_mode == "align":
             return self.page_size_bytes * (
                 2 + self.num_speculative_blocks + self.num_prefill_checkpoint_blocks
@@ -848,7 +848,9 @@ class UniformTypeKVCacheSpecs:
         # The read-only mapping proxy cannot be pickled; copy through a dict.
         import copy
 
-        return UniformTypeKVCacheSpecs(kv_cache_specs=copy.deepcopy(dict(self.kv_cache_specs), memo))
+        return UniformTypeKVCacheSpecs(
+            kv_cache_specs=copy.deepcopy(dict(self.kv_cache_specs), memo)
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_uniform_type, (dict(self.kv_cache_specs),))

@@ -247,9 +247,9 @@ def _unify_one(name: str, spec: KVCacheSpec, page: int, target: int) -> KVCacheS
         new: KVCacheSpec = evolve_spec(spec, page_size_padded=target)
     elif target % page == 0:
         ratio = target // page
-        explicit_padding = spec.padded_page_size is not None and getattr(
-            spec, "alignment", None
-        ) is None
+        explicit_padding = (
+            spec.padded_page_size is not None and getattr(spec, "alignment", None) is None
+        )
         if explicit_padding:
             raise GroupingError(
                 f"Layer {name!r}: cannot scale block_size {spec.block_size} by {ratio} to "

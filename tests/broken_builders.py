@@ -37,7 +37,9 @@ class DroppedLayer(_Base):
 
     CAUGHT_BY = "KV-GROUP-PARTITION"
 
-    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
         groups = super().get_kv_cache_groups(config, kv_cache_spec)
         if not groups:
             return groups
@@ -50,7 +52,9 @@ class DroppedLayer(_Base):
         from kvref import UniformTypeKVCacheSpecs
 
         if isinstance(spec, UniformTypeKVCacheSpecs):
-            spec = UniformTypeKVCacheSpecs(kv_cache_specs={n: spec.kv_cache_specs[n] for n in names})
+            spec = UniformTypeKVCacheSpecs(
+                kv_cache_specs={n: spec.kv_cache_specs[n] for n in names}
+            )
         groups[i] = attrs.evolve(g, layer_names=names, kv_cache_spec=spec)
         return groups
 
@@ -60,12 +64,17 @@ class DuplicatedLayer(_Base):
 
     CAUGHT_BY = "KV-GROUP-PARTITION"
 
-    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
         groups = super().get_kv_cache_groups(config, kv_cache_spec)
         if not groups:
             return groups
         name = groups[0].layer_names[0]
-        return [*groups, KVCacheGroupSpec(layer_names=[name], kv_cache_spec=groups[0].layer_spec(name))]
+        return [
+            *groups,
+            KVCacheGroupSpec(layer_names=[name], kv_cache_spec=groups[0].layer_spec(name)),
+        ]
 
 
 class RepeatedInGroup(_Base):
@@ -73,7 +82,9 @@ class RepeatedInGroup(_Base):
 
     CAUGHT_BY = "KV-GROUP-REPEATED-LAYER"
 
-    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
         groups = super().get_kv_cache_groups(config, kv_cache_spec)
         if groups:
             g = groups[0]
@@ -86,7 +97,9 @@ class EmptyGroup(_Base):
 
     CAUGHT_BY = "KV-GROUP-NONEMPTY"
 
-    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
         groups = super().get_kv_cache_groups(config, kv_cache_spec)
         if groups:
             groups.append(attrs.evolve(groups[-1], layer_names=[]))
@@ -98,12 +111,19 @@ class HalvedBlockSize(_Base):
 
     CAUGHT_BY = "KV-GROUP-LAYER-SPEC"
 
-    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
         groups = super().get_kv_cache_groups(config, kv_cache_spec)
         out = []
         for g in groups:
             spec = g.kv_cache_spec
-            if isinstance(spec, KVCacheSpec) and spec.block_size % 2 == 0 and getattr(spec, "page_size_padded", None) is None and not hasattr(spec, "shapes"):
+            if (
+                isinstance(spec, KVCacheSpec)
+                and spec.block_size % 2 == 0
+                and getattr(spec, "page_size_padded", None) is None
+                and not hasattr(spec, "shapes")
+            ):
                 spec = attrs.evolve(spec, block_size=spec.block_size // 2)
             out.append(attrs.evolve(g, kv_cache_spec=spec))
         return out
@@ -117,7 +137,9 @@ class Stateful(_Base):
     def __init__(self) -> None:
         self.calls = 0
 
-    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
         self.calls += 1
         groups = super().get_kv_cache_groups(config, kv_cache_spec)
         return groups[::-1] if self.calls > 1 else groups
@@ -128,7 +150,9 @@ class MutatesInput(_Base):
 
     CAUGHT_BY = "KV-GROUP-INPUT-UNCHANGED"
 
-    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
         groups = super().get_kv_cache_groups(config, kv_cache_spec)
         if isinstance(kv_cache_spec, dict):
             kv_cache_spec.clear()
@@ -140,7 +164,9 @@ class RaisesOnValidInput(_Base):
 
     CAUGHT_BY = "KV-CALL-RAISES"
 
-    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
         if len(kv_cache_spec) > 2:
             raise RuntimeError("unsupported model")
         return super().get_kv_cache_groups(config, kv_cache_spec)
@@ -151,8 +177,12 @@ class WrongReturnType(_Base):
 
     CAUGHT_BY = "KV-CALL-RETURN-TYPE"
 
-    def get_kv_cache_config_from_groups(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int) -> Any:
-        return attrs.asdict(super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks))
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> Any:
+        return attrs.asdict(
+            super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
+        )
 
 
 class Hangs(_Base):
@@ -160,7 +190,9 @@ class Hangs(_Base):
 
     CAUGHT_BY = "KV-CALL-TIMEOUT"
 
-    def get_kv_cache_config_from_groups(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int) -> KVCacheConfig:
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
         time.sleep(3600)
         raise AssertionError("unreachable")
 
@@ -169,7 +201,9 @@ class _Placement(_Base):
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         raise NotImplementedError
 
-    def get_kv_cache_config_from_groups(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int) -> KVCacheConfig:
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
         result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
         if not result.kv_cache_tensors:
             return result
@@ -192,7 +226,12 @@ class GroupsNotEchoed(_Placement):
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         if len(result.kv_cache_groups) < 2:
-            return attrs.evolve(result, kv_cache_groups=[attrs.evolve(g, enable_kv_transfer=False) for g in result.kv_cache_groups])
+            return attrs.evolve(
+                result,
+                kv_cache_groups=[
+                    attrs.evolve(g, enable_kv_transfer=False) for g in result.kv_cache_groups
+                ],
+            )
         return attrs.evolve(result, kv_cache_groups=list(result.kv_cache_groups)[::-1])
 
 
@@ -203,7 +242,13 @@ class SizeOneBlockTooBig(_Placement):
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         bpb = result.device_size // num_blocks
-        return _with_tensors(result, [t if t.host_resident else attrs.evolve(t, size=t.size + bpb) for t in result.kv_cache_tensors])
+        return _with_tensors(
+            result,
+            [
+                t if t.host_resident else attrs.evolve(t, size=t.size + bpb)
+                for t in result.kv_cache_tensors
+            ],
+        )
 
 
 class ConstantHeader(_Placement):
@@ -212,7 +257,13 @@ class ConstantHeader(_Placement):
     CAUGHT_BY = "KV-PLACE-BACKING-SIZE"
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
-        return _with_tensors(result, [t if t.host_resident else attrs.evolve(t, size=t.size + 256, offset=t.offset + 256) for t in result.kv_cache_tensors])
+        return _with_tensors(
+            result,
+            [
+                t if t.host_resident else attrs.evolve(t, size=t.size + 256, offset=t.offset + 256)
+                for t in result.kv_cache_tensors
+            ],
+        )
 
 
 class AbsurdSize(_Placement):
@@ -221,7 +272,13 @@ class AbsurdSize(_Placement):
     CAUGHT_BY = "KV-PLACE-SIZE-BOUND"
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
-        return _with_tensors(result, [t if t.host_resident else attrs.evolve(t, size=2**60) for t in result.kv_cache_tensors])
+        return _with_tensors(
+            result,
+            [
+                t if t.host_resident else attrs.evolve(t, size=2**60)
+                for t in result.kv_cache_tensors
+            ],
+        )
 
 
 class OverlappingBlocks(_Placement):
@@ -232,7 +289,15 @@ class OverlappingBlocks(_Placement):
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         if config.kv_cache_layout.is_block_outermost or num_blocks < 2:
             return result
-        return _with_tensors(result, [attrs.evolve(t, block_stride=max(t.block_stride // 2 // 16 * 16, 16)) if t.block_stride >= 32 else t for t in result.kv_cache_tensors])
+        return _with_tensors(
+            result,
+            [
+                attrs.evolve(t, block_stride=max(t.block_stride // 2 // 16 * 16, 16))
+                if t.block_stride >= 32
+                else t
+                for t in result.kv_cache_tensors
+            ],
+        )
 
 
 class OverlappingLayers(_Placement):
@@ -243,7 +308,15 @@ class OverlappingLayers(_Placement):
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         if not config.kv_cache_layout.is_block_outermost:
             return result
-        return _with_tensors(result, [attrs.evolve(t, layer_stride=t.layer_stride // 2 // 16 * 16) if len(t.layers) > 1 and t.layer_stride >= 32 else t for t in result.kv_cache_tensors])
+        return _with_tensors(
+            result,
+            [
+                attrs.evolve(t, layer_stride=t.layer_stride // 2 // 16 * 16)
+                if len(t.layers) > 1 and t.layer_stride >= 32
+                else t
+                for t in result.kv_cache_tensors
+            ],
+        )
 
 
 class OutOfBoundsOffset(_Placement):
@@ -299,7 +372,14 @@ class MisalignedStride(_Placement):
         return _with_tensors(
             result,
             [
-                t if t.host_resident else attrs.evolve(t, block_stride=stride, layer_stride=stride * num_blocks, size=widest * stride * num_blocks)
+                t
+                if t.host_resident
+                else attrs.evolve(
+                    t,
+                    block_stride=stride,
+                    layer_stride=stride * num_blocks,
+                    size=widest * stride * num_blocks,
+                )
                 for t in result.kv_cache_tensors
             ],
         )
@@ -310,7 +390,9 @@ class AttentionFreeZeroBlocks(_Base):
 
     CAUGHT_BY = "KV-PLACE-ATTENTION-FREE"
 
-    def get_kv_cache_config_from_groups(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int) -> KVCacheConfig:
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
         result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
         return attrs.evolve(result, num_blocks=0) if not kv_cache_groups else result
 
@@ -320,7 +402,9 @@ class LyingPoolBytes(_Base):
 
     CAUGHT_BY = "KV-PLACE-POOL-BYTES"
 
-    def _get_pool_bytes_per_block(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]) -> int | None:
+    def _get_pool_bytes_per_block(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]
+    ) -> int | None:
         probe = super().get_kv_cache_config_from_groups(config, kv_cache_groups, 2)
         return max(probe.device_size // 4, 1)
 
@@ -331,7 +415,9 @@ class HostTensorOnDevice(_Placement):
     CAUGHT_BY = "KV-HOST-TENSORS"
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
-        return _with_tensors(result, [attrs.evolve(t, host_resident=False) for t in result.kv_cache_tensors])
+        return _with_tensors(
+            result, [attrs.evolve(t, host_resident=False) for t in result.kv_cache_tensors]
+        )
 
 
 class HostCountedOnDevice(_Placement):
@@ -344,7 +430,13 @@ class HostCountedOnDevice(_Placement):
         if not host:
             return result
         extra = host[0].size
-        return _with_tensors(result, [t if t.host_resident else attrs.evolve(t, size=t.size + extra) for t in result.kv_cache_tensors])
+        return _with_tensors(
+            result,
+            [
+                t if t.host_resident else attrs.evolve(t, size=t.size + extra)
+                for t in result.kv_cache_tensors
+            ],
+        )
 
 
 class HostSizedByDeviceBlocks(_Placement):
@@ -353,7 +445,13 @@ class HostSizedByDeviceBlocks(_Placement):
     CAUGHT_BY = "KV-HOST-SIZED"
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
-        return _with_tensors(result, [attrs.evolve(t, size=t.size - 1) if t.host_resident else t for t in result.kv_cache_tensors])
+        return _with_tensors(
+            result,
+            [
+                attrs.evolve(t, size=t.size - 1) if t.host_resident else t
+                for t in result.kv_cache_tensors
+            ],
+        )
 
 
 class UnknownLayer(_Base):
@@ -361,11 +459,17 @@ class UnknownLayer(_Base):
 
     CAUGHT_BY = "KV-GROUP-UNKNOWN-LAYER"
 
-    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
         groups = super().get_kv_cache_groups(config, kv_cache_spec)
         if groups:
             first = groups[0]
-            groups.append(KVCacheGroupSpec(layer_names=["ghost.attn"], kv_cache_spec=first.layer_spec(first.layer_names[0])))
+            groups.append(
+                KVCacheGroupSpec(
+                    layer_names=["ghost.attn"], kv_cache_spec=first.layer_spec(first.layer_names[0])
+                )
+            )
         return groups
 
 
@@ -374,13 +478,17 @@ class WrapperMissesLayer(_Base):
 
     CAUGHT_BY = "KV-GROUP-WRAPPER"
 
-    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
         from kvref import UniformTypeKVCacheSpecs
 
         groups = super().get_kv_cache_groups(config, kv_cache_spec)
         if groups and len(groups[0].layer_names) >= 2:
             g = groups[0]
-            wrapper = UniformTypeKVCacheSpecs(kv_cache_specs={n: g.layer_spec(n) for n in g.layer_names[:-1]})
+            wrapper = UniformTypeKVCacheSpecs(
+                kv_cache_specs={n: g.layer_spec(n) for n in g.layer_names[:-1]}
+            )
             groups[0] = attrs.evolve(g, kv_cache_spec=wrapper)
         return groups
 
@@ -390,14 +498,21 @@ class MixedBlockSizes(_Base):
 
     CAUGHT_BY = "KV-GROUP-ONE-BLOCK-SIZE"
 
-    def get_kv_cache_groups(self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]) -> Groups:
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
         from kvref import MambaSpec, UniformTypeKVCacheSpecs
 
         groups = super().get_kv_cache_groups(config, kv_cache_spec)
         for i, g in enumerate(groups):
             last = g.layer_names[-1]
             spec = g.layer_spec(last)
-            if len(g.layer_names) < 2 or isinstance(spec, MambaSpec) or getattr(spec, "page_size_padded", None) is not None or getattr(spec, "alignment", None) is not None:
+            if (
+                len(g.layer_names) < 2
+                or isinstance(spec, MambaSpec)
+                or getattr(spec, "page_size_padded", None) is not None
+                or getattr(spec, "alignment", None) is not None
+            ):
                 continue
             specs = {n: g.layer_spec(n) for n in g.layer_names}
             specs[last] = attrs.evolve(spec, block_size=spec.block_size * 2)
@@ -442,7 +557,13 @@ class HalfUsedBlocks(_Placement):
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         if not config.kv_cache_layout.is_block_outermost:
             return result
-        return _with_tensors(result, [t if t.host_resident else attrs.evolve(t, size=t.size * 2) for t in result.kv_cache_tensors])
+        return _with_tensors(
+            result,
+            [
+                t if t.host_resident else attrs.evolve(t, size=t.size * 2)
+                for t in result.kv_cache_tensors
+            ],
+        )
 
 
 class MutatesGroupList(_Base):
@@ -450,7 +571,9 @@ class MutatesGroupList(_Base):
 
     CAUGHT_BY = "KV-PLACE-INPUT-UNCHANGED"
 
-    def get_kv_cache_config_from_groups(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int) -> KVCacheConfig:
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
         result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
         if isinstance(kv_cache_groups, list) and len(kv_cache_groups) > 1:
             kv_cache_groups.reverse()
@@ -465,7 +588,9 @@ class StatefulPlacement(_Base):
     def __init__(self) -> None:
         self.calls = 0
 
-    def get_kv_cache_config_from_groups(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int) -> KVCacheConfig:
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
         self.calls += 1
         result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
         return attrs.evolve(result, prefix_cache_retention_interval=self.calls)

@@ -24,10 +24,23 @@ class TestExitStatus:
 
     def test_broken_builder_fails(self, capsys: pytest.CaptureFixture[str]) -> None:
         """A broken builder exits 1 and prints the counterexample and a reproduce command."""
-        code = main(["broken_builders:DroppedLayer", "--max-examples", "10", "--seed", "1", "--select", "KV-GROUP-PARTITION"])
+        code = main(
+            [
+                "broken_builders:DroppedLayer",
+                "--max-examples",
+                "10",
+                "--seed",
+                "1",
+                "--select",
+                "KV-GROUP-PARTITION",
+            ]
+        )
         out = capsys.readouterr().out
         assert code == 1
-        assert "minimal counterexample" in out and "reproduce: kvref-conformance broken_builders:DroppedLayer" in out
+        assert (
+            "minimal counterexample" in out
+            and "reproduce: kvref-conformance broken_builders:DroppedLayer" in out
+        )
 
     @pytest.mark.parametrize(
         ("args", "message"),
@@ -41,7 +54,9 @@ class TestExitStatus:
             (["--profile", "forever"], ""),
         ],
     )
-    def test_usage_errors(self, args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    def test_usage_errors(
+        self, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
         """Usage errors exit 2 with a clear message and no traceback."""
         assert main(args) == 2
         err = capsys.readouterr().err
@@ -59,17 +74,47 @@ class TestOutputs:
     def test_json_and_junit(self, tmp_path: Path) -> None:
         """--json and --junit write one entry per invariant."""
         j, x = tmp_path / "r.json", tmp_path / "r.xml"
-        assert main([*FAST, "--select", "KV-PLACE-NUM-BLOCKS,KV-CORE", "--json", str(j), "--junit", str(x)]) == 0
+        assert (
+            main(
+                [
+                    *FAST,
+                    "--select",
+                    "KV-PLACE-NUM-BLOCKS,KV-CORE",
+                    "--json",
+                    str(j),
+                    "--junit",
+                    str(x),
+                ]
+            )
+            == 0
+        )
         data = json.loads(j.read_text())
-        assert data["ok"] is True and {r["id"] for r in data["results"]} >= {"KV-PLACE-NUM-BLOCKS", "KV-CORE-SLACK"}
+        assert data["ok"] is True and {r["id"] for r in data["results"]} >= {
+            "KV-PLACE-NUM-BLOCKS",
+            "KV-CORE-SLACK",
+        }
         suite = ET.parse(x).getroot()
         assert suite.tag == "testsuite" and len(suite.findall("testcase")) == len(data["results"])
 
     def test_xfail_file(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """An xfailed failure exits 0 as XFAIL; an unknown id warns; a passing xfail is XPASS."""
         xfail = tmp_path / "xfail.txt"
-        xfail.write_text("# known issues\nKV-GROUP-PARTITION  # dropped layer\nKV-GROUP-NONEMPTY\nKV-TYPO\n")
-        code = main(["broken_builders:DroppedLayer", "--max-examples", "10", "--seed", "1", "--select", "KV-GROUP-PARTITION,KV-GROUP-NONEMPTY", "--xfail-file", str(xfail)])
+        xfail.write_text(
+            "# known issues\nKV-GROUP-PARTITION  # dropped layer\nKV-GROUP-NONEMPTY\nKV-TYPO\n"
+        )
+        code = main(
+            [
+                "broken_builders:DroppedLayer",
+                "--max-examples",
+                "10",
+                "--seed",
+                "1",
+                "--select",
+                "KV-GROUP-PARTITION,KV-GROUP-NONEMPTY",
+                "--xfail-file",
+                str(xfail),
+            ]
+        )
         captured = capsys.readouterr()
         assert code == 0
         assert "XFAIL" in captured.out and "XPASS" in captured.out
@@ -88,9 +133,20 @@ class TestPlugin:
     def test_items_and_header(self, pytester: pytest.Pytester) -> None:
         """--pyargs conformance collects one item per invariant and prints the header."""
         result = pytester.runpytest_subprocess(
-            "--pyargs", "conformance", "--kv-builder", "kvref:ReferenceKVCacheConfigBuilder",
-            "--kv-max-examples", "2", "--kv-seed", "1", "-k", "KV-GROUP-PARTITION or KV-PLACE-NUM-BLOCKS",
-            "-p", "no:cacheprovider",
+            "--pyargs",
+            "conformance",
+            "--kv-builder",
+            "kvref:ReferenceKVCacheConfigBuilder",
+            "--kv-max-examples",
+            "2",
+            "--kv-seed",
+            "1",
+            "-k",
+            "KV-GROUP-PARTITION or KV-PLACE-NUM-BLOCKS",
+            "-p",
+            "no:cacheprovider",
         )
-        result.stdout.fnmatch_lines(["*kvref-conformance: builder=kvref:ReferenceKVCacheConfigBuilder*"])
+        result.stdout.fnmatch_lines(
+            ["*kvref-conformance: builder=kvref:ReferenceKVCacheConfigBuilder*"]
+        )
         result.assert_outcomes(passed=2)

@@ -33,7 +33,10 @@ SWA = SlidingWindowSpec(
     block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=1024
 )
 LAYERS = {f"l{i}": (FULL if i % 3 == 0 else SWA) for i in range(30)}
-WORKERS = [{k: v for k, v in LAYERS.items() if int(k[1:]) < 16}, {k: v for k, v in LAYERS.items() if int(k[1:]) >= 16}]
+WORKERS = [
+    {k: v for k, v in LAYERS.items() if int(k[1:]) < 16},
+    {k: v for k, v in LAYERS.items() if int(k[1:]) >= 16},
+]
 MEMORY = [2 * 2**30, 3 * 2**29]
 CONFIG = PlanningConfig(max_model_len=32768)
 
@@ -49,8 +52,15 @@ def _replan(plan: KVCachePlan, n: int, which: Sequence[int] | None = None) -> KV
     return attrs.evolve(plan, configs=tuple(configs), num_blocks=n)
 
 
-def _run(core: Callable[..., Any], config: PlanningConfig = CONFIG, memory: Sequence[int] = MEMORY, workers: Sequence[Mapping[str, KVCacheSpec]] = WORKERS) -> Any:
-    return observe_core(ReferenceKVCacheConfigBuilder, Guard(10), config, workers, memory, core=core)
+def _run(
+    core: Callable[..., Any],
+    config: PlanningConfig = CONFIG,
+    memory: Sequence[int] = MEMORY,
+    workers: Sequence[Mapping[str, KVCacheSpec]] = WORKERS,
+) -> Any:
+    return observe_core(
+        ReferenceKVCacheConfigBuilder, Guard(10), config, workers, memory, core=core
+    )
 
 
 def _failed(obs: Any) -> set[str]:

@@ -210,7 +210,10 @@ class TestUniformPageGrouping:
     def test_coalescing(self) -> None:
         """Full attention with and without a recorded window coalesce into one bucket."""
         specs: dict[str, KVCacheSpec] = {
-            "a": full(), "b": full(sliding_window=1024), "c": sw(), "d": sw(),
+            "a": full(),
+            "b": full(sliding_window=1024),
+            "c": sw(),
+            "d": sw(),
         }
         groups = get_kv_cache_groups(LAYER_OUTER, specs)
         assert names(groups) == [["a", "b"], ["c", "d"]]
@@ -221,7 +224,9 @@ class TestUniformPageGrouping:
     def test_no_coalescing_across_conflicting_windows(self) -> None:
         """Full specs with two windows stay apart in 3.3 rather than raising."""
         specs: dict[str, KVCacheSpec] = {
-            "a": full(sliding_window=512), "s": sw(), "b": full(sliding_window=1024),
+            "a": full(sliding_window=512),
+            "s": sw(),
+            "b": full(sliding_window=1024),
         }
         assert names(get_kv_cache_groups(LAYER_OUTER, specs)) == [["a"], ["s"], ["b"]]
 
@@ -279,7 +284,9 @@ class TestMixedPages:
         spec = groups[1].kv_cache_spec
         assert isinstance(spec, SlidingWindowSpec)
         assert (spec.block_size, spec.page_size_padded, spec.real_page_size_bytes) == (
-            16, 65_536, 49_152
+            16,
+            65_536,
+            49_152,
         )
 
     def test_3_8c_blhnc_state_split(self) -> None:
@@ -358,9 +365,16 @@ class TestMixedPages:
 
     def test_unpaddable_mla_without_fallback(self) -> None:
         """MLA whose page does not divide the largest page, with no fallback, raises."""
-        specs: dict[str, KVCacheSpec] = {"m": mla(), "c": ChunkedLocalAttentionSpec(
-            block_size=64, num_kv_heads=8, head_size=128, dtype="bf16", attention_chunk_size=64,
-        )}
+        specs: dict[str, KVCacheSpec] = {
+            "m": mla(),
+            "c": ChunkedLocalAttentionSpec(
+                block_size=64,
+                num_kv_heads=8,
+                head_size=128,
+                dtype="bf16",
+                attention_chunk_size=64,
+            ),
+        }
         with pytest.raises(PageSizeUnificationError, match="'m'"):
             get_kv_cache_groups(LAYER_OUTER, specs)
 
@@ -405,8 +419,12 @@ class TestUnifyPageSize:
     def test_mla_alignment_recomputed(self) -> None:
         """Scaling an aligned MLA page recomputes its padding: 37,440 -> 74,880."""
         c4 = mla(
-            block_size=256, head_size=512, dtype="uint8", state_content_bytes=584,
-            tokens_per_state=4, alignment=576,
+            block_size=256,
+            head_size=512,
+            dtype="uint8",
+            state_content_bytes=584,
+            tokens_per_state=4,
+            alignment=576,
         )
         wide = full(heads=1, state_content_bytes=4680)
         assert wide.page_size_bytes == 74_880
@@ -464,7 +482,9 @@ class TestHybridDisabled:
     def test_replicated_partition(self) -> None:
         """DCP-replicated layers are promoted separately from sharded ones."""
         specs: dict[str, KVCacheSpec] = {
-            "f": full(), "s": sw(), "d": sw(block_size=32, dcp_sharded=False, is_draft=True)
+            "f": full(),
+            "s": sw(),
+            "d": sw(block_size=32, dcp_sharded=False, is_draft=True),
         }
         out = unify_hybrid_kv_cache_specs(specs)
         assert type(out["s"]) is FullAttentionSpec
@@ -523,7 +543,10 @@ class TestPacked:
         window = sw(window=128, heads=1, head_size=32)
         state = MambaSpec(block_size=16, shapes=[[750]], dtypes=["fp32"])
         assert [s.page_size_bytes for s in (latent, indexer, window, state)] == [
-            4096, 1024, 2048, 3000
+            4096,
+            1024,
+            2048,
+            3000,
         ]
         specs: dict[str, KVCacheSpec] = {}
         for i in range(6):
@@ -568,7 +591,11 @@ class TestPacked:
     def test_unbalanced_state_bucket(self) -> None:
         """A two-page SW bucket that must split raises GroupingError, never StopIteration."""
         specs: dict[str, KVCacheSpec] = {
-            "f0": full(), "f1": full(), "s0": sw(), "s1": sw(heads=4), "s2": sw(heads=4)
+            "f0": full(),
+            "f1": full(),
+            "s0": sw(),
+            "s1": sw(heads=4),
+            "s2": sw(heads=4),
         }
         with pytest.raises(GroupingError, match="empty groups or drop layers"):
             get_kv_cache_groups(BLHNC, specs)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import broken_builders
 import pytest
 
-import broken_builders
 from conformance.invariants import CATALOG
 from conformance.runner import check_builder
 from kvref import ReferenceKVCacheConfigBuilder
@@ -34,9 +34,17 @@ class TestBrokenBuildersAreCaught:
     """Each broken builder fails exactly the invariant meant to catch its bug."""
 
     def test_caught_by_the_right_invariant(self, builder: type) -> None:
-        """The meant invariant fails, with a shrunk counterexample and a reproduce line, and no other does."""
+        """The meant invariant fails, with a shrunk counterexample and a reproduce line.
+
+        No other invariant fails.
+        """
         report = check_builder(
-            builder, select=_PAPER, max_examples=25, seed=11, timeout=0.5, shrink=builder is not broken_builders.Hangs
+            builder,
+            select=_PAPER,
+            max_examples=25,
+            seed=11,
+            timeout=0.5,
+            shrink=builder is not broken_builders.Hangs,
         )
         meant = builder.CAUGHT_BY
         assert meant in report.failed_ids, report.failed_ids

@@ -26,7 +26,10 @@ GROUPS = [
 
 def _rows(layout: str, groups: list[KVCacheGroupSpec], n: int) -> list[tuple[object, ...]]:
     config = get_kv_cache_config_from_groups(PlanningConfig(kv_cache_layout=layout), groups, n)
-    return [(t.layers, t.size, t.layer_stride, t.block_stride, t.offset) for t in config.kv_cache_tensors]
+    return [
+        (t.layers, t.size, t.layer_stride, t.block_stride, t.offset)
+        for t in config.kv_cache_tensors
+    ]
 
 
 class TestWorkedExample:
@@ -51,10 +54,23 @@ class TestWorkedExample:
     def test_mixed_pages_with_alignment(self) -> None:
         """Mixed pages, alignment 128: BLHNC rounds the block to 256; LBNHC strides b0 by 128."""
         a = FullAttentionSpec(block_size=2, num_kv_heads=2, head_size=4, dtype="float16")
-        b = FullAttentionSpec(block_size=2, num_kv_heads=1, head_size=4, dtype="float16", block_stride_alignment=128)
-        group = [KVCacheGroupSpec(layer_names=["a0", "a1", "b0"], kv_cache_spec=UniformTypeKVCacheSpecs(kv_cache_specs={"a0": a, "a1": a, "b0": b}))]
-        assert _rows("BLHNC", group, 3) == [(("a0", "a1"), 768, 64, 256, 0), (("b0",), 768, 32, 256, 128)]
-        assert _rows("LBNHC", group, 3) == [(("a0", "a1"), 768, 192, 64, 0), (("b0",), 768, 384, 128, 384)]
+        b = FullAttentionSpec(
+            block_size=2, num_kv_heads=1, head_size=4, dtype="float16", block_stride_alignment=128
+        )
+        group = [
+            KVCacheGroupSpec(
+                layer_names=["a0", "a1", "b0"],
+                kv_cache_spec=UniformTypeKVCacheSpecs(kv_cache_specs={"a0": a, "a1": a, "b0": b}),
+            )
+        ]
+        assert _rows("BLHNC", group, 3) == [
+            (("a0", "a1"), 768, 64, 256, 0),
+            (("b0",), 768, 32, 256, 128),
+        ]
+        assert _rows("LBNHC", group, 3) == [
+            (("a0", "a1"), 768, 192, 64, 0),
+            (("b0",), 768, 384, 128, 384),
+        ]
 
     def test_bytes_per_block(self) -> None:
         """Bytes per block are the widest group's pages: 2 x 32 = 64 in both layout families."""
@@ -66,8 +82,10 @@ class TestExactBlocks:
     """Placement returns exactly the blocks asked for."""
 
     def test_override_is_not_applied(self) -> None:
-        """With num_gpu_blocks_override set, the config still has the requested count (deliberate)."""
-        config = get_kv_cache_config_from_groups(PlanningConfig(num_gpu_blocks_override=1000), GROUPS, 7)
+        """With num_gpu_blocks_override set, the config still has the requested count."""
+        config = get_kv_cache_config_from_groups(
+            PlanningConfig(num_gpu_blocks_override=1000), GROUPS, 7
+        )
         assert config.num_blocks == 7
         assert {t.size for t in config.kv_cache_tensors} == {7 * 64}
 
@@ -92,7 +110,12 @@ class TestLayoutValidation:
         groups = [GROUPS[0], KVCacheGroupSpec(layer_names=["x"], kv_cache_spec=big)]
         with pytest.raises(LayoutError, match="BLHNC"):
             get_kv_cache_config_from_groups(PlanningConfig(), groups, 2)
-        assert get_kv_cache_config_from_groups(PlanningConfig(kv_cache_layout="BLHNC"), groups, 2).num_blocks == 2
+        assert (
+            get_kv_cache_config_from_groups(
+                PlanningConfig(kv_cache_layout="BLHNC"), groups, 2
+            ).num_blocks
+            == 2
+        )
 
     def test_layer_in_two_groups(self) -> None:
         """A layer in two groups is a PartitionError naming it."""
@@ -108,8 +131,17 @@ class TestDeliberateDifferences:
         """SPEC 6's example: vLLM strides G0 by 96 and G1 by 128; kvref strides both by 192."""
         from conformance.memory import find_block_overlaps
 
-        f = FullAttentionSpec(block_size=2, num_kv_heads=1, head_size=12, dtype="float16", block_stride_alignment=24)
-        s = SlidingWindowSpec(block_size=2, num_kv_heads=1, head_size=12, dtype="float16", sliding_window=8, block_stride_alignment=64)
+        f = FullAttentionSpec(
+            block_size=2, num_kv_heads=1, head_size=12, dtype="float16", block_stride_alignment=24
+        )
+        s = SlidingWindowSpec(
+            block_size=2,
+            num_kv_heads=1,
+            head_size=12,
+            dtype="float16",
+            sliding_window=8,
+            block_stride_alignment=64,
+        )
         assert f.page_size_bytes == s.page_size_bytes == 96
         groups = [
             KVCacheGroupSpec(layer_names=["L0", "L3"], kv_cache_spec=f),
@@ -125,8 +157,13 @@ class TestHostBacking:
 
     def test_host_group(self) -> None:
         """Host tensors come first, sized by host_pool_bytes // host bytes per block."""
-        groups = [GROUPS[0], KVCacheGroupSpec(layer_names=["h0"], kv_cache_spec=F, host_resident=True)]
-        config = get_kv_cache_config_from_groups(PlanningConfig(host_pool_bytes=32 * 10 + 5), groups, 4)
+        groups = [
+            GROUPS[0],
+            KVCacheGroupSpec(layer_names=["h0"], kv_cache_spec=F, host_resident=True),
+        ]
+        config = get_kv_cache_config_from_groups(
+            PlanningConfig(host_pool_bytes=32 * 10 + 5), groups, 4
+        )
         host, device = config.kv_cache_tensors
         assert host.host_resident and host.size == 320 and config.host_num_blocks == 10
         assert device.size == 4 * 64 and not device.host_resident

@@ -21,7 +21,9 @@ from kvref.errors import ConfigError, SpecError, WorkerSpecMismatchError
 from kvref.specs import KVCacheSpec
 
 FULL = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
-SWA = SlidingWindowSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=1024)
+SWA = SlidingWindowSpec(
+    block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=1024
+)
 LAYERS: dict[str, KVCacheSpec] = {f"l{i}": (FULL if i % 3 == 0 else SWA) for i in range(30)}
 W0 = {k: v for k, v in LAYERS.items() if int(k[1:]) < 16}
 W1 = {k: v for k, v in LAYERS.items() if int(k[1:]) >= 16}
@@ -55,7 +57,9 @@ class TestPipelineExample:
 
     def test_override_3000(self) -> None:
         """num_gpu_blocks_override=3000 gives 3,000 blocks on both workers."""
-        configs = get_kv_cache_configs(B, attrs.evolve(CONFIG, num_gpu_blocks_override=3000), [W0, W1], MEMORY)
+        configs = get_kv_cache_configs(
+            B, attrs.evolve(CONFIG, num_gpu_blocks_override=3000), [W0, W1], MEMORY
+        )
         assert [c.num_blocks for c in configs] == [3000, 3000]
         assert [c.device_size for c in configs] == [1_179_648_000, 983_040_000]
 
@@ -64,7 +68,11 @@ class TestPipelineExample:
         with pytest.raises(InsufficientMemoryError) as info:
             plan_kv_cache(B, attrs.evolve(CONFIG, num_gpu_blocks_override=2000), [W0, W1], MEMORY)
         err = info.value
-        assert (err.needed_gib, err.available_gib, err.estimated_max_model_len) == (0.89, 0.73, 25808)
+        assert (err.needed_gib, err.available_gib, err.estimated_max_model_len) == (
+            0.89,
+            0.73,
+            25808,
+        )
         assert "25808" in str(err) and "0.89 GiB" in str(err)
 
     def test_auto_fit(self) -> None:
@@ -80,10 +88,14 @@ class TestDeliberateDifferences:
     def test_empty_uniform_type_group_places_nothing(self) -> None:
         """SPEC 6's repro: worker 1 gets an empty group and only tensors for its own layers."""
         f = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
-        s = SlidingWindowSpec(block_size=16, num_kv_heads=6, head_size=128, dtype="bfloat16", sliding_window=1024)
+        s = SlidingWindowSpec(
+            block_size=16, num_kv_heads=6, head_size=128, dtype="bfloat16", sliding_window=1024
+        )
         w0 = {**{f"f{i}": f for i in range(4)}, **{f"s{i}a": s for i in range(4)}}
         w1 = {f"s{i}b": s for i in range(4)}
-        plan = plan_kv_cache(B, PlanningConfig(kv_cache_layout="BLHNC", max_model_len=4096), [w0, w1], 2**30)
+        plan = plan_kv_cache(
+            B, PlanningConfig(kv_cache_layout="BLHNC", max_model_len=4096), [w0, w1], 2**30
+        )
         c1 = plan.configs[1]
         assert any(not g.layer_names for g in c1.kv_cache_groups)
         placed = {n for t in c1.kv_cache_tensors for n in t.layers}
@@ -93,7 +105,9 @@ class TestDeliberateDifferences:
     def test_zero_layer_worker(self) -> None:
         """A worker with no KV layer takes the other workers' block count (vLLM divides by zero)."""
         plan = plan_kv_cache(B, CONFIG, [LAYERS, {}], [2**31, 2**30])
-        assert plan.configs[1].kv_cache_tensors == () and plan.configs[1].num_blocks == plan.num_blocks
+        assert (
+            plan.configs[1].kv_cache_tensors == () and plan.configs[1].num_blocks == plan.num_blocks
+        )
 
 
 class TestInputs:
@@ -113,7 +127,9 @@ class TestInputs:
 
     def test_unregistered_spec(self) -> None:
         """An encoder-only layer fails the registry check with a SpecError naming the layer."""
-        enc = EncoderOnlyAttentionSpec(block_size=16, num_kv_heads=12, head_size=64, dtype="float32")
+        enc = EncoderOnlyAttentionSpec(
+            block_size=16, num_kv_heads=12, head_size=64, dtype="float32"
+        )
         with pytest.raises(SpecError, match=r"encoder\.0"):
             plan_kv_cache(B, CONFIG, [{"encoder.0": enc}], 2**30)
 
@@ -130,7 +146,9 @@ class TestInputs:
 
     def test_sliding_windows_retain_lookahead(self) -> None:
         """With 3 lookahead tokens, sliding windows keep 2 extra tokens in the global groups."""
-        plan = plan_kv_cache(B, attrs.evolve(CONFIG, num_prefill_lookahead_tokens=3), [W0, W1], MEMORY)
+        plan = plan_kv_cache(
+            B, attrs.evolve(CONFIG, num_prefill_lookahead_tokens=3), [W0, W1], MEMORY
+        )
         specs = [g.kv_cache_spec for g in plan.global_groups]
         assert {s.extra_retained_tokens for s in specs if isinstance(s, SlidingWindowSpec)} == {2}
 

@@ -107,8 +107,12 @@ class TestMLAAlignment:
     def test_deepseek_v4_c4_padding(self) -> None:
         """DeepSeek-V4 C4: 64 states x 584 B = 37,376, aligned to 576 gives 37,440 (SPEC 1.3)."""
         spec = mla(
-            block_size=256, head_size=512, dtype="uint8", state_content_bytes=584,
-            tokens_per_state=4, alignment=576,
+            block_size=256,
+            head_size=512,
+            dtype="uint8",
+            state_content_bytes=584,
+            tokens_per_state=4,
+            alignment=576,
         )
         assert spec.real_page_size_bytes == 37_376
         assert spec.page_size_padded == 37_440
@@ -121,8 +125,12 @@ class TestMLAAlignment:
     def test_evolve_spec_recomputes_padding(self) -> None:
         """evolve_spec recomputes alignment padding instead of keeping a stale value."""
         spec = mla(
-            block_size=256, head_size=512, dtype="uint8", state_content_bytes=584,
-            tokens_per_state=4, alignment=576,
+            block_size=256,
+            head_size=512,
+            dtype="uint8",
+            state_content_bytes=584,
+            tokens_per_state=4,
+            alignment=576,
         )
         doubled = evolve_spec(spec, block_size=512)
         assert doubled.page_size_bytes == 74_880
@@ -132,8 +140,14 @@ class TestMLAAlignment:
     def test_sliding_window_mla_alignment(self) -> None:
         """SW-MLA pads by alignment like MLA."""
         spec = SlidingWindowMLASpec(
-            block_size=256, num_kv_heads=1, head_size=512, dtype="uint8",
-            state_content_bytes=584, tokens_per_state=4, alignment=576, sliding_window=128,
+            block_size=256,
+            num_kv_heads=1,
+            head_size=512,
+            dtype="uint8",
+            state_content_bytes=584,
+            tokens_per_state=4,
+            alignment=576,
+            sliding_window=128,
         )
         assert spec.page_size_bytes == 37_440
 
@@ -146,7 +160,10 @@ class TestValidation:
     def test_non_positive_sizes(self, field: str, value: int) -> None:
         """Zero or negative sizes raise SpecError naming the field."""
         kw: dict[str, object] = {
-            "block_size": 16, "num_kv_heads": 8, "head_size": 128, "dtype": "bfloat16"
+            "block_size": 16,
+            "num_kv_heads": 8,
+            "head_size": 128,
+            "dtype": "bfloat16",
         }
         kw[field] = value
         with pytest.raises(SpecError, match=field):
@@ -283,7 +300,10 @@ class TestMaxMemoryUsage:
     def test_mamba_default_mode(self) -> None:
         """Mamba outside align mode needs page * (1 + speculative blocks)."""
         spec = MambaSpec(
-            block_size=80, shapes=[[4, 1024]], dtypes=["bf16"], num_speculative_blocks=2,
+            block_size=80,
+            shapes=[[4, 1024]],
+            dtypes=["bf16"],
+            num_speculative_blocks=2,
             num_prefill_checkpoint_blocks=3,
         )
         assert spec.max_memory_usage_bytes(CFG_B) == 3 * 8192
@@ -291,7 +311,10 @@ class TestMaxMemoryUsage:
     def test_mamba_align_mode(self) -> None:
         """The config's align mode needs page * (2 + speculative + checkpoint blocks)."""
         spec = MambaSpec(
-            block_size=80, shapes=[[4, 1024]], dtypes=["bf16"], num_speculative_blocks=2,
+            block_size=80,
+            shapes=[[4, 1024]],
+            dtypes=["bf16"],
+            num_speculative_blocks=2,
             num_prefill_checkpoint_blocks=3,
         )
         cfg = PlanningConfig(mamba_cache_mode="align")
@@ -341,8 +364,12 @@ class TestMerge:
     def test_mla_drops_alignment_keeps_padding(self) -> None:
         """MLA merge keeps page_size_padded and drops alignment."""
         spec = mla(
-            block_size=256, head_size=512, dtype="uint8", state_content_bytes=584,
-            tokens_per_state=4, alignment=576,
+            block_size=256,
+            head_size=512,
+            dtype="uint8",
+            state_content_bytes=584,
+            tokens_per_state=4,
+            alignment=576,
         )
         merged = MLAAttentionSpec.merge([spec, spec])
         assert isinstance(merged, MLAAttentionSpec)

@@ -1,0 +1,89 @@
+"""The kit, pointed at vLLM 0.33.0's default builder, sees vLLM's two SPEC 6 defects.
+
+Full runs (``kvref-conformance vllm.v1.core.kv_cache_planning:DefaultKVCacheConfigBuilder``)
+take minutes; these tests feed the invariants the inputs that show each defect.
+
+Run: ``/work/vllm-venv/bin/python -m pytest -m vllm tests/vllm`` (or ``tox -e vllm``).
+"""
+
+from __future__ import annotations
+
+import pytest
+from _vllm_diff import VLLMDefault
+from hypothesis import HealthCheck, given, settings
+
+from conformance import strategies as kst
+from conformance.adapters import load_builder
+from conformance.guard import Guard
+from conformance.invariants import by_id
+from conformance.scenarios import observe_core, observe_placement
+from kvref import (
+    FullAttentionSpec,
+    KVCacheConfigBuilder,
+    KVCacheLayout,
+    PlanningConfig,
+    SlidingWindowSpec,
+)
+
+pytestmark = pytest.mark.vllm
+
+GIB = 2**30
+
+
+class TestAdapter:
+    """The kit loads vLLM-native builders through the adapter."""
+
+    def test_load_builder_wraps_vllm_native(self) -> None:
+        """``module:Class`` of a vLLM builder gives an adapter class that brings vLLM's Core."""
+        loaded = load_builder("vllm.v1.core.kv_cache_planning:DefaultKVCacheConfigBuilder")
+        assert isinstance(loaded, type)
+        assert callable(loaded.kvref_core)  # type: ignore[attr-defined]
+        assert "host_resident" in loaded.kvref_unsupported  # type: ignore[attr-defined]
+
+    def test_fresh_native_per_instance(self) -> None:
+        """Each adapter instance owns its own native builder."""
+        a, b = VLLMDefault(), VLLMDefault()
+        assert a.native is not b.native  # type: ignore[attr-defined]
+
+    def test_no_pool_bytes_override(self) -> None:
+        """vLLM's default leaves ``_get_pool_bytes_per_block`` alone, and so does its adapter."""
+        assert (
+            VLLMDefault._get_pool_bytes_per_block is KVCacheConfigBuilder._get_pool_bytes_per_block
+        )
+
+
+class TestDefects:
+    """Each SPEC 6 defect trips the invariant meant to catch it."""
+
+    def test_pp_projection_trips_worker_layers(self) -> None:
+        """SPEC 6 repro under vLLM's Core: KV-CORE-WORKER-LAYERS reports foreign layers."""
+        kw = {"head_size": 128, "dtype": "bfloat16", "block_size": 16}
+        full = FullAttentionSpec(num_kv_heads=8, **kw)  # type: ignore[arg-type]
+        swa = SlidingWindowSpec(num_kv_heads=6, sliding_window=1024, **kw)  # type: ignore[arg-type]
+        w0 = {f"f{i}": full for i in range(4)} | {f"s{i}a": swa for i in range(4)}
+        w1 = {f"s{i}b": swa for i in range(4)}
+        config = PlanningConfig(
+            max_model_len=8192, kv_cache_layout=KVCacheLayout.BLHNC, pipeline_parallel_size=2
+        )
+        obs = observe_core(
+            VLLMDefault,
+            Guard(60.0),
+            config,
+            [w0, w1],
+            [GIB, GIB],
+            core=VLLMDefault.kvref_core,  # type: ignore[attr-defined]
+        )
+        found = by_id()["KV-CORE-WORKER-LAYERS"].check(obs)
+        assert found, "vLLM's PP projection defect must be reported"
+        assert "f0" in found[0].message
+
+    @settings(
+        max_examples=10, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
+    @given(problem=kst.vllm_p3_alias_problems())
+    def test_layer_outer_alias_trips_block_alias(self, problem: kst.PlanningProblem) -> None:
+        """The kit's demo strategy for SPEC 6's alias: KV-PLACE-NO-BLOCK-ALIAS fires on vLLM."""
+        obs = observe_placement(
+            VLLMDefault, Guard(60.0), problem.config, problem.specs, num_blocks=4
+        )
+        assert by_id()["KV-PLACE-NO-BLOCK-ALIAS"].check(obs)
