@@ -266,18 +266,16 @@ class TestAllowedLayouts:
     @FAST
     @given(cs.models())
     def test_conservative_rule(self, model: Model) -> None:
-        """Multi-shape models never get LHBNC/BHLNC; mixed pages never a layer-outer layout."""
+        """Multi-shape models never get LHBNC/BHLNC; LBNHC is always allowed."""
         specs = list(model.specs.values())
         allowed = set(cs.allowed_layouts(model))
         assert allowed
         if len({_shape(s) for s in specs}) > 1:
             assert not allowed & NOT_BLOCK_COMPACT
-        if len({s.page_size_bytes for s in specs}) > 1:
-            assert not allowed & LAYER_OUTER
-        if len({s.block_stride for s in specs}) > 1:
-            assert not allowed & LAYER_OUTER
         if any(isinstance(s, CircularBufferSpec) for s in specs):
             assert allowed == {KVCacheLayout.BLHNC}
+        else:
+            assert KVCacheLayout.LBNHC in allowed
 
     @FAST
     @given(cs.models().flatmap(lambda m: st.tuples(st.just(m), cs.layouts_for(m))))
@@ -298,14 +296,19 @@ class TestAllowedLayouts:
             "LHBNC",
         ]
 
-    def test_mixed_pages_are_block_outermost(self) -> None:
-        """SPEC 3.8(c)'s mixed-page model gets only BLNHC and BLHNC."""
+    def test_mixed_pages_allow_layer_outer(self) -> None:
+        """SPEC 3.8(c)'s mixed-page model may use LB* (unification) and BL* (packing)."""
         kw: dict[str, Any] = {"block_size": 16, "head_size": 128, "dtype": "bfloat16"}
         model = {
             "l0": FullAttentionSpec(num_kv_heads=8, **kw),
             "l1": SlidingWindowSpec(num_kv_heads=4, sliding_window=1024, **kw),
         }
-        assert cs.allowed_layouts(model) == (KVCacheLayout.BLNHC, KVCacheLayout.BLHNC)
+        assert cs.allowed_layouts(model) == (
+            KVCacheLayout.LBNHC,
+            KVCacheLayout.LBHNC,
+            KVCacheLayout.BLNHC,
+            KVCacheLayout.BLHNC,
+        )
 
     def test_attention_free_allows_everything(self) -> None:
         """The attention-free model allows every layout."""
@@ -320,12 +323,12 @@ class TestAllowedLayouts:
 class TestVllmP3Alias:
     @FAST
     @given(cs.vllm_p3_alias_models())
-    def test_strides_differ_and_general_rule_refuses(self, model: Model) -> None:
-        """Alias models share one page but not one block stride, so allowed_layouts refuses LB*."""
+    def test_strides_differ_and_general_rule_allows(self, model: Model) -> None:
+        """Alias models share one page but not one block stride; the general rule allows LB*."""
         specs = list(model.specs.values())
         assert len({s.page_size_bytes for s in specs}) == 1
         assert len({s.block_stride for s in specs}) == 2
-        assert not set(cs.allowed_layouts(model)) & LAYER_OUTER
+        assert set(cs.allowed_layouts(model)) & LAYER_OUTER
 
     @FEW
     @given(cs.vllm_p3_alias_problems())
