@@ -258,7 +258,8 @@ def _grouping_input(obs: GroupingObservation) -> list[Violation] | None:
         return [
             _v(
                 "KV-GROUP-INPUT-UNCHANGED",
-                "get_kv_cache_groups changed the dict of layer specs it was given",
+                "get_kv_cache_groups added, removed or reordered layers of the dict it was "
+                "given (rewriting specs in place is allowed)",
             )
         ]
     return []
@@ -1063,7 +1064,7 @@ CATALOG: tuple[Invariant, ...] = (
     ),
     _inv(
         "KV-GROUP-INPUT-UNCHANGED",
-        "grouping does not mutate its input",
+        "grouping keeps the layer names it was given",
         "2",
         "grouping",
         _grouping_input,

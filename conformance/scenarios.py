@@ -64,7 +64,7 @@ def _group(
     specs: Mapping[str, KVCacheSpec],
 ) -> tuple[CallResult, bool]:
     given = dict(deep_copy(dict(specs)))
-    pristine = deep_copy(given)
+    names = list(given)
     result = guard.call(
         "get_kv_cache_groups",
         builder.get_kv_cache_groups,
@@ -72,7 +72,9 @@ def _group(
         given,
         validate=_groups_validator,
     )
-    return result, snapshot_differs(pristine, given)
+    # vLLM's contract lets grouping rewrite the specs in place (promotion,
+    # unification; Core hands it a merged copy), but not drop or add layers.
+    return result, snapshot_differs(names, list(given))
 
 
 def observe_grouping(

@@ -1047,11 +1047,12 @@ def models(
 
     Families: ``uniform``, ``hybrid``, ``mla``, ``mamba_hybrid``,
     ``cross_attention``, ``attention_free``, ``mixed_pages``,
-    ``circular_buffer`` (the default: all of these) and ``realistic``
-    (fixed presets, opt-in because they would dominate shrinking).  Layer names look like vLLM's
-    (``model.layers.{i}.self_attn.attn``).  Never a model that vLLM's
-    ``vllm_p3_alias`` defect applies to (see :func:`vllm_p3_alias_models`),
-    never two specs of one state kind with different pages, and never
+    ``circular_buffer``, ``aligned_hybrid`` (full and sliding-window layers of
+    one page whose backends ask for different ``block_stride_alignment``:
+    :func:`vllm_p3_alias_models`) (the default: all of these) and
+    ``realistic`` (fixed presets, opt-in because they would dominate
+    shrinking).  Layer names look like vLLM's (``model.layers.{i}.self_attn.attn``).
+    Never two specs of one state kind with different pages, and never
     hidden-state or HiSparse specs.
 
     Raises:
@@ -1062,16 +1063,18 @@ def models(
         # Presets are opt-in: a sampled preset is a shorter choice sequence
         # than any generated model, so Hypothesis would shrink counterexamples
         # towards a 62-layer preset instead of a 2-layer model.
-        families = [f for f in (*_FAMILIES, "attention_free") if f != "realistic"]
+        families = [f for f in (*_FAMILIES, "attention_free", "aligned_hybrid") if f != "realistic"]
     names = list(families)
     strategies: list[st.SearchStrategy[Model]] = []
     for name in names:
         if name == "attention_free":
             strategies.append(attention_free_models())
+        elif name == "aligned_hybrid":
+            strategies.append(_vllm_p3_alias_models())
         elif name in _FAMILIES:
             strategies.append(_FAMILIES[name](max_layers=max_layers))
         else:
-            known = ", ".join([*_FAMILIES, "attention_free"])
+            known = ", ".join([*_FAMILIES, "attention_free", "aligned_hybrid"])
             raise ValueError(f"models(families=...): unknown family {name!r} (known: {known})")
     return st.one_of(strategies)
 
@@ -1094,7 +1097,7 @@ def _vllm_p3_alias_models(draw: st.DrawFn) -> Model:
     }
     return Model(
         specs,
-        f"vLLM P3 alias demo (SPEC 6): (F, S, S) x {repeats}, page {page}, block strides "
+        f"aligned hybrid (SPEC 6 P3): (F, S, S) x {repeats}, page {page}, block strides "
         f"{stride} vs {round_up(page, local_alignment)} in layer-outer layouts",
     )
 
@@ -1105,7 +1108,8 @@ def vllm_p3_alias_models() -> st.SearchStrategy[Model]:
     Full and sliding-window layers with one page but different
     ``block_stride_alignment``, so ``round_up(page, alignment)`` differs
     across groups.  Only for demonstrating the defect: pair them with LBNHC or
-    LBHNC (:func:`vllm_p3_alias_problems`).  :func:`models` never generates them.
+    LBHNC (:func:`vllm_p3_alias_problems`); :func:`models` mixes them in as the
+    ``aligned_hybrid`` family.
     """
     return _vllm_p3_alias_models()
 
