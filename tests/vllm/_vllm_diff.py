@@ -123,10 +123,42 @@ def assert_agree(config: PlanningConfig, workers: Workers, memory: Sequence[int]
         assert ref.kind == "ok"
         assert_pp_projection_defect(vl, workers)
         return "pp-projection"
+    if mixed_layer_outer_strides(config, workers):
+        assert_common_stride_difference(config, ref, vl)
+        return "common-stride"
     assert vl.kind == ref.kind, f"kvref: {ref.error!r}\nvLLM: {vl.error!r}"
     if ref.plan is not None and vl.plan is not None:
         assert_same_plan(ref.plan, vl.plan)
     return ref.kind
+
+
+def mixed_layer_outer_strides(config: PlanningConfig, workers: Workers) -> bool:
+    """Whether the reference's global groups need its common layer-outer stride (DESIGN.md).
+
+    That is: a layer-outer layout, more than one group, and layers whose
+    ``round_up(page, alignment)`` differ.
+    """
+    if config.kv_cache_layout.is_block_outermost:
+        return False
+    merged = {n: s for w in workers for n, s in w.items()}
+    try:
+        groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(config, merged)
+    except Exception:
+        return False
+    device = [g for g in groups if not g.host_resident and g.layer_names]
+    strides = {s.block_stride for g in device for _, s in g.layer_specs()}
+    return len(device) > 1 and len(strides) > 1
+
+
+def assert_common_stride_difference(config: PlanningConfig, ref: Outcome, vl: Outcome) -> None:
+    """kvref's plan has no aliasing block IDs; vLLM's, when it has two blocks or more, has some."""
+    from conformance.memory import find_block_overlaps
+
+    if ref.plan is not None:
+        for c in ref.plan.configs:
+            assert find_block_overlaps(c, config.kv_cache_layout) == []
+    if vl.plan is not None and vl.plan.num_blocks >= 2:
+        assert any(find_block_overlaps(c, config.kv_cache_layout) for c in vl.plan.configs)
 
 
 def assert_pp_projection_defect(vl: Outcome, workers: Workers) -> None:
