@@ -227,6 +227,15 @@ class KVCacheSpec:
         """The dtype a worker reinterprets this layer's bytes as (``None``: raw bytes)."""
         return None
 
+    def _check_padding(self) -> None:
+        # vLLM asserts this when the page is read; kvref refuses the spec at once.
+        padded = self.padded_page_size
+        if padded is not None and padded < self.real_page_size_bytes:
+            raise SpecError(
+                f"{type(self).__name__}.page_size_padded={padded} is smaller than the real "
+                f"page of {self.real_page_size_bytes} bytes"
+            )
+
     def get_block_stride_alignment(self) -> int:
         """Byte alignment of this layer's block stride (SPEC 1.1)."""
         align = self.block_stride_alignment
@@ -355,14 +364,6 @@ class AttentionSpec(KVCacheSpec):
 
     def _apply_alignment(self) -> None:
         """Hook for MLA kinds' alignment padding (SPEC 1.3)."""
-
-    def _check_padding(self) -> None:
-        padded = self.page_size_padded
-        if padded is not None and padded < self.real_page_size_bytes:
-            raise SpecError(
-                f"{type(self).__name__}.page_size_padded={padded} is smaller than the real "
-                f"page of {self.real_page_size_bytes} bytes"
-            )
 
     @property
     def tokens_per_state_value(self) -> int | Fraction:
@@ -751,12 +752,7 @@ class MambaSpec(KVCacheSpec):
             )
         if not _is_int(self.tokens_per_state):
             raise SpecError(f"MambaSpec.tokens_per_state={self.tokens_per_state!r} must be an int")
-        padded = self.page_size_padded
-        if padded is not None and padded < self.real_page_size_bytes:
-            raise SpecError(
-                f"MambaSpec.page_size_padded={padded} is smaller than the state of "
-                f"{self.real_page_size_bytes} bytes"
-            )
+        self._check_padding()
 
     @property
     def tokens_per_state_value(self) -> int | Fraction:
