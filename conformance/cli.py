@@ -54,6 +54,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=10.0, help="per-call deadline, seconds")
     parser.add_argument("--max-alloc-bytes", type=int, help="cap of one device allocation")
     parser.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
+    parser.add_argument(
+        "--database",
+        default=".hypothesis/kvref-conformance",
+        help="Hypothesis example database: saved counterexamples are replayed first "
+        "(default: .hypothesis/kvref-conformance)",
+    )
+    parser.add_argument(
+        "--no-database", action="store_true", help="neither replay nor save counterexamples"
+    )
     parser.add_argument("--list", action="store_true", help="list the invariants and exit")
     return parser
 
@@ -155,6 +164,7 @@ def _run(args: argparse.Namespace) -> int:
             progress=progress,
             name=args.builder,
             shrink=not args.no_shrink,
+            database=None if args.no_database else args.database,
         )
     except ValueError as exc:
         raise _UsageError(str(exc)) from None

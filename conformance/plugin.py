@@ -26,6 +26,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kv-xfail-file", default=None, help="file of invariant ids expected to fail")
     group.addoption("--kv-unsupported", default="", help="capabilities the builder lacks")
     group.addoption("--kv-timeout", type=float, default=10.0, help="per-call deadline, seconds")
+    group.addoption(
+        "--kv-database",
+        default=None,
+        help="Hypothesis example database directory: replay and save counterexamples",
+    )
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:

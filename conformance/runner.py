@@ -18,6 +18,7 @@ import attrs
 import hypothesis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from conformance import strategies as kst
 from conformance.guard import Guard
@@ -269,6 +270,7 @@ def check_builder(
     progress: Progress | None = None,
     name: str | None = None,
     shrink: bool = True,
+    database: str | None = None,
 ) -> Report:
     """Check ``builder`` against the invariant catalog and return a :class:`Report`.
 
@@ -287,6 +289,8 @@ def check_builder(
         progress: called as ``progress(invariant_or_scenario, done, total)``.
         name: the builder's name in the report.
         shrink: shrink failures to minimal counterexamples.
+        database: directory of a Hypothesis example database: counterexamples of
+            earlier runs are replayed first and new ones are saved there.
 
     Raises:
         ValueError: an unknown profile or an unknown id in ``select``.
@@ -337,6 +341,29 @@ def check_builder(
             done_before=scenarios.index(scenario) * examples_per_scenario,
         )
 
+    store = DirectoryBasedExampleDatabase(database) if database is not None else None
+
+    def db(inv: Invariant) -> ExampleDatabase | None:
+        return _Namespaced(store, f"{label}|{inv.id}|") if store is not None else None
+
+    if store is not None and guard.hung is None:
+        # Counterexamples saved by earlier runs fail again first, whatever the seed.
+        for inv in active:
+            if inv.id in first_failure or inv.id in _CALL_IDS:
+                continue
+            replayed = _search(
+                inv,
+                inv.scenario,
+                factory,
+                guard,
+                seed,
+                database=db(inv),
+                phases=[hypothesis.Phase.reuse],
+            )
+            if replayed is not None:
+                first_failure[inv.id] = (inv.scenario, replayed)
+                stats[inv.id][0] += 1
+
     results: list[InvariantResult] = []
     for inv in catalog:
         if inv not in selected:
@@ -364,7 +391,7 @@ def check_builder(
         scenario, failing = found_in
         minimal = failing
         if shrink and guard.hung is None:
-            minimal = _shrink(inv, scenario, factory, guard, failing, seed)
+            minimal = _shrink(inv, scenario, factory, guard, failing, seed, db(inv))
         violations = tuple(inv.check(_observe(scenario, factory, guard, minimal)) or ())
         if not violations:
             minimal = failing
@@ -462,19 +489,47 @@ def _result(
     )
 
 
-def _shrink(
+class _Namespaced(ExampleDatabase):
+    """One builder's and one invariant's corner of a shared example database.
+
+    Every invariant's search runs the same test function, so Hypothesis would
+    give them one key; the prefix keeps their counterexamples apart.
+    """
+
+    def __init__(self, inner: ExampleDatabase, prefix: str) -> None:
+        super().__init__()
+        self.inner = inner
+        self.prefix = prefix.encode()
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.inner.save(self.prefix + key, value)
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        return self.inner.fetch(self.prefix + key)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.inner.delete(self.prefix + key, value)
+
+
+def _search(
     inv: Invariant,
     scenario: str,
     factory: BuilderFactory,
     guard: Guard,
-    failing: _Example,
     seed: int,
-    shrink_seconds: float = 8.0,
-) -> _Example:
-    if inv.id == "KV-CALL-TIMEOUT":
-        return failing
+    *,
+    database: ExampleDatabase | None,
+    phases: Sequence[hypothesis.Phase],
+    failing: _Example | None = None,
+    seconds: float = 8.0,
+) -> _Example | None:
+    """The smallest failing example a Hypothesis search finds (``failing`` if none).
 
-    stop_at = time.perf_counter() + shrink_seconds
+    With ``database`` set, examples saved by earlier runs are replayed first
+    and the new minimal counterexample is saved, so a failure reproduces
+    from the database as well as from the seed.
+    """
+    stop_at = time.perf_counter() + seconds
     smallest = [failing]
 
     class _StillFailsError(Exception):
@@ -483,9 +538,9 @@ def _shrink(
     @settings(
         max_examples=max(PROFILES["ci"], 50),
         deadline=None,
-        database=None,
+        database=database,
         suppress_health_check=list(HealthCheck),
-        phases=[hypothesis.Phase.generate, hypothesis.Phase.shrink],
+        phases=list(phases),
         report_multiple_bugs=False,
     )
     @hypothesis.seed(seed)
@@ -503,6 +558,26 @@ def _shrink(
     with contextlib.suppress(Exception):
         search()
     return smallest[0]
+
+
+def _shrink(
+    inv: Invariant,
+    scenario: str,
+    factory: BuilderFactory,
+    guard: Guard,
+    failing: _Example,
+    seed: int,
+    database: ExampleDatabase | None = None,
+) -> _Example:
+    if inv.id == "KV-CALL-TIMEOUT":
+        return failing
+    phases = [hypothesis.Phase.generate, hypothesis.Phase.shrink]
+    if database is not None:
+        phases.insert(0, hypothesis.Phase.reuse)
+    found = _search(
+        inv, scenario, factory, guard, seed, database=database, phases=phases, failing=failing
+    )
+    return found or failing
 
 
 def _name(builder: object) -> str:

@@ -29,6 +29,7 @@ def test_invariant(invariant: str, request: pytest.FixtureRequest) -> None:
         unsupported=[c for c in config.getoption("--kv-unsupported").split(",") if c],
         profile=config.getoption("--kv-profile"),
         name=builder_name,
+        database=config.getoption("--kv-database"),
     )
     (result,) = report.results
     if result.status == "skipped":

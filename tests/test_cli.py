@@ -127,6 +127,20 @@ class TestOutputs:
         assert "SKIP" in out and "host_resident" in out
 
 
+class TestDatabase:
+    """Counterexamples are saved to, and replayed from, the example database."""
+
+    def test_saved_and_replayed(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """A failing run saves its counterexample; a one-example run with another seed replays it."""
+        db = tmp_path / "db"
+        args = ["broken_builders:OverlappingLayers", "--select", "KV-PLACE-NO-LAYER-OVERLAP"]
+        assert main([*args, "--max-examples", "25", "--seed", "3", "--database", str(db)]) == 1
+        assert any(p.is_file() for p in db.rglob("*"))
+        assert main([*args, "--max-examples", "1", "--seed", "4", "--no-database"]) == 0
+        assert main([*args, "--max-examples", "1", "--seed", "4", "--database", str(db)]) == 1
+        capsys.readouterr()
+
+
 class TestPlugin:
     """The pytest plugin: one item per invariant, a header naming the builder."""
 
