@@ -131,7 +131,7 @@ class TestDatabase:
     """Counterexamples are saved to, and replayed from, the example database."""
 
     def test_saved_and_replayed(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-        """A failing run saves its counterexample; a one-example run with another seed replays it."""
+        """A failing run saves its counterexample; a run with another seed replays it."""
         db = tmp_path / "db"
         args = ["broken_builders:OverlappingLayers", "--select", "KV-PLACE-NO-LAYER-OVERLAP"]
         assert main([*args, "--max-examples", "25", "--seed", "3", "--database", str(db)]) == 1
