@@ -29,7 +29,7 @@ from kvref.errors import InsufficientMemoryError
 from kvref.layout import compute_layer_kv_cache_shape_bytes, compute_layout_strides
 from kvref.planning import max_memory_usage_bytes_from_groups, project_kv_cache_groups_to_worker
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
-from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs, dtype_size
+from kvref.specs import KVCacheSpec, MambaSpec, UniformTypeKVCacheSpecs, dtype_size
 
 __all__ = ["CATALOG", "Invariant", "Scenario", "by_id"]
 
@@ -221,16 +221,20 @@ def _layer_spec_kept(obs: GroupingObservation) -> list[Violation] | None:
             if given is None:
                 continue
             problems = []
-            if spec.block_size % given.block_size:
-                problems.append(
-                    f"block_size {spec.block_size} is not a multiple of the layer's "
-                    f"{given.block_size}"
-                )
+            if isinstance(given, MambaSpec):
+                # One state per request: the block size says nothing about its bytes.
+                if spec.page_size_bytes < given.page_size_bytes:
+                    problems.append(
+                        f"page {spec.page_size_bytes} B is smaller than the layer's state page "
+                        f"of {given.page_size_bytes} B"
+                    )
             elif spec.page_size_bytes * given.block_size < given.page_size_bytes * spec.block_size:
+                # Block sizes may change (unification scales them, promotion takes the
+                # full layers'), but never the bytes each token keeps.
                 problems.append(
-                    f"page {spec.page_size_bytes} B for {spec.block_size} tokens is smaller than "
-                    "the "
-                    f"layer's {given.page_size_bytes} B for {given.block_size} tokens"
+                    f"page {spec.page_size_bytes} B for {spec.block_size} tokens keeps fewer "
+                    f"bytes per token than the layer's {given.page_size_bytes} B for "
+                    f"{given.block_size} tokens"
                 )
             if spec.state_content_size_bytes != given.state_content_size_bytes or (
                 spec.num_page_heads != given.num_page_heads

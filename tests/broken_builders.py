@@ -106,25 +106,28 @@ class EmptyGroup(_Base):
         return groups
 
 
-class HalvedBlockSize(_Base):
-    """Halves every group's block size (and page): the layers lose half their tokens."""
+class DroppedHeads(_Base):
+    """Halves the KV heads of every plain attention group: the layers lose half their cache."""
 
     CAUGHT_BY = "KV-GROUP-LAYER-SPEC"
 
     def get_kv_cache_groups(
         self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
     ) -> Groups:
+        from kvref import AttentionSpec
+
         groups = super().get_kv_cache_groups(config, kv_cache_spec)
         out = []
         for g in groups:
             spec = g.kv_cache_spec
             if (
-                isinstance(spec, KVCacheSpec)
-                and spec.block_size % 2 == 0
-                and getattr(spec, "page_size_padded", None) is None
-                and not hasattr(spec, "shapes")
+                isinstance(spec, AttentionSpec)
+                and spec.num_kv_heads % 2 == 0
+                and spec.num_head_slots is None
+                and spec.page_size_padded is None
+                and getattr(spec, "alignment", None) is None
             ):
-                spec = attrs.evolve(spec, block_size=spec.block_size // 2)
+                spec = attrs.evolve(spec, num_kv_heads=spec.num_kv_heads // 2)
             out.append(attrs.evolve(g, kv_cache_spec=spec))
         return out
 
@@ -601,7 +604,7 @@ ALL: tuple[type[_Base], ...] = (
     DuplicatedLayer,
     RepeatedInGroup,
     EmptyGroup,
-    HalvedBlockSize,
+    DroppedHeads,
     Stateful,
     MutatesInput,
     RaisesOnValidInput,
