@@ -164,3 +164,18 @@ class TestPlugin:
             ["*kvref-conformance: builder=kvref:ReferenceKVCacheConfigBuilder*"]
         )
         result.assert_outcomes(passed=2)
+
+
+class TestDocs:
+    """The generated catalog page is up to date."""
+
+    def test_invariants_page_current(self) -> None:
+        """docs/invariants.md equals what docs/gen_invariants.py renders from the code."""
+        import importlib.util
+
+        root = Path(__file__).resolve().parents[1]
+        spec = importlib.util.spec_from_file_location("gen", root / "docs" / "gen_invariants.py")
+        assert spec is not None and spec.loader is not None
+        gen = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(gen)
+        assert (root / "docs" / "invariants.md").read_text() == gen.render()
