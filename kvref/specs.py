@@ -35,6 +35,8 @@ __all__ = [
     "MLAAttentionSpec",
     "MambaSpec",
     "MultipleOf",
+    "RSWASpec",
+    "SinkFullAttentionSpec",
     "SlidingWindowMLASpec",
     "SlidingWindowSpec",
     "UniformTypeKVCacheSpecs",
@@ -471,6 +473,42 @@ class FullAttentionSpec(AttentionSpec):
             attention_chunk_size=chunk,
             non_causal=any(s.non_causal for s in full),
         )
+
+
+@attrs.frozen(kw_only=True)
+class SinkFullAttentionSpec(FullAttentionSpec):
+    """Full attention with attention-sink tokens (vLLM ``SinkFullAttentionSpec``).
+
+    Planned as full attention; ``sink_len`` is taken from the first spec of a
+    merge and not compared, as in vLLM.
+    """
+
+    kind: ClassVar[str] = "sink_full_attention"
+
+    sink_len: int | None = attrs.field(default=None, validator=_optional_positive)
+
+
+@attrs.frozen(kw_only=True)
+class RSWASpec(FullAttentionSpec):
+    """Full-attention allocation for a restricted sliding window (vLLM ``RSWASpec``)."""
+
+    kind: ClassVar[str] = "rswa"
+
+    rswa_window: int = attrs.field(validator=_positive)
+
+    @classmethod
+    def merge(cls, specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
+        """The full-attention merge, and every ``rswa_window`` equal.
+
+        Raises:
+            IncompatibleSpecsError: the full-attention rule fails or the windows differ.
+        """
+        windows = {getattr(s, "rswa_window", None) for s in specs}
+        if len(windows) > 1:
+            raise IncompatibleSpecsError(
+                f"cannot merge RSWA specs with different rswa_window values {windows}"
+            )
+        return super().merge(specs)
 
 
 def _mla_alignment(spec: AttentionSpec, alignment: int | None) -> None:

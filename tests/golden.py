@@ -36,6 +36,8 @@ from kvref.specs import (
     MambaSpec,
     MLAAttentionSpec,
     MultipleOf,
+    RSWASpec,
+    SinkFullAttentionSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
@@ -65,6 +67,10 @@ SPEC_KINDS: Mapping[str, type[KVCacheSpec]] = {
     "cross_attention": CrossAttentionSpec,
     "encoder_only": EncoderOnlyAttentionSpec,
     "circular_buffer": CircularBufferSpec,
+    "sink_full_attention": SinkFullAttentionSpec,
+    "rswa": RSWASpec,
+    "SinkFullAttentionSpec": SinkFullAttentionSpec,
+    "RSWASpec": RSWASpec,
     "FullAttentionSpec": FullAttentionSpec,
     "SlidingWindowSpec": SlidingWindowSpec,
     "ChunkedLocalAttentionSpec": ChunkedLocalAttentionSpec,
@@ -76,18 +82,9 @@ SPEC_KINDS: Mapping[str, type[KVCacheSpec]] = {
     "CircularBufferSpec": CircularBufferSpec,
 }
 
-#: Golden kinds kvref deliberately does not implement (SPEC 8: RSWA/sink as
-#: formulas only, hidden-state specs optional).
-UNSUPPORTED_KINDS: frozenset[str] = frozenset(
-    {
-        "sink_full_attention",
-        "rswa",
-        "hidden_state",
-        "SinkFullAttentionSpec",
-        "RSWASpec",
-        "HiddenStateCacheSpec",
-    }
-)
+#: Golden kinds kvref deliberately does not implement (SPEC 8: hidden-state
+#: specs are optional).
+UNSUPPORTED_KINDS: frozenset[str] = frozenset({"hidden_state", "HiddenStateCacheSpec"})
 
 #: README "Input" defaults, used only when no ``.out.json`` is available.
 _CONFIG_DEFAULTS: Mapping[str, Any] = {

@@ -466,7 +466,7 @@ class TestLoader:
         assert config.auto_fit_max_model_len
         assert config.max_model_len == 65536
 
-    @pytest.mark.parametrize("kind", ["sink_full_attention", "rswa", "hidden_state"])
+    @pytest.mark.parametrize("kind", ["hidden_state"])
     def test_unimplemented_kinds_are_unsupported(self, kind: str) -> None:
         """Kinds kvref omits raise ``UnsupportedGoldenError`` (the tests skip them)."""
         raw = {

@@ -451,3 +451,31 @@ class TestUniformType:
         wrapper = UniformTypeKVCacheSpecs(kv_cache_specs=layers)
         layers["b"] = full()
         assert list(wrapper.kv_cache_specs) == ["a"]
+
+
+class TestFullAttentionVariants:
+    """Sink and RSWA specs plan as full attention (SPEC 1.3)."""
+
+    def test_sink_merges_with_full(self) -> None:
+        """A sink layer and a plain full layer of one geometry form one uniform group."""
+        from kvref import FullAttentionSpec, PlanningConfig, ReferenceKVCacheConfigBuilder
+        from kvref.specs import SinkFullAttentionSpec
+
+        kw = {"block_size": 16, "num_kv_heads": 8, "head_size": 64, "dtype": "bfloat16"}
+        specs = {"a": SinkFullAttentionSpec(sink_len=4, **kw), "b": FullAttentionSpec(**kw)}
+        groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(PlanningConfig(), specs)
+        assert [g.layer_names for g in groups] == [("a", "b")]
+        assert groups[0].kv_cache_spec.page_size_bytes == 16 * 8 * 128 * 2
+
+    def test_rswa_windows_must_match(self) -> None:
+        """RSWA specs with different rswa_window do not merge; equal ones do."""
+        import pytest
+
+        from kvref.errors import IncompatibleSpecsError
+        from kvref.specs import RSWASpec
+
+        kw = {"block_size": 16, "num_kv_heads": 8, "head_size": 64, "dtype": "bfloat16"}
+        a, b = RSWASpec(rswa_window=128, **kw), RSWASpec(rswa_window=256, **kw)
+        assert RSWASpec.merge([a, a]) == a
+        with pytest.raises(IncompatibleSpecsError, match="rswa_window"):
+            RSWASpec.merge([a, b])

@@ -60,6 +60,8 @@ from kvref.specs import (
     MambaSpec,
     MLAAttentionSpec,
     MultipleOf,
+    RSWASpec,
+    SinkFullAttentionSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
@@ -206,6 +208,8 @@ _KVREF_KINDS: dict[str, type[KVCacheSpec]] = {
         MambaSpec,
         CrossAttentionSpec,
         EncoderOnlyAttentionSpec,
+        SinkFullAttentionSpec,
+        RSWASpec,
     )
 }
 

@@ -37,6 +37,8 @@ from kvref import (
     MLAAttentionSpec,
     PlanningConfig,
     ReferenceKVCacheConfigBuilder,
+    RSWASpec,
+    SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
 
@@ -216,6 +218,36 @@ CATALOG: dict[str, Callable[[], Case]] = {
         4 * GIB,
     ),
     "attention-free": lambda: ({}, 1, {}, GIB),
+    "sink-and-swa": lambda: (
+        _layers(
+            "SK",
+            {
+                "S": _swa(),
+                "K": SinkFullAttentionSpec(
+                    block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sink_len=4
+                ),
+            },
+            6,
+        ),
+        1,
+        {},
+        4 * GIB,
+    ),
+    "rswa": lambda: (
+        _layers(
+            "RF",
+            {
+                "R": RSWASpec(
+                    block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", rswa_window=512
+                ),
+                "F": _full(),
+            },
+            4,
+        ),
+        1,
+        {},
+        4 * GIB,
+    ),
 }
 
 
