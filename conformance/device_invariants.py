@@ -9,6 +9,7 @@ cap) makes the example inconclusive instead of passing it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from conformance.device import DEVICE_CHECKS, check_device
@@ -29,7 +30,7 @@ def _config(obs: Any) -> KVCacheConfig | None:
     return None
 
 
-def _make(invariant: str, device: str, cap: int | None) -> Any:
+def _make(invariant: str, device: str, cap: int | None, notes: dict[str, str]) -> Any:
     def check(obs: Any) -> list[Violation] | None:
         config = _config(obs)
         if config is None or not config.kv_cache_tensors:
@@ -43,14 +44,25 @@ def _make(invariant: str, device: str, cap: int | None) -> Any:
             return None
         if result.violations:
             return list(result.violations)
-        return [] if result.measured else None
+        if not result.measured:
+            notes[invariant] = "; ".join(result.notes) or f"not measurable on {device}"
+            return None
+        return []
 
     return check
+
+
+def _explainer(invariant: str, notes: dict[str, str]) -> Callable[[], str | None]:
+    def explain() -> str | None:
+        return notes.get(invariant)
+
+    return explain
 
 
 def invariants(device: str, max_alloc_bytes: int | None) -> list[Invariant]:
     """The device invariants for ``device``, allocations capped at ``max_alloc_bytes``."""
     out = []
+    notes: dict[str, str] = {}
     for invariant, (title, spec, _fn) in DEVICE_CHECKS.items():
         host = invariant == "KV-DEV-HOST"
         out.append(
@@ -59,8 +71,9 @@ def invariants(device: str, max_alloc_bytes: int | None) -> list[Invariant]:
                 title=title,
                 spec=spec,
                 scenario="host" if host else "device",
-                check=_make(invariant, device, max_alloc_bytes),
+                check=_make(invariant, device, max_alloc_bytes, notes),
                 requires=frozenset({"host_resident"}) if host else frozenset(),
+                why_unmeasured=_explainer(invariant, notes),
             )
         )
     return out

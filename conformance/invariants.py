@@ -48,6 +48,7 @@ class Invariant:
         scenario: which observation it reads.
         check: the pure check.
         requires: capabilities the builder must declare for it to apply.
+        why_unmeasured: says why the last inconclusive example was not judged.
     """
 
     id: str
@@ -56,6 +57,8 @@ class Invariant:
     scenario: Scenario
     check: Check
     requires: frozenset[str] = frozenset()
+    #: Why the last inconclusive example could not be judged (device checks).
+    why_unmeasured: Callable[[], str | None] | None = None
 
 
 def _v(invariant: str, message: str, **where: Any) -> Violation:

@@ -386,6 +386,9 @@ def check_builder(
                 )
             else:
                 status, reason = ("xpass" if expected else "pass"), None
+            explain = inv.why_unmeasured() if inv.why_unmeasured is not None else None
+            if status == "not-checked" and explain:
+                reason = f"not measured on {device} in {inconclusive} examples: {explain}"
             results.append(_result(inv, status, checked, inconclusive, reason=reason))
             continue
         scenario, failing = found_in
