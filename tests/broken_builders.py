@@ -599,6 +599,28 @@ class StatefulPlacement(_Base):
         return attrs.evolve(result, prefix_cache_retention_interval=self.calls)
 
 
+class SwappedLayers(_Placement):
+    """Swaps the last layers of two same-shaped tensors of different groups."""
+
+    CAUGHT_BY = "KV-PLACE-TENSOR-ONE-SPEC"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        owner = {n: i for i, g in enumerate(result.kv_cache_groups) for n in g.layer_names}
+        tensors = list(result.kv_cache_tensors)
+        shape = {
+            i: (t.size, t.layer_stride, t.block_stride, t.offset, len(t.layers), t.host_resident)
+            for i, t in enumerate(tensors)
+        }
+        for i in range(len(tensors)):
+            for j in range(i + 1, len(tensors)):
+                a, b = tensors[i], tensors[j]
+                if shape[i] == shape[j] and owner.get(a.layers[-1]) != owner.get(b.layers[-1]):
+                    tensors[i] = attrs.evolve(a, layers=[*a.layers[:-1], b.layers[-1]])
+                    tensors[j] = attrs.evolve(b, layers=[*b.layers[:-1], a.layers[-1]])
+                    return _with_tensors(result, tensors)
+        return result
+
+
 ALL: tuple[type[_Base], ...] = (
     DroppedLayer,
     DuplicatedLayer,
@@ -634,4 +656,5 @@ ALL: tuple[type[_Base], ...] = (
     HalfUsedBlocks,
     MutatesGroupList,
     StatefulPlacement,
+    SwappedLayers,
 )
