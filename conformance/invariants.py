@@ -671,6 +671,38 @@ def _block_stride(obs: PlacementObservation) -> list[Violation] | None:
     return out[:3]
 
 
+def _alignment(obs: PlacementObservation) -> list[Violation] | None:
+    configs = _honest_configs(obs)
+    if configs is None:
+        return None
+    out: list[Violation] = []
+    for n, c in sorted(configs.items()):
+        owner = _group_of(c.kv_cache_groups)
+        for i, t in enumerate(c.device_tensors):
+            for name in t.layers:
+                group = owner.get(name)
+                if group is None or not _has_spec(c.kv_cache_groups[group], name):
+                    continue
+                spec = c.kv_cache_groups[group].layer_spec(name)
+                alignment = spec.get_block_stride_alignment()
+                # Backends ask for block strides in multiples of this (SPEC 1.1,
+                # 4.1, 6 P8/P9); in block-outermost layouts only the block is aligned.
+                if alignment > 1 and t.block_stride % alignment:
+                    out.append(
+                        _v(
+                            "KV-PLACE-ALIGNMENT",
+                            f"at {n} blocks tensor {i} steps {t.block_stride} bytes per block, "
+                            f"not a multiple of the layer's block_stride_alignment of "
+                            f"{alignment} bytes",
+                            layer=name,
+                        )
+                    )
+                    break
+        if out:
+            break
+    return out[:3]
+
+
 def _placement_input(obs: PlacementObservation) -> list[Violation] | None:
     if obs.mutated:
         return [
@@ -1194,6 +1226,13 @@ CATALOG: tuple[Invariant, ...] = (
         "1.9, 6 P8",
         "placement",
         _block_stride,
+    ),
+    _inv(
+        "KV-PLACE-ALIGNMENT",
+        "block strides honour every layer's block_stride_alignment",
+        "1.1, 4.1, 6 P8-P9",
+        "placement",
+        _alignment,
     ),
     _inv(
         "KV-PLACE-INPUT-UNCHANGED",

@@ -621,6 +621,33 @@ class SwappedLayers(_Placement):
         return result
 
 
+class IgnoresAlignment(_Base):
+    """Places every layer as if no backend asked for a block-stride alignment."""
+
+    CAUGHT_BY = "KV-PLACE-ALIGNMENT"
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        from kvref import UniformTypeKVCacheSpecs
+
+        def strip(spec: KVCacheSpec) -> KVCacheSpec:
+            return attrs.evolve(spec, block_stride_alignment=None)
+
+        plain = []
+        for g in kv_cache_groups:
+            spec = g.kv_cache_spec
+            if isinstance(spec, UniformTypeKVCacheSpecs):
+                spec = UniformTypeKVCacheSpecs(
+                    kv_cache_specs={n: strip(s) for n, s in spec.kv_cache_specs.items()}
+                )
+            else:
+                spec = strip(spec)
+            plain.append(attrs.evolve(g, kv_cache_spec=spec))
+        result = super().get_kv_cache_config_from_groups(config, plain, num_blocks)
+        return attrs.evolve(result, kv_cache_groups=list(kv_cache_groups))
+
+
 ALL: tuple[type[_Base], ...] = (
     DroppedLayer,
     DuplicatedLayer,
@@ -657,4 +684,5 @@ ALL: tuple[type[_Base], ...] = (
     MutatesGroupList,
     StatefulPlacement,
     SwappedLayers,
+    IgnoresAlignment,
 )
