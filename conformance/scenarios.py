@@ -289,6 +289,16 @@ class _Checked(KVCacheConfigBuilder):
             raise _ContractBrokenError("absurd backing size")
         if total % max(num_blocks, 1):
             raise _ContractBrokenError("backing not a whole number of blocks")
+        if num_blocks != 1:
+            # Core's arithmetic assumes size(n) == n * size(1) (SPEC 2 #3-4).
+            try:
+                one = self.inner.get_kv_cache_config_from_groups(config, list(given), 1)
+            except Exception as exc:
+                raise _ContractBrokenError(f"placement raised {exc!r}") from exc
+            if _config_validator(one) is not None or total != num_blocks * sum(
+                {t.size for t in one.device_tensors}
+            ):
+                raise _ContractBrokenError("backing size not linear in num_blocks")
         return result
 
     def _get_pool_bytes_per_block(
