@@ -38,7 +38,7 @@ from kvref.specs import KVCacheSpec
 __all__ = ["PROFILES", "InvariantResult", "Report", "check_builder", "select_invariants"]
 
 #: Examples per scenario for each profile.
-PROFILES: dict[str, int] = {"ci": 25, "thorough": 400}
+PROFILES: dict[str, int] = {"ci": 50, "thorough": 500}
 
 _CALL_IDS = ("KV-CALL-RAISES", "KV-CALL-RETURN-TYPE", "KV-CALL-TIMEOUT")
 _SCENARIOS = ("grouping", "placement", "host", "core", "device")
