@@ -6,22 +6,27 @@ from collections.abc import Sequence
 
 from kvref._math import lcm_all, round_up
 from kvref.records import KVCacheGroupSpec
-from kvref.specs import UniformTypeKVCacheSpecs, iter_layer_specs
+from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
 
-__all__ = ["absurd_size", "size_bound"]
+__all__ = ["absurd_size", "named_layer_specs", "size_bound"]
+
+
+def named_layer_specs(group: KVCacheGroupSpec) -> list[tuple[str, KVCacheSpec]]:
+    """``(name, per-layer spec)`` of the group's layers that have one.
+
+    Unlike :meth:`KVCacheGroupSpec.layer_specs` it never raises: a wrapper
+    that lacks a named layer is a builder bug that ``KV-GROUP-WRAPPER``
+    reports, and the other checks skip that layer.
+    """
+    spec = group.kv_cache_spec
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        return [(n, spec.kv_cache_specs[n]) for n in group.layer_names if n in spec.kv_cache_specs]
+    return [(n, spec) for n in group.layer_names]
 
 
 def size_bound(groups: Sequence[KVCacheGroupSpec]) -> int:
     """Bytes per block if every device layer had its own aligned pages (no aliasing)."""
-    specs = []
-    for g in groups:
-        if g.host_resident:
-            continue
-        spec = g.kv_cache_spec
-        if isinstance(spec, UniformTypeKVCacheSpecs):
-            specs += [spec.kv_cache_specs[n] for n in g.layer_names if n in spec.kv_cache_specs]
-        else:
-            specs += list(iter_layer_specs(spec)) * len(g.layer_names)
+    specs = [s for g in groups if not g.host_resident for _, s in named_layer_specs(g)]
     alignment = lcm_all(s.get_block_stride_alignment() for s in specs)
     return sum(round_up(s.page_size_bytes, alignment) for s in specs)
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import attrs
 
 from conformance import memory
-from conformance.bounds import absurd_size, size_bound
+from conformance.bounds import absurd_size, named_layer_specs, size_bound
 from conformance.guard import CallResult
 from conformance.observations import (
     CoreObservation,
@@ -29,7 +29,7 @@ from kvref.errors import InsufficientMemoryError
 from kvref.layout import compute_layer_kv_cache_shape_bytes, compute_layout_strides
 from kvref.planning import max_memory_usage_bytes_from_groups, project_kv_cache_groups_to_worker
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
-from kvref.specs import KVCacheSpec, MambaSpec, UniformTypeKVCacheSpecs, dtype_size
+from kvref.specs import MambaSpec, UniformTypeKVCacheSpecs, dtype_size
 
 __all__ = ["CATALOG", "Invariant", "Scenario", "by_id"]
 
@@ -166,13 +166,6 @@ def _nonempty(obs: GroupingObservation) -> list[Violation] | None:
     ]
 
 
-def _group_layer_specs(group: KVCacheGroupSpec) -> list[tuple[str, KVCacheSpec]]:
-    spec = group.kv_cache_spec
-    if isinstance(spec, UniformTypeKVCacheSpecs):
-        return [(n, spec.kv_cache_specs[n]) for n in group.layer_names if n in spec.kv_cache_specs]
-    return [(n, spec) for n in group.layer_names]
-
-
 def _wrapper(obs: GroupingObservation) -> list[Violation] | None:
     groups = _groups(obs.first)
     if groups is None:
@@ -202,7 +195,7 @@ def _one_block_size(obs: GroupingObservation) -> list[Violation] | None:
         return None
     out = []
     for i, g in enumerate(groups):
-        sizes = sorted({s.block_size for _, s in _group_layer_specs(g)})
+        sizes = sorted({s.block_size for _, s in named_layer_specs(g)})
         if len(sizes) > 1:
             out.append(
                 _v(
@@ -219,7 +212,7 @@ def _layer_spec_kept(obs: GroupingObservation) -> list[Violation] | None:
         return None
     out = []
     for i, g in enumerate(groups):
-        for name, spec in _group_layer_specs(g):
+        for name, spec in named_layer_specs(g):
             given = obs.specs.get(name)
             if given is None:
                 continue
@@ -849,12 +842,8 @@ def memory_host_layout() -> Any:
 # -- Core flow ----------------------------------------------------------------------
 
 
-def _plan_or_none(obs: CoreObservation) -> Any:
-    return obs.plan
-
-
 def _worker_layers(obs: CoreObservation) -> list[Violation] | None:
-    plan = _plan_or_none(obs)
+    plan = obs.plan
     if plan is None:
         return None
     out = []
@@ -884,7 +873,7 @@ def _worker_layers(obs: CoreObservation) -> list[Violation] | None:
 
 
 def _same_blocks(obs: CoreObservation) -> list[Violation] | None:
-    plan = _plan_or_none(obs)
+    plan = obs.plan
     if plan is None:
         return None
     counts = [c.num_blocks for c in plan.configs]
@@ -905,7 +894,7 @@ def _bpb(config: KVCacheConfig) -> int:
 
 
 def _core_memory(obs: CoreObservation) -> list[Violation] | None:
-    plan = _plan_or_none(obs)
+    plan = obs.plan
     if plan is None or obs.config.num_gpu_blocks_override is not None:
         return None if plan is None else []
     out = []
@@ -923,7 +912,7 @@ def _core_memory(obs: CoreObservation) -> list[Violation] | None:
 
 
 def _core_slack(obs: CoreObservation) -> list[Violation] | None:
-    plan = _plan_or_none(obs)
+    plan = obs.plan
     if plan is None or obs.config.num_gpu_blocks_override is not None:
         return None if plan is None else []
     bpbs = [_bpb(c) for c in plan.configs]
@@ -945,7 +934,7 @@ def _core_slack(obs: CoreObservation) -> list[Violation] | None:
 
 def _core_override(obs: CoreObservation) -> list[Violation] | None:
     override = obs.config.num_gpu_blocks_override
-    plan = _plan_or_none(obs)
+    plan = obs.plan
     if override is None:
         return []
     if plan is None:
@@ -962,7 +951,7 @@ def _core_override(obs: CoreObservation) -> list[Violation] | None:
 
 
 def _core_admission(obs: CoreObservation) -> list[Violation] | None:
-    plan = _plan_or_none(obs)
+    plan = obs.plan
     if plan is None:
         return None
     if not plan.global_groups:

@@ -125,14 +125,12 @@ class CoreObservation:
         workers: one ``{layer: spec}`` dict per worker.
         available_memory: bytes per worker.
         result: the flow's outcome: a :class:`~kvref.planning.KVCachePlan` or an error.
-        core: which Core ran the flow (``"kvref"`` or ``"vllm"``).
     """
 
     config: PlanningConfig
     workers: tuple[Mapping[str, KVCacheSpec], ...]
     available_memory: tuple[int, ...]
     result: CallResult
-    core: str = "kvref"
 
     @property
     def plan(self) -> KVCachePlan | None:
