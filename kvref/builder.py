@@ -11,8 +11,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 
-from kvref.config import PlanningConfig
+from kvref.config import PlanningConfig, SupportsKVCacheGrouping
+from kvref.errors import ConfigError, GroupingError
 from kvref.grouping import get_kv_cache_groups
+from kvref.partition import check_exact_partition, check_wrapped_layers
 from kvref.placement import get_kv_cache_config_from_groups
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
@@ -61,8 +63,44 @@ class ReferenceKVCacheConfigBuilder(KVCacheConfigBuilder):
     def get_kv_cache_groups(
         self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
     ) -> list[KVCacheGroupSpec]:
-        """Default grouping (SPEC 3); the caller's mapping is not mutated."""
-        return get_kv_cache_groups(config, kv_cache_spec)
+        """The model's declared grouping if it has one, else the default grouping.
+
+        A model-declared grouping (``config.model_kv_cache_grouping``, vLLM's
+        ``SupportsKVCacheGrouping``) gets a copy of the specs and its result
+        must partition the layers, as Core checks; the caller's mapping is
+        never mutated.
+
+        Raises:
+            ConfigError: a model-declared grouping is combined with HiSparse,
+                which owns its own grouping (vLLM: ``ValueError``).
+            PartitionError: the declared groups do not partition the layers.
+            GroupingError: the declared grouping returned something that is not
+                a list of groups; or the default grouping fails (see
+                :func:`kvref.grouping.get_kv_cache_groups`).
+        """
+        hook = config.model_kv_cache_grouping
+        if hook is None:
+            return get_kv_cache_groups(config, kv_cache_spec)
+        if config.hisparse is not None:
+            raise ConfigError(
+                f"PlanningConfig.model_kv_cache_grouping={hook!r} cannot be combined with "
+                "HiSparse (PlanningConfig.hisparse), which owns its own KV cache grouping; "
+                "remove one of them"
+            )
+        specs = dict(kv_cache_spec)
+        if isinstance(hook, SupportsKVCacheGrouping):
+            groups = hook.get_kv_cache_groups(config, specs)
+        else:
+            groups = hook(config, specs)
+        if not isinstance(groups, (list, tuple)):
+            raise GroupingError(
+                f"PlanningConfig.model_kv_cache_grouping={hook!r} returned {groups!r}, "
+                "not a list of KVCacheGroupSpec"
+            )
+        groups = list(groups)
+        check_exact_partition(groups, list(kv_cache_spec))
+        check_wrapped_layers(groups)
+        return groups
 
     def get_kv_cache_config_from_groups(
         self,

@@ -7,34 +7,42 @@ place in vLLM, works on evolved copies here.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
 
 from kvref.errors import ConfigError
 from kvref.layout import KVCacheLayout
 
-__all__ = ["PlanningConfig"]
+if TYPE_CHECKING:
+    from kvref.records import KVCacheGroupSpec
+    from kvref.specs import KVCacheSpec
+
+__all__ = [
+    "GroupingHook",
+    "HiSparseConfig",
+    "PlanningConfig",
+    "SupportsKVCacheGrouping",
+]
 
 _MAMBA_CACHE_MODES = ("none", "align", "all")
 
 
-def _int_check(minimum: int, *, optional: bool = False) -> Any:
+def _int_check(minimum: int, *, optional: bool = False, owner: str = "PlanningConfig") -> Any:
     def check(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
         if optional and value is None:
             return
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             kind = "an int" if not optional else "an int or None"
-            raise ConfigError(
-                f"PlanningConfig.{attribute.name}={value!r} must be {kind} >= {minimum}"
-            )
+            raise ConfigError(f"{owner}.{attribute.name}={value!r} must be {kind} >= {minimum}")
 
     return check
 
 
 def _bool(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, bool):
-        raise ConfigError(f"PlanningConfig.{attribute.name}={value!r} must be a bool")
+        raise ConfigError(f"{type(inst).__name__}.{attribute.name}={value!r} must be a bool")
 
 
 def _mamba_mode(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -59,6 +67,97 @@ def _layout(value: object) -> KVCacheLayout:
     if isinstance(value, (KVCacheLayout, str)):
         return KVCacheLayout.parse(value)
     raise ConfigError(f"PlanningConfig.kv_cache_layout={value!r} must be a KVCacheLayout or name")
+
+
+@runtime_checkable
+class SupportsKVCacheGrouping(Protocol):
+    """A model that owns its KV cache grouping (vLLM ``SupportsKVCacheGrouping``).
+
+    vLLM asks the model class for ``get_kv_cache_groups(vllm_config, specs)``;
+    kvref passes the :class:`PlanningConfig` in place of the ``VllmConfig``.
+    """
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: dict[str, KVCacheSpec]
+    ) -> list[KVCacheGroupSpec]:
+        """Split the model's layers into KV cache groups."""
+        ...
+
+
+#: A model-declared grouping: a :class:`SupportsKVCacheGrouping` object, or a
+#: plain callable with the same arguments.
+GroupingHook = (
+    SupportsKVCacheGrouping
+    | Callable[["PlanningConfig", dict[str, "KVCacheSpec"]], list["KVCacheGroupSpec"]]
+)
+
+
+def _grouping_hook(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None or isinstance(value, SupportsKVCacheGrouping) or callable(value):
+        return
+    raise ConfigError(
+        f"PlanningConfig.{attribute.name}={value!r} must be None, a callable "
+        "(config, specs) -> groups, or an object with get_kv_cache_groups(config, specs)"
+    )
+
+
+def _builder_qualname(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None:
+        return
+    # Imported here: resolution imports the builder, which imports this module.
+    from kvref.resolution import resolve_builder_class
+
+    resolve_builder_class(value, f"PlanningConfig.{attribute.name}")
+
+
+@attrs.frozen(kw_only=True)
+class HiSparseConfig:
+    """HiSparse sparse-MLA offloading, as planning sees it (vLLM ``hisparse_config``).
+
+    Its presence turns HiSparse on; the host pool it keeps the sparse-MLA
+    source layers in is :attr:`PlanningConfig.host_pool_bytes` (vLLM's
+    ``host_pool_gib`` of the ``HiSparseConnector``, in bytes).
+
+    Attributes:
+        device_buffer_size: hot-buffer rows per request (``None``: one top-k per
+            decode query plus one top-k of slack).
+        index_topk: the model's ``index_topk``, used for source layers whose
+            ``topk_buffer_width`` is ``None``.
+        max_decode_query_len: vLLM's ``max_decode_query_len`` (1, or
+            ``1 + num_speculative_tokens`` with speculative decoding).
+        shared_host_pool: local TP ranks share one host mmap (vLLM
+            ``use_shared_hisparse_host_pool``); host blocks are then rounded
+            up to :attr:`host_block_alignment` bytes.
+        host_block_alignment: the shared pool's block alignment (vLLM's
+            ``SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT``, the host page size).
+    """
+
+    device_buffer_size: int | None = attrs.field(
+        default=None, validator=_int_check(1, optional=True, owner="HiSparseConfig")
+    )
+    index_topk: int | None = attrs.field(
+        default=None, validator=_int_check(1, optional=True, owner="HiSparseConfig")
+    )
+    max_decode_query_len: int = attrs.field(
+        default=1, validator=_int_check(1, owner="HiSparseConfig")
+    )
+    shared_host_pool: bool = attrs.field(default=False, validator=_bool)
+    host_block_alignment: int = attrs.field(
+        default=4096, validator=_int_check(1, owner="HiSparseConfig")
+    )
+
+
+def _hisparse(value: object) -> HiSparseConfig | None:
+    if value is None or isinstance(value, HiSparseConfig):
+        return value
+    if isinstance(value, Mapping):
+        try:
+            return HiSparseConfig(**value)
+        except TypeError as exc:
+            raise ConfigError(f"PlanningConfig.hisparse={dict(value)!r}: {exc}") from None
+    raise ConfigError(
+        f"PlanningConfig.hisparse={value!r} must be None, a HiSparseConfig or a dict of its fields"
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -86,7 +185,17 @@ class PlanningConfig:
             retain ``max(0, n - 1)`` extra tokens (SPEC 5.1).
         eagle_block_drop: mark groups holding draft layers as EAGLE groups.
         host_resident_layers: layers to keep in a host-resident group.
-        host_pool_bytes: bytes of the host pool that backs host-resident groups.
+        host_pool_bytes: bytes of the host pool that backs host-resident groups
+            (HiSparse's ``host_pool_gib`` in bytes).
+        hisparse: HiSparse sparse-MLA offloading, or ``None`` (off).
+        platform_builder_cls: qualname (``module.Class`` or ``module:Class``) of the
+            builder the platform selects (vLLM ``get_kv_cache_config_builder_cls``);
+            checked at construction.
+        model_builder_cls: qualname of a builder the model declares; used when the
+            platform names none (see :func:`kvref.get_kv_cache_config_builder`).
+        model_kv_cache_grouping: a model-declared grouping (vLLM
+            ``SupportsKVCacheGrouping``) the reference builder uses instead of
+            its own grouping.
     """
 
     max_model_len: int = attrs.field(default=8192, validator=_int_check(1))
@@ -113,6 +222,12 @@ class PlanningConfig:
     eagle_block_drop: bool = attrs.field(default=False, validator=_bool)
     host_resident_layers: frozenset[str] = attrs.field(default=frozenset(), converter=_layers)
     host_pool_bytes: int | None = attrs.field(default=None, validator=_int_check(0, optional=True))
+    hisparse: HiSparseConfig | None = attrs.field(default=None, converter=_hisparse)
+    platform_builder_cls: str | None = attrs.field(default=None, validator=_builder_qualname)
+    model_builder_cls: str | None = attrs.field(default=None, validator=_builder_qualname)
+    model_kv_cache_grouping: GroupingHook | None = attrs.field(
+        default=None, validator=_grouping_hook
+    )
 
     @property
     def concurrent_batches(self) -> int:

@@ -5,9 +5,10 @@ projects them onto each worker, turns profiled memory into a block count
 (override, null block, auto-fit, admission check) and makes every worker
 agree on the smallest count.
 
-A builder may be given as an instance or as a class: with a class, every
-phase gets a fresh instance, as vLLM does (SPEC 2), so a stateful builder
-shows its bugs here too.
+A builder may be given as an instance, as a class, or as ``None``: with a
+class every phase gets a fresh instance, and with ``None`` a fresh instance
+of the builder the config selects (:mod:`kvref.resolution`), as vLLM does
+(SPEC 2), so a stateful builder shows its bugs here too.
 
 Deliberate differences from vLLM 0.33.0 (DESIGN.md): a projected uniform-type
 group with no layers on a worker stays empty (no tensors), a worker holding no
@@ -33,7 +34,9 @@ from kvref.errors import (
     SpecError,
     WorkerSpecMismatchError,
 )
+from kvref.partition import check_exact_partition, check_spec_registry, check_wrapped_layers
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
+from kvref.resolution import get_kv_cache_config_builder
 from kvref.specs import (
     AttentionSpec,
     KVCacheSpec,
@@ -46,6 +49,7 @@ __all__ = [
     "KVCachePlan",
     "WorkerPlan",
     "check_exact_partition",
+    "fresh_builder",
     "get_global_kv_cache_groups",
     "get_kv_cache_configs",
     "max_memory_usage_bytes_from_groups",
@@ -54,13 +58,22 @@ __all__ = [
     "project_kv_cache_groups_to_worker",
 ]
 
-#: A builder instance, or a builder class instantiated afresh for every phase.
-BuilderLike = KVCacheConfigBuilder | type[KVCacheConfigBuilder]
+#: A builder instance, a builder class instantiated afresh for every phase,
+#: or ``None``: the builder the config selects, resolved afresh for every phase.
+BuilderLike = KVCacheConfigBuilder | type[KVCacheConfigBuilder] | None
 
 _GIB = 2**30
 
 
-def _fresh(builder: BuilderLike) -> KVCacheConfigBuilder:
+def fresh_builder(builder: BuilderLike, config: PlanningConfig) -> KVCacheConfigBuilder:
+    """The builder for one phase: a new instance of a class, resolved from ``config`` for ``None``.
+
+    Raises:
+        BuilderResolutionError: ``builder`` is ``None`` and the config's
+            builder qualname does not resolve (see :mod:`kvref.resolution`).
+    """
+    if builder is None:
+        return get_kv_cache_config_builder(config)
     if isinstance(builder, type):
         return builder()
     return builder
@@ -106,30 +119,6 @@ class KVCachePlan:
     num_blocks: int
 
 
-def check_exact_partition(
-    groups: Sequence[KVCacheGroupSpec], layer_names: Sequence[str] | set[str]
-) -> None:
-    """Check that ``groups`` hold every name of ``layer_names`` exactly once, and nothing else.
-
-    Raises:
-        PartitionError: a layer is missing, repeated, or unknown.
-    """
-    expected = set(layer_names)
-    seen: dict[str, int] = {}
-    for index, group in enumerate(groups):
-        if not isinstance(group, KVCacheGroupSpec):
-            raise PartitionError(f"group {index} is {group!r}, not a KVCacheGroupSpec")
-        for name in group.layer_names:
-            if name in seen:
-                raise PartitionError(f"layer {name!r} is in group {seen[name]} and group {index}")
-            if name not in expected:
-                raise PartitionError(f"group {index} names layer {name!r}, which no worker has")
-            seen[name] = index
-    missing = [n for n in layer_names if n not in seen]
-    if missing:
-        raise PartitionError(f"groups miss layers {missing[:8]} ({len(missing)} in all)")
-
-
 def _merge_workers(
     kv_cache_specs: Sequence[Mapping[str, KVCacheSpec]],
 ) -> dict[str, KVCacheSpec]:
@@ -163,15 +152,6 @@ def _merge_workers(
     return merged
 
 
-def _check_registry(specs: Mapping[str, KVCacheSpec]) -> None:
-    for name, spec in specs.items():
-        if not type(spec).registered:
-            raise SpecError(
-                f"unsupported KV cache spec type for layer {name!r}: {type(spec).__name__} is "
-                "not registered for planning (vLLM adds such layers after planning)"
-            )
-
-
 def get_global_kv_cache_groups(
     builder: BuilderLike,
     config: PlanningConfig,
@@ -188,7 +168,7 @@ def get_global_kv_cache_groups(
         PartitionError: the builder's groups do not partition the layers.
     """
     merged = _merge_workers(kv_cache_specs)
-    _check_registry(merged)
+    check_spec_registry(merged)
     extra = config.extra_retained_tokens
     tagged: dict[str, KVCacheSpec] = {
         name: (
@@ -198,16 +178,9 @@ def get_global_kv_cache_groups(
         )
         for name, spec in merged.items()
     }
-    groups = list(_fresh(builder).get_kv_cache_groups(config, dict(tagged)))
+    groups = list(fresh_builder(builder, config).get_kv_cache_groups(config, dict(tagged)))
     check_exact_partition(groups, list(tagged))
-    for index, group in enumerate(groups):
-        wrapper = group.kv_cache_spec
-        if isinstance(wrapper, UniformTypeKVCacheSpecs):
-            lacking = [n for n in group.layer_names if n not in wrapper.kv_cache_specs]
-            if lacking:
-                raise PartitionError(
-                    f"group {index}'s UniformTypeKVCacheSpecs has no spec for layers {lacking[:4]}"
-                )
+    check_wrapped_layers(groups)
     if config.eagle_block_drop:
         groups = [
             attrs.evolve(g, is_eagle_group=any(merged[n].is_draft for n in g.layer_names))
@@ -366,7 +339,8 @@ def plan_kv_cache(
     """Run Core's whole flow and return the configs with the figures behind them (SPEC 5).
 
     Args:
-        builder: a builder instance, or a class to instantiate for every phase.
+        builder: a builder instance, a class to instantiate for every phase, or
+            ``None`` for the builder the config selects (fresh for every phase).
         config: the planning config; auto-fit works on copies of it.
         kv_cache_specs: one ``{layer name: spec}`` dict per worker (not mutated).
         available_memory: bytes for the KV cache, one int for all workers or one per worker.
@@ -384,7 +358,7 @@ def plan_kv_cache(
     else:
         _merge_workers(kv_cache_specs)
     groups_global = list(global_groups)
-    worker_builder = _fresh(builder)
+    worker_builder = fresh_builder(builder, config)
     projected = [project_kv_cache_groups_to_worker(groups_global, w) for w in kv_cache_specs]
     for index, (groups, specs) in enumerate(zip(projected, kv_cache_specs, strict=True)):
         placed = sum(len(g.layer_names) for g in groups)
