@@ -1,0 +1,220 @@
+"""A real vLLM 0.33.0 ``VllmConfig`` that plans as a :class:`~kvref.config.PlanningConfig`.
+
+The ``VllmConfig`` is constructed offline, over a throw-away local model
+directory, once per PP size and scheduling mode; the planning figures are
+then set on copies (see :func:`to_vllm_config`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import functools
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Hashable
+from typing import Any, cast
+
+from kvref.config import PlanningConfig
+from kvref.errors import UnsupportedError
+from kvref.interop.vllm_convert import quiet_vllm as _quiet_vllm
+from kvref.interop.vllm_convert import vllm_modules
+
+__all__ = ["to_vllm_config"]
+
+
+# A tiny Llama config: planning never looks at the model, but ModelConfig
+# needs a loadable one.  max_position_embeddings is large so that any
+# max_model_len kvref plans for is below the derived length.
+_TINY_MODEL = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 1 << 24,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float16",
+    "tie_word_embeddings": False,
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _model_dir() -> str:
+    path = tempfile.mkdtemp(prefix="kvref_vllm_model_")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(_TINY_MODEL, f)
+    return path
+
+
+@functools.lru_cache(maxsize=32)
+def _skeleton(pipeline_parallel_size: int, async_scheduling: bool) -> Any:
+    """A constructed ``VllmConfig`` (slow: a few hundred ms) for one PP size and scheduling mode.
+
+    Only what ``VllmConfig.__post_init__`` validates or derives from is
+    given to the constructors; the planning figures are set on copies.
+    """
+    vc = vllm_modules().config_module
+    base_len = 4096
+    with _quiet_vllm():
+        model_config = vc.ModelConfig(
+            model=_model_dir(), skip_tokenizer_init=True, max_model_len=base_len, dtype="float16"
+        )
+        scheduler_config = vc.SchedulerConfig(
+            max_model_len=base_len,
+            is_encoder_decoder=False,
+            max_num_batched_tokens=2048,
+            async_scheduling=async_scheduling,
+        )
+        # Without GPUs, PP > 1 needs the executor named, or vLLM tries to
+        # pick one from the device count.
+        parallel_config = vc.ParallelConfig(
+            pipeline_parallel_size=pipeline_parallel_size,
+            distributed_executor_backend="mp" if pipeline_parallel_size > 1 else None,
+        )
+        return vc.VllmConfig(
+            model_config=model_config,
+            cache_config=vc.CacheConfig(block_size=16),
+            scheduler_config=scheduler_config,
+            parallel_config=parallel_config,
+            # The platform is "unspecified" on a machine without an accelerator.
+            device_config=vc.DeviceConfig(device="cpu"),
+        )
+
+
+class _EagleBlockDrop:
+    """The one question planning asks a speculative config: is the EAGLE block drop on?"""
+
+    method = "eagle"
+
+    def use_eagle_block_drop(self) -> bool:
+        return True
+
+    def use_eagle(self) -> bool:
+        return True
+
+    def use_multi_module_mtp(self) -> bool:
+        return False
+
+
+@functools.lru_cache(maxsize=8)
+def _pinned_class(base: Any) -> type[Any]:
+    """A subclass of ``base`` (``VllmConfig``) whose derived planning figures can be pinned.
+
+    ``max_concurrent_batches``, ``num_prefill_lookahead_tokens`` and
+    ``speculative_config`` are derived by vLLM from the engine setup (model
+    runner, speculative method); kvref takes them as plain numbers, so an
+    instance may carry pinned values in ``__dict__`` that these properties return.
+    """
+
+    def pinned(name: str, inherited: Any) -> property:
+        def get(self: Any) -> Any:
+            value = self.__dict__.get(name)
+            return value if value is not None else inherited(self)
+
+        return property(get)
+
+    def spec_config(self: Any) -> Any:
+        if self.__dict__.get("_kvref_eagle_block_drop"):
+            return _EagleBlockDrop()
+        return self.__dict__.get("speculative_config")
+
+    def set_spec_config(self: Any, value: Any) -> None:
+        self.__dict__["speculative_config"] = value
+
+    namespace = {
+        "__doc__": "VllmConfig with planning figures pinned by kvref.",
+        "max_concurrent_batches": pinned(
+            "_kvref_concurrent_batches", base.max_concurrent_batches.fget
+        ),
+        "num_prefill_lookahead_tokens": pinned(
+            "_kvref_lookahead", base.num_prefill_lookahead_tokens.fget
+        ),
+        "speculative_config": property(spec_config, set_spec_config),
+    }
+    return type("KVRefPinnedVllmConfig", (base,), namespace)
+
+
+@functools.lru_cache(maxsize=256)
+def _template(config: PlanningConfig) -> Any:
+    if config.host_resident_layers:
+        raise UnsupportedError(
+            "host_resident_layers has no vLLM counterpart outside HiSparse; "
+            "the vLLM adapter cannot express host-resident groups"
+        )
+    vcfg = copy.deepcopy(_skeleton(config.pipeline_parallel_size, config.async_scheduling))
+    model, cache, sched, par = (
+        vcfg.model_config,
+        vcfg.cache_config,
+        vcfg.scheduler_config,
+        vcfg.parallel_config,
+    )
+    model.max_model_len = config.max_model_len
+    # Core auto-fits when the user asked for max_model_len=-1; kvref's
+    # max_model_len is then the upper bound, as vLLM's derived length is.
+    model.original_max_model_len = -1 if config.auto_fit_max_model_len else config.max_model_len
+    sched.max_model_len = config.max_model_len
+    sched.max_num_batched_tokens = config.max_num_batched_tokens
+    sched.max_num_encoder_input_tokens = config.encoder_input_tokens
+    # Set after construction: on a CPU vLLM forces the hybrid manager off,
+    # and refuses an explicit False at construction.
+    sched.disable_hybrid_kv_cache_manager = config.disable_hybrid_kv_cache_manager
+    cache.num_gpu_blocks_override = config.num_gpu_blocks_override
+    cache.kv_cache_layout = config.kv_cache_layout.name
+    cache.mamba_cache_mode = config.mamba_cache_mode
+    cache.prefix_cache_retention_interval = config.prefix_cache_retention_interval
+    # Planning reads only these numbers; constructing a TP/DCP engine on a
+    # CPU is neither possible nor needed.
+    par.tensor_parallel_size = config.tensor_parallel_size
+    par.decode_context_parallel_size = config.decode_context_parallel_size
+
+    pins: dict[str, Any] = {}
+    if vcfg.max_concurrent_batches != config.concurrent_batches:
+        pins["_kvref_concurrent_batches"] = config.concurrent_batches
+    if vcfg.num_prefill_lookahead_tokens != config.num_prefill_lookahead_tokens:
+        pins["_kvref_lookahead"] = config.num_prefill_lookahead_tokens
+    if config.eagle_block_drop:
+        pins["_kvref_eagle_block_drop"] = True
+    if pins:
+        # Pin every figure once the class is swapped: vLLM derives them from
+        # each other (the model runner choice reads the speculative config),
+        # and the stub speculative config answers only planning's question.
+        pins["_kvref_concurrent_batches"] = config.concurrent_batches
+        pins["_kvref_lookahead"] = config.num_prefill_lookahead_tokens
+        vcfg.__class__ = _pinned_class(cast(Hashable, type(vcfg)))
+        vcfg.__dict__.update(pins)
+    if vcfg.max_in_flight_tokens != config.max_in_flight_tokens:  # pragma: no cover - a bug here
+        raise UnsupportedError(
+            f"vLLM's max_in_flight_tokens={vcfg.max_in_flight_tokens} differs from kvref's "
+            f"{config.max_in_flight_tokens}"
+        )
+    return vcfg
+
+
+def to_vllm_config(config: PlanningConfig) -> Any:
+    """A fresh ``VllmConfig`` that plans as ``config`` does.
+
+    Constructing a ``VllmConfig`` takes a noticeable fraction of a second, so
+    one is built per PP size and scheduling mode, configured once per
+    distinct ``config`` (both cached), and handed out as a deep copy
+    (about a millisecond): vLLM's Core mutates ``max_model_len`` and
+    ``num_gpu_blocks_override`` while it plans, which must not leak into the cache.
+
+    The copy has the layout resolved to ``config.kv_cache_layout``,
+    ``original_max_model_len = -1`` for auto-fit, and
+    ``max_in_flight_tokens``, the prefill lookahead and the EAGLE block drop
+    equal to kvref's (pinned where vLLM would derive another value).
+
+    Raises:
+        VLLMUnavailableError: vLLM cannot be imported.
+        UnsupportedError: ``config`` asks for something vLLM cannot express
+            (host-resident layers).
+    """
+    vllm_modules()
+    return copy.deepcopy(_template(config))

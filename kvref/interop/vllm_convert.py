@@ -1,0 +1,460 @@
+"""Convert kvref specs and records to and from vLLM 0.33.0's (the lazy vLLM import lives here).
+
+vLLM is imported lazily, on the first call that needs it, so kvref and the
+kit keep working where vLLM is not installed; the calls that need it then
+raise :class:`VLLMUnavailableError` saying how to install it.
+
+What converts, both ways, field by field (vLLM's dataclasses and kvref's
+attrs classes share field names; enums are matched by member name):
+
+- per-layer specs of every kvref kind (:mod:`kvref.specs`) and
+  :class:`~kvref.specs.UniformTypeKVCacheSpecs`;
+- :class:`~kvref.records.KVCacheGroupSpec`, :class:`~kvref.records.KVCacheTensor`
+  and :class:`~kvref.records.KVCacheConfig`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from kvref.errors import KVRefError, UnsupportedError
+from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+from kvref.specs import (
+    ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
+    CrossAttentionSpec,
+    EncoderOnlyAttentionSpec,
+    FullAttentionSpec,
+    GroupKVCacheSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    MultipleOf,
+    RSWASpec,
+    SinkFullAttentionSpec,
+    SlidingWindowMLASpec,
+    SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
+)
+
+__all__ = [
+    "INSTALL_HINT",
+    "VLLM_VERSION",
+    "VLLMOutputError",
+    "VLLMUnavailableError",
+    "config_from_vllm",
+    "config_to_vllm",
+    "group_from_vllm",
+    "group_to_vllm",
+    "groups_from_vllm",
+    "groups_to_vllm",
+    "is_vllm_available",
+    "layer_spec_from_vllm",
+    "quiet_vllm",
+    "spec_from_vllm",
+    "spec_to_vllm",
+    "specs_to_vllm",
+    "vllm_modules",
+]
+
+#: The vLLM release these conversions are written against.
+VLLM_VERSION = "0.33.0"
+
+#: How to get a vLLM this module can use.
+INSTALL_HINT = (
+    f"vLLM {VLLM_VERSION} is needed: run `tox -e vllm`, or install it on a CPU machine with "
+    "`scripts/install-vllm-cpu.sh` (torch==2.13.0, vllm --no-deps and the deps listed in "
+    "requirements/vllm-cpu.txt); see docs/vllm.md"
+)
+
+
+class VLLMUnavailableError(UnsupportedError):
+    """vLLM cannot be imported; the message says how to install it."""
+
+
+class VLLMOutputError(RuntimeError):
+    """What vLLM returned cannot be expressed as kvref records.
+
+    Deliberately not a :class:`~kvref.errors.KVRefError` (nor a
+    ``ValueError``): it reports a broken result, not an input that vLLM
+    refused with a clear error, so the conformance kit must not take it for
+    a typed refusal.
+    """
+
+
+# ---------------------------------------------------------------------------
+# lazy import
+
+
+@attrs.frozen
+class _VLLM:
+    """The vLLM modules and types the conversions use."""
+
+    kvi: Any
+    kvp: Any
+    builder_module: Any
+    config_module: Any
+    multiple_of: Any
+    version: str
+
+
+@functools.lru_cache(maxsize=1)
+def vllm_modules() -> _VLLM:
+    """Import the parts of vLLM that planning needs (once; importing vLLM takes seconds).
+
+    Raises:
+        VLLMUnavailableError: vLLM (or one of its dependencies) cannot be imported.
+    """
+    # A machine without network must not try to reach the Hugging Face hub.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    try:
+        modules = {
+            name: importlib.import_module(name)
+            for name in (
+                "vllm",
+                "vllm.config",
+                "vllm.v1.core.kv_cache_config_builder",
+                "vllm.v1.core.kv_cache_planning",
+                "vllm.v1.kv_cache_interface",
+                "vllm.v1.attention.backend",
+            )
+        }
+    except ImportError as exc:
+        raise VLLMUnavailableError(f"cannot import vLLM ({exc}). {INSTALL_HINT}") from exc
+    vllm = modules["vllm"]
+    kvi = modules["vllm.v1.kv_cache_interface"]
+    kvp = modules["vllm.v1.core.kv_cache_planning"]
+    builder_module = modules["vllm.v1.core.kv_cache_config_builder"]
+    config_module = modules["vllm.config"]
+    VMultipleOf = modules["vllm.v1.attention.backend"].MultipleOf  # noqa: N806 - a class
+    version = str(getattr(vllm, "__version__", "unknown"))
+    return _VLLM(
+        kvi=kvi,
+        kvp=kvp,
+        builder_module=builder_module,
+        config_module=config_module,
+        multiple_of=VMultipleOf,
+        version=version,
+    )
+
+
+def is_vllm_available() -> bool:
+    """Whether :func:`vllm_modules` can import vLLM."""
+    try:
+        vllm_modules()
+    except VLLMUnavailableError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def quiet_vllm() -> Iterator[None]:
+    """Keep vLLM's logger at ERROR for the duration of the block."""
+    # vLLM logs every padding layer, override and auto-fit at INFO; a kit run
+    # makes thousands of planning calls, so keep only its errors.
+    logger = logging.getLogger("vllm")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+# ---------------------------------------------------------------------------
+# specs
+
+_KVREF_KINDS: dict[str, type[KVCacheSpec]] = {
+    cls.__name__: cls
+    for cls in (
+        FullAttentionSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+        SlidingWindowMLASpec,
+        ChunkedLocalAttentionSpec,
+        CircularBufferSpec,
+        MambaSpec,
+        CrossAttentionSpec,
+        EncoderOnlyAttentionSpec,
+        SinkFullAttentionSpec,
+        RSWASpec,
+    )
+}
+
+# Fields whose values are enums in vLLM and member names in kvref.
+_ENUM_FIELDS = {
+    "kv_quant_mode": ("kvi", "KVQuantMode"),
+    "cache_role": ("kvi", "SparseCacheRole"),
+    "mamba_type": ("registry", "MambaAttentionBackendEnum"),
+}
+
+
+def _enum_type(field: str) -> Any:
+    where, name = _ENUM_FIELDS[field]
+    if where == "kvi":
+        return getattr(vllm_modules().kvi, name)
+    registry = importlib.import_module("vllm.v1.attention.backends.registry")
+    return getattr(registry, name)
+
+
+def _value_to_vllm(field: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if field in _ENUM_FIELDS:
+        enum = _enum_type(field)
+        try:
+            return enum[value]
+        except KeyError:
+            raise UnsupportedError(
+                f"{field}={value!r} is not a member of vLLM's {enum.__name__}"
+            ) from None
+    if field == "block_stride_alignment" and isinstance(value, MultipleOf):
+        return vllm_modules().multiple_of(value.n)
+    return value
+
+
+def _value_from_vllm(field: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if field in _ENUM_FIELDS:
+        return value.name
+    if field == "block_stride_alignment" and isinstance(value, vllm_modules().multiple_of):
+        return MultipleOf(value.base)
+    if field in ("shapes", "dtypes"):
+        return tuple(tuple(v) if isinstance(v, (list, tuple)) else v for v in value)
+    return value
+
+
+# Conversions are pure, and a kit run converts the same few specs thousands
+# of times.  ``is_draft`` is left out of equality and hashing on both sides,
+# so it is part of the key.
+_TO_VLLM_CACHE: dict[tuple[KVCacheSpec, bool], Any] = {}
+_FROM_VLLM_CACHE: dict[tuple[Any, bool], KVCacheSpec] = {}
+_CACHE_LIMIT = 4096
+
+
+def spec_to_vllm(spec: GroupKVCacheSpec) -> Any:
+    """The vLLM spec equal to a kvref spec (per-layer or uniform-type wrapper).
+
+    Raises:
+        UnsupportedError: the spec's class or a field value has no vLLM counterpart.
+    """
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        layers = {name: spec_to_vllm(s) for name, s in spec.kv_cache_specs.items()}
+        return vllm_modules().kvi.UniformTypeKVCacheSpecs(
+            block_size=spec.block_size, kv_cache_specs=layers
+        )
+    key = (spec, spec.is_draft)
+    cached = _TO_VLLM_CACHE.get(key)
+    if cached is not None:
+        return cached
+    cls = type(spec)
+    if _KVREF_KINDS.get(cls.__name__) is not cls:
+        raise UnsupportedError(f"kvref spec class {cls.__qualname__} has no vLLM counterpart")
+    vcls = getattr(vllm_modules().kvi, cls.__name__)
+    vfields = {f.name for f in dataclasses.fields(vcls) if f.init}
+    kwargs: dict[str, Any] = {}
+    for field in attrs.fields(cls):
+        if field.name not in vfields:
+            raise UnsupportedError(f"vLLM's {vcls.__name__} has no field {field.name!r}")
+        kwargs[field.name] = _value_to_vllm(field.name, getattr(spec, field.name))
+    try:
+        converted = vcls(**kwargs)
+    except (ValueError, AssertionError, TypeError) as exc:
+        raise UnsupportedError(f"vLLM refuses {spec!r}: {exc}") from exc
+    if len(_TO_VLLM_CACHE) < _CACHE_LIMIT:
+        _TO_VLLM_CACHE[key] = converted
+    return converted
+
+
+def specs_to_vllm(specs: Mapping[str, KVCacheSpec]) -> dict[str, Any]:
+    """``{layer: vLLM spec}`` for a ``{layer: kvref spec}`` mapping (a new dict, in order)."""
+    return {name: spec_to_vllm(spec) for name, spec in specs.items()}
+
+
+def spec_from_vllm(spec: Any) -> GroupKVCacheSpec:
+    """The kvref spec equal to a vLLM spec (per-layer or ``UniformTypeKVCacheSpecs``).
+
+    Raises:
+        VLLMOutputError: the spec is of a vLLM class kvref does not model
+            (HiSparse, sink, RSWA, hidden-state...) or carries a field kvref lacks.
+    """
+    kvi = vllm_modules().kvi
+    if isinstance(spec, kvi.UniformTypeKVCacheSpecs):
+        layers = {name: spec_from_vllm(s) for name, s in spec.kv_cache_specs.items()}
+        try:
+            return UniformTypeKVCacheSpecs(kv_cache_specs=layers)
+        except KVRefError as exc:
+            raise VLLMOutputError(f"cannot convert {spec!r}: {exc}") from exc
+    try:
+        key = (spec, bool(getattr(spec, "is_draft", False)))
+        cached = _FROM_VLLM_CACHE.get(key)
+    except TypeError:  # an unhashable field: convert without the cache
+        key, cached = None, None
+    if cached is not None:
+        return cached
+    cls = _KVREF_KINDS.get(type(spec).__name__)
+    if cls is None or type(spec) is not getattr(kvi, type(spec).__name__, None):
+        raise VLLMOutputError(
+            f"vLLM spec class {type(spec).__qualname__} has no kvref counterpart: {spec!r:.200}"
+        )
+    names = {f.name for f in attrs.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for field in dataclasses.fields(spec):
+        value = getattr(spec, field.name)
+        if field.name in names:
+            kwargs[field.name] = _value_from_vllm(field.name, value)
+        elif field.init and value != field.default:
+            raise VLLMOutputError(
+                f"{type(spec).__name__}.{field.name}={value!r} has no kvref counterpart"
+            )
+    try:
+        converted = cls(**kwargs)
+    except (KVRefError, TypeError) as exc:
+        raise VLLMOutputError(f"cannot convert {spec!r:.200} to kvref: {exc}") from exc
+    if key is not None and len(_FROM_VLLM_CACHE) < _CACHE_LIMIT:
+        _FROM_VLLM_CACHE[key] = converted
+    return converted
+
+
+def layer_spec_from_vllm(spec: Any) -> KVCacheSpec:
+    """The kvref per-layer spec equal to a vLLM per-layer spec.
+
+    Raises:
+        VLLMOutputError: ``spec`` is a ``UniformTypeKVCacheSpecs`` or does not convert.
+    """
+    converted = spec_from_vllm(spec)
+    if not isinstance(converted, KVCacheSpec):
+        raise VLLMOutputError(f"expected a per-layer spec, got {spec!r:.200}")
+    return converted
+
+
+# ---------------------------------------------------------------------------
+# records
+
+
+def group_to_vllm(group: KVCacheGroupSpec) -> Any:
+    """The vLLM ``KVCacheGroupSpec`` for a kvref group."""
+    kvi = vllm_modules().kvi
+    try:
+        role = kvi.KVCacheGroupRole[group.role]
+    except KeyError:
+        raise UnsupportedError(f"group role {group.role!r} is not one of vLLM's") from None
+    return kvi.KVCacheGroupSpec(
+        layer_names=list(group.layer_names),
+        kv_cache_spec=spec_to_vllm(group.kv_cache_spec),
+        is_eagle_group=group.is_eagle_group,
+        host_resident=group.host_resident,
+        enable_kv_transfer=group.enable_kv_transfer,
+        role=role,
+    )
+
+
+def groups_to_vllm(groups: Sequence[KVCacheGroupSpec]) -> list[Any]:
+    """The vLLM groups for kvref groups, in order."""
+    return [group_to_vllm(g) for g in groups]
+
+
+def group_from_vllm(group: Any) -> KVCacheGroupSpec:
+    """The kvref group for a vLLM ``KVCacheGroupSpec``.
+
+    Raises:
+        VLLMOutputError: ``group`` is not a vLLM group or does not convert.
+    """
+    kvi = vllm_modules().kvi
+    if not isinstance(group, kvi.KVCacheGroupSpec):
+        raise VLLMOutputError(f"{group!r:.200} is not a vLLM KVCacheGroupSpec")
+    role = getattr(group.role, "name", group.role)
+    try:
+        return KVCacheGroupSpec(
+            layer_names=list(group.layer_names),
+            kv_cache_spec=spec_from_vllm(group.kv_cache_spec),
+            is_eagle_group=bool(group.is_eagle_group),
+            host_resident=bool(group.host_resident),
+            enable_kv_transfer=bool(group.enable_kv_transfer),
+            role=str(role),
+        )
+    except KVRefError as exc:
+        raise VLLMOutputError(f"cannot convert group {group!r:.200}: {exc}") from exc
+
+
+def groups_from_vllm(groups: Any) -> list[KVCacheGroupSpec]:
+    """The kvref groups for a list of vLLM groups, in order.
+
+    Raises:
+        VLLMOutputError: ``groups`` is not a list of vLLM groups.
+    """
+    if not isinstance(groups, list):
+        raise VLLMOutputError(f"expected a list of KVCacheGroupSpec, got {groups!r:.200}")
+    return [group_from_vllm(g) for g in groups]
+
+
+def config_to_vllm(config: KVCacheConfig) -> Any:
+    """The vLLM ``KVCacheConfig`` for a kvref config."""
+    kvi = vllm_modules().kvi
+    tensors = [
+        kvi.KVCacheTensor(
+            size=t.size,
+            layers=list(t.layers),
+            layer_stride=t.layer_stride,
+            block_stride=t.block_stride,
+            offset=t.offset,
+            host_resident=t.host_resident,
+        )
+        for t in config.kv_cache_tensors
+    ]
+    layout = config.kv_cache_layout
+    return kvi.KVCacheConfig(
+        num_blocks=config.num_blocks,
+        kv_cache_tensors=tensors,
+        kv_cache_groups=groups_to_vllm(config.kv_cache_groups),
+        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
+        kv_cache_layout=layout.name if layout is not None else None,
+        hisparse_host_num_blocks=config.host_num_blocks,
+        kv_tp_replicas=config.kv_tp_replicas,
+    )
+
+
+def config_from_vllm(config: Any) -> KVCacheConfig:
+    """The kvref config for a vLLM ``KVCacheConfig``.
+
+    Raises:
+        VLLMOutputError: ``config`` is not a vLLM config, or a figure in it is
+            not one kvref accepts (a negative stride, a non-int size...).
+    """
+    kvi = vllm_modules().kvi
+    if not isinstance(config, kvi.KVCacheConfig):
+        raise VLLMOutputError(f"{config!r:.200} is not a vLLM KVCacheConfig")
+    try:
+        tensors = [
+            KVCacheTensor(
+                size=t.size,
+                layers=list(t.layers),
+                layer_stride=t.layer_stride,
+                block_stride=t.block_stride,
+                offset=t.offset,
+                host_resident=bool(t.host_resident),
+            )
+            for t in config.kv_cache_tensors
+        ]
+        return KVCacheConfig(
+            num_blocks=config.num_blocks,
+            kv_cache_tensors=tensors,
+            kv_cache_groups=groups_from_vllm(list(config.kv_cache_groups)),
+            prefix_cache_retention_interval=config.prefix_cache_retention_interval or 0,
+            kv_cache_layout=config.kv_cache_layout,
+            host_num_blocks=config.hisparse_host_num_blocks,
+            kv_tp_replicas=config.kv_tp_replicas,
+        )
+    except (KVRefError, AttributeError, TypeError) as exc:
+        raise VLLMOutputError(f"cannot convert {config!r:.300} to kvref: {exc}") from exc
