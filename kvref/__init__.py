@@ -1,57 +1,150 @@
 """kvref: a reference implementation of vLLM 0.33.0's KV cache planning.
 
 The public API: spec kinds, records, :class:`KVCacheLayout`,
-:class:`PlanningConfig`, the builder interface and the reference builder,
-Core's planning flow and on-device allocation.
+:class:`PlanningConfig`, the typed errors, the builder interface and the
+reference builder, Core's planning flow and on-device allocation.
+
+Every name is imported on first use (PEP 562): ``import kvref`` costs
+milliseconds and never imports torch, which only allocation needs (and a
+spec built from a dtype *name*, which must resolve it to a torch dtype).
 """
 
-from kvref.allocation import KVCacheAllocation, allocate_kv_cache
-from kvref.builder import KVCacheConfigBuilder, ReferenceKVCacheConfigBuilder
-from kvref.config import PlanningConfig
-from kvref.errors import (
-    ConfigError,
-    ConflictingWindowError,
-    GroupingError,
-    IncompatibleSpecsError,
-    InsufficientMemoryError,
-    KVRefError,
-    LayoutError,
-    PageSizeUnificationError,
-    PartitionError,
-    PlacementError,
-    PlanningError,
-    SpecError,
-    UnsupportedError,
-    WorkerSpecMismatchError,
-)
-from kvref.layout import KVCacheLayout, compute_layer_kv_cache_shape_bytes, compute_layout_strides
-from kvref.planning import (
-    KVCachePlan,
-    WorkerPlan,
-    get_global_kv_cache_groups,
-    get_kv_cache_configs,
-    plan_kv_cache,
-)
-from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
-from kvref.specs import (
-    AttentionSpec,
-    ChunkedLocalAttentionSpec,
-    CircularBufferSpec,
-    CrossAttentionSpec,
-    EncoderOnlyAttentionSpec,
-    FullAttentionSpec,
-    KVCacheSpec,
-    MambaSpec,
-    MLAAttentionSpec,
-    MultipleOf,
-    RSWASpec,
-    SinkFullAttentionSpec,
-    SlidingWindowMLASpec,
-    SlidingWindowSpec,
-    UniformTypeKVCacheSpecs,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvref.allocation import (
+        KVCacheAllocation,
+        allocate_backings,
+        allocate_kv_cache,
+        resolve_layout,
+    )
+    from kvref.axes import DEFAULT_LAYOUT_PREFERENCE, HOST_LAYOUT, KVCacheLayout
+    from kvref.builder import KVCacheConfigBuilder, ReferenceKVCacheConfigBuilder
+    from kvref.config import PlanningConfig
+    from kvref.errors import (
+        ConfigError,
+        ConflictingWindowError,
+        GroupingError,
+        IncompatibleSpecsError,
+        InsufficientMemoryError,
+        KVRefError,
+        LayoutError,
+        PageSizeUnificationError,
+        PartitionError,
+        PlacementError,
+        PlanningError,
+        SpecError,
+        UnsupportedError,
+        WorkerSpecMismatchError,
+    )
+    from kvref.layout import compute_layer_kv_cache_shape_bytes, compute_layout_strides
+    from kvref.placement import get_kv_cache_config_from_groups
+    from kvref.planning import (
+        KVCachePlan,
+        WorkerPlan,
+        get_global_kv_cache_groups,
+        get_kv_cache_configs,
+        plan_kv_cache,
+        project_kv_cache_groups_to_worker,
+    )
+    from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+    from kvref.specs import (
+        AttentionSpec,
+        ChunkedLocalAttentionSpec,
+        CircularBufferSpec,
+        CrossAttentionSpec,
+        EncoderOnlyAttentionSpec,
+        FullAttentionSpec,
+        KVCacheSpec,
+        MambaSpec,
+        MemoryInputs,
+        MLAAttentionSpec,
+        MultipleOf,
+        RSWASpec,
+        SinkFullAttentionSpec,
+        SlidingWindowMLASpec,
+        SlidingWindowSpec,
+        UniformTypeKVCacheSpecs,
+    )
 
 __version__ = "0.1.0"
+
+#: The public names, by home module.  tests/test_imports.py checks that this map,
+#: ``__all__`` and the ``TYPE_CHECKING`` imports above name the same things.
+_HOMES: dict[str, tuple[str, ...]] = {
+    "kvref.allocation": (
+        "KVCacheAllocation",
+        "allocate_backings",
+        "allocate_kv_cache",
+        "resolve_layout",
+    ),
+    "kvref.axes": (
+        "DEFAULT_LAYOUT_PREFERENCE",
+        "HOST_LAYOUT",
+        "KVCacheLayout",
+    ),
+    "kvref.builder": (
+        "KVCacheConfigBuilder",
+        "ReferenceKVCacheConfigBuilder",
+    ),
+    "kvref.config": ("PlanningConfig",),
+    "kvref.errors": (
+        "ConfigError",
+        "ConflictingWindowError",
+        "GroupingError",
+        "IncompatibleSpecsError",
+        "InsufficientMemoryError",
+        "KVRefError",
+        "LayoutError",
+        "PageSizeUnificationError",
+        "PartitionError",
+        "PlacementError",
+        "PlanningError",
+        "SpecError",
+        "UnsupportedError",
+        "WorkerSpecMismatchError",
+    ),
+    "kvref.layout": (
+        "compute_layer_kv_cache_shape_bytes",
+        "compute_layout_strides",
+    ),
+    "kvref.placement": ("get_kv_cache_config_from_groups",),
+    "kvref.planning": (
+        "KVCachePlan",
+        "WorkerPlan",
+        "get_global_kv_cache_groups",
+        "get_kv_cache_configs",
+        "plan_kv_cache",
+        "project_kv_cache_groups_to_worker",
+    ),
+    "kvref.records": (
+        "KVCacheConfig",
+        "KVCacheGroupSpec",
+        "KVCacheTensor",
+    ),
+    "kvref.specs": (
+        "AttentionSpec",
+        "ChunkedLocalAttentionSpec",
+        "CircularBufferSpec",
+        "CrossAttentionSpec",
+        "EncoderOnlyAttentionSpec",
+        "FullAttentionSpec",
+        "KVCacheSpec",
+        "MambaSpec",
+        "MemoryInputs",
+        "MLAAttentionSpec",
+        "MultipleOf",
+        "RSWASpec",
+        "SinkFullAttentionSpec",
+        "SlidingWindowMLASpec",
+        "SlidingWindowSpec",
+        "UniformTypeKVCacheSpecs",
+    ),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
     "AttentionSpec",
@@ -60,9 +153,11 @@ __all__ = [
     "ConfigError",
     "ConflictingWindowError",
     "CrossAttentionSpec",
+    "DEFAULT_LAYOUT_PREFERENCE",
     "EncoderOnlyAttentionSpec",
     "FullAttentionSpec",
     "GroupingError",
+    "HOST_LAYOUT",
     "IncompatibleSpecsError",
     "InsufficientMemoryError",
     "KVCacheAllocation",
@@ -77,6 +172,7 @@ __all__ = [
     "LayoutError",
     "MLAAttentionSpec",
     "MambaSpec",
+    "MemoryInputs",
     "MultipleOf",
     "PageSizeUnificationError",
     "PartitionError",
@@ -93,11 +189,29 @@ __all__ = [
     "UnsupportedError",
     "WorkerPlan",
     "WorkerSpecMismatchError",
+    "allocate_backings",
     "allocate_kv_cache",
     "compute_layer_kv_cache_shape_bytes",
     "compute_layout_strides",
     "get_global_kv_cache_groups",
+    "get_kv_cache_config_from_groups",
     "get_kv_cache_configs",
     "plan_kv_cache",
+    "project_kv_cache_groups_to_worker",
+    "resolve_layout",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME_OF.get(name)
+    if home is None:
+        raise AttributeError(f"module 'kvref' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    # Later lookups find the name here and skip this hook.
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME_OF})

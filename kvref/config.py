@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
 
+from kvref.axes import KVCacheLayout
 from kvref.errors import ConfigError
-from kvref.layout import KVCacheLayout
 
 if TYPE_CHECKING:
     from kvref.records import KVCacheGroupSpec

@@ -1,14 +1,14 @@
-"""KV cache layouts and their stride math (SPEC 1.8).
+"""Stride math of the KV cache layouts (contract.md#layouts).
 
 The logical axes of a tensor are always ``(L, B, H, S, C)``: layers, blocks,
-heads, states and content bytes.  A layout names the physical order of those
+heads, states and content bytes.  A :class:`~kvref.axes.KVCacheLayout` (defined
+in :mod:`kvref.axes`, re-exported here) names the physical order of those
 axes, outermost first.  Strides are in bytes.
 """
 
 from __future__ import annotations
 
-import enum
-
+from kvref.axes import DEFAULT_LAYOUT_PREFERENCE, KVCacheLayout
 from kvref.errors import LayoutError
 from kvref.specs import KVCacheSpec
 
@@ -22,67 +22,6 @@ __all__ = [
 
 #: Byte strides in logical order ``(L, B, H, S, C)``.
 Strides = tuple[int, int, int, int, int]
-
-_AXIS = {"L": 0, "B": 1, "H": 2, "N": 3, "C": 4}
-
-
-class KVCacheLayout(enum.Enum):
-    """Physical order of the ``(L, B, H, N, C)`` axes, outermost first (vLLM ``KVCacheLayout``)."""
-
-    LBHNC = "LBHNC"
-    LBNHC = "LBNHC"
-    LHBNC = "LHBNC"
-    BLHNC = "BLHNC"
-    BLNHC = "BLNHC"
-    BHLNC = "BHLNC"
-
-    @classmethod
-    def parse(cls, value: KVCacheLayout | str) -> KVCacheLayout:
-        """The layout named ``value`` (case-insensitive).
-
-        Raises:
-            LayoutError: ``value`` names no layout.
-        """
-        if isinstance(value, KVCacheLayout):
-            return value
-        if isinstance(value, str):
-            try:
-                return cls[value.upper()]
-            except KeyError:
-                pass
-        names = ", ".join(m.name for m in cls)
-        raise LayoutError(f"kv_cache_layout={value!r} is not a layout (one of {names})")
-
-    @property
-    def physical_axes(self) -> tuple[int, ...]:
-        """Logical axis index at each physical position, outermost first."""
-        return tuple(_AXIS[c] for c in self.value)
-
-    @property
-    def is_layer_compact(self) -> bool:
-        """The layer axis is outermost."""
-        return self.value[0] == "L"
-
-    @property
-    def is_block_compact(self) -> bool:
-        """Layers and blocks are the two outermost axes."""
-        return set(self.value[:2]) == {"L", "B"}
-
-    @property
-    def is_block_outermost(self) -> bool:
-        """The block axis is outermost."""
-        return self.value[0] == "B"
-
-
-#: vLLM's order of preference when no backend states one (SPEC 1.8).
-DEFAULT_LAYOUT_PREFERENCE: tuple[KVCacheLayout, ...] = (
-    KVCacheLayout.LBNHC,
-    KVCacheLayout.LBHNC,
-    KVCacheLayout.BLNHC,
-    KVCacheLayout.BLHNC,
-    KVCacheLayout.BHLNC,
-    KVCacheLayout.LHBNC,
-)
 
 
 def compute_layer_kv_cache_shape_bytes(
@@ -121,7 +60,7 @@ def compute_layout_strides(
         None,
     ),
 ) -> Strides:
-    """Byte strides ``(L, B, H, S, C)`` of ``num_layers`` layers of ``spec`` (SPEC 1.8).
+    """Byte strides ``(L, B, H, S, C)`` of ``num_layers`` layers of ``spec`` (contract.md#layouts).
 
     ``fixed`` pins some strides (the planner pins ``B``; a worker pins ``L``
     and ``B`` from the tensor).  A padded page puts its padding at the tail of

@@ -8,23 +8,26 @@ out of both).  All fields are keyword-only.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from fractions import Fraction
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias, TypeGuard, TypeVar
 
 import attrs
-import torch
 
 from kvref._math import cdiv, round_up
 from kvref.errors import ConflictingWindowError, IncompatibleSpecsError, SpecError
 
 if TYPE_CHECKING:
-    from kvref.config import PlanningConfig
+    import torch
 
 __all__ = [
     "AttentionSpec",
+    "MemoryInputs",
     "ChunkedLocalAttentionSpec",
     "CircularBufferSpec",
     "CrossAttentionSpec",
@@ -57,15 +60,27 @@ _DTYPE_ALIASES: dict[str, str] = {
 }
 
 
+def _is_torch_dtype(value: object) -> TypeGuard[torch.dtype]:
+    # A torch.dtype can only exist once torch is imported: asking needs no import.
+    torch_module = sys.modules.get("torch")
+    return torch_module is not None and isinstance(value, torch_module.dtype)
+
+
 def to_dtype(value: object, field: str = "dtype") -> torch.dtype:
     """Convert a ``torch.dtype`` or a dtype name ("bfloat16", "bf16", "torch.float16") to a dtype.
+
+    Only a name imports torch: ``import kvref`` and planning on specs built
+    from dtype objects never do.
 
     Raises:
         SpecError: the value is neither a dtype nor the name of one.
     """
-    if isinstance(value, torch.dtype):
+    if _is_torch_dtype(value):
         return value
     if isinstance(value, str):
+        # Specs hold torch dtypes, so resolving a name is where torch is first needed.
+        import torch
+
         name = value.removeprefix("torch.")
         name = _DTYPE_ALIASES.get(name, name)
         candidate = getattr(torch, name, None)
@@ -156,6 +171,36 @@ def _convert_tokens_per_state(value: object) -> object:
 _S = TypeVar("_S", bound="KVCacheSpec")
 
 
+class MemoryInputs(Protocol):
+    """What a spec's maximum memory reads from the planning config.
+
+    :class:`kvref.config.PlanningConfig` provides all of it.  The spec kinds
+    name this protocol rather than the config class: the config refers to
+    specs (its hooks take and return them), so the config must sit above the
+    specs, never beside them in an import circle.
+    """
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest request, in tokens."""
+
+    @property
+    def decode_context_parallel_size(self) -> int:
+        """DCP ranks that shard the token positions of DCP-sharded layers."""
+
+    @property
+    def max_in_flight_tokens(self) -> int:
+        """``I``: tokens a request may have in flight beyond its window."""
+
+    @property
+    def encoder_input_tokens(self) -> int:
+        """The cross-attention budget."""
+
+    @property
+    def mamba_cache_mode(self) -> str:
+        """``"none"``, ``"align"`` or ``"all"``."""
+
+
 @attrs.frozen(kw_only=True)
 class KVCacheSpec:
     """Base of every per-layer spec (vLLM ``KVCacheSpec``).
@@ -179,6 +224,30 @@ class KVCacheSpec:
         default=None, validator=_alignment_validator
     )
     is_draft: bool = attrs.field(default=False, eq=False, validator=_bool)
+
+    #: The memoised page geometry (``functools.cached_property`` slots).  attrs
+    #: keeps them out of ``__eq__``, ``__hash__``, ``repr`` and the pickled
+    #: state, and ``attrs.evolve`` builds a new instance, so a copy never
+    #: carries a stale value.  Planning reads them several times per layer.
+    _GEOMETRY_CACHE: ClassVar[tuple[str, ...]] = (
+        "real_page_size_bytes",
+        "page_size_bytes",
+        "block_stride_alignment_bytes",
+        "block_stride",
+    )
+
+    def _forget_geometry(self) -> None:
+        """Drop memoised geometry; call after setting a field with ``object.__setattr__``."""
+        for name in self._GEOMETRY_CACHE:
+            # AttributeError: never computed, or overridden by a plain property.
+            with contextlib.suppress(AttributeError):
+                object.__delattr__(self, name)
+
+    def _set_derived_field(self, name: str, value: object) -> None:
+        # Fields derived in __attrs_post_init__ (frozen): set, then drop any
+        # geometry computed from the old value while validating.
+        object.__setattr__(self, name, value)
+        self._forget_geometry()
 
     # -- page geometry ---------------------------------------------------
     @property
@@ -208,9 +277,9 @@ class KVCacheSpec:
         """Bytes of one (head, state) cell (``C``)."""
         raise NotImplementedError
 
-    @property
+    @functools.cached_property
     def real_page_size_bytes(self) -> int:
-        """The unpadded page: ``H * S * C``."""
+        """The unpadded page: ``H * S * C`` (memoised)."""
         return self.num_page_heads * self.num_states * self.state_content_size_bytes
 
     @property
@@ -218,9 +287,12 @@ class KVCacheSpec:
         """The padded page, or ``None`` when the spec is not padded."""
         return None
 
-    @property
+    @functools.cached_property
     def page_size_bytes(self) -> int:
-        """Bytes one layer stores per block: the padded page if set, else the real page."""
+        """Bytes one layer stores per block: the padded page if set, else the real page.
+
+        Memoised, like the rest of the page geometry.
+        """
         padded = self.padded_page_size
         return padded if padded is not None else self.real_page_size_bytes
 
@@ -240,6 +312,11 @@ class KVCacheSpec:
 
     def get_block_stride_alignment(self) -> int:
         """Byte alignment of this layer's block stride (SPEC 1.1)."""
+        return self.block_stride_alignment_bytes
+
+    @functools.cached_property
+    def block_stride_alignment_bytes(self) -> int:
+        """Memoised :meth:`get_block_stride_alignment`."""
         align = self.block_stride_alignment
         if align is None:
             return 1
@@ -251,13 +328,13 @@ class KVCacheSpec:
         # vLLM goes through dataclasses.replace, which carries page_size_padded over.
         return attrs.evolve(self, block_size=kernel_bs).page_size_bytes
 
-    @property
+    @functools.cached_property
     def block_stride(self) -> int:
         """``round_up(page, alignment)``: the per-layer block stride of layer-outer layouts."""
-        return round_up(self.page_size_bytes, self.get_block_stride_alignment())
+        return round_up(self.page_size_bytes, self.block_stride_alignment_bytes)
 
     # -- memory ------------------------------------------------------------
-    def max_memory_usage_bytes(self, config: PlanningConfig) -> int:
+    def max_memory_usage_bytes(self, config: MemoryInputs) -> int:
         """Bytes one request at ``config.max_model_len`` needs for this layer."""
         raise NotImplementedError
 
@@ -342,7 +419,7 @@ class AttentionSpec(KVCacheSpec):
     def __attrs_post_init__(self) -> None:
         if self.head_size_v is None:
             default = 0 if self._default_head_size_v_is_zero else self.head_size
-            object.__setattr__(self, "head_size_v", default)
+            self._set_derived_field("head_size_v", default)
         elif not _is_int(self.head_size_v) or self.head_size_v < 0:
             raise SpecError(
                 f"{type(self).__name__}.head_size_v={self.head_size_v!r} must be a "
@@ -422,7 +499,7 @@ class FullAttentionSpec(AttentionSpec):
     attention_chunk_size: int | None = attrs.field(default=None, validator=_optional_positive)
     non_causal: bool = attrs.field(default=False, validator=_bool)
 
-    def max_memory_usage_bytes(self, config: PlanningConfig) -> int:
+    def max_memory_usage_bytes(self, config: MemoryInputs) -> int:
         """``cdiv(L', block_size) * page`` with ``L' = cdiv(L, dcp)`` when DCP-sharded."""
         length = config.max_model_len
         dcp = config.decode_context_parallel_size
@@ -517,7 +594,7 @@ def _mla_alignment(spec: AttentionSpec, alignment: int | None) -> None:
     unpadded = spec.real_page_size_bytes
     padded = round_up(unpadded, alignment)
     if padded != unpadded:
-        object.__setattr__(spec, "page_size_padded", padded)
+        spec._set_derived_field("page_size_padded", padded)
 
 
 @attrs.frozen(kw_only=True)
@@ -599,7 +676,7 @@ class SlidingWindowSpec(AttentionSpec):
     sliding_window: int = attrs.field(validator=_positive)
     extra_retained_tokens: int = attrs.field(default=0, validator=_non_negative)
 
-    def max_memory_usage_bytes(self, config: PlanningConfig) -> int:
+    def max_memory_usage_bytes(self, config: MemoryInputs) -> int:
         """``(cdiv(min(sw - 1 + extra + I, L), block_size) + 1) * page``.
 
         Raises:
@@ -692,7 +769,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 
     attention_chunk_size: int = attrs.field(validator=_positive)
 
-    def max_memory_usage_bytes(self, config: PlanningConfig) -> int:
+    def max_memory_usage_bytes(self, config: MemoryInputs) -> int:
         """``cdiv(min(chunk + I, L), block_size) * page``."""
         tokens = min(self.attention_chunk_size + config.max_in_flight_tokens, config.max_model_len)
         return cdiv(tokens, self.block_size) * self.page_size_bytes
@@ -712,7 +789,7 @@ class CircularBufferSpec(AttentionSpec):
 
     kind: ClassVar[str] = "circular_buffer"
 
-    def max_memory_usage_bytes(self, config: PlanningConfig) -> int:
+    def max_memory_usage_bytes(self, config: MemoryInputs) -> int:
         """One page."""
         return self.page_size_bytes
 
@@ -723,7 +800,7 @@ class CrossAttentionSpec(AttentionSpec):
 
     kind: ClassVar[str] = "cross_attention"
 
-    def max_memory_usage_bytes(self, config: PlanningConfig) -> int:
+    def max_memory_usage_bytes(self, config: MemoryInputs) -> int:
         """``cdiv(max_num_encoder_input_tokens, block_size) * page``."""
         return cdiv(config.encoder_input_tokens, self.block_size) * self.page_size_bytes
 
@@ -735,7 +812,7 @@ class EncoderOnlyAttentionSpec(AttentionSpec):
     kind: ClassVar[str] = "encoder_only"
     registered: ClassVar[bool] = False
 
-    def max_memory_usage_bytes(self, config: PlanningConfig) -> int:
+    def max_memory_usage_bytes(self, config: MemoryInputs) -> int:
         """Zero: encoder-only layers keep nothing between steps."""
         return 0
 
@@ -754,7 +831,7 @@ def _convert_shapes(value: object) -> tuple[tuple[int, ...], ...]:
 
 
 def _convert_dtypes(value: object) -> tuple[torch.dtype, ...]:
-    if isinstance(value, (torch.dtype, str)) or not isinstance(value, (list, tuple)):
+    if isinstance(value, str) or _is_torch_dtype(value) or not isinstance(value, (list, tuple)):
         raise SpecError(f"MambaSpec.dtypes={value!r} must be a sequence of dtypes")
     return tuple(to_dtype(v, "MambaSpec.dtypes") for v in value)
 
@@ -829,7 +906,7 @@ class MambaSpec(KVCacheSpec):
         """``page_size_padded``."""
         return self.page_size_padded
 
-    def max_memory_usage_bytes(self, config: PlanningConfig) -> int:
+    def max_memory_usage_bytes(self, config: MemoryInputs) -> int:
         """``page * (2 + spec + ckpt)`` in ``align`` mode, else ``page * (1 + spec)``."""
         if config.mamba_cache_mode == "align":
             return self.page_size_bytes * (
@@ -904,19 +981,19 @@ class UniformTypeKVCacheSpecs:
         """The first spec's ``dcp_sharded`` (all are equal)."""
         return self.first.dcp_sharded
 
-    @property
+    @functools.cached_property
     def page_size_bytes(self) -> int:
-        """Sum of the layers' pages: the group's bytes per block before alignment."""
+        """Sum of the layers' pages: the group's bytes per block before alignment (memoised)."""
         return sum(s.page_size_bytes for s in self.kv_cache_specs.values())
 
-    def max_memory_usage_pages(self, config: PlanningConfig) -> int:
+    def max_memory_usage_pages(self, config: MemoryInputs) -> int:
         """``max_i cdiv(maxmem_i, page_i)``: blocks one request needs."""
         return max(
             cdiv(s.max_memory_usage_bytes(config), s.page_size_bytes)
             for s in self.kv_cache_specs.values()
         )
 
-    def max_memory_usage_bytes(self, config: PlanningConfig) -> int:
+    def max_memory_usage_bytes(self, config: MemoryInputs) -> int:
         """``max_memory_usage_pages * Σ page``."""
         return self.max_memory_usage_pages(config) * self.page_size_bytes
 

@@ -1,0 +1,211 @@
+"""Memoised page geometry of the frozen spec kinds.
+
+The geometry (``real_page_size_bytes``, ``page_size_bytes``,
+``block_stride_alignment_bytes``, ``block_stride``) is cached per instance.
+These tests check that the cache never changes what a spec is (equality,
+hash, repr, pickled state), never survives into a copy that differs
+(``attrs.evolve``, ``evolve_spec``), and never goes stale when a field is
+derived during construction.  Expected pages are written out by hand.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from typing import Any
+
+import attrs
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvref.specs import (
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    MultipleOf,
+    SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
+    evolve_spec,
+)
+
+CACHED = ("real_page_size_bytes", "page_size_bytes", "block_stride_alignment_bytes", "block_stride")
+
+
+def full(**kw: Any) -> FullAttentionSpec:
+    base: dict[str, Any] = {
+        "block_size": 16,
+        "num_kv_heads": 8,
+        "head_size": 128,
+        "dtype": torch.bfloat16,
+    }
+    return FullAttentionSpec(**{**base, **kw})
+
+
+def geometry(spec: KVCacheSpec) -> tuple[int, int, int, int]:
+    return (
+        spec.real_page_size_bytes,
+        spec.page_size_bytes,
+        spec.get_block_stride_alignment(),
+        spec.block_stride,
+    )
+
+
+def padded_mla() -> MLAAttentionSpec:
+    # 64 states x 584 B = 37,376 bytes, padded to a multiple of 576: 37,440.
+    return MLAAttentionSpec(
+        block_size=256,
+        num_kv_heads=1,
+        head_size=512,
+        dtype="uint8",
+        state_content_bytes=584,
+        tokens_per_state=4,
+        alignment=576,
+    )
+
+
+SPECS = [
+    pytest.param(full(), id="full"),
+    pytest.param(full(block_stride_alignment=3000), id="full-int-alignment"),
+    pytest.param(full(block_stride_alignment=MultipleOf(24)), id="full-multiple-of"),
+    pytest.param(full(page_size_padded=70_000), id="full-padded"),
+    pytest.param(
+        SlidingWindowSpec(
+            block_size=16, num_kv_heads=2, head_size=64, dtype="fp16", sliding_window=128
+        ),
+        id="sliding-window",
+    ),
+    pytest.param(padded_mla(), id="mla-aligned"),
+    pytest.param(
+        MambaSpec(block_size=16, shapes=[[4, 8], [16]], dtypes=["fp32", "bf16"], num_heads=2),
+        id="mamba",
+    ),
+]
+
+
+def test_hand_computed_geometry() -> None:
+    # 8 heads x 16 tokens x (128 + 128) x 2 bytes.
+    assert geometry(full()) == (65_536, 65_536, 1, 65_536)
+    assert geometry(full(block_stride_alignment=3000)) == (65_536, 65_536, 3000, 66_000)
+    # MultipleOf(24) on block 16: the page at gcd(24, 16) = 8 tokens.
+    assert geometry(full(block_stride_alignment=MultipleOf(24))) == (65_536, 65_536, 32_768, 65_536)
+    assert geometry(padded_mla()) == (37_376, 37_440, 1, 37_440)
+    # Mamba: 4*8*4 + 16*2 bytes; num_heads is not part of the page.
+    mamba = MambaSpec(block_size=16, shapes=[[4, 8], [16]], dtypes=["fp32", "bf16"], num_heads=2)
+    assert geometry(mamba) == (160, 160, 1, 160)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_cache_is_invisible_to_equality_hash_repr_and_state(spec: KVCacheSpec) -> None:
+    fresh = copy.copy(spec)  # copy.copy goes through the pickled state: no cache
+    before = (repr(spec), hash(spec))
+    computed = geometry(spec)
+    assert spec == fresh and fresh == spec
+    assert hash(spec) == hash(fresh) == before[1]
+    assert repr(spec) == repr(fresh) == before[0]
+    state = spec.__getstate__()  # type: ignore[attr-defined]
+    assert set(state) == {a.name for a in attrs.fields(type(spec))}
+    assert not set(state) & set(CACHED)
+    assert geometry(fresh) == computed
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_pickle_and_deepcopy_keep_value_and_geometry(spec: KVCacheSpec) -> None:
+    computed = geometry(spec)
+    for clone in (pickle.loads(pickle.dumps(spec)), copy.deepcopy(spec), copy.copy(spec)):
+        assert clone == spec and hash(clone) == hash(spec)
+        assert type(clone) is type(spec)
+        assert geometry(clone) == computed
+
+
+def test_evolve_does_not_carry_a_stale_cache() -> None:
+    spec = full()
+    assert spec.page_size_bytes == 65_536
+    smaller = attrs.evolve(spec, num_kv_heads=4)
+    assert geometry(smaller) == (32_768, 32_768, 1, 32_768)
+    aligned = attrs.evolve(spec, block_stride_alignment=3000)
+    assert aligned.block_stride == 66_000
+    padded = attrs.evolve(spec, page_size_padded=70_000)
+    assert (padded.real_page_size_bytes, padded.page_size_bytes) == (65_536, 70_000)
+    assert spec.page_size_bytes == 65_536  # the original keeps its own
+
+
+def test_evolve_spec_recomputes_alignment_padding_after_caching() -> None:
+    spec = padded_mla()
+    assert spec.page_size_bytes == 37_440
+    doubled = evolve_spec(spec, block_size=512)  # 128 x 584 = 74,752 -> 74,880
+    assert (doubled.real_page_size_bytes, doubled.page_size_bytes) == (74_752, 74_880)
+    aligned = evolve_spec(spec, block_size=256 * 9)  # 576 x 584 is a multiple of 576
+    assert aligned.page_size_padded is None
+    assert aligned.page_size_bytes == aligned.real_page_size_bytes == 576 * 584
+
+
+def test_derived_field_drops_the_cache() -> None:
+    spec = full()
+    assert spec.page_size_bytes == 65_536 and spec.block_stride == 65_536
+    spec._set_derived_field("page_size_padded", 70_000)
+    assert (spec.page_size_bytes, spec.block_stride) == (70_000, 70_000)
+
+
+def test_draft_flag_keeps_equality_and_geometry() -> None:
+    spec = full()
+    draft = attrs.evolve(spec, is_draft=True)
+    assert draft == spec and hash(draft) == hash(spec)
+    assert geometry(draft) == geometry(spec)
+
+
+def test_uniform_type_wrapper_page_is_memoised_and_copies_rebuild() -> None:
+    wrapper = UniformTypeKVCacheSpecs(
+        kv_cache_specs={"a": full(), "b": full(head_size=64), "c": full()}
+    )
+    assert wrapper.page_size_bytes == 65_536 * 2 + 32_768
+    for clone in (copy.deepcopy(wrapper), pickle.loads(pickle.dumps(wrapper))):
+        assert clone == wrapper
+        assert clone.page_size_bytes == wrapper.page_size_bytes
+    narrower = attrs.evolve(wrapper, kv_cache_specs={"a": full()})
+    assert narrower.page_size_bytes == 65_536
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    block_size=st.sampled_from([1, 8, 16, 32, 64]),
+    heads=st.integers(1, 16),
+    head_size=st.integers(1, 300),
+    head_size_v=st.integers(0, 300),
+    dtype=st.sampled_from([torch.bfloat16, torch.float32, torch.uint8]),
+    alignment=st.one_of(st.none(), st.integers(1, 5000)),
+    new_head_size=st.integers(1, 300),
+)
+def test_memoised_geometry_matches_the_formula_through_evolve(
+    block_size: int,
+    heads: int,
+    head_size: int,
+    head_size_v: int,
+    dtype: torch.dtype,
+    alignment: int | None,
+    new_head_size: int,
+) -> None:
+    def page(hs: int) -> int:
+        return heads * block_size * (hs + head_size_v) * dtype.itemsize
+
+    def stride(hs: int) -> int:
+        a = alignment or 1
+        return -(-page(hs) // a) * a
+
+    spec = full(
+        block_size=block_size,
+        num_kv_heads=heads,
+        head_size=head_size,
+        head_size_v=head_size_v,
+        dtype=dtype,
+        block_stride_alignment=alignment,
+    )
+    assert (spec.page_size_bytes, spec.block_stride) == (page(head_size), stride(head_size))
+    evolved = attrs.evolve(spec, head_size=new_head_size)
+    assert (evolved.page_size_bytes, evolved.block_stride) == (
+        page(new_head_size),
+        stride(new_head_size),
+    )
+    assert (evolved == spec) == (new_head_size == head_size)
