@@ -7,14 +7,22 @@ Differences from vLLM 0.33.0, on purpose:
 - the caller's mapping is never mutated (vLLM unifies specs in place);
 - layers named in ``PlanningConfig.host_resident_layers`` form their own
   host-resident group, after the device groups (vLLM only does this for HiSparse);
-- HiSparse (3.1 step 3) is out of scope, and so are hidden-state specs
-  (3.1 steps 6 and 10, SPEC 3.6): kvref has no ``HiddenStateCacheSpec``;
-- every failure is a typed :class:`~kvref.errors.KVRefError`.
+- every failure is a typed :class:`~kvref.errors.KVRefError` (where vLLM
+  would crash on hidden-state layers with nothing to align to, kvref raises
+  :class:`~kvref.errors.GroupingError`).
+
+Hidden-state layers (:class:`~kvref.extra_specs.HiddenStateCacheSpec`) get
+groups of their own after the others', aligned to the others' common page
+(contract.md#hidden-state-alignment).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
 
 from kvref._math import cdiv
 from kvref.config import PlanningConfig
@@ -26,6 +34,7 @@ from kvref.errors import (
     PageSizeUnificationError,
     SpecError,
 )
+from kvref.extra_specs import HiddenStateCacheSpec
 from kvref.packing import get_packed_kv_cache_groups
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
@@ -111,18 +120,88 @@ def _get_device_kv_cache_groups(
     if uniform_type is not None:
         return [KVCacheGroupSpec(layer_names=tuple(specs), kv_cache_spec=uniform_type)]
 
-    packed = get_packed_kv_cache_groups(config, specs)
+    # Hidden-state layers keep their own block tables: set them apart so no
+    # compatible attention bucket absorbs them.
+    hidden = {n: s for n, s in specs.items() if isinstance(s, HiddenStateCacheSpec)}
+    rest = {n: s for n, s in specs.items() if n not in hidden}
+    if not rest:
+        raise GroupingError(
+            f"hidden-state layers {list(hidden)[:6]} are not of one type with one block size, "
+            "and there are no other KV cache layers to align their pages to"
+        )
+
+    packed = get_packed_kv_cache_groups(config, rest)
     if packed is not None:
-        return packed
+        # Block-outermost blocks are strided by the widest group: no alignment needed.
+        return packed + [
+            KVCacheGroupSpec(layer_names=(name,), kv_cache_spec=spec)
+            for name, spec in hidden.items()
+        ]
 
     try:
-        unified = unify_kv_cache_spec_page_size(specs)
+        unified = unify_kv_cache_spec_page_size(rest)
     except PageSizeUnificationError:
         fallback = try_get_full_allocation_fallback_groups(specs)
         if fallback is None:
             raise
         return fallback
-    return _get_kv_cache_groups_uniform_page_size(unified)
+    groups = _get_kv_cache_groups_uniform_page_size(unified)
+    if hidden:
+        groups = _align_hidden_state_groups(groups, hidden)
+    return groups
+
+
+def _largest_divisor_at_most(value: int, limit: int) -> int:
+    for candidate in range(min(value, limit), 0, -1):
+        if value % candidate == 0:
+            return candidate
+    return 1
+
+
+def _align_hidden_state_groups(
+    groups: list[KVCacheGroupSpec], hidden: Mapping[str, HiddenStateCacheSpec]
+) -> list[KVCacheGroupSpec]:
+    """Append one group per hidden-state layer, its page padded to the common page.
+
+    If a hidden-state token outgrows the common page (TP can shrink the
+    others' pages), every group's block size (and padded page) is first
+    scaled by ``s = cdiv(t_max, common)``.  Each hidden-state layer then
+    takes the largest block size dividing the groups' gcd block size whose
+    tokens fit the common page (contract.md#hidden-state-alignment).
+
+    Raises:
+        GroupingError: a hidden-state page cannot be padded to the common page.
+    """
+    common = groups[0].kv_cache_spec.page_size_bytes
+    widest = max(spec.bytes_per_token for spec in hidden.values())
+    if widest > common:
+        scale = cdiv(widest, common)
+        common *= scale
+        groups = [_scale_group(g, scale) for g in groups]
+    group_block_size = math.gcd(*(g.kv_cache_spec.block_size for g in groups))
+    for name, spec in hidden.items():
+        fits = max(common // spec.bytes_per_token, 1)
+        block_size = _largest_divisor_at_most(group_block_size, fits)
+        try:
+            aligned = attrs.evolve(spec, block_size=block_size, page_size_padded=common)
+        except SpecError as exc:
+            raise GroupingError(
+                f"hidden-state layer {name!r}: a block of {block_size} tokens does not fit "
+                f"the common page of {common} bytes ({exc})"
+            ) from exc
+        groups.append(KVCacheGroupSpec(layer_names=(name,), kv_cache_spec=aligned))
+    return groups
+
+
+def _scale_group(group: KVCacheGroupSpec, scale: int) -> KVCacheGroupSpec:
+    # Uniform-page groups carry merged per-layer specs, never wrappers.
+    spec = group.kv_cache_spec
+    assert isinstance(spec, KVCacheSpec)
+    changes: dict[str, Any] = {"block_size": spec.block_size * scale}
+    padded = spec.padded_page_size
+    if padded is not None:
+        changes["page_size_padded"] = padded * scale
+    return attrs.evolve(group, kv_cache_spec=attrs.evolve(spec, **changes))
 
 
 def _host_resident_group(host: dict[str, KVCacheSpec]) -> KVCacheGroupSpec:

@@ -1,4 +1,6 @@
-"""The profiling path: one worker's minimal KV cache for CUDA-graph capture (contract.md#profiling-path).
+"""The profiling path: one worker's minimal KV cache for CUDA-graph capture.
+
+See contract.md#profiling-path.
 
 Before Core plans the real cache, a worker that captures CUDA graphs
 allocates the smallest cache that still lets every graph be captured

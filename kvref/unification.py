@@ -18,6 +18,7 @@ from kvref.errors import (
     IncompatibleSpecsError,
     PageSizeUnificationError,
 )
+from kvref.extra_specs import HiddenStateCacheSpec
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import (
     AttentionSpec,
@@ -279,12 +280,15 @@ def try_get_full_allocation_fallback_groups(
 ) -> list[KVCacheGroupSpec] | None:
     """One uniform-type group for MLA next to a sliding-window draft (SPEC 3.5), or ``None``.
 
-    Applies only without SW-MLA and chunked-local layers and with at least
+    Applies only without hidden-state, SW-MLA and chunked-local layers and with at least
     one MLA and one sliding-window layer; the sliding-window layers are then
     allocated as full attention (their compute keeps the window).
     """
     values = list(specs.values())
-    if any(isinstance(s, (SlidingWindowMLASpec, ChunkedLocalAttentionSpec)) for s in values):
+    if any(
+        isinstance(s, (SlidingWindowMLASpec, ChunkedLocalAttentionSpec, HiddenStateCacheSpec))
+        for s in values
+    ):
         return None
     has_mla = any(isinstance(s, MLAAttentionSpec) for s in values)
     has_sliding_window = any(isinstance(s, SlidingWindowSpec) for s in values)

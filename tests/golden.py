@@ -25,6 +25,7 @@ import attrs
 
 from kvref.config import PlanningConfig
 from kvref.errors import KVRefError
+from kvref.extra_specs import HiddenStateCacheSpec, HiSparseHotSpec, HiSparseResidentSpec
 from kvref.layout import KVCacheLayout
 from kvref.specs import (
     ChunkedLocalAttentionSpec,
@@ -80,11 +81,17 @@ SPEC_KINDS: Mapping[str, type[KVCacheSpec]] = {
     "CrossAttentionSpec": CrossAttentionSpec,
     "EncoderOnlyAttentionSpec": EncoderOnlyAttentionSpec,
     "CircularBufferSpec": CircularBufferSpec,
+    "hidden_state": HiddenStateCacheSpec,
+    "HiddenStateCacheSpec": HiddenStateCacheSpec,
+    "hisparse_hot": HiSparseHotSpec,
+    "HiSparseHotSpec": HiSparseHotSpec,
+    "hisparse_resident": HiSparseResidentSpec,
+    "HiSparseResidentSpec": HiSparseResidentSpec,
 }
 
-#: Golden kinds kvref deliberately does not implement (SPEC 8: hidden-state
-#: specs are optional).
-UNSUPPORTED_KINDS: frozenset[str] = frozenset({"hidden_state", "HiddenStateCacheSpec"})
+#: Golden kinds kvref deliberately does not implement (none since hidden-state
+#: and HiSparse specs were added).
+UNSUPPORTED_KINDS: frozenset[str] = frozenset()
 
 #: README "Input" defaults, used only when no ``.out.json`` is available.
 _CONFIG_DEFAULTS: Mapping[str, Any] = {

@@ -43,6 +43,7 @@ from kvref.errors import (
     SpecError,
     WorkerSpecMismatchError,
 )
+from kvref.extra_specs import HiddenStateCacheSpec
 from kvref.placement import pool_bytes_per_block
 from kvref.planning import KVCachePlan, plan_kv_cache
 from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
@@ -466,16 +467,17 @@ class TestLoader:
         assert config.auto_fit_max_model_len
         assert config.max_model_len == 65536
 
-    @pytest.mark.parametrize("kind", ["hidden_state"])
-    def test_unimplemented_kinds_are_unsupported(self, kind: str) -> None:
-        """Kinds kvref omits raise ``UnsupportedGoldenError`` (the tests skip them)."""
+    @pytest.mark.parametrize("kind", ["hidden_state", "HiddenStateCacheSpec"])
+    def test_hidden_state_kind_loads(self, kind: str) -> None:
+        """``hidden_state`` (formerly unsupported) loads as a ``HiddenStateCacheSpec``."""
         raw = {
             "name": "u",
             "workers": [{"x": {"kind": kind, "num_kv_heads": 1, "head_size": 8, "dtype": "fp16"}}],
             "available_memory": 1 << 30,
         }
-        with pytest.raises(UnsupportedGoldenError, match=kind):
-            problem_from_dict(raw)
+        spec = problem_from_dict(raw).workers[0]["x"]
+        assert type(spec) is HiddenStateCacheSpec
+        assert spec.page_size_bytes == 16 * 8 * 2
 
     def test_unknown_field_is_an_error(self) -> None:
         """A field the spec class does not have is a format error, as in vLLM's loader."""

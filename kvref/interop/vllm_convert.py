@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 
 from kvref.errors import KVRefError, UnsupportedError
+from kvref.extra_specs import HiddenStateCacheSpec, HiSparseHotSpec, HiSparseResidentSpec
 from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from kvref.specs import (
     ChunkedLocalAttentionSpec,
@@ -188,6 +189,9 @@ _KVREF_KINDS: dict[str, type[KVCacheSpec]] = {
         EncoderOnlyAttentionSpec,
         SinkFullAttentionSpec,
         RSWASpec,
+        HiddenStateCacheSpec,
+        HiSparseHotSpec,
+        HiSparseResidentSpec,
     )
 }
 
@@ -287,7 +291,7 @@ def spec_from_vllm(spec: Any) -> GroupKVCacheSpec:
 
     Raises:
         VLLMOutputError: the spec is of a vLLM class kvref does not model
-            (HiSparse, sink, RSWA, hidden-state...) or carries a field kvref lacks.
+            or carries a field kvref lacks.
     """
     kvi = vllm_modules().kvi
     if isinstance(spec, kvi.UniformTypeKVCacheSpecs):
