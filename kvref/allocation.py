@@ -376,7 +376,8 @@ class KVCacheAllocation:
         host_buffers: host backings, one per distinct host tensor size.
         host_pinned: whether the host backings are pinned.
         views: layer name to its view, shape ``(N, H, S, C / sizeof(dtype))`` in the spec's
-            dtype (raw bytes for specs without one, such as Mamba).
+            dtype (raw bytes for specs without one, such as Mamba); a spec without
+            layer views (HiSparse resident and hot) maps to the whole backing.
         geometries: the geometry of every config tensor, in config order.
         tensor_views: the raw 5-D ``uint8`` view ``(L, N, H, S, C)`` of every config tensor.
         backing_of: for every config tensor, the index of its host buffer, or
@@ -491,6 +492,10 @@ def allocate_kv_cache(
         raw = _raw_view(buffer, geometry)
         tensor_views.append(raw)
         dtype = geometry.spec.view_dtype if geometry.spec is not None else None
+        if geometry.spec is not None and not getattr(geometry.spec, "has_layer_views", True):
+            # HiSparse resident and hot layers address the backing themselves.
+            views.update(dict.fromkeys(geometry.tensor.layers, buffer))
+            continue
         for index, name in enumerate(geometry.tensor.layers):
             layer_view = raw[index]
             if dtype is not None:

@@ -229,6 +229,14 @@ class PlanningConfig:
         default=None, validator=_grouping_hook
     )
 
+    def __attrs_post_init__(self) -> None:
+        if self.hisparse is not None and self.host_resident_layers:
+            raise ConfigError(
+                f"PlanningConfig.host_resident_layers={sorted(self.host_resident_layers)} "
+                "cannot be combined with PlanningConfig.hisparse: HiSparse decides which "
+                "layers live on the host"
+            )
+
     @property
     def concurrent_batches(self) -> int:
         """Batches in flight: the override, else PP + 1 with async scheduling, else PP."""

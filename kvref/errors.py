@@ -14,6 +14,7 @@ __all__ = [
     "ConfigError",
     "ConflictingWindowError",
     "GroupingError",
+    "HiSparseError",
     "IncompatibleSpecsError",
     "InsufficientMemoryError",
     "KVRefError",
@@ -38,6 +39,16 @@ class SpecError(KVRefError):
 
 class ConfigError(KVRefError):
     """A :class:`~kvref.PlanningConfig` field, memory figure or block count is invalid."""
+
+
+class HiSparseError(ConfigError):
+    """HiSparse cannot plan this model with this config (vLLM: ``ValueError``).
+
+    Raised for a missing or too small host pool, a layout that is not
+    block-outermost, DeepSeek-V4 layers, missing sparse or indexer MLA
+    layers, MLA layers of several block sizes, a hot buffer out of range,
+    and hot groups of mixed page sizes; the message names the setting.
+    """
 
 
 class IncompatibleSpecsError(SpecError):

@@ -11,7 +11,9 @@ Differences from vLLM 0.33.0, on purpose:
   would crash on hidden-state layers with nothing to align to, kvref raises
   :class:`~kvref.errors.GroupingError`).
 
-Hidden-state layers (:class:`~kvref.extra_specs.HiddenStateCacheSpec`) get
+With HiSparse on and MLA layers present, :mod:`kvref.hisparse` groups the
+model (contract.md#hisparse).  Hidden-state layers
+(:class:`~kvref.extra_specs.HiddenStateCacheSpec`) get
 groups of their own after the others', aligned to the others' common page
 (contract.md#hidden-state-alignment).
 """
@@ -35,6 +37,7 @@ from kvref.errors import (
     SpecError,
 )
 from kvref.extra_specs import HiddenStateCacheSpec
+from kvref.hisparse import get_hisparse_kv_cache_groups
 from kvref.packing import get_packed_kv_cache_groups
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
@@ -112,6 +115,9 @@ def _get_device_kv_cache_groups(
     if not specs:
         # Attention-free: Core gives such models one null block and no tensors.
         return []
+    hisparse = get_hisparse_kv_cache_groups(config, specs, _get_device_kv_cache_groups)
+    if hisparse is not None:
+        return hisparse
 
     values = list(specs.values())
     if is_kv_cache_spec_uniform(values):
@@ -119,7 +125,13 @@ def _get_device_kv_cache_groups(
     uniform_type = UniformTypeKVCacheSpecs.from_specs(specs)
     if uniform_type is not None:
         return [KVCacheGroupSpec(layer_names=tuple(specs), kv_cache_spec=uniform_type)]
+    return _get_mixed_kv_cache_groups(config, specs)
 
+
+def _get_mixed_kv_cache_groups(
+    config: PlanningConfig, specs: dict[str, KVCacheSpec]
+) -> list[KVCacheGroupSpec]:
+    """Layers of several types: packed, or unified to one page (contract.md#default-grouping)."""
     # Hidden-state layers keep their own block tables: set them apart so no
     # compatible attention bucket absorbs them.
     hidden = {n: s for n, s in specs.items() if isinstance(s, HiddenStateCacheSpec)}

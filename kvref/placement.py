@@ -17,11 +17,20 @@ Deliberate differences from vLLM 0.33.0 (DESIGN.md):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 
 from kvref._math import lcm_all, round_up
 from kvref.config import PlanningConfig
-from kvref.errors import ConfigError, LayoutError, PartitionError, PlacementError
+from kvref.errors import (
+    ConfigError,
+    HiSparseError,
+    LayoutError,
+    PartitionError,
+    PlacementError,
+)
+from kvref.extra_specs import HiSparseHotSpec, HiSparseResidentSpec
+from kvref.hisparse import host_pool_layout
 from kvref.layout import KVCacheLayout, compute_layout_strides
 from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
@@ -100,12 +109,20 @@ def bytes_per_block(groups: Sequence[KVCacheGroupSpec], layout: KVCacheLayout) -
     """Bytes one block ID takes across all layers of ``groups`` in ``layout`` (SPEC 4.1).
 
     Layer-outer: the widest group's sum of aligned strides.  Block-outermost:
-    the widest group's sum of pages, rounded up to every layer's alignment.
+    the widest group's sum of pages, rounded up to every layer's alignment
+    and every HiSparse hot group's page.
     """
     if layout.is_block_outermost:
         raw = max((sum(s.page_size_bytes for s in _layer_specs(g)) for g in groups), default=0)
         alignment = lcm_all(s.get_block_stride_alignment() for g in groups for s in _layer_specs(g))
-        return round_up(raw, alignment)
+        # A HiSparse hot page must tile the block (vLLM counts every hot group,
+        # even one with no layer on this worker).
+        hot = lcm_all(
+            g.kv_cache_spec.page_size_bytes
+            for g in groups
+            if isinstance(g.kv_cache_spec, HiSparseHotSpec)
+        )
+        return round_up(raw, math.lcm(alignment, hot))
     stride = _stride_rule(groups, layout)
     return max((sum(stride(s) for s in _layer_specs(g)) for g in groups), default=0)
 
@@ -213,13 +230,16 @@ def get_kv_cache_config_from_groups(
     An empty group list gives one block and no tensors (the block pool's null
     block).  Host-resident groups are placed in their own host backing of
     ``config.host_pool_bytes // host_bytes_per_block`` blocks, before the
-    device tensors.
+    device tensors.  With HiSparse on, the host pool is HiSparse's
+    (:func:`kvref.hisparse.host_pool_layout`) and the device layout must be
+    block-outermost.
 
     Raises:
         ConfigError: ``num_blocks`` is not a positive int, or host groups have no host pool.
         PartitionError: a layer is in two groups.
         LayoutError: the layout cannot express the groups.
         PlacementError: a group is malformed.
+        HiSparseError: HiSparse is on and its host pool or layout requirement fails.
     """
     if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
         raise ConfigError(f"num_blocks={num_blocks!r} must be an int >= 1")
@@ -231,6 +251,8 @@ def get_kv_cache_config_from_groups(
             kv_cache_groups=[],
             prefix_cache_retention_interval=config.prefix_cache_retention_interval,
         )
+    if config.hisparse is not None:
+        return _place_hisparse(config, groups, num_blocks)
     device = [g for g in groups if not g.host_resident]
     host = [g for g in groups if g.host_resident]
     tensors: list[KVCacheTensor] = []
@@ -255,4 +277,44 @@ def get_kv_cache_config_from_groups(
         kv_cache_groups=groups,
         prefix_cache_retention_interval=config.prefix_cache_retention_interval,
         host_num_blocks=host_num_blocks,
+    )
+
+
+def _place_hisparse(
+    config: PlanningConfig, groups: Sequence[KVCacheGroupSpec], num_blocks: int
+) -> KVCacheConfig:
+    """HiSparse's placement (vLLM ``get_hisparse_kv_cache_config``): host pool, then device.
+
+    The source group goes to the host pool in LBNHC; the device groups
+    (indexer, resident, hot and the rest) share the device backing, whose
+    layout must be block-outermost because resident and hot pages have no
+    per-layer views.  Groups stay in the order given.
+    """
+    pool = host_pool_layout(config, groups)
+    layout = config.kv_cache_layout
+    device = [g for g in groups if not g.host_resident]
+    validate_kv_cache_layout(device, layout)
+    raw = [
+        name
+        for g in device
+        for spec, names in _spec_buckets(g)
+        if isinstance(spec, (HiSparseHotSpec, HiSparseResidentSpec))
+        for name in names
+    ]
+    if raw and not layout.is_block_outermost:
+        raise HiSparseError(
+            f"PlanningConfig.kv_cache_layout={layout.name}: HiSparse requires a "
+            f"block-outermost KV layout (BLHNC, BLNHC or BHLNC) for its resident and hot "
+            f"layers {raw[:4]}"
+        )
+    tensors = _place([pool.source_group], HOST_LAYOUT, pool.host_num_blocks, host_resident=True)
+    tensors += _place(device, layout, num_blocks, host_resident=False)
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=tensors,
+        kv_cache_groups=list(groups),
+        prefix_cache_retention_interval=config.prefix_cache_retention_interval,
+        host_num_blocks=pool.host_num_blocks,
+        host_block_stride=pool.host_block_stride,
+        shared_host_pool=pool.shared_host_pool,
     )

@@ -29,12 +29,14 @@ from kvref.config import PlanningConfig
 from kvref.errors import (
     ConfigError,
     InsufficientMemoryError,
+    KVRefError,
     PartitionError,
     PlanningError,
     SpecError,
     WorkerSpecMismatchError,
 )
 from kvref.partition import check_exact_partition, check_spec_registry, check_wrapped_layers
+from kvref.placement import pool_bytes_per_block
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.resolution import get_kv_cache_config_builder
 from kvref.specs import (
@@ -223,11 +225,18 @@ def pool_bytes_per_block_from_builder(
     answers directly; otherwise one block is placed with the override unset
     and the single device backing size is the answer (0 without device tensors).
 
+    Under HiSparse Core skips the builder and uses the pure
+    :func:`~kvref.placement.pool_bytes_per_block`: a placement probe would
+    check the host pool against a ``max_model_len`` auto-fit may still shorten
+    (contract.md#hisparse).
+
     Raises:
         PlanningError: the one-block placement has several device backing sizes.
     """
     if not groups:
         return 0
+    if config.hisparse is not None:
+        return pool_bytes_per_block(config, groups)
     declared = builder._get_pool_bytes_per_block(config, groups)
     if declared is not None:
         return declared
@@ -261,13 +270,45 @@ def max_memory_usage_bytes_from_groups(
     return pool_bytes_per_block * blocks
 
 
+def _hisparse_places(
+    builder: KVCacheConfigBuilder,
+    config: PlanningConfig,
+    groups: Sequence[KVCacheGroupSpec],
+    bpb: int,
+    check: int,
+) -> bool:
+    """Whether the builder can place ``check // bpb`` blocks (HiSparse's host pool must fit)."""
+    num_blocks = check // bpb if bpb else 0
+    if num_blocks < 1:
+        # Not even one block: the memory test fails too, whatever placement says.
+        return False
+    try:
+        builder.get_kv_cache_config_from_groups(config, groups, num_blocks)
+    except KVRefError:
+        return False
+    return True
+
+
 def _estimate_max_model_len(
-    config: PlanningConfig, groups: Sequence[KVCacheGroupSpec], bpb: int, check: int
+    builder: KVCacheConfigBuilder,
+    config: PlanningConfig,
+    groups: Sequence[KVCacheGroupSpec],
+    bpb: int,
+    check: int,
 ) -> int:
-    """Largest length in ``[1, config.max_model_len]`` whose need fits ``check`` (0 if none)."""
+    """Largest length in ``[1, config.max_model_len]`` whose need fits ``check`` (0 if none).
+
+    Under HiSparse a length also needs a placement that succeeds: its host
+    pool must hold one request at that length.
+    """
 
     def fits(length: int) -> bool:
-        need = max_memory_usage_bytes_from_groups(config.with_max_model_len(length), groups, bpb)
+        at_length = config.with_max_model_len(length)
+        if config.hisparse is not None and not _hisparse_places(
+            builder, at_length, groups, bpb, check
+        ):
+            return False
+        need = max_memory_usage_bytes_from_groups(at_length, groups, bpb)
         return need <= check
 
     low, high, best = 1, config.max_model_len, 0
@@ -382,7 +423,7 @@ def plan_kv_cache(
 
     if config.auto_fit_max_model_len and any(active):
         fitted = min(
-            _estimate_max_model_len(config, projected[w], bpbs[w], check[w])
+            _estimate_max_model_len(worker_builder, config, projected[w], bpbs[w], check[w])
             for w in range(len(projected))
             if active[w]
         )
@@ -420,7 +461,9 @@ def plan_kv_cache(
                 estimated_max_model_len=0,
             )
         if needed[w] > check[w]:
-            estimated = _estimate_max_model_len(config, projected[w], bpbs[w], check[w])
+            estimated = _estimate_max_model_len(
+                worker_builder, config, projected[w], bpbs[w], check[w]
+            )
             raise _insufficient(config, needed[w], check[w], estimated)
 
     before_min: list[int | None] = []

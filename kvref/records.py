@@ -164,6 +164,10 @@ class KVCacheConfig:
         kv_cache_layout: the layout the plan was made for (set by Core).
         host_num_blocks: block IDs of the host pool (``hisparse_host_num_blocks``).
         kv_tp_replicas: consecutive TP ranks holding identical KV (set by Core).
+        host_block_stride: HiSparse's host bytes per host block
+            (``hisparse_host_block_stride``; ``None`` without HiSparse).
+        shared_host_pool: local TP ranks share HiSparse's host pool
+            (``hisparse_shared_host_pool``).
     """
 
     num_blocks: int = attrs.field(validator=_int_at_least(0))
@@ -173,6 +177,8 @@ class KVCacheConfig:
     kv_cache_layout: KVCacheLayout | None = attrs.field(default=None, converter=_layout)
     host_num_blocks: int | None = attrs.field(default=None, validator=_optional_int_at_least(0))
     kv_tp_replicas: int = attrs.field(default=1, validator=_int_at_least(1))
+    host_block_stride: int | None = attrs.field(default=None, validator=_optional_int_at_least(1))
+    shared_host_pool: bool = attrs.field(default=False, validator=_bool)
 
     def num_blocks_of(self, tensor: KVCacheTensor) -> int:
         """Blocks of ``tensor``: ``num_blocks`` on the device, ``host_num_blocks`` on the host."""

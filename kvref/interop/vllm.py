@@ -12,7 +12,7 @@ A thin re-export, kept so that ``kvref.interop.vllm`` stays importable:
 
 from __future__ import annotations
 
-from kvref.interop.vllm_config import to_vllm_config
+from kvref.interop.vllm_config import hisparse_patches, to_vllm_config
 from kvref.interop.vllm_convert import (
     INSTALL_HINT,
     VLLM_VERSION,
@@ -48,6 +48,7 @@ __all__ = [
     "group_to_vllm",
     "groups_from_vllm",
     "groups_to_vllm",
+    "hisparse_patches",
     "installed_builder",
     "is_vllm_available",
     "layer_spec_from_vllm",

@@ -8,21 +8,24 @@ then set on copies (see :func:`to_vllm_config`).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import functools
+import importlib
 import json
+import mmap
 import os
 import shutil
 import tempfile
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from typing import Any, cast
 
-from kvref.config import PlanningConfig
+from kvref.config import PlanningConfig, SupportsKVCacheGrouping
 from kvref.errors import UnsupportedError
+from kvref.interop.vllm_convert import groups_to_vllm, layer_spec_from_vllm, vllm_modules
 from kvref.interop.vllm_convert import quiet_vllm as _quiet_vllm
-from kvref.interop.vllm_convert import vllm_modules
 
-__all__ = ["to_vllm_config"]
+__all__ = ["hisparse_patches", "to_vllm_config"]
 
 
 # A tiny Llama config: planning never looks at the model, but ModelConfig
@@ -101,6 +104,10 @@ class _EagleBlockDrop:
 
     def use_multi_module_mtp(self) -> bool:
         return False
+
+    # HiSparse sizes its hot buffer from the decode query length; the stub
+    # stands for no speculative tokens (kvref pins that length separately).
+    num_speculative_tokens = None
 
 
 @functools.lru_cache(maxsize=8)
@@ -189,6 +196,9 @@ def _template(config: PlanningConfig) -> Any:
         pins["_kvref_lookahead"] = config.num_prefill_lookahead_tokens
         vcfg.__class__ = _pinned_class(cast(Hashable, type(vcfg)))
         vcfg.__dict__.update(pins)
+    _apply_hisparse(vcfg, config)
+    if config.model_kv_cache_grouping is not None:
+        _declare_grouping(vcfg, config)
     if vcfg.max_in_flight_tokens != config.max_in_flight_tokens:  # pragma: no cover - a bug here
         raise UnsupportedError(
             f"vLLM's max_in_flight_tokens={vcfg.max_in_flight_tokens} differs from kvref's "
@@ -211,10 +221,116 @@ def to_vllm_config(config: PlanningConfig) -> Any:
     ``max_in_flight_tokens``, the prefill lookahead and the EAGLE block drop
     equal to kvref's (pinned where vLLM would derive another value).
 
+    With :attr:`~kvref.config.PlanningConfig.hisparse` set, the copy has
+    vLLM's ``hisparse_config``, a ``HiSparseConnector`` with ``host_pool_gib``
+    equal to ``host_pool_bytes`` and the model's ``index_topk``; vLLM derives
+    the decode query length and the shared-pool choice from the engine, so
+    a non-default value of either needs :func:`hisparse_patches` around the
+    vLLM calls.  With a model-declared grouping, the model config reports
+    ``supports_kv_cache_grouping`` and resolves to a model class whose
+    ``get_kv_cache_groups`` runs the kvref hook on converted specs.
+
     Raises:
         VLLMUnavailableError: vLLM cannot be imported.
         UnsupportedError: ``config`` asks for something vLLM cannot express
-            (host-resident layers).
+            (host-resident layers, or a shared HiSparse host pool aligned to
+            other than the host page size).
     """
     vllm_modules()
     return copy.deepcopy(_template(config))
+
+
+def _apply_hisparse(vcfg: Any, config: PlanningConfig) -> None:
+    settings = config.hisparse
+    if settings is None:
+        return
+    if settings.shared_host_pool and settings.host_block_alignment != mmap.PAGESIZE:
+        raise UnsupportedError(
+            f"HiSparseConfig.host_block_alignment={settings.host_block_alignment}: vLLM aligns "
+            f"a shared host pool to the host page size, {mmap.PAGESIZE} bytes"
+        )
+    attention = importlib.import_module("vllm.config.attention")
+    vcfg.attention_config.hisparse_config = attention.HiSparseConfig(
+        device_buffer_size=settings.device_buffer_size
+    )
+    if config.host_pool_bytes is not None:
+        transfer = importlib.import_module("vllm.config.kv_transfer")
+        # vLLM reads int(host_pool_gib * 2**30): exact for any byte count below 2**53.
+        vcfg.kv_transfer_config = transfer.KVTransferConfig(
+            kv_connector="HiSparseConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"host_pool_gib": config.host_pool_bytes / 2**30},
+        )
+    if settings.index_topk is not None:
+        vcfg.model_config.hf_config.index_topk = settings.index_topk
+
+
+@contextlib.contextmanager
+def hisparse_patches(config: PlanningConfig) -> Iterator[None]:
+    """Make vLLM's HiSparse read ``config``'s decode query length and shared-pool choice.
+
+    vLLM derives both from the engine (speculative config, platform, executor);
+    this patches ``vllm.v1.hisparse``'s two lookups for the duration of the
+    block.  A no-op without HiSparse or with the defaults (1, not shared).
+    """
+    settings = config.hisparse
+    if settings is None or (settings.max_decode_query_len == 1 and not settings.shared_host_pool):
+        yield
+        return
+    runtime: Any = importlib.import_module("vllm.v1.hisparse.runtime")
+    layout: Any = importlib.import_module("vllm.v1.hisparse.layout")
+    saved = (runtime.max_decode_query_len, layout.use_shared_hisparse_host_pool)
+    runtime.max_decode_query_len = lambda vllm_config: settings.max_decode_query_len
+    layout.use_shared_hisparse_host_pool = lambda vllm_config: settings.shared_host_pool
+    try:
+        yield
+    finally:
+        runtime.max_decode_query_len, layout.use_shared_hisparse_host_pool = saved
+
+
+class _DeclaredModel:
+    """A model class that owns its grouping through a kvref hook (``SupportsKVCacheGrouping``)."""
+
+    def __init__(self, config: PlanningConfig) -> None:
+        self.config = config
+
+    def get_kv_cache_groups(self, vllm_config: Any, kv_cache_spec: dict[str, Any]) -> list[Any]:
+        """Run the kvref hook on kvref copies of the specs; return vLLM groups."""
+        hook = self.config.model_kv_cache_grouping
+        specs = {name: layer_spec_from_vllm(spec) for name, spec in kv_cache_spec.items()}
+        if isinstance(hook, SupportsKVCacheGrouping):
+            groups = hook.get_kv_cache_groups(self.config, specs)
+        elif hook is not None:
+            groups = hook(self.config, specs)
+        else:  # pragma: no cover - only installed with a hook
+            raise UnsupportedError("no model_kv_cache_grouping to declare")
+        return groups_to_vllm(groups)
+
+
+class _DeclaredRegistry:
+    def __init__(self, model: _DeclaredModel) -> None:
+        self.model = model
+
+    def resolve_model_cls(self, architectures: Any, model_config: Any) -> tuple[Any, str]:
+        return self.model, "KVRefDeclaredGroupingModel"
+
+
+@functools.lru_cache(maxsize=8)
+def _declaring_class(base: Any) -> type[Any]:
+    """A subclass of ``base`` (``ModelConfig``) that declares model-owned grouping."""
+
+    def registry(self: Any) -> _DeclaredRegistry:
+        return _DeclaredRegistry(self.__dict__["_kvref_declared_model"])
+
+    namespace = {
+        "__doc__": "ModelConfig whose model owns its KV cache grouping (kvref hook).",
+        "supports_kv_cache_grouping": property(lambda self: True),
+        "registry": property(registry),
+    }
+    return type("KVRefDeclaringModelConfig", (base,), namespace)
+
+
+def _declare_grouping(vcfg: Any, config: PlanningConfig) -> None:
+    model = vcfg.model_config
+    model.__class__ = _declaring_class(cast(Hashable, type(model)))
+    model.__dict__["_kvref_declared_model"] = _DeclaredModel(config)

@@ -425,6 +425,8 @@ def config_to_vllm(config: KVCacheConfig) -> Any:
         prefix_cache_retention_interval=config.prefix_cache_retention_interval,
         kv_cache_layout=layout.name if layout is not None else None,
         hisparse_host_num_blocks=config.host_num_blocks,
+        hisparse_host_block_stride=config.host_block_stride,
+        hisparse_shared_host_pool=config.shared_host_pool,
         kv_tp_replicas=config.kv_tp_replicas,
     )
 
@@ -459,6 +461,8 @@ def config_from_vllm(config: Any) -> KVCacheConfig:
             kv_cache_layout=config.kv_cache_layout,
             host_num_blocks=config.hisparse_host_num_blocks,
             kv_tp_replicas=config.kv_tp_replicas,
+            host_block_stride=config.hisparse_host_block_stride,
+            shared_host_pool=bool(config.hisparse_shared_host_pool),
         )
     except (KVRefError, AttributeError, TypeError) as exc:
         raise VLLMOutputError(f"cannot convert {config!r:.300} to kvref: {exc}") from exc

@@ -17,7 +17,7 @@ import attrs
 
 from kvref.config import PlanningConfig
 from kvref.errors import InsufficientMemoryError, PlanningError
-from kvref.interop.vllm_config import to_vllm_config
+from kvref.interop.vllm_config import hisparse_patches, to_vllm_config
 from kvref.interop.vllm_convert import (
     config_from_vllm,
     groups_from_vllm,
@@ -173,7 +173,7 @@ def plan_with_vllm(
     vcfg = to_vllm_config(config)
     kvp = vllm_modules().kvp
     global_groups: list[Any] = []
-    with installed_builder(native_cls), _quiet_vllm():
+    with installed_builder(native_cls), hisparse_patches(config), _quiet_vllm():
         try:
             global_groups = kvp.get_global_kv_cache_groups(vcfg, workers)
             configs = kvp.get_kv_cache_configs(vcfg, workers, memory, global_groups)
