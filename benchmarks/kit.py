@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from conformance.runner import check_builder
+from conformance.run.runner import check_builder
 from kvref import ReferenceKVCacheConfigBuilder
 
 FAMILIES = {

@@ -1,4 +1,4 @@
-"""Time the P2+P3+P4 footprint checks of conformance.memory on ~1M-page configs.
+"""Time the P2+P3+P4 footprint checks of conformance.check.memory on ~1M-page configs.
 
 Run: ``.venv/bin/python benchmarks/memory_check.py [--layers 100] [--blocks 10000]``
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from conformance.memory import DEFAULT_BUDGET, check_memory
+from conformance.check.memory import DEFAULT_BUDGET, check_memory
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from kvref.specs import FullAttentionSpec, SlidingWindowSpec

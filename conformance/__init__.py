@@ -2,8 +2,12 @@
 
 Run :func:`check_builder` (or the ``kvref-conformance`` CLI, or the pytest
 plugin) against any builder to check the invariants of vLLM 0.33.0's builder
-contract on Hypothesis-generated models, including a real allocation on a
-torch device.
+contract (``docs/contract.md``) on Hypothesis-generated models, including a
+real allocation on a torch device.
+
+The kit reads as a pipeline: :mod:`conformance.generate` makes the examples,
+:mod:`conformance.run` calls the builder on them, :mod:`conformance.check`
+judges what it did, and :mod:`conformance.report` says what was found.
 """
 
 from __future__ import annotations
@@ -11,19 +15,32 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from conformance.invariants import CATALOG, Invariant
-    from conformance.runner import InvariantResult, Report, check_builder
-    from conformance.violations import Violation
+    from conformance.check.catalog import Invariant, by_id, catalog
+    from conformance.check.violations import Violation
+    from conformance.report.model import InvariantResult, Report
+    from conformance.run.options import OptionError
+    from conformance.run.runner import check_builder
 
-__all__ = ["CATALOG", "Invariant", "InvariantResult", "Report", "Violation", "check_builder"]
+__all__ = [
+    "Invariant",
+    "InvariantResult",
+    "OptionError",
+    "Report",
+    "Violation",
+    "by_id",
+    "catalog",
+    "check_builder",
+]
 
 _HOMES = {
-    "CATALOG": "conformance.invariants",
-    "Invariant": "conformance.invariants",
-    "InvariantResult": "conformance.runner",
-    "Report": "conformance.runner",
-    "check_builder": "conformance.runner",
-    "Violation": "conformance.violations",
+    "Invariant": "conformance.check.catalog",
+    "by_id": "conformance.check.catalog",
+    "catalog": "conformance.check.catalog",
+    "InvariantResult": "conformance.report.model",
+    "OptionError": "conformance.run.options",
+    "Report": "conformance.report.model",
+    "check_builder": "conformance.run.runner",
+    "Violation": "conformance.check.violations",
 }
 
 

@@ -1,43 +1,58 @@
 """``kvref-conformance``: run the kit against a builder and print a report.
 
-Exit status: 0 when every selected invariant holds, 1 when one fails, 2 for a
-usage error (unknown builder, bad option), so a vendor's CI can gate on it.
+Exit status: 0 when every selected invariant was judged and held, 1 when one
+failed or could not be judged, 2 for a usage error (unknown builder, bad
+option, a builder that cannot be constructed), 130 when interrupted (the
+partial report is still printed and written), so a vendor's CI can gate on it.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from conformance.adapters import DEFAULT_BUILDER, BuilderLoadError, load_builder
-from conformance.invariants import CATALOG
-from conformance.reports import format_report, read_xfail_file, write_json, write_junit
-from conformance.runner import PROFILES, check_builder, select_invariants
-
 __all__ = ["main"]
+
+#: Also in :mod:`conformance.run.adapters`; repeated here so ``--help`` needs no import of it.
+_DEFAULT_BUILDER = "kvref:ReferenceKVCacheConfigBuilder"
+_PROFILES = ("ci", "thorough")
 
 
 class _UsageError(Exception):
     pass
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvref")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvref-conformance",
-        description="Check a KV cache config builder against vLLM 0.33.0's builder contract.",
+        description="Check a KV cache config builder against vLLM 0.33.0's builder contract "
+        "(docs/contract.md).",
     )
     parser.add_argument(
         "builder",
         nargs="?",
-        default=DEFAULT_BUILDER,
-        help=f"module:Class or module.Class of the builder (default: {DEFAULT_BUILDER})",
+        default=_DEFAULT_BUILDER,
+        help="module:Class, module.Class or path/to/file.py:Class of the builder "
+        f"(default: {_DEFAULT_BUILDER}); the current directory is on the import path",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--device", default="cpu", help="torch device for the device checks")
-    parser.add_argument("--max-examples", type=int, help="examples per scenario")
+    parser.add_argument("--max-examples", type=int, help="examples per scenario (>= 1)")
     parser.add_argument("--seed", type=int, help="seed of the run (printed in the report)")
     parser.add_argument(
         "--select", help="comma-separated invariant ids or prefixes (e.g. KV-PLACE,KV-CORE-SLACK)"
@@ -50,9 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", type=Path, help="write the report as JSON to this path")
     parser.add_argument("--junit", type=Path, help="write the report as JUnit XML to this path")
-    parser.add_argument("--profile", default="ci", choices=sorted(PROFILES))
+    parser.add_argument("--profile", default="ci", choices=_PROFILES)
     parser.add_argument("--timeout", type=float, default=10.0, help="per-call deadline, seconds")
-    parser.add_argument("--max-alloc-bytes", type=int, help="cap of one device allocation")
+    parser.add_argument("--max-alloc-bytes", type=int, help="cap of one device allocation (> 0)")
     parser.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
     parser.add_argument(
         "--database",
@@ -82,7 +97,8 @@ class _Progress:
             f"({scenario}, {time.perf_counter() - self.started:.0f}s)"
         )
         if self.tty:
-            self.stream.write("\r" + line)
+            # Clear to the end of the line: a shorter line must not leave stale text.
+            self.stream.write("\r" + line + "\x1b[K")
             self.stream.flush()
         elif scenario != self.last or done == total:
             self.stream.write(line + "\n")
@@ -90,13 +106,14 @@ class _Progress:
 
     def close(self) -> None:
         if self.tty:
-            self.stream.write("\n")
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
 
 
 def _split(value: str | None) -> list[str] | None:
     if value is None:
         return None
-    return [v.strip() for v in value.split(",") if v.strip()]
+    return [v.strip() for v in value.split(",")]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -113,49 +130,108 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def _list() -> int:
+    from conformance.check.catalog import catalog
+
+    for inv in catalog():
+        scenarios = ",".join(inv.scenarios) if len(inv.scenarios) < 3 else "every"
+        print(f"{inv.id:28} {scenarios:16} {inv.title}  [{inv.reference}]")
+    return 0
+
+
+def _writable(option: str, path: Path | None) -> None:
+    if path is None:
+        return
+    if path.is_dir():
+        raise _UsageError(f"{option} {str(path)!r} is a directory, not a file path")
+    parent = path.parent if str(path.parent) else Path()
+    if not parent.is_dir():
+        raise _UsageError(f"{option} {str(path)!r}: the directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise _UsageError(f"{option} {str(path)!r} is not writable")
+
+
+def _xfail(path: Path | None, known: set[str]) -> list[str]:
+    from conformance.report.render import XfailFileError, read_xfail_file
+
+    if path is None:
+        return []
+    try:
+        entries = read_xfail_file(path)
+    except XfailFileError as exc:
+        raise _UsageError(str(exc)) from None
+    for entry in entries:
+        if entry not in known:
+            print(f"warning: xfail id {entry!r} matches no invariant", file=sys.stderr)
+    return [e for e in entries if e in known]
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.list:
-        for inv in CATALOG:
-            print(f"{inv.id:28} {inv.scenario:10} SPEC {inv.spec:14} {inv.title}")
-        return 0
-    if args.max_examples is not None and args.max_examples < 1:
-        raise _UsageError(f"--max-examples={args.max_examples} must be at least 1")
-    if args.timeout <= 0:
-        raise _UsageError(f"--timeout={args.timeout} must be positive")
+        return _list()
+    # As `python -m` does: a vendor's builder module in the current directory imports.
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    from conformance.check.catalog import catalog
+    from conformance.run.adapters import BuilderLoadError, load_builder
+    from conformance.run.options import OptionError, RunOptions
+
+    _writable("--json", args.json)
+    _writable("--junit", args.junit)
+    invariants = catalog()
+    xfail = _xfail(args.xfail_file, {inv.id for inv in invariants})
+    options = RunOptions(
+        builder=args.builder,
+        device=args.device,
+        max_examples=args.max_examples if args.max_examples is not None else 1,
+        seed=args.seed if args.seed is not None else 0,
+        profile=args.profile,
+        select=_split(args.select),
+        unsupported=args.unsupported,
+        timeout=args.timeout,
+        max_alloc_bytes=args.max_alloc_bytes,
+    )
     try:
-        builder = load_builder(args.builder)
-    except BuilderLoadError as exc:
-        raise _UsageError(str(exc)) from None
-    xfail: list[str] = []
-    if args.xfail_file is not None:
-        try:
-            xfail = read_xfail_file(args.xfail_file)
-        except OSError as exc:
-            raise _UsageError(f"cannot read --xfail-file {args.xfail_file}: {exc}") from None
-        known = {inv.id for inv in CATALOG}
-        for entry in xfail:
-            if entry not in known and not entry.startswith("KV-DEV-"):
-                print(f"warning: xfail id {entry!r} matches no invariant", file=sys.stderr)
-    select = _split(args.select)
-    try:
-        if select is not None:
-            select_invariants(CATALOG, [s for s in select if not s.upper().startswith("KV-DEV")])
-    except ValueError as exc:
-        raise _UsageError(str(exc)) from None
+        options.validate(capabilities={c for inv in invariants for c in inv.requires})
+        from conformance.run.runner import select_invariants
+
+        select_invariants(invariants, options.select)
+    except OptionError as exc:
+        raise _UsageError(_as_flag(str(exc))) from None
     try:
         import torch
 
         torch.empty(0, device=args.device)
     except Exception as exc:
         raise _UsageError(f"--device {args.device!r} is not usable here: {exc}") from None
+    try:
+        builder = load_builder(args.builder)
+    except BuilderLoadError as exc:
+        raise _UsageError(str(exc)) from None
+    return _check(args, builder, options, xfail)
+
+
+def _as_flag(message: str) -> str:
+    # check_builder's messages name keyword arguments; the CLI user typed flags.
+    for key in ("max_examples", "max_alloc_bytes", "timeout", "seed", "select", "unsupported"):
+        if message.startswith(f"{key}="):
+            return "--" + key.replace("_", "-") + " " + message[len(key) + 1 :]
+    return message
+
+
+def _check(args: argparse.Namespace, builder: object, options: object, xfail: list[str]) -> int:
+    from conformance.report.render import format_report, write_json, write_junit
+    from conformance.run.options import OptionError
+    from conformance.run.runner import check_builder
+
     progress = _Progress(sys.stderr)
     try:
         report = check_builder(
-            builder,
+            builder,  # type: ignore[arg-type]
             device=args.device,
             max_examples=args.max_examples,
             seed=args.seed,
-            select=select,
+            select=_split(args.select),
             xfail=xfail,
             timeout=args.timeout,
             unsupported=_split(args.unsupported),
@@ -166,17 +242,35 @@ def _run(args: argparse.Namespace) -> int:
             shrink=not args.no_shrink,
             database=None if args.no_database else args.database,
         )
-    except ValueError as exc:
-        raise _UsageError(str(exc)) from None
+    except OptionError as exc:
+        raise _UsageError(_as_flag(str(exc))) from None
     finally:
         progress.close()
+    del options
     print(format_report(report))
     if args.json is not None:
         write_json(report, args.json)
     if args.junit is not None:
         write_junit(report, args.junit)
+    if report.interrupted:
+        return 130
     return 0 if report.ok else 1
 
 
+def entry() -> None:
+    """Console-script entry: exit with :func:`main`'s status, whatever threads a builder left."""
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if any(
+        t.is_alive() and not t.daemon
+        for t in threading.enumerate()
+        if t is not threading.main_thread()
+    ):
+        # A builder started a non-daemon thread; the run is over, so do not wait for it.
+        os._exit(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()

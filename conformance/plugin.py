@@ -2,35 +2,85 @@
 
 One pytest item per invariant (the items share no state, so ``pytest -n auto``
 spreads them over cores); JUnit output through pytest's own ``--junitxml``.
+The plugin is loaded in every pytest session of the environment, so it costs
+nothing there: no import of torch or the kit, no header and no work unless
+``--kv-builder`` is given.  Bad options are one ``pytest.UsageError``.
+
+Verdicts map as: PASS passes; FAIL and INCONCLUSIVE fail; N/A and SKIP
+skip; XFAIL is an xfail; XPASS is pytest's non-strict XPASS (reported, not
+failing), as in the CLI.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from conformance.adapters import DEFAULT_BUILDER
+__all__ = ["pytest_addoption", "pytest_configure", "pytest_report_header"]
 
-__all__ = ["pytest_addoption", "pytest_report_header"]
+_OPTIONS = (
+    ("--kv-builder", {"default": None, "help": "module:Class of the builder to check"}),
+    ("--kv-device", {"default": "cpu", "help": "torch device for the device checks"}),
+    ("--kv-max-examples", {"type": int, "default": None, "help": "examples per scenario"}),
+    ("--kv-seed", {"type": int, "default": None, "help": "seed (default: random)"}),
+    ("--kv-profile", {"default": "ci", "help": "ci or thorough"}),
+    ("--kv-xfail-file", {"default": None, "help": "file of invariant ids expected to fail"}),
+    ("--kv-unsupported", {"default": "", "help": "capabilities the builder lacks"}),
+    ("--kv-timeout", {"type": float, "default": 10.0, "help": "per-call deadline, seconds"}),
+    ("--kv-max-alloc-bytes", {"type": int, "default": None, "help": "cap of one allocation"}),
+    (
+        "--kv-database",
+        {"default": None, "help": "Hypothesis example database directory: replay and save"},
+    ),
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Register the kit's options in one group."""
     group = parser.getgroup("kvref-conformance", "kvref KV cache builder conformance")
-    group.addoption("--kv-builder", default=DEFAULT_BUILDER, help="module:Class of the builder")
-    group.addoption("--kv-device", default="cpu", help="torch device for the device checks")
-    group.addoption("--kv-max-examples", type=int, default=None, help="examples per scenario")
-    group.addoption("--kv-seed", type=int, default=None, help="seed (default: random)")
-    group.addoption("--kv-profile", default="ci", help="ci or thorough")
-    group.addoption("--kv-xfail-file", default=None, help="file of invariant ids expected to fail")
-    group.addoption("--kv-unsupported", default="", help="capabilities the builder lacks")
-    group.addoption("--kv-timeout", type=float, default=10.0, help="per-call deadline, seconds")
-    group.addoption(
-        "--kv-database",
-        default=None,
-        help="Hypothesis example database directory: replay and save counterexamples",
-    )
+    for flag, kwargs in _OPTIONS:
+        group.addoption(flag, **kwargs)  # type: ignore[arg-type]
+
+
+def _check_options(config: pytest.Config) -> None:
+    """Raise one ``pytest.UsageError`` for the first unusable option."""
+    examples = config.getoption("--kv-max-examples")
+    if examples is not None and examples < 1:
+        raise pytest.UsageError(f"--kv-max-examples={examples} must be at least 1")
+    timeout = config.getoption("--kv-timeout")
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise pytest.UsageError(f"--kv-timeout={timeout} must be a finite number > 0")
+    cap = config.getoption("--kv-max-alloc-bytes")
+    if cap is not None and cap < 1:
+        raise pytest.UsageError(f"--kv-max-alloc-bytes={cap} must be a positive int")
+    profile = config.getoption("--kv-profile")
+    if profile not in ("ci", "thorough"):
+        raise pytest.UsageError(f"--kv-profile={profile!r} is not one of ['ci', 'thorough']")
+    from conformance.check.catalog import catalog
+
+    known = {c for inv in catalog() for c in inv.requires}
+    for capability in _list(config.getoption("--kv-unsupported")):
+        if capability not in known:
+            raise pytest.UsageError(
+                f"--kv-unsupported {capability!r} is not a capability the kit knows "
+                f"(known: {', '.join(sorted(known))})"
+            )
+    xfail_ids(config)
+    from conformance.run.adapters import BuilderLoadError, load_builder
+
+    try:
+        load_builder(config.getoption("--kv-builder"))
+    except BuilderLoadError as exc:
+        raise pytest.UsageError(f"--kv-builder: {exc}") from None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Check the kit's options once, before collection, when a builder is given."""
+    if config.getoption("--kv-builder", default=None) is not None:
+        _check_options(config)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -48,20 +98,68 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     ]
 
 
+def _list(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
 def xfail_ids(config: pytest.Config) -> list[str]:
-    """Ids of the ``--kv-xfail-file``, warning about ids that match no invariant."""
-    from conformance.invariants import CATALOG
-    from conformance.reports import read_xfail_file
+    """Ids of the ``--kv-xfail-file``, warning about ids that match no invariant.
+
+    Raises:
+        pytest.UsageError: the file cannot be read.
+    """
+    from conformance.check.catalog import catalog
+    from conformance.report.render import XfailFileError, read_xfail_file
 
     path = config.getoption("--kv-xfail-file")
     if not path:
         return []
-    ids = read_xfail_file(Path(path))
-    known = {inv.id for inv in CATALOG}
+    try:
+        ids = read_xfail_file(Path(path))
+    except XfailFileError as exc:
+        raise pytest.UsageError(f"--kv-xfail-file: {exc}") from None
+    known = {inv.id for inv in catalog()}
     for entry in ids:
-        if entry not in known and not entry.startswith("KV-DEV"):
+        if entry not in known:
             config.issue_config_time_warning(
                 pytest.PytestWarning(f"--kv-xfail-file names {entry!r}, which is no invariant id"),
                 stacklevel=2,
             )
     return ids
+
+
+def run_item(invariant: str, request: pytest.FixtureRequest) -> None:
+    """Check one invariant and map its verdict onto pytest's outcomes."""
+    from conformance.report.render import format_report
+    from conformance.run.adapters import load_builder
+    from conformance.run.runner import check_builder
+
+    config = request.config
+    builder_name = config.getoption("--kv-builder")
+    if builder_name is None:
+        pytest.skip("give --kv-builder module:Class to check a builder")
+    xfail = xfail_ids(config)
+    report = check_builder(
+        load_builder(builder_name),
+        device=config.getoption("--kv-device"),
+        max_examples=config.getoption("--kv-max-examples"),
+        seed=config.getoption("--kv-seed"),
+        select=[invariant],
+        xfail=[x for x in xfail if x == invariant],
+        timeout=config.getoption("--kv-timeout"),
+        unsupported=_list(config.getoption("--kv-unsupported")),
+        profile=config.getoption("--kv-profile"),
+        max_alloc_bytes=config.getoption("--kv-max-alloc-bytes"),
+        name=builder_name,
+        database=config.getoption("--kv-database"),
+    )
+    result: Any = report.result(invariant)
+    if result.status in ("skipped", "not-applicable"):
+        pytest.skip(f"{result.status}: {result.reason}")
+    if result.status == "xfail":
+        pytest.xfail(f"{invariant} is in the xfail file: {result.reason or result.title}")
+    if result.status == "xpass":
+        request.applymarker(pytest.mark.xfail(strict=False, reason=f"{invariant} in xfail file"))
+        return
+    if result.status in ("fail", "inconclusive"):
+        pytest.fail(format_report(report), pytrace=False)

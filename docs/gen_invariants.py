@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conformance.device_invariants import invariants as device_invariants
-from conformance.invariants import CATALOG
+from conformance.check.catalog import catalog
 
 
 def render() -> str:
@@ -16,16 +15,19 @@ def render() -> str:
     lines = [
         "# Invariant catalog",
         "",
-        "Generated from `conformance/invariants.py` and `conformance/device.py` by",
+        "Generated from the kit's catalog (`conformance/check/`) by",
         "`python docs/gen_invariants.py`; do not edit by hand. Ids are stable: use them",
-        "in `--select` and xfail files.",
+        "in `--select` and xfail files. Each links to the section of the",
+        "[contract](contract.md) that states the promise.",
         "",
-        "| id | scenario | SPEC | requires | title |",
+        "| id | scenarios | contract | requires | title |",
         "|---|---|---|---|---|",
     ]
-    for inv in [*CATALOG, *device_invariants("cpu", None)]:
+    for inv in catalog():
         requires = ", ".join(sorted(inv.requires)) or "-"
-        lines.append(f"| `{inv.id}` | {inv.scenario} | {inv.spec} | {requires} | {inv.title} |")
+        scenarios = ", ".join(inv.scenarios) if len(inv.scenarios) < 3 else "every scenario"
+        anchor = f"[{inv.anchor}](contract.md#{inv.anchor})"
+        lines.append(f"| `{inv.id}` | {scenarios} | {anchor} | {requires} | {inv.title} |")
     return "\n".join(lines) + "\n"
 
 

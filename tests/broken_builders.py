@@ -651,6 +651,18 @@ class IgnoresAlignment(_Base):
         return attrs.evolve(result, kv_cache_groups=list(kv_cache_groups))
 
 
+class ConstructsOnce(_Base):
+    """Constructs the first time only, as a builder that grabs a one-off resource in __init__."""
+
+    CAUGHT_BY = "KV-CALL-CONSTRUCT"
+    made = 0
+
+    def __init__(self) -> None:
+        type(self).made += 1
+        if type(self).made > 1:
+            raise RuntimeError("the builder's resource is already taken")
+
+
 ALL: tuple[type[_Base], ...] = (
     DroppedLayer,
     DuplicatedLayer,
@@ -688,4 +700,5 @@ ALL: tuple[type[_Base], ...] = (
     StatefulPlacement,
     SwappedLayers,
     IgnoresAlignment,
+    ConstructsOnce,
 )

@@ -1,4 +1,4 @@
-"""conformance.device: each device invariant passes sound configs and catches its own fault.
+"""conformance.check.device: each device invariant passes sound configs and catches its own fault.
 
 Real allocations run on ``KVREF_TEST_DEVICE`` (default cpu); shape-only checks
 also run on meta.  The memory counter, which cpu lacks, is exercised with fake
@@ -22,7 +22,7 @@ from _devcases import (
     worked_example,
 )
 
-from conformance.device import (
+from conformance.check.device import (
     DEVICE_CHECKS,
     KV_DEV_ALLOC,
     KV_DEV_HOST,

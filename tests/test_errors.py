@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance import strategies as kst
+from conformance.generate import strategies as kst
 from kvref import (
     FullAttentionSpec,
     KVRefError,

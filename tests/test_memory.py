@@ -1,4 +1,4 @@
-"""Tests of conformance.memory: footprint checks P2, P3 and P4 (SPEC 6)."""
+"""Tests of conformance.check.memory: footprint checks P2, P3 and P4 (SPEC 6)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conformance.memory import (
+from conformance.check.memory import (
     OutOfBounds,
     Overlap,
     PageRef,

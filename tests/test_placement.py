@@ -129,7 +129,7 @@ class TestDeliberateDifferences:
 
     def test_common_stride_prevents_block_aliasing(self) -> None:
         """SPEC 6's example: vLLM strides G0 by 96 and G1 by 128; kvref strides both by 192."""
-        from conformance.memory import find_block_overlaps
+        from conformance.check.memory import find_block_overlaps
 
         f = FullAttentionSpec(
             block_size=2, num_kv_heads=1, head_size=12, dtype="float16", block_stride_alignment=24

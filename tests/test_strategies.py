@@ -1,4 +1,4 @@
-"""Tests of the kit's Hypothesis strategies (conformance.strategies)."""
+"""Tests of the kit's Hypothesis strategies (conformance.generate.strategies)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
-from conformance import strategies as cs
-from conformance.strategies import Model, PlanningProblem
+from conformance.generate import strategies as cs
+from conformance.generate.strategies import Model, PlanningProblem
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.errors import InsufficientMemoryError

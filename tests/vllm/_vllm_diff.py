@@ -19,7 +19,7 @@ pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 
-from conformance.vllm_adapter import wrap_vllm_builder
+from conformance.run.vllm_adapter import wrap_vllm_builder
 from kvref import (
     InsufficientMemoryError,
     KVCachePlan,
@@ -152,7 +152,7 @@ def mixed_layer_outer_strides(config: PlanningConfig, workers: Workers) -> bool:
 
 def assert_common_stride_difference(config: PlanningConfig, ref: Outcome, vl: Outcome) -> None:
     """kvref's plan has no aliasing block IDs; vLLM's, when it has two blocks or more, has some."""
-    from conformance.memory import find_block_overlaps
+    from conformance.check.memory import find_block_overlaps
 
     if ref.plan is not None:
         for c in ref.plan.configs:

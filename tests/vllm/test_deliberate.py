@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 from _vllm_diff import VLLMDefault, group_names, run_kvref, run_vllm
 
-from conformance.memory import check_memory
+from conformance.check.memory import check_memory
 from kvref import (
     FullAttentionSpec,
     InsufficientMemoryError,

@@ -26,7 +26,7 @@ from _vllm_diff import (
 )
 from hypothesis import HealthCheck, assume, given, settings
 
-from conformance import strategies as kst
+from conformance.generate import strategies as kst
 from kvref import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,

@@ -12,11 +12,11 @@ import pytest
 from _vllm_diff import VLLMDefault
 from hypothesis import HealthCheck, given, settings
 
-from conformance import strategies as kst
-from conformance.adapters import load_builder
-from conformance.guard import Guard
-from conformance.invariants import by_id
-from conformance.scenarios import observe_core, observe_placement
+from conformance.check.catalog import by_id
+from conformance.generate import strategies as kst
+from conformance.run.adapters import load_builder
+from conformance.run.guard import Guard
+from conformance.run.scenarios import Context, make_factory, observe_core, observe_placement
 from kvref import (
     FullAttentionSpec,
     KVCacheConfigBuilder,
@@ -65,14 +65,13 @@ class TestDefects:
         config = PlanningConfig(
             max_model_len=8192, kv_cache_layout=KVCacheLayout.BLHNC, pipeline_parallel_size=2
         )
-        obs = observe_core(
-            VLLMDefault,
-            Guard(60.0),
-            config,
-            [w0, w1],
-            [GIB, GIB],
+        guard = Guard(60.0)
+        ctx = Context(
+            factory=make_factory(VLLMDefault, guard),
+            guard=guard,
             core=VLLMDefault.kvref_core,  # type: ignore[attr-defined]
         )
+        obs = observe_core(ctx, config, [w0, w1], [GIB, GIB])
         found = by_id()["KV-CORE-WORKER-LAYERS"].check(obs)
         assert found, "vLLM's PP projection defect must be reported"
         assert "f0" in found[0].message
@@ -83,7 +82,7 @@ class TestDefects:
     @given(problem=kst.vllm_p3_alias_problems())
     def test_layer_outer_alias_trips_block_alias(self, problem: kst.PlanningProblem) -> None:
         """The kit's demo strategy for SPEC 6's alias: KV-PLACE-NO-BLOCK-ALIAS fires on vLLM."""
-        obs = observe_placement(
-            VLLMDefault, Guard(60.0), problem.config, problem.specs, num_blocks=4
-        )
+        guard = Guard(60.0)
+        ctx = Context(factory=make_factory(VLLMDefault, guard), guard=guard)
+        obs = observe_placement(ctx, problem.config, problem.specs, num_blocks=4)
         assert by_id()["KV-PLACE-NO-BLOCK-ALIAS"].check(obs)

@@ -1,7 +1,7 @@
 """What the kit saw a builder do on one generated example.
 
 An observation bundles the inputs the kit generated and the guarded results
-of every builder call it made for them.  Invariants (:mod:`conformance.invariants`)
+of every builder call it made for them.  Invariants (:mod:`conformance.check.invariants_old`)
 are pure functions of observations, so one set of calls serves every
 invariant of a scenario, and a failing invariant can be re-checked on a
 shrunk example without touching the others.
@@ -14,7 +14,8 @@ from typing import Any
 
 import attrs
 
-from conformance.guard import CallResult
+from conformance.check.violations import Violation
+from conformance.run.guard import CallResult
 from kvref.config import PlanningConfig
 from kvref.layout import KVCacheLayout
 from kvref.planning import KVCachePlan
@@ -22,6 +23,7 @@ from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
 
 __all__ = [
+    "ConstructFailure",
     "CoreObservation",
     "GroupingObservation",
     "HostObservation",
@@ -39,7 +41,8 @@ class GroupingObservation:
         first: the first call's result.
         second: the same instance, same input, again.
         fresh: a fresh instance, same input.
-        mutated: the call changed the dict it was given.
+        mutations: how the calls changed what they were given (layers of the
+            dict, or fields of the spec objects), one line each.
     """
 
     config: PlanningConfig
@@ -47,7 +50,12 @@ class GroupingObservation:
     first: CallResult
     second: CallResult
     fresh: CallResult
-    mutated: bool
+    mutations: tuple[str, ...] = ()
+
+    @property
+    def mutated(self) -> bool:
+        """Whether a call changed what it was given."""
+        return bool(self.mutations)
 
 
 @attrs.frozen(kw_only=True)
@@ -64,9 +72,12 @@ class PlacementObservation:
         results: block count to the call's result (1, ``num_blocks`` and a larger one).
         repeat: ``num_blocks`` again on the same instance.
         fresh: ``num_blocks`` on a fresh instance.
-        mutated: a call changed the group list it was given.
-        pool_bytes: the builder's ``_get_pool_bytes_per_block`` answer, when it gives one.
+        mutations: how the calls changed the groups they were given, one line each.
+        pool_bytes: the builder's ``_get_pool_bytes_per_block`` call (``None``: not
+            asked, as Core never asks about an empty group list).
         empty: the call with no groups (an attention-free model).
+        device: the torch device of the run's device checks.
+        max_alloc_bytes: cap of one allocation of the device checks (``None``: the default).
     """
 
     config: PlanningConfig
@@ -77,9 +88,24 @@ class PlacementObservation:
     results: Mapping[int, CallResult]
     repeat: CallResult
     fresh: CallResult
-    mutated: bool
+    mutations: tuple[str, ...]
     pool_bytes: CallResult | None
     empty: CallResult
+    device: str = "cpu"
+    max_alloc_bytes: int | None = None
+
+    @property
+    def mutated(self) -> bool:
+        """Whether a call changed what it was given."""
+        return bool(self.mutations)
+
+    @property
+    def declared_pool_bytes(self) -> int | None:
+        """The builder's ``_get_pool_bytes_per_block`` answer when it gave a number."""
+        if self.pool_bytes is None or not self.pool_bytes.ok:
+            return None
+        value: Any = self.pool_bytes.value
+        return value if isinstance(value, int) else None
 
     @property
     def layout(self) -> KVCacheLayout:
@@ -106,6 +132,8 @@ class HostObservation:
         placed: placement of those groups at ``num_blocks`` (when grouping worked).
         device_only: placement of the device groups alone at ``num_blocks``.
         num_blocks: the device block count asked for.
+        device: the torch device of the run's device checks.
+        max_alloc_bytes: cap of one allocation of the device checks (``None``: the default).
     """
 
     config: PlanningConfig
@@ -114,6 +142,8 @@ class HostObservation:
     placed: CallResult | None
     device_only: CallResult | None
     num_blocks: int
+    device: str = "cpu"
+    max_alloc_bytes: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -125,15 +155,32 @@ class CoreObservation:
         workers: one ``{layer: spec}`` dict per worker.
         available_memory: bytes per worker.
         result: the flow's outcome: a :class:`~kvref.planning.KVCachePlan` or an error.
+        hook_verdicts: the grouping and placement invariants the hook answers
+            inside the flow were judged by, each with its violations.
+        hook_failures: hook calls inside the flow that raised or returned the
+            wrong type (the flow stopped at the first).
     """
 
     config: PlanningConfig
     workers: tuple[Mapping[str, KVCacheSpec], ...]
     available_memory: tuple[int, ...]
     result: CallResult
+    hook_verdicts: Mapping[str, tuple[Violation, ...]] = attrs.field(factory=dict)
+    hook_failures: tuple[CallResult, ...] = ()
 
     @property
     def plan(self) -> KVCachePlan | None:
         """The plan when the flow returned one."""
         value: Any = self.result.value
         return value if self.result.ok and isinstance(value, KVCachePlan) else None
+
+
+@attrs.frozen(kw_only=True)
+class ConstructFailure:
+    """The builder could not be constructed for an example; nothing else was observed.
+
+    Attributes:
+        result: the failed construction call.
+    """
+
+    result: CallResult

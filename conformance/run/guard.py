@@ -33,6 +33,7 @@ class CallResult:
         timed_out: it ran past the deadline (or the builder hung before).
         wrong_type: what was returned instead of the expected type.
         seconds: wall time of the call.
+        not_called: the call was not made because the builder hung before.
     """
 
     hook: str
@@ -43,6 +44,7 @@ class CallResult:
     timed_out: bool = False
     wrong_type: str | None = None
     seconds: float = 0.0
+    not_called: bool = False
 
     @property
     def ok(self) -> bool:
@@ -88,7 +90,7 @@ class Guard:
             timeout: this call's deadline, when it is not the guard's per-call one.
         """
         if self.hung is not None:
-            return CallResult(hook=hook, timed_out=True)
+            return CallResult(hook=hook, timed_out=True, not_called=True)
         self.calls += 1
         box: dict[str, Any] = {}
 

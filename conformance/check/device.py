@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from conformance.violations import Violation
+from conformance.check.violations import Violation
 from kvref.allocation import (
     KVCacheAllocation,
     TensorGeometry,

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
+from pathlib import Path
 from typing import Any
 
-from conformance.vllm_adapter import wrap_vllm_builder
+from conformance.run.vllm_adapter import wrap_vllm_builder
 from kvref.builder import KVCacheConfigBuilder, ReferenceKVCacheConfigBuilder
 from kvref.interop.vllm import INSTALL_HINT, VLLMUnavailableError
 
@@ -38,14 +41,21 @@ def load_builder(spec: str) -> type[KVCacheConfigBuilder] | KVCacheConfigBuilder
     if spec in ("", "reference", DEFAULT_BUILDER):
         return ReferenceKVCacheConfigBuilder
     if ":" in spec:
-        module_name, _, attr = spec.partition(":")
+        module_name, _, attr = spec.rpartition(":")
     else:
         module_name, _, attr = spec.rpartition(".")
     if not module_name or not attr:
-        raise BuilderLoadError(f"builder {spec!r} must be given as module:Class or module.Class")
+        raise BuilderLoadError(
+            f"builder {spec!r} must be given as module:Class, module.Class or path/to/file.py:Class"
+        )
     try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
+        if module_name.endswith(".py"):
+            module = _import_file(Path(module_name))
+        else:
+            module = importlib.import_module(module_name)
+    except BuilderLoadError:
+        raise
+    except (Exception, SystemExit) as exc:
         hint = ""
         if module_name.split(".")[0] == "vllm":
             hint = f". {INSTALL_HINT}"
@@ -72,6 +82,21 @@ def load_builder(spec: str) -> type[KVCacheConfigBuilder] | KVCacheConfigBuilder
         missing = ", ".join(sorted(abstract))
         raise BuilderLoadError(f"{spec!r} is abstract: it does not implement {missing}")
     return obj  # type: ignore[no-any-return]
+
+
+def _import_file(path: Path) -> Any:
+    """Import a builder's source file by path (how a ``__main__`` builder is named)."""
+    if not path.is_file():
+        raise BuilderLoadError(f"builder file {str(path)!r} does not exist")
+    name = f"kvref_conformance_builder_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise BuilderLoadError(f"cannot import {str(path)!r} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    # A __main__ guard in the file keeps its script part from running here.
+    spec.loader.exec_module(module)
+    return module
 
 
 def _wrap_vllm(spec: str, obj: Any) -> type[KVCacheConfigBuilder]:

@@ -1,0 +1,188 @@
+"""The invariant catalog: one object, filled by the check modules where each check is written.
+
+Each check is declared once, next to its function, with :func:`invariant`
+(or :func:`register` for checks made by a factory).  Everything that needs
+the catalog (the runner, ``--list``, xfail validation, the pytest plugin,
+the generated docs) reads :func:`catalog`.
+
+A check takes one observation (:mod:`conformance.run.observations`) and
+returns an :data:`Outcome`:
+
+- a list of violations: the example judged the invariant (empty: it held);
+- :class:`Unjudged` (or ``None``): the example could not judge it, because
+  a call it needs failed (the ``KV-CALL-*`` invariants report that) or the
+  example does not reach it;
+- :class:`Unjudged` with ``applicable=False``: the invariant cannot apply
+  to this run at all (the device has no memory counter).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import attrs
+
+from conformance.check.violations import Violation
+
+__all__ = [
+    "CONTRACT",
+    "SCENARIOS",
+    "Check",
+    "Invariant",
+    "Outcome",
+    "Unjudged",
+    "by_id",
+    "catalog",
+    "invariant",
+    "register",
+    "violation",
+]
+
+#: The contract document every invariant cites (shipped in the repository's docs).
+CONTRACT = "docs/contract.md"
+
+#: The scenarios that observe the builder, in the order the runner runs them.
+SCENARIOS: tuple[str, ...] = ("grouping", "placement", "host", "core", "device")
+
+#: The check modules, imported in this order; their registration order is the catalog's.
+_MODULES = (
+    "conformance.check.calls",
+    "conformance.check.grouping",
+    "conformance.check.placement",
+    "conformance.check.host",
+    "conformance.check.core",
+    "conformance.check.device_rows",
+)
+
+
+@attrs.frozen
+class Unjudged:
+    """An example that said nothing about an invariant.
+
+    Attributes:
+        reason: why, in a sentence.
+        applicable: ``False`` when the invariant cannot apply to this run at all
+            (the device cannot measure it), as opposed to this one example not
+            reaching it.
+    """
+
+    reason: str
+    applicable: bool = True
+
+
+Outcome = "list[Violation] | Unjudged | None"
+Check = Callable[[Any], Any]
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+@attrs.frozen(kw_only=True)
+class Invariant:
+    """One promise of the builder contract.
+
+    Attributes:
+        id: stable id, e.g. ``"KV-GROUP-PARTITION"``; vendors put ids in xfail files.
+        title: one line.
+        anchor: the section of the contract document that states the promise.
+        scenarios: the scenarios whose observations it reads.
+        check: the pure check.
+        requires: capabilities the builder must have for it to apply; a builder
+            that declares one unsupported gets the invariant skipped.
+    """
+
+    id: str
+    title: str
+    anchor: str
+    scenarios: tuple[str, ...]
+    check: Check
+    requires: frozenset[str] = frozenset()
+
+    @property
+    def reference(self) -> str:
+        """Where the contract states the promise, e.g. ``docs/contract.md#grouping-partition``."""
+        return f"{CONTRACT}#{self.anchor}"
+
+    @property
+    def scenario(self) -> str:
+        """The first scenario it reads (the only one, except for the call invariants)."""
+        return self.scenarios[0]
+
+
+_REGISTRY: dict[str, Invariant] = {}
+
+
+def register(inv: Invariant) -> Invariant:
+    """Add ``inv`` to the catalog.
+
+    Raises:
+        ValueError: another invariant has the same id.
+    """
+    known = _REGISTRY.get(inv.id)
+    if known is not None and known.check is not inv.check:
+        raise ValueError(f"invariant id {inv.id!r} is declared twice")
+    _REGISTRY[inv.id] = inv
+    return inv
+
+
+def invariant(
+    id: str,
+    title: str,
+    *,
+    anchor: str,
+    scenario: str | Iterable[str],
+    requires: Iterable[str] = (),
+    in_core: bool = False,
+) -> Callable[[_F], _F]:
+    """Declare the decorated function as the check of invariant ``id``.
+
+    With ``in_core``, the invariant also judges the hook answers made inside
+    Core's flow (the Core proxy runs the same check on each of them).
+    """
+    scenarios = (scenario,) if isinstance(scenario, str) else tuple(scenario)
+
+    def declare(fn: _F) -> _F:
+        register(
+            Invariant(
+                id=id,
+                title=title,
+                anchor=anchor,
+                scenarios=(*scenarios, "core") if in_core else scenarios,
+                check=judged_in_core(id, fn) if in_core else fn,
+                requires=frozenset(requires),
+            )
+        )
+        return fn
+
+    return declare
+
+
+def judged_in_core(invariant_id: str, check: Check) -> Check:
+    """``check``, answering for Core's flow from the verdicts the Core proxy recorded."""
+
+    def judge(obs: Any) -> Any:
+        verdicts = getattr(obs, "hook_verdicts", None)
+        if verdicts is None:
+            return check(obs)
+        if invariant_id in verdicts:
+            return list(verdicts[invariant_id])
+        return Unjudged("Core's flow made no hook call this invariant judges")
+
+    return judge
+
+
+def catalog() -> tuple[Invariant, ...]:
+    """Every invariant, in catalog order."""
+    for module in _MODULES:
+        importlib.import_module(module)
+    return tuple(_REGISTRY.values())
+
+
+def by_id() -> dict[str, Invariant]:
+    """The catalog keyed by id."""
+    return {inv.id: inv for inv in catalog()}
+
+
+def violation(invariant: str, message: str, **where: Any) -> Violation:
+    """A :class:`Violation` of ``invariant`` (``where``: worker, layer, block, byte_range)."""
+    return Violation(invariant=invariant, message=message, **where)

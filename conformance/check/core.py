@@ -1,0 +1,225 @@
+"""Core-flow invariants: the cross-worker plan Core builds around the builder's hooks."""
+
+from __future__ import annotations
+
+from conformance.check.catalog import invariant
+from conformance.check.catalog import violation as _v
+from conformance.check.violations import Violation
+from conformance.run.observations import CoreObservation
+from kvref.errors import InsufficientMemoryError
+from kvref.planning import max_memory_usage_bytes_from_groups, project_kv_cache_groups_to_worker
+from kvref.records import KVCacheConfig
+
+
+@invariant(
+    "KV-CORE-WORKER-LAYERS",
+    "each worker's config covers exactly its layers",
+    anchor="core-flow",
+    scenario="core",
+)
+def _worker_layers(obs: CoreObservation) -> list[Violation] | None:
+    plan = obs.plan
+    if plan is None:
+        return None
+    out = []
+    for w, (config, specs) in enumerate(zip(plan.configs, obs.workers, strict=False)):
+        grouped = {n for g in config.kv_cache_groups for n in g.layer_names}
+        placed = {n for t in config.kv_cache_tensors for n in t.layers}
+        expected = set(specs)
+        if grouped != expected or placed != expected:
+            missing = sorted(expected - (grouped & placed))[:3]
+            foreign = sorted((grouped | placed) - expected)[:3]
+            out.append(
+                _v(
+                    "KV-CORE-WORKER-LAYERS",
+                    f"the config covers {len(grouped & placed)} of the worker's {len(expected)} "
+                    f"layers (missing {missing}, foreign {foreign})",
+                    worker=w,
+                )
+            )
+    if len(plan.configs) != len(obs.workers):
+        out.append(
+            _v(
+                "KV-CORE-WORKER-LAYERS",
+                f"{len(plan.configs)} configs for {len(obs.workers)} workers",
+            )
+        )
+    return out
+
+
+@invariant(
+    "KV-CORE-SAME-BLOCKS",
+    "all workers end with the same num_blocks",
+    anchor="core-flow",
+    scenario="core",
+)
+def _same_blocks(obs: CoreObservation) -> list[Violation] | None:
+    plan = obs.plan
+    if plan is None:
+        return None
+    counts = [c.num_blocks for c in plan.configs]
+    if len(set(counts)) > 1:
+        return [
+            _v(
+                "KV-CORE-SAME-BLOCKS",
+                f"workers end with different num_blocks {counts}; the scheduler needs one block "
+                "count",
+            )
+        ]
+    return []
+
+
+def _bpb(config: KVCacheConfig) -> int:
+    size = max((t.size for t in config.device_tensors), default=0)
+    return size // config.num_blocks if config.num_blocks else 0
+
+
+@invariant(
+    "KV-CORE-MEMORY",
+    "device bytes never exceed the available memory",
+    anchor="core-flow",
+    scenario="core",
+)
+def _core_memory(obs: CoreObservation) -> list[Violation] | None:
+    plan = obs.plan
+    if plan is None or obs.config.num_gpu_blocks_override is not None:
+        return None if plan is None else []
+    out = []
+    for w, (config, available) in enumerate(zip(plan.configs, obs.available_memory, strict=False)):
+        used = sum({t.size for t in config.device_tensors})
+        if used > available:
+            out.append(
+                _v(
+                    "KV-CORE-MEMORY",
+                    f"the device backing is {used} bytes but only {available} are available",
+                    worker=w,
+                )
+            )
+    return out
+
+
+@invariant(
+    "KV-CORE-SLACK",
+    "the limiting worker has less than one block of slack",
+    anchor="core-flow",
+    scenario="core",
+)
+def _core_slack(obs: CoreObservation) -> list[Violation] | None:
+    plan = obs.plan
+    if plan is None or obs.config.num_gpu_blocks_override is not None:
+        return None if plan is None else []
+    bpbs = [_bpb(c) for c in plan.configs]
+    active = [(w, b) for w, b in enumerate(bpbs) if b > 0]
+    if not active:
+        return []
+    n = plan.configs[0].num_blocks
+    if any((n + 1) * b > obs.available_memory[w] for w, b in active):
+        return []
+    slack = min(obs.available_memory[w] // b - n for w, b in active)
+    return [
+        _v(
+            "KV-CORE-SLACK",
+            f"every worker could hold at least {slack} more blocks than the {n} planned; the "
+            "limiting worker must be left with less than one block",
+        )
+    ]
+
+
+@invariant(
+    "KV-CORE-OVERRIDE",
+    "num_gpu_blocks_override is honoured",
+    anchor="core-flow",
+    scenario="core",
+)
+def _core_override(obs: CoreObservation) -> list[Violation] | None:
+    override = obs.config.num_gpu_blocks_override
+    plan = obs.plan
+    if override is None:
+        return []
+    if plan is None:
+        return None
+    bad = [c.num_blocks for c in plan.configs if c.num_blocks != override]
+    if bad:
+        return [
+            _v(
+                "KV-CORE-OVERRIDE",
+                f"num_gpu_blocks_override={override} but the configs have num_blocks {bad[:4]}",
+            )
+        ]
+    return []
+
+
+@invariant(
+    "KV-CORE-ADMISSION",
+    "insufficient memory is an error, never a config",
+    anchor="core-admission",
+    scenario="core",
+)
+def _core_admission(obs: CoreObservation) -> list[Violation] | None:
+    plan = obs.plan
+    if plan is None:
+        return None
+    if not plan.global_groups:
+        return []
+    out = []
+    length = plan.max_model_len
+    if not obs.config.auto_fit_max_model_len and length != obs.config.max_model_len:
+        out.append(
+            _v(
+                "KV-CORE-ADMISSION",
+                f"the plan is for max_model_len={length} but the config asks for "
+                f"{obs.config.max_model_len} and does not auto-fit",
+            )
+        )
+        length = obs.config.max_model_len
+    elif length > obs.config.max_model_len:
+        out.append(
+            _v(
+                "KV-CORE-ADMISSION",
+                f"auto-fit raised max_model_len to {length}, above the config's "
+                f"{obs.config.max_model_len}",
+            )
+        )
+    config = obs.config.with_max_model_len(length)
+    for w, (cfg, specs) in enumerate(zip(plan.configs, obs.workers, strict=False)):
+        groups = project_kv_cache_groups_to_worker(plan.global_groups, specs)
+        bpb = _bpb(cfg)
+        if bpb == 0:
+            continue
+        available = obs.available_memory[w]
+        if obs.config.num_gpu_blocks_override is not None:
+            available = obs.config.num_gpu_blocks_override * bpb
+        needed = max_memory_usage_bytes_from_groups(config, groups, bpb)
+        if needed > available - bpb:
+            out.append(
+                _v(
+                    "KV-CORE-ADMISSION",
+                    f"a config was returned although one request at max_model_len={length} needs "
+                    f"{needed} bytes and only {available - bpb} are left after the null block; "
+                    "this must be an error",
+                    worker=w,
+                )
+            )
+    return out
+
+
+@invariant(
+    "KV-CORE-ERROR-TYPED",
+    "Core's failures are typed errors with numbers",
+    anchor="core-errors",
+    scenario="core",
+)
+def _core_error_clear(obs: CoreObservation) -> list[Violation] | None:
+    if obs.result.ok or obs.result.error_type is None or obs.result.hook != "core":
+        return None
+    if issubclass(obs.result.error_type, InsufficientMemoryError):
+        return []
+    if not issubclass(obs.result.error_type, ValueError):
+        return [
+            _v(
+                "KV-CORE-ERROR-TYPED",
+                f"Core's flow failed with {obs.result.error}; failures must be typed ValueErrors "
+                "with the numbers in the message",
+            )
+        ]
+    return []

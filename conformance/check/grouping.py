@@ -1,0 +1,261 @@
+"""Grouping invariants: ``get_kv_cache_groups`` partitions the layers into sound groups."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from conformance.check.bounds import named_layer_specs
+from conformance.check.catalog import invariant
+from conformance.check.catalog import violation as _v
+from conformance.check.violations import Violation
+from conformance.run.guard import CallResult
+from conformance.run.observations import GroupingObservation
+from kvref.records import KVCacheGroupSpec
+from kvref.specs import MambaSpec, UniformTypeKVCacheSpecs
+
+
+def returned_groups(result: CallResult) -> list[KVCacheGroupSpec] | None:
+    """The groups a grouping call returned, or ``None`` when it failed."""
+    return list(result.value) if result.ok else None
+
+
+_groups = returned_groups
+
+
+@invariant(
+    "KV-GROUP-PARTITION",
+    "every input layer is in exactly one group",
+    anchor="grouping-partition",
+    scenario="grouping",
+    in_core=True,
+)
+def _partition(obs: GroupingObservation) -> list[Violation] | None:
+    groups = _groups(obs.first)
+    if groups is None:
+        return None
+    where: dict[str, int] = {}
+    out = []
+    for index, group in enumerate(groups):
+        for name in dict.fromkeys(group.layer_names):
+            if name in where and name in obs.specs:
+                out.append(
+                    _v(
+                        "KV-GROUP-PARTITION",
+                        f"layer is in group {where[name]} and group {index}",
+                        layer=name,
+                    )
+                )
+            where.setdefault(name, index)
+    for name in obs.specs:
+        if name not in where:
+            out.append(_v("KV-GROUP-PARTITION", "layer is in no group", layer=name))
+    return out
+
+
+@invariant(
+    "KV-GROUP-UNKNOWN-LAYER",
+    "groups name only layers of the input",
+    anchor="grouping-partition",
+    scenario="grouping",
+    in_core=True,
+)
+def _unknown_layer(obs: GroupingObservation) -> list[Violation] | None:
+    groups = _groups(obs.first)
+    if groups is None:
+        return None
+    return [
+        _v("KV-GROUP-UNKNOWN-LAYER", f"group {i} names a layer the input does not have", layer=n)
+        for i, g in enumerate(groups)
+        for n in g.layer_names
+        if n not in obs.specs
+    ]
+
+
+@invariant(
+    "KV-GROUP-REPEATED-LAYER",
+    "no group lists a layer twice",
+    anchor="grouping-partition",
+    scenario="grouping",
+    in_core=True,
+)
+def _repeated_layer(obs: GroupingObservation) -> list[Violation] | None:
+    groups = _groups(obs.first)
+    if groups is None:
+        return None
+    return [
+        _v("KV-GROUP-REPEATED-LAYER", f"group {i} lists the layer {count} times", layer=name)
+        for i, g in enumerate(groups)
+        for name, count in Counter(g.layer_names).items()
+        if count > 1
+    ]
+
+
+@invariant(
+    "KV-GROUP-NONEMPTY",
+    "no global group is empty",
+    anchor="grouping-partition",
+    scenario="grouping",
+    in_core=True,
+)
+def _nonempty(obs: GroupingObservation) -> list[Violation] | None:
+    groups = _groups(obs.first)
+    if groups is None:
+        return None
+    return [
+        _v("KV-GROUP-NONEMPTY", f"group {i} has no layer; global groups must hold layers")
+        for i, g in enumerate(groups)
+        if not g.layer_names
+    ]
+
+
+@invariant(
+    "KV-GROUP-WRAPPER",
+    "a uniform-type group's wrapper covers exactly its layers",
+    anchor="grouping-group-specs",
+    scenario="grouping",
+    in_core=True,
+)
+def _wrapper(obs: GroupingObservation) -> list[Violation] | None:
+    groups = _groups(obs.first)
+    if groups is None:
+        return None
+    out = []
+    for i, g in enumerate(groups):
+        spec = g.kv_cache_spec
+        if isinstance(spec, UniformTypeKVCacheSpecs) and g.layer_names:  # empty: KV-GROUP-NONEMPTY
+            extra = [n for n in spec.kv_cache_specs if n not in g.layer_names]
+            missing = [n for n in g.layer_names if n not in spec.kv_cache_specs]
+            if extra or missing:
+                out.append(
+                    _v(
+                        "KV-GROUP-WRAPPER",
+                        f"group {i}'s UniformTypeKVCacheSpecs covers "
+                        f"{sorted(spec.kv_cache_specs)[:4]}"
+                        f" but the group names {list(g.layer_names)[:4]} (extra {extra[:3]}, "
+                        f"missing {missing[:3]})",
+                    )
+                )
+    return out
+
+
+@invariant(
+    "KV-GROUP-ONE-BLOCK-SIZE",
+    "the layers of a group share one block size",
+    anchor="grouping-group-specs",
+    scenario="grouping",
+    in_core=True,
+)
+def _one_block_size(obs: GroupingObservation) -> list[Violation] | None:
+    groups = _groups(obs.first)
+    if groups is None:
+        return None
+    out = []
+    for i, g in enumerate(groups):
+        sizes = sorted({s.block_size for _, s in named_layer_specs(g)})
+        if len(sizes) > 1:
+            out.append(
+                _v(
+                    "KV-GROUP-ONE-BLOCK-SIZE",
+                    f"group {i} mixes block sizes {sizes}; one block table has one block size",
+                )
+            )
+    return out
+
+
+@invariant(
+    "KV-GROUP-LAYER-SPEC",
+    "a layer's group spec stores what the layer stores and never shrinks its page",
+    anchor="grouping-group-specs",
+    scenario="grouping",
+    in_core=True,
+)
+def _layer_spec_kept(obs: GroupingObservation) -> list[Violation] | None:
+    groups = _groups(obs.first)
+    if groups is None:
+        return None
+    out = []
+    for i, g in enumerate(groups):
+        for name, spec in named_layer_specs(g):
+            given = obs.specs.get(name)
+            if given is None:
+                continue
+            problems = []
+            if isinstance(given, MambaSpec):
+                # One state per request: the block size says nothing about its bytes.
+                if spec.page_size_bytes < given.page_size_bytes:
+                    problems.append(
+                        f"page {spec.page_size_bytes} B is smaller than the layer's state page "
+                        f"of {given.page_size_bytes} B"
+                    )
+            elif spec.page_size_bytes * given.block_size < given.page_size_bytes * spec.block_size:
+                # Block sizes may change (unification scales them, promotion takes the
+                # full layers'), but never the bytes each token keeps.
+                problems.append(
+                    f"page {spec.page_size_bytes} B for {spec.block_size} tokens keeps fewer "
+                    f"bytes per token than the layer's {given.page_size_bytes} B for "
+                    f"{given.block_size} tokens"
+                )
+            if spec.state_content_size_bytes != given.state_content_size_bytes or (
+                spec.num_page_heads != given.num_page_heads
+            ):
+                problems.append(
+                    f"stores (H={spec.num_page_heads}, C={spec.state_content_size_bytes}) per "
+                    "state "
+                    f"where the layer stores (H={given.num_page_heads}, "
+                    f"C={given.state_content_size_bytes})"
+                )
+            if problems:
+                out.append(
+                    _v(
+                        "KV-GROUP-LAYER-SPEC",
+                        f"group {i}'s spec for the layer shrinks or changes it: "
+                        + "; ".join(problems),
+                        layer=name,
+                    )
+                )
+    return out
+
+
+@invariant(
+    "KV-GROUP-INPUT-UNCHANGED",
+    "grouping keeps the layer names it was given",
+    anchor="hook-purity",
+    scenario="grouping",
+)
+def _grouping_input(obs: GroupingObservation) -> list[Violation] | None:
+    if obs.mutated:
+        return [
+            _v(
+                "KV-GROUP-INPUT-UNCHANGED",
+                "get_kv_cache_groups added, removed or reordered layers of the dict it was "
+                "given (rewriting specs in place is allowed)",
+            )
+        ]
+    return []
+
+
+@invariant(
+    "KV-GROUP-DETERMINISTIC",
+    "grouping is deterministic and stateless",
+    anchor="hook-purity",
+    scenario="grouping",
+)
+def _grouping_deterministic(obs: GroupingObservation) -> list[Violation] | None:
+    if not (obs.first.ok and obs.second.ok and obs.fresh.ok):
+        return None
+    out = []
+    if list(obs.first.value) != list(obs.second.value):
+        out.append(
+            _v(
+                "KV-GROUP-DETERMINISTIC",
+                "a second call on the same instance returned different groups",
+            )
+        )
+    if list(obs.first.value) != list(obs.fresh.value):
+        out.append(
+            _v(
+                "KV-GROUP-DETERMINISTIC",
+                "a fresh instance returned different groups for the same input",
+            )
+        )
+    return out

@@ -1,0 +1,618 @@
+"""Placement invariants: ``get_kv_cache_config_from_groups`` lays out every page safely."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from conformance.check import memory
+from conformance.check.bounds import absurd_size, size_bound
+from conformance.check.catalog import (
+    Check,
+    Invariant,
+    Unjudged,
+    invariant,
+    judged_in_core,
+    register,
+)
+from conformance.check.catalog import violation as _v
+from conformance.check.violations import Violation
+from conformance.run.observations import PlacementObservation
+from kvref.layout import compute_layer_kv_cache_shape_bytes, compute_layout_strides
+from kvref.records import KVCacheConfig, KVCacheGroupSpec
+from kvref.specs import UniformTypeKVCacheSpecs, dtype_size
+
+
+def _configs(obs: PlacementObservation) -> dict[int, KVCacheConfig] | None:
+    out = {n: c for n in obs.results if (c := obs.config_at(n)) is not None}
+    return out or None
+
+
+def _honest_configs(obs: PlacementObservation) -> dict[int, KVCacheConfig] | None:
+    """Configs whose num_blocks is the one asked for (else KV-PLACE-NUM-BLOCKS reports)."""
+    configs = _configs(obs)
+    if configs is None:
+        return None
+    return {n: c for n, c in configs.items() if c.num_blocks == n} or None
+
+
+@invariant(
+    "KV-PLACE-NUM-BLOCKS",
+    "the config has exactly the requested num_blocks",
+    anchor="placement-request",
+    scenario="placement",
+    in_core=True,
+)
+def _num_blocks(obs: PlacementObservation) -> list[Violation] | None:
+    configs = _configs(obs)
+    if configs is None:
+        return None
+    if not obs.groups:
+        return []  # no groups always give the null block: KV-PLACE-ATTENTION-FREE
+    return [
+        _v("KV-PLACE-NUM-BLOCKS", f"asked for {n} blocks, the config has num_blocks={c.num_blocks}")
+        for n, c in configs.items()
+        if c.num_blocks != n
+    ]
+
+
+@invariant(
+    "KV-PLACE-GROUPS-ECHOED",
+    "the config's groups are the groups passed in, unchanged, in order",
+    anchor="placement-request",
+    scenario="placement",
+    in_core=True,
+)
+def _groups_echoed(obs: PlacementObservation) -> list[Violation] | None:
+    configs = _configs(obs)
+    if configs is None:
+        return None
+    out = []
+    for n, c in configs.items():
+        if list(c.kv_cache_groups) != list(obs.groups):
+            out.append(
+                _v(
+                    "KV-PLACE-GROUPS-ECHOED",
+                    f"at {n} blocks the config's kv_cache_groups differ from the groups passed in "
+                    "(same groups, same order, unchanged)",
+                )
+            )
+    return out[:1]
+
+
+def _group_of(groups: Sequence[KVCacheGroupSpec]) -> dict[str, int]:
+    return {n: i for i, g in enumerate(groups) for n in g.layer_names}
+
+
+def _placement(id_: str, title: str, anchor: str, check: Check) -> None:
+    register(
+        Invariant(
+            id=id_,
+            title=title,
+            anchor=anchor,
+            scenarios=("placement", "core"),
+            check=judged_in_core(id_, check),
+        )
+    )
+
+
+def _coverage(kind: str) -> Check:
+    invariant = {
+        "once": "KV-PLACE-LAYER-ONCE",
+        "missing": "KV-PLACE-LAYER-MISSING",
+        "unknown": "KV-PLACE-UNKNOWN-LAYER",
+        "one-spec": "KV-PLACE-TENSOR-ONE-SPEC",
+    }[kind]
+
+    def check(obs: PlacementObservation) -> list[Violation] | None:
+        configs = _configs(obs)
+        if configs is None:
+            return None
+        out: list[Violation] = []
+        for n, c in configs.items():
+            owner = _group_of(obs.groups)
+            device_layers = {
+                name for g in obs.groups if not g.host_resident for name in g.layer_names
+            }
+            counts: Counter[str] = Counter()
+            for t_index, t in enumerate(c.kv_cache_tensors):
+                if t.host_resident:
+                    continue
+                counts.update(t.layers)
+                if kind == "unknown":
+                    out += [
+                        _v(
+                            invariant,
+                            f"tensor {t_index} holds a layer that no device group has",
+                            layer=name,
+                        )
+                        for name in t.layers
+                        if name not in device_layers
+                    ]
+                if kind == "one-spec":
+                    known = [name for name in t.layers if name in owner]
+                    groups_here = {owner[name] for name in known}
+                    specs_here = {
+                        obs.groups[owner[name]].layer_spec(name)
+                        for name in known
+                        if _has_spec(obs.groups[owner[name]], name)
+                    }
+                    if len(groups_here) > 1 or len(specs_here) > 1:
+                        out.append(
+                            _v(
+                                invariant,
+                                f"tensor {t_index} mixes layers of groups {sorted(groups_here)} "
+                                f"with {len(specs_here)} different specs; a worker views every "
+                                "layer with layers[0]'s spec",
+                                layer=t.layers[0],
+                            )
+                        )
+            if kind == "once":
+                out += [
+                    _v(invariant, f"at {n} blocks the layer is in {k} device tensors", layer=name)
+                    for name, k in counts.items()
+                    if k > 1
+                ]
+            if kind == "missing":
+                out += [
+                    _v(
+                        invariant,
+                        f"at {n} blocks the layer of a device group is in no device tensor",
+                        layer=name,
+                    )
+                    for name in sorted(device_layers)
+                    if counts[name] == 0
+                ]
+        return out[:5]
+
+    return check
+
+
+_placement(
+    "KV-PLACE-LAYER-ONCE",
+    "no device layer is in two device tensors",
+    "placement-tensors",
+    _coverage("once"),
+)
+_placement(
+    "KV-PLACE-LAYER-MISSING",
+    "every device layer is in a device tensor",
+    "placement-tensors",
+    _coverage("missing"),
+)
+_placement(
+    "KV-PLACE-UNKNOWN-LAYER",
+    "device tensors hold only layers of device groups",
+    "placement-tensors",
+    _coverage("unknown"),
+)
+_placement(
+    "KV-PLACE-TENSOR-ONE-SPEC",
+    "a tensor's layers share one group and one per-layer spec",
+    "placement-tensors",
+    _coverage("one-spec"),
+)
+
+
+def _has_spec(group: KVCacheGroupSpec, name: str) -> bool:
+    spec = group.kv_cache_spec
+    return not isinstance(spec, UniformTypeKVCacheSpecs) or name in spec.kv_cache_specs
+
+
+@invariant(
+    "KV-PLACE-SINGLE-BACKING",
+    "device tensors share one backing size",
+    anchor="placement-backing",
+    scenario="placement",
+    in_core=True,
+)
+def _single_backing(obs: PlacementObservation) -> list[Violation] | Unjudged | None:
+    if obs.pool_bytes is not None and not obs.pool_bytes.ok:
+        return Unjudged("_get_pool_bytes_per_block failed (KV-CALL-*)")
+    if obs.declared_pool_bytes is not None:
+        # A declared number allows several device allocations; KV-PLACE-POOL-BYTES judges it.
+        return []
+    configs = _configs(obs)
+    if configs is None:
+        return None
+    out = []
+    for n, c in configs.items():
+        sizes = sorted({t.size for t in c.device_tensors})
+        if len(sizes) > 1:
+            out.append(
+                _v(
+                    "KV-PLACE-SINGLE-BACKING",
+                    f"at {n} blocks device tensors name {len(sizes)} backing sizes {sizes[:4]}; "
+                    "the worker allocates one buffer",
+                )
+            )
+    return out
+
+
+def _device_size(config: KVCacheConfig) -> int | None:
+    sizes = {t.size for t in config.device_tensors}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def _absurd(obs: PlacementObservation, configs: dict[int, KVCacheConfig]) -> bool:
+    bound = size_bound(obs.groups)
+    return any(
+        absurd_size(sum({t.size for t in c.device_tensors}), n, bound) for n, c in configs.items()
+    )
+
+
+@invariant(
+    "KV-PLACE-BACKING-SIZE",
+    "the device backing is bytes_per_block x num_blocks",
+    anchor="placement-backing",
+    scenario="placement",
+    in_core=True,
+)
+def _backing_size(obs: PlacementObservation) -> list[Violation] | None:
+    configs = _configs(obs)
+    if configs is None or 1 not in configs or _absurd(obs, configs):
+        # An absurd size is KV-PLACE-SIZE-BOUND's finding.
+        return None
+    bpb = _device_size(configs[1])
+    if bpb is None:
+        return None
+    out = []
+    for n, c in configs.items():
+        size = _device_size(c)
+        if size is not None and size != bpb * n:
+            out.append(
+                _v(
+                    "KV-PLACE-BACKING-SIZE",
+                    f"at {n} blocks the device backing is {size} bytes; one block takes {bpb} "
+                    f"bytes, so it must be {bpb} x {n} = {bpb * n} (a constant part or an extra "
+                    "block breaks Core's block arithmetic)",
+                )
+            )
+    return out
+
+
+@invariant(
+    "KV-PLACE-POOL-BYTES",
+    "_get_pool_bytes_per_block matches the device bytes placed",
+    anchor="pool-bytes-hook",
+    scenario="placement",
+    in_core=True,
+)
+def _pool_bytes(obs: PlacementObservation) -> list[Violation] | Unjudged | None:
+    if obs.pool_bytes is None:
+        return Unjudged("no groups: Core never asks _get_pool_bytes_per_block about none")
+    if not obs.pool_bytes.ok:
+        return None
+    declared = obs.declared_pool_bytes
+    if declared is None:
+        # "None: Core probes" is always a legal answer; the probe needs one
+        # backing size, which KV-PLACE-SINGLE-BACKING judges.
+        return []
+    if declared == 0 and any(not g.host_resident and g.layer_names for g in obs.groups):
+        return [
+            _v(
+                "KV-PLACE-POOL-BYTES",
+                "_get_pool_bytes_per_block says 0 bytes per block for groups with device layers; "
+                "Core divides the memory by it",
+            )
+        ]
+    configs = _configs(obs)
+    if configs is None:
+        return None
+    out = []
+    for n, c in configs.items():
+        # Several allocations are allowed here, so add up each distinct backing once.
+        actual = sum({t.size for t in c.device_tensors})
+        if declared * n != actual:
+            out.append(
+                _v(
+                    "KV-PLACE-POOL-BYTES",
+                    f"_get_pool_bytes_per_block says {declared} bytes per block, but {n} blocks "
+                    f"take {actual} device bytes ({declared} x {n} = {declared * n})",
+                )
+            )
+    return out
+
+
+@invariant(
+    "KV-PLACE-SIZE-BOUND",
+    "the backing never exceeds every layer's own aligned pages",
+    anchor="placement-backing",
+    scenario="placement",
+    in_core=True,
+)
+def _size_bound(obs: PlacementObservation) -> list[Violation] | None:
+    configs = _configs(obs)
+    if configs is None:
+        return None
+    bound = size_bound(obs.groups)
+    out = []
+    for n, c in configs.items():
+        size = sum({t.size for t in c.device_tensors})
+        if absurd_size(size, n, bound):
+            out.append(
+                _v(
+                    "KV-PLACE-SIZE-BOUND",
+                    f"at {n} blocks the device backing is {size} bytes, more than twice what "
+                    f"giving every layer its own aligned pages takes ({bound} x {n} = {bound * n}) "
+                    "plus 1 MiB; the kit will not allocate it",
+                )
+            )
+    return out
+
+
+@invariant(
+    "KV-PLACE-ATTENTION-FREE",
+    "no groups give one block and no tensors",
+    anchor="placement-attention-free",
+    scenario="placement",
+)
+def _attention_free(obs: PlacementObservation) -> list[Violation] | None:
+    if not obs.empty.ok:
+        return None
+    c = obs.empty.value
+    if c.num_blocks != 1 or c.kv_cache_tensors:
+        return [
+            _v(
+                "KV-PLACE-ATTENTION-FREE",
+                "with no groups the config must have num_blocks=1 (the null block) and no "
+                f"tensors, got num_blocks={c.num_blocks} and {len(c.kv_cache_tensors)} tensors",
+            )
+        ]
+    return []
+
+
+def _memory_check(kind: str) -> Check:
+    invariant = {
+        "bounds": "KV-PLACE-IN-BOUNDS",
+        "blocks": "KV-PLACE-NO-BLOCK-ALIAS",
+        "layers": "KV-PLACE-NO-LAYER-OVERLAP",
+    }[kind]
+
+    def check(obs: PlacementObservation) -> list[Violation] | None:
+        configs = _honest_configs(obs)
+        if configs is None:
+            return None
+        out: list[Violation] = []
+        for n, c in sorted(configs.items()):
+            if kind == "bounds":
+                out += [
+                    _v(
+                        invariant,
+                        f"at {n} blocks tensor {o.page.tensor_index}'s page ends past the backing "
+                        f"of {o.size} bytes",
+                        layer=o.page.layer,
+                        block=o.page.block,
+                        byte_range=o.byte_range,
+                    )
+                    for o in memory.find_out_of_bounds(c, obs.layout, limit=3)
+                ]
+            else:
+                finder = (
+                    memory.find_block_overlaps if kind == "blocks" else memory.find_layer_overlaps
+                )
+                # A layer placed twice overlapping itself is KV-PLACE-LAYER-ONCE's finding.
+                found = [
+                    ov
+                    for ov in finder(c, obs.layout, limit=64)
+                    if ov.a.layer != ov.b.layer or ov.a.block != ov.b.block
+                ]
+                out += [
+                    _v(
+                        invariant,
+                        f"at {n} blocks {ov.a.layer!r} block {ov.a.block} (tensor "
+                        f"{ov.a.tensor_index}) overlaps {ov.b.layer!r} block {ov.b.block} (tensor "
+                        f"{ov.b.tensor_index})",
+                        layer=ov.a.layer,
+                        block=ov.a.block,
+                        byte_range=ov.byte_range,
+                    )
+                    for ov in found[:3]
+                ]
+            if out:
+                break
+        return out
+
+    return check
+
+
+_placement(
+    "KV-PLACE-IN-BOUNDS",
+    "every page lies inside its backing",
+    "memory-safety",
+    _memory_check("bounds"),
+)
+_placement(
+    "KV-PLACE-NO-BLOCK-ALIAS",
+    "pages of different block IDs never overlap",
+    "memory-safety",
+    _memory_check("blocks"),
+)
+_placement(
+    "KV-PLACE-NO-LAYER-OVERLAP",
+    "layers of one group never overlap within a block",
+    "memory-safety",
+    _memory_check("layers"),
+)
+
+
+@invariant(
+    "KV-PLACE-TYPED-VIEWS",
+    "offsets and strides allow views in the spec's dtype",
+    anchor="views-and-strides",
+    scenario="placement",
+    in_core=True,
+)
+def _typed_views(obs: PlacementObservation) -> list[Violation] | None:
+    configs = _configs(obs)
+    if configs is None:
+        return None
+    out = []
+    for n, c in configs.items():
+        owner = _group_of(c.kv_cache_groups)
+        for t in c.device_tensors:
+            name = t.layers[0] if t.layers else None
+            if (
+                name is None
+                or name not in owner
+                or not _has_spec(c.kv_cache_groups[owner[name]], name)
+            ):
+                continue
+            spec = c.kv_cache_groups[owner[name]].layer_spec(name)
+            dtype = spec.view_dtype
+            if dtype is None:
+                continue
+            size = dtype_size(dtype)
+            try:
+                strides = compute_layout_strides(
+                    spec,
+                    n,
+                    len(t.layers),
+                    obs.layout,
+                    fixed=(t.layer_stride, t.block_stride, None, None, None),
+                )
+            except ValueError:
+                continue
+            content = compute_layer_kv_cache_shape_bytes(spec, 1)[3]
+            values = {
+                "offset": t.offset,
+                "layer_stride": strides[0],
+                "block_stride": strides[1],
+                "head_stride": strides[2],
+                "state_stride": strides[3],
+                "content bytes": content,
+            }
+            bad = {k: v for k, v in values.items() if v % size}
+            if bad:
+                out.append(
+                    _v(
+                        "KV-PLACE-TYPED-VIEWS",
+                        f"at {n} blocks {bad} are not multiples of sizeof({dtype}) = {size}, so "
+                        f"the worker cannot view the tensor as {dtype}",
+                        layer=name,
+                    )
+                )
+        if out:
+            break
+    return out[:3]
+
+
+@invariant(
+    "KV-PLACE-BLOCK-STRIDE",
+    "block-outermost tensors step one whole block per block",
+    anchor="views-and-strides",
+    scenario="placement",
+    in_core=True,
+)
+def _block_stride(obs: PlacementObservation) -> list[Violation] | None:
+    if not obs.layout.is_block_outermost or obs.declared_pool_bytes is not None:
+        return []
+    configs = _configs(obs)
+    if configs is None:
+        return None
+    sizes = {n: _device_size(c) for n, c in configs.items()}
+    counts = sorted(sizes)
+    if len(counts) < 2 or any(v is None for v in sizes.values()):
+        return None
+    low, high = counts[0], counts[-1]
+    bpb = ((sizes[high] or 0) - (sizes[low] or 0)) // (high - low)
+    if any(sizes[n] != bpb * n for n in counts):
+        return None  # sizes that are not linear are KV-PLACE-BACKING-SIZE's finding
+    out = []
+    for n, c in configs.items():
+        out += [
+            _v(
+                "KV-PLACE-BLOCK-STRIDE",
+                f"in block-outermost {obs.layout.name} every tensor must step {bpb} bytes per "
+                f"block (the backing divided by {n} blocks); tensor {i} steps {t.block_stride}",
+                layer=t.layers[0] if t.layers else None,
+            )
+            for i, t in enumerate(c.device_tensors)
+            if t.block_stride != bpb
+        ]
+    return out[:3]
+
+
+@invariant(
+    "KV-PLACE-ALIGNMENT",
+    "block strides honour every layer's block_stride_alignment",
+    anchor="views-and-strides",
+    scenario="placement",
+    in_core=True,
+)
+def _alignment(obs: PlacementObservation) -> list[Violation] | None:
+    configs = _honest_configs(obs)
+    if configs is None:
+        return None
+    out: list[Violation] = []
+    for n, c in sorted(configs.items()):
+        owner = _group_of(c.kv_cache_groups)
+        for i, t in enumerate(c.device_tensors):
+            for name in t.layers:
+                group = owner.get(name)
+                if group is None or not _has_spec(c.kv_cache_groups[group], name):
+                    continue
+                spec = c.kv_cache_groups[group].layer_spec(name)
+                alignment = spec.get_block_stride_alignment()
+                # Backends ask for block strides in multiples of this (SPEC 1.1,
+                # 4.1, 6 P8/P9); in block-outermost layouts only the block is aligned.
+                if alignment > 1 and t.block_stride % alignment:
+                    out.append(
+                        _v(
+                            "KV-PLACE-ALIGNMENT",
+                            f"at {n} blocks tensor {i} steps {t.block_stride} bytes per block, "
+                            f"not a multiple of the layer's block_stride_alignment of "
+                            f"{alignment} bytes",
+                            layer=name,
+                        )
+                    )
+                    break
+        if out:
+            break
+    return out[:3]
+
+
+@invariant(
+    "KV-PLACE-INPUT-UNCHANGED",
+    "placement does not mutate its input",
+    anchor="hook-purity",
+    scenario="placement",
+    in_core=True,
+)
+def _placement_input(obs: PlacementObservation) -> list[Violation] | None:
+    if obs.mutated:
+        return [
+            _v(
+                "KV-PLACE-INPUT-UNCHANGED",
+                "get_kv_cache_config_from_groups changed the group list it was given",
+            )
+        ]
+    return []
+
+
+@invariant(
+    "KV-PLACE-DETERMINISTIC",
+    "placement is deterministic and stateless",
+    anchor="hook-purity",
+    scenario="placement",
+)
+def _placement_deterministic(obs: PlacementObservation) -> list[Violation] | None:
+    base = obs.results.get(obs.num_blocks)
+    if base is None or not (base.ok and obs.repeat.ok and obs.fresh.ok):
+        return None
+    out = []
+    if base.value != obs.repeat.value:
+        out.append(
+            _v(
+                "KV-PLACE-DETERMINISTIC",
+                f"placing {obs.num_blocks} blocks twice on one instance gave different configs",
+            )
+        )
+    if base.value != obs.fresh.value:
+        out.append(
+            _v(
+                "KV-PLACE-DETERMINISTIC",
+                f"a fresh instance placed {obs.num_blocks} blocks differently",
+            )
+        )
+    return out

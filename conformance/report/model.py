@@ -1,0 +1,137 @@
+"""What a run of the kit found: one :class:`InvariantResult` per invariant, in a :class:`Report`.
+
+Verdicts (the contract document's "Verdicts" section):
+
+- ``pass``: at least one example judged the invariant and it held on every one;
+- ``fail``: an example broke it;
+- ``inconclusive``: no example judged it (the builder's calls failed, or no
+  example reached it); fails the run like ``fail``;
+- ``not-applicable``: it cannot apply to this run (the device cannot measure
+  it); does not fail the run;
+- ``skipped``: the vendor declared the capability it needs unsupported;
+- ``xfail``: listed as expected to fail, and it failed or was not judged;
+- ``xpass``: listed as expected to fail, yet it held; reported, does not
+  fail the run (the same policy in the CLI, the plugin and ``check_builder``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from conformance.check.violations import Violation
+
+__all__ = ["FAILING", "STATUSES", "InvariantResult", "Report"]
+
+#: Every status, in the order reports list their counts.
+STATUSES = ("pass", "fail", "inconclusive", "not-applicable", "skipped", "xfail", "xpass")
+#: The statuses that fail a run.
+FAILING = frozenset({"fail", "inconclusive"})
+
+
+@attrs.frozen(kw_only=True)
+class InvariantResult:
+    """What the run found for one invariant.
+
+    Attributes:
+        id, title: the invariant.
+        reference: the contract section that states it (``docs/contract.md#...``).
+        status: one of :data:`STATUSES`.
+        examples: examples that judged the invariant.
+        inconclusive: examples that could not judge it.
+        violations: the violations of the shrunk counterexample.
+        counterexample: a readable form of the minimal failing input.
+        counterexample_python: Python that rebuilds the minimal failing input.
+        scenario: the scenario whose example failed.
+        reason: why it was not judged, skipped or expected to fail.
+        reproduce: a command that reruns the failing example.
+        inherited: set when the builder's parent class fails the same way on
+            the counterexample (the failure is inherited, not the builder's own).
+    """
+
+    id: str
+    title: str
+    reference: str
+    status: str
+    examples: int = 0
+    inconclusive: int = 0
+    violations: tuple[Violation, ...] = ()
+    counterexample: str | None = None
+    counterexample_python: str | None = None
+    scenario: str | None = None
+    reason: str | None = None
+    reproduce: str | None = None
+    inherited: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Report:
+    """The outcome of :func:`conformance.check_builder`.
+
+    Attributes:
+        builder: the builder's importable name.
+        device: the torch device of the device checks.
+        seed: the seed that reproduces the run.
+        profile: the Hypothesis profile.
+        max_examples: examples per scenario.
+        results: one entry per selected invariant, in catalog order.
+        seconds: wall time of the run.
+        options: every option that shaped the run (what the reproduce lines carry).
+        coverage: per scenario, what the run's examples covered (models, layouts, ...).
+        reach: what the run executed of the builder's own code, when measured.
+        interrupted: the run was stopped before it finished (Ctrl-C); the
+            invariants it did not reach are inconclusive.
+    """
+
+    builder: str
+    device: str
+    seed: int
+    profile: str
+    max_examples: int
+    results: tuple[InvariantResult, ...]
+    seconds: float
+    options: dict[str, Any] = attrs.field(factory=dict)
+    coverage: dict[str, Any] = attrs.field(factory=dict)
+    reach: dict[str, Any] | None = None
+    interrupted: bool = False
+
+    @property
+    def failures(self) -> tuple[InvariantResult, ...]:
+        """The invariants that failed or could not be judged, and were not expected to."""
+        return tuple(r for r in self.results if r.status in FAILING)
+
+    @property
+    def ok(self) -> bool:
+        """Whether every selected invariant was judged and held (or was expected to fail)."""
+        return not self.failures and not self.interrupted and not self.reach_failed
+
+    @property
+    def reach_failed(self) -> bool:
+        """Whether the run measured less reach than ``--min-reach`` asked for."""
+        return bool(self.reach and self.reach.get("below_minimum"))
+
+    @property
+    def failed_ids(self) -> frozenset[str]:
+        """Ids of the invariants that failed (not those that were only inconclusive)."""
+        return frozenset(r.id for r in self.results if r.status == "fail")
+
+    @property
+    def failing_ids(self) -> frozenset[str]:
+        """Ids of every invariant that fails the run (failed or inconclusive)."""
+        return frozenset(r.id for r in self.failures)
+
+    def by_status(self, status: str) -> tuple[InvariantResult, ...]:
+        """The results with ``status``."""
+        return tuple(r for r in self.results if r.status == status)
+
+    def result(self, invariant: str) -> InvariantResult:
+        """The result of ``invariant``.
+
+        Raises:
+            KeyError: the invariant was not selected in this run.
+        """
+        for r in self.results:
+            if r.id == invariant:
+                return r
+        raise KeyError(invariant)

@@ -1,0 +1,218 @@
+"""Core's flow with the builder behind a proxy that lets only lawful hook answers through.
+
+Core-flow invariants judge Core given honest hooks.  Inside the flow the
+proxy hands every hook fresh copies of its inputs and asks the catalog
+(:mod:`conformance.check.gate`) to judge each answer; an answer that breaks
+an invariant stops the flow, and the invariant it broke reports it, so a
+builder that mishandles groups Core projects to a worker is caught by the
+same invariant that catches it in the placement scenario.
+"""
+
+from __future__ import annotations
+
+import copy
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from conformance.check.violations import Violation
+from conformance.run.guard import CallResult
+from conformance.run.observations import CoreObservation
+from conformance.run.scenarios import (
+    ConstructionFailedError,
+    Context,
+    config_validator,
+    fresh_specs,
+    groups_validator,
+    pool_validator,
+)
+from kvref.builder import KVCacheConfigBuilder
+from kvref.config import PlanningConfig
+from kvref.planning import plan_kv_cache
+from kvref.records import KVCacheConfig, KVCacheGroupSpec
+from kvref.specs import KVCacheSpec
+
+__all__ = ["ContractBrokenError", "run_core"]
+
+
+class ContractBrokenError(Exception):
+    """A hook broke its contract inside Core's flow; the flow stops here."""
+
+
+def _direct(hook: str, fn: Any, *args: Any, validate: Any = None) -> CallResult:
+    # The whole flow runs under one guarded call; a hook's own exception (even
+    # SystemExit) is the builder's, never Core's.
+    name = f"{hook} (inside Core's flow)"
+    try:
+        value = fn(*args)
+    except BaseException as exc:
+        tb = "".join(traceback.format_exception(exc)[-3:])
+        return CallResult(
+            hook=name, error=f"{type(exc).__name__}: {exc}", error_type=type(exc), traceback=tb
+        )
+    problem = validate(value) if validate is not None else None
+    if problem is not None:
+        return CallResult(hook=name, wrong_type=problem)
+    return CallResult(hook=name, value=value)
+
+
+class _Checked(KVCacheConfigBuilder):
+    """Delegates to a builder; records the catalog's verdict on every answer."""
+
+    def __init__(
+        self,
+        inner: KVCacheConfigBuilder,
+        verdicts: dict[str, list[Violation]],
+        failed: list[CallResult],
+    ) -> None:
+        self.inner = inner
+        self.verdicts = verdicts
+        self.failed = failed
+        self.pool: CallResult | None = None
+
+    def _record(self, found: Mapping[str, tuple[Violation, ...]]) -> None:
+        for invariant, violations in found.items():
+            self.verdicts.setdefault(invariant, []).extend(violations)
+        broken = sorted(k for k, v in found.items() if v)
+        if broken:
+            raise ContractBrokenError(f"the hook's answer breaks {', '.join(broken)}")
+
+    def _answer(self, result: CallResult) -> Any:
+        if not result.ok:
+            # Reported by the KV-CALL-* invariants, from this observation.
+            self.failed.append(result)
+            raise ContractBrokenError(result.describe())
+        return result.value
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> list[KVCacheGroupSpec]:
+        from conformance.check.gate import judge_grouping
+
+        result = _direct(
+            "get_kv_cache_groups",
+            self.inner.get_kv_cache_groups,
+            config,
+            fresh_specs(kv_cache_spec),
+            validate=groups_validator,
+        )
+        groups: list[KVCacheGroupSpec] = self._answer(result)
+        self._record(judge_grouping(config, kv_cache_spec, result))
+        return groups
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        from conformance.check.gate import judge_placement
+
+        given = [copy.deepcopy(g) for g in kv_cache_groups]
+        pristine = copy.deepcopy(given)
+        result = _direct(
+            "get_kv_cache_config_from_groups",
+            self.inner.get_kv_cache_config_from_groups,
+            config,
+            given,
+            num_blocks,
+            validate=config_validator,
+        )
+        config_out: KVCacheConfig = self._answer(result)
+        results = {num_blocks: result}
+        if num_blocks != 1:
+            # Core's arithmetic assumes size(n) == n * size(1): judge linearity too.
+            results[1] = _direct(
+                "get_kv_cache_config_from_groups",
+                self.inner.get_kv_cache_config_from_groups,
+                config,
+                [copy.deepcopy(g) for g in kv_cache_groups],
+                1,
+                validate=config_validator,
+            )
+            self._answer(results[1])
+        mutations = () if given == pristine else ("placement changed the groups it was given",)
+        self._record(
+            judge_placement(
+                config,
+                list(kv_cache_groups),
+                results,
+                num_blocks,
+                pool_bytes=self.pool if kv_cache_groups else None,
+                mutations=mutations,
+            )
+        )
+        return config_out
+
+    def _get_pool_bytes_per_block(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]
+    ) -> int | None:
+        result = _direct(
+            "_get_pool_bytes_per_block",
+            self.inner._get_pool_bytes_per_block,
+            config,
+            [copy.deepcopy(g) for g in kv_cache_groups],
+            validate=pool_validator,
+        )
+        declared: int | None = self._answer(result)
+        self.pool = result
+        return declared
+
+
+def run_core(
+    ctx: Context,
+    config: PlanningConfig,
+    workers: Sequence[Mapping[str, KVCacheSpec]],
+    available_memory: Sequence[int],
+) -> CoreObservation:
+    """Run Core's flow with a fresh, checked builder per phase, as one guarded call."""
+    verdicts: dict[str, list[Violation]] = {}
+    failed: list[CallResult] = []
+    factory = ctx.factory
+
+    class _Fresh(KVCacheConfigBuilder):
+        # Core instantiates a builder per phase; route each to the factory.
+        def __new__(cls) -> Any:
+            try:
+                return _Checked(factory(), verdicts, failed)
+            except ConstructionFailedError as exc:
+                failed.append(exc.result)
+                raise ContractBrokenError(str(exc)) from None
+
+        def get_kv_cache_groups(  # pragma: no cover - never instantiated
+            self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+        ) -> list[KVCacheGroupSpec]:
+            raise NotImplementedError
+
+        def get_kv_cache_config_from_groups(  # pragma: no cover - never instantiated
+            self,
+            config: PlanningConfig,
+            kv_cache_groups: Sequence[KVCacheGroupSpec],
+            num_blocks: int,
+        ) -> KVCacheConfig:
+            raise NotImplementedError
+
+    copies = [fresh_specs(w) for w in workers]
+    flow = ctx.core or plan_kv_cache
+    # Core makes many hook calls; give the whole flow a proportionally longer deadline.
+    result = ctx.guard.call(
+        "core", flow, _Fresh, config, copies, list(available_memory), timeout=ctx.guard.timeout * 20
+    )
+    if result.error_type is not None and (
+        issubclass(result.error_type, ContractBrokenError) or verdicts_broken(verdicts)
+    ):
+        # A hook broke its contract inside Core: the invariant it broke reports
+        # that; Core's own result says nothing.
+        result = attrs.evolve(result, hook="core-builder")
+    return CoreObservation(
+        config=config,
+        workers=tuple(dict(w) for w in workers),
+        available_memory=tuple(available_memory),
+        result=result,
+        hook_verdicts={k: tuple(v) for k, v in verdicts.items()},
+        hook_failures=tuple(failed),
+    )
+
+
+def verdicts_broken(verdicts: Mapping[str, Sequence[Violation]]) -> bool:
+    """Whether any hook answer inside the flow broke an invariant."""
+    return any(verdicts.values())

@@ -1,0 +1,145 @@
+"""The examples the runner draws: a planning problem plus each scenario's extras."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import hypothesis
+from hypothesis import strategies as st
+
+from conformance.generate import strategies as kst
+from conformance.report.pycode import to_python
+from kvref.config import PlanningConfig
+from kvref.specs import KVCacheSpec
+
+__all__ = ["Example", "examples", "reference_accepts"]
+
+
+@attrs.frozen
+class Example:
+    """One drawn input: a planning problem plus the scenario's extras.
+
+    Attributes:
+        config: the planning config.
+        workers: one ``layer -> spec`` mapping per worker.
+        available_memory: bytes per worker.
+        num_blocks: the block count placement is asked for.
+        description: the readable counterexample.
+    """
+
+    config: PlanningConfig
+    workers: tuple[Mapping[str, KVCacheSpec], ...]
+    available_memory: tuple[int, ...]
+    num_blocks: int
+    description: str
+
+    @property
+    def merged(self) -> dict[str, KVCacheSpec]:
+        """Every worker's layers in one dict, in worker order (what Core groups)."""
+        out: dict[str, KVCacheSpec] = {}
+        for worker in self.workers:
+            out.update(worker)
+        return out
+
+    def to_python(self) -> str:
+        """Python source that rebuilds this example's inputs as objects."""
+        return to_python(
+            {
+                "config": self.config,
+                "workers": [dict(w) for w in self.workers],
+                "available_memory": list(self.available_memory),
+                "num_blocks": self.num_blocks,
+            }
+        )
+
+    @classmethod
+    def from_python(cls, source: str, description: str = "") -> Example:
+        """Rebuild an example from :meth:`to_python`'s source."""
+        namespace: dict[str, Any] = {}
+        exec(compile(source, "<counterexample>", "exec"), namespace)
+        return cls(
+            config=namespace["config"],
+            workers=tuple(namespace["workers"]),
+            available_memory=tuple(namespace["available_memory"]),
+            num_blocks=namespace["num_blocks"],
+            description=description,
+        )
+
+    def __repr__(self) -> str:
+        return self.description
+
+
+def _host_config(
+    draw: st.DrawFn, config: PlanningConfig, merged: Mapping[str, KVCacheSpec]
+) -> PlanningConfig:
+    first = next(iter(merged.values()), None)
+    same = [n for n, s in merged.items() if s == first]
+    if not same:
+        hypothesis.reject()
+    count = draw(st.integers(1, len(same)))
+    host = same[:count]
+    # Host pages sit in LBNHC at their aligned block stride.
+    host_pages = sum(merged[n].block_stride for n in host)
+    host_blocks = draw(st.integers(1, 64))
+    return attrs.evolve(
+        config,
+        host_resident_layers=frozenset(host),
+        host_pool_bytes=host_pages * host_blocks + draw(st.integers(0, host_pages - 1)),
+    )
+
+
+def examples(
+    scenario: str, models: st.SearchStrategy[kst.Model] | None = None
+) -> st.SearchStrategy[Example]:
+    """The examples of ``scenario``, drawn from ``models`` (default: the built-in families)."""
+
+    @st.composite
+    def build(draw: st.DrawFn) -> Example:
+        problem = draw(kst.planning_problems(models_strategy=models))
+        num_blocks = draw(kst.num_blocks())
+        config = problem.config
+        workers = tuple(problem.workers)
+        if scenario == "host":
+            merged: dict[str, KVCacheSpec] = {}
+            for w in workers:
+                merged.update(w)
+            config = _host_config(draw, config, merged)
+        elif config.host_resident_layers:
+            config = attrs.evolve(config, host_resident_layers=frozenset(), host_pool_bytes=None)
+        if not reference_accepts(config, workers):
+            # Only problems the reference can plan are valid inputs for a builder.
+            hypothesis.reject()
+        description = f"{problem!r}, num_blocks={num_blocks}"
+        if scenario == "host":
+            description += (
+                f", host_resident_layers={sorted(config.host_resident_layers)}, "
+                f"host_pool_bytes={config.host_pool_bytes}"
+            )
+        return Example(
+            config=config,
+            workers=workers,
+            available_memory=tuple(problem.available_memory),
+            num_blocks=num_blocks,
+            description=description,
+        )
+
+    return build()
+
+
+def reference_accepts(config: PlanningConfig, workers: Sequence[Mapping[str, KVCacheSpec]]) -> bool:
+    """Whether the reference can group and place the problem (only such problems are valid)."""
+    from kvref.builder import ReferenceKVCacheConfigBuilder
+    from kvref.errors import KVRefError
+    from kvref.placement import get_kv_cache_config_from_groups
+
+    merged: dict[str, KVCacheSpec] = {}
+    for worker in workers:
+        merged.update(worker)
+    try:
+        groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(config, merged)
+        get_kv_cache_config_from_groups(config, groups, 1)
+    except KVRefError:
+        return False
+    return True

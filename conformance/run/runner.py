@@ -1,0 +1,415 @@
+"""``check_builder``: drive the invariant catalog over generated examples.
+
+For each scenario the runner draws examples with Hypothesis, observes the
+builder once per example and lets every selected invariant of the scenario
+judge the observation.  An invariant that fails is then searched again alone
+so the report carries a shrunk, minimal counterexample; what no example
+judged is reported as such, never as a pass.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import hypothesis
+from hypothesis import HealthCheck, settings
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+
+from conformance.check.catalog import SCENARIOS, Invariant, Unjudged, catalog
+from conformance.report.model import InvariantResult, Report
+from conformance.run.examples import Example, examples
+from conformance.run.guard import Guard
+from conformance.run.options import PROFILES, OptionError, RunOptions
+from conformance.run.scenarios import ConstructionFailedError, Context, make_factory, observe
+from conformance.run.search import Namespaced, search
+from kvref.builder import KVCacheConfigBuilder
+
+__all__ = [
+    "PROFILES",
+    "InvariantResult",
+    "OptionError",
+    "Report",
+    "UnknownIdWarning",
+    "builder_name",
+    "check_builder",
+    "select_invariants",
+]
+
+Progress = Callable[[str, int, int], None]
+
+
+class UnknownIdWarning(UserWarning):
+    """An xfail entry names no invariant of the catalog."""
+
+
+@attrs.define
+class _Tally:
+    """What the examples of a run said about one invariant."""
+
+    judged: int = 0
+    unjudged: int = 0
+    not_applicable: int = 0
+    reason: str | None = None
+    na_reason: str | None = None
+    failure: tuple[str, Example] | None = None
+    found: tuple[Any, ...] = ()
+
+    def add(self, outcome: Any, scenario: str, example: Example, *, primary: bool) -> None:
+        if outcome is None or isinstance(outcome, Unjudged):
+            if isinstance(outcome, Unjudged) and not outcome.applicable:
+                self.not_applicable += 1
+                self.na_reason = outcome.reason
+            else:
+                self.unjudged += 1
+                # The invariant's own scenario explains best why it was not judged.
+                if isinstance(outcome, Unjudged) and (primary or self.reason is None):
+                    self.reason = outcome.reason
+            return
+        self.judged += 1
+        if outcome and self.failure is None:
+            self.failure = (scenario, example)
+            self.found = tuple(outcome)
+
+
+def select_invariants(
+    invariants: Sequence[Invariant], select: Iterable[str] | None
+) -> list[Invariant]:
+    """The invariants whose id equals or starts with one of ``select`` (all if ``None``).
+
+    Raises:
+        OptionError: ``select`` is empty, or an entry matches no invariant.
+    """
+    if select is None:
+        return list(invariants)
+    chosen: list[Invariant] = []
+    patterns = [raw.strip().upper() for raw in select if raw.strip()]
+    if not patterns:
+        raise OptionError("select names no invariant id; give at least one id or prefix")
+    for pattern in patterns:
+        stem = pattern.rstrip("*")
+        hits = [inv for inv in invariants if inv.id == pattern or inv.id.startswith(stem)]
+        if not hits:
+            raise OptionError(f"select entry {pattern!r} matches no invariant id")
+        chosen += [h for h in hits if h not in chosen]
+    return [inv for inv in invariants if inv in chosen]
+
+
+def builder_name(builder: object) -> str | None:
+    """The builder's importable ``module:Class`` (a file path for ``__main__``; ``None``: none)."""
+    cls = builder if isinstance(builder, type) else type(builder)
+    if "<locals>" in cls.__qualname__:
+        return None
+    module = cls.__module__
+    if module == "__main__":
+        path = getattr(sys.modules.get("__main__"), "__file__", None)
+        if path is None:
+            return None
+        return f"{Path(path).resolve()}:{cls.__qualname__}"
+    return f"{module}:{cls.__qualname__}"
+
+
+def _capabilities(builder: object, unsupported: Iterable[str]) -> frozenset[str]:
+    declared = getattr(builder, "kvref_unsupported", ()) or ()
+    return frozenset(declared) | frozenset(unsupported)
+
+
+def _preflight(builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder], guard: Guard) -> None:
+    """Construct the builder once; a class that cannot be built at all is a usage error."""
+    if not isinstance(builder, type):
+        return
+    try:
+        make_factory(builder, guard)()
+    except ConstructionFailedError as exc:
+        raise OptionError(
+            f"builder {builder.__module__}:{builder.__qualname__} cannot be constructed with no "
+            f"arguments, as vLLM constructs it: {exc}"
+        ) from None
+
+
+def check_builder(
+    builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder],
+    *,
+    device: str = "cpu",
+    max_examples: int | None = None,
+    seed: int | None = None,
+    select: Iterable[str] | None = None,
+    xfail: Iterable[str] | None = None,
+    timeout: float = 10.0,
+    unsupported: Iterable[str] | None = None,
+    profile: str = "ci",
+    max_alloc_bytes: int | None = None,
+    progress: Progress | None = None,
+    name: str | None = None,
+    shrink: bool = True,
+    database: str | None = None,
+) -> Report:
+    """Check ``builder`` against the invariant catalog and return a :class:`Report`.
+
+    Args:
+        builder: a builder class (instantiated afresh where vLLM would) or instance.
+        device: torch device for the device invariants (``cpu``, ``cuda``, ``meta``...).
+        max_examples: examples per scenario (default: the profile's; must be >= 1).
+        seed: makes the run reproducible (random if ``None``; the report says which).
+        select: invariant ids or id prefixes to run (default: all; never empty).
+        xfail: ids expected to fail; a failure is reported as XFAIL, a pass as XPASS.
+        timeout: per-call deadline in seconds for every builder hook.
+        unsupported: capabilities the builder lacks (e.g. ``host_resident``), in
+            addition to its ``kvref_unsupported`` attribute.
+        profile: ``ci`` (fast, the default) or ``thorough``.
+        max_alloc_bytes: cap of any single device allocation of the device checks.
+        progress: called as ``progress(scenario, done, total)``.
+        name: the builder's importable name in the report and its reproduce lines.
+        shrink: shrink failures to minimal counterexamples.
+        database: directory of a Hypothesis example database: counterexamples of
+            earlier runs are replayed first and new ones are saved there.
+
+    Raises:
+        OptionError: an option has an unusable value (a ``ValueError``), or the
+            builder class cannot be constructed at all; raised before any example runs.
+    """
+    started = time.perf_counter()
+    options = RunOptions(
+        builder=name or builder_name(builder),
+        device=device,
+        max_examples=PROFILES.get(profile, 1) if max_examples is None else max_examples,
+        seed=random.randrange(2**32) if seed is None else seed,
+        profile=profile,
+        select=select,
+        xfail=xfail,
+        unsupported=unsupported,
+        timeout=timeout,
+        max_alloc_bytes=max_alloc_bytes,
+        shrink=shrink,
+        database=database,
+    )
+    invariants = catalog()
+    options.validate(capabilities={c for inv in invariants for c in inv.requires})
+    selected = select_invariants(invariants, options.select)
+    known = {inv.id for inv in invariants}
+    for entry in options.xfail:
+        if entry not in known:
+            warnings.warn(
+                f"xfail entry {entry!r} matches no invariant id", UnknownIdWarning, stacklevel=2
+            )
+    guard = Guard(options.timeout)
+    _preflight(builder, guard)
+    run = _Run(builder, options, guard, progress)
+    run.execute(selected)
+    return run.report(selected, time.perf_counter() - started)
+
+
+class _Run:
+    """One run's state: the tallies of every invariant and the examples that broke them."""
+
+    def __init__(
+        self,
+        builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder],
+        options: RunOptions,
+        guard: Guard,
+        progress: Progress | None,
+    ) -> None:
+        self.builder = builder
+        self.options = options
+        self.guard = guard
+        self.progress = progress
+        self.ctx = Context(
+            factory=make_factory(builder, guard),
+            guard=guard,
+            device=options.device,
+            max_alloc_bytes=options.max_alloc_bytes,
+            # A builder may bring its own Core (the vLLM adapter runs vLLM's flow).
+            core=getattr(builder, "kvref_core", None),
+        )
+        self.tallies: dict[str, _Tally] = {}
+        self.skipped: dict[str, str] = {}
+        self.interrupted = False
+
+    def observe(self, scenario: str, example: Example) -> Any:
+        return observe(self.ctx, scenario, example)
+
+    def execute(self, selected: Sequence[Invariant]) -> None:
+        lacking = _capabilities(self.builder, self.options.unsupported)
+        for inv in selected:
+            missing = inv.requires & lacking
+            if missing:
+                self.skipped[inv.id] = (
+                    f"the builder declares no support for {', '.join(sorted(missing))}"
+                )
+        active = [inv for inv in selected if inv.id not in self.skipped]
+        self.tallies = {inv.id: _Tally() for inv in active}
+        plan = [(s, [inv for inv in active if s in inv.scenarios]) for s in SCENARIOS]
+        plan = [(s, checks) for s, checks in plan if checks]
+        total = len(plan) * self.options.max_examples
+        try:
+            for index, (scenario, checks) in enumerate(plan):
+                self._scenario(scenario, checks, index * self.options.max_examples, total)
+            self._replay(active)
+        except KeyboardInterrupt:
+            # Ctrl-C: report what was found so far; the rest is inconclusive.
+            self.interrupted = True
+
+    def _scenario(
+        self, scenario: str, checks: Sequence[Invariant], done_before: int, total: int
+    ) -> None:
+        done = done_before
+
+        @settings(
+            max_examples=self.options.max_examples,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+            phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
+        )
+        @hypothesis.seed(self.options.seed)
+        @hypothesis.given(examples(scenario))
+        def run(ex: Example) -> None:
+            nonlocal done
+            obs = self.observe(scenario, ex)
+            for inv in checks:
+                self.tallies[inv.id].add(
+                    _judge(inv, obs), scenario, ex, primary=scenario == inv.scenario
+                )
+            done += 1
+            if self.progress is not None:
+                self.progress(scenario, min(done, total), total)
+
+        run()
+
+    def _database(self, inv: Invariant) -> ExampleDatabase | None:
+        if self.options.database is None:
+            return None
+        store = DirectoryBasedExampleDatabase(self.options.database)
+        return Namespaced(store, f"{self.options.builder}|{inv.id}|")
+
+    def _replay(self, active: Sequence[Invariant]) -> None:
+        if self.options.database is None or self.guard.hung is not None:
+            return
+        # Counterexamples saved by earlier runs fail again first, whatever the seed.
+        for inv in active:
+            tally = self.tallies[inv.id]
+            if tally.failure is not None or inv.id.startswith("KV-CALL"):
+                continue
+            for scenario in inv.scenarios:
+                replayed = search(
+                    inv,
+                    scenario,
+                    examples(scenario),
+                    self.observe,
+                    self.options.seed,
+                    database=self._database(inv),
+                    phases=[hypothesis.Phase.reuse],
+                )
+                if replayed is not None:
+                    tally.failure = (scenario, replayed)
+                    tally.judged += 1
+                    break
+
+    def report(self, selected: Sequence[Invariant], seconds: float) -> Report:
+        results = [self._result(inv) for inv in selected]
+        return Report(
+            builder=self.options.builder or repr(self.builder),
+            device=self.options.device,
+            seed=self.options.seed,
+            profile=self.options.profile,
+            max_examples=self.options.max_examples,
+            results=tuple(results),
+            seconds=seconds,
+            options=self.options.as_dict(),
+            interrupted=self.interrupted,
+        )
+
+    def _result(self, inv: Invariant) -> InvariantResult:
+        base = {"id": inv.id, "title": inv.title, "reference": inv.reference}
+        if inv.id in self.skipped:
+            return InvariantResult(status="skipped", reason=self.skipped[inv.id], **base)
+        tally = self.tallies.get(inv.id, _Tally())
+        expected = inv.id in self.options.xfail
+        counts = {"examples": tally.judged, "inconclusive": tally.unjudged}
+        if tally.failure is not None:
+            return self._failure(inv, tally, expected, base, counts)
+        if tally.judged:
+            return InvariantResult(status="xpass" if expected else "pass", **base, **counts)
+        if tally.not_applicable:
+            reason = f"not applicable on {self.options.device}: {tally.na_reason}"
+            return InvariantResult(status="not-applicable", reason=reason, **base, **counts)
+        if self.interrupted:
+            reason = "the run was interrupted before an example judged it"
+        elif tally.unjudged:
+            reason = (
+                f"none of the {tally.unjudged} examples that reached it could judge it: "
+                f"{tally.reason or 'a call it needs failed (see KV-CALL-*)'}"
+            )
+        else:
+            reason = "no example reached it"
+        status = "xfail" if expected else "inconclusive"
+        return InvariantResult(status=status, reason=reason, **base, **counts)
+
+    def _failure(
+        self,
+        inv: Invariant,
+        tally: _Tally,
+        expected: bool,
+        base: dict[str, str],
+        counts: dict[str, int],
+    ) -> InvariantResult:
+        assert tally.failure is not None
+        scenario, failing = tally.failure
+        minimal = failing
+        if self.options.shrink and self.guard.hung is None and not self.interrupted:
+            try:
+                minimal = self._shrink(inv, scenario, failing)
+            except KeyboardInterrupt:
+                self.interrupted = True
+        outcome = _judge(inv, self.observe(scenario, minimal))
+        if not outcome or isinstance(outcome, Unjudged):
+            minimal = failing
+            outcome = _judge(inv, self.observe(scenario, failing))
+        violations = () if not outcome or isinstance(outcome, Unjudged) else tuple(outcome)
+        if not violations:
+            # A builder that hung is not called again: keep what the run saw.
+            violations = tally.found
+        return InvariantResult(
+            status="xfail" if expected else "fail",
+            violations=violations[:5],
+            counterexample=repr(minimal),
+            counterexample_python=minimal.to_python(),
+            scenario=scenario,
+            reproduce=self.options.reproduce(inv.id),
+            **base,
+            **counts,
+        )
+
+    def _shrink(self, inv: Invariant, scenario: str, failing: Example) -> Example:
+        if inv.id == "KV-CALL-TIMEOUT":
+            return failing
+        phases = [hypothesis.Phase.generate, hypothesis.Phase.shrink]
+        database = self._database(inv)
+        if database is not None:
+            phases.insert(0, hypothesis.Phase.reuse)
+        found = search(
+            inv,
+            scenario,
+            examples(scenario),
+            self.observe,
+            self.options.seed,
+            database=database,
+            phases=phases,
+            failing=failing,
+        )
+        return found or failing
+
+
+def _judge(inv: Invariant, obs: Any) -> Any:
+    """``inv``'s outcome on ``obs``; a builder that could not be built judges only construction."""
+    from conformance.run.observations import ConstructFailure
+
+    if isinstance(obs, ConstructFailure) and inv.id != "KV-CALL-CONSTRUCT":
+        return Unjudged("the builder could not be constructed for this example (KV-CALL-CONSTRUCT)")
+    return inv.check(obs)
