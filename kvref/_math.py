@@ -15,7 +15,8 @@ def cdiv(a: int, b: int) -> int:
 
 def round_up(x: int, multiple: int) -> int:
     """Smallest multiple of ``multiple`` that is at least ``x``."""
-    return cdiv(x, multiple) * multiple
+    # cdiv inlined: placement calls this once per layer and per block stride.
+    return -(-x // multiple) * multiple
 
 
 def lcm_all(values: Iterable[int]) -> int:

@@ -4,6 +4,11 @@ Every spec is a frozen attrs class whose fields are validated at construction:
 a bad value raises :class:`~kvref.errors.SpecError` naming the field and the
 value.  Equality and hashing follow vLLM's dataclasses (``is_draft`` is left
 out of both).  All fields are keyword-only.
+
+Specs are immutable, so what planning derives from them is computed once per
+instance (see ``KVCacheSpec._MEMOISED``): the page geometry, and the tuple of
+compared fields that equality and the hash use.  None of it is in the repr or
+the pickled state, and ``attrs.evolve`` builds a fresh instance.
 """
 
 from __future__ import annotations
@@ -27,7 +32,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AttentionSpec",
-    "MemoryInputs",
     "ChunkedLocalAttentionSpec",
     "CircularBufferSpec",
     "CrossAttentionSpec",
@@ -37,6 +41,7 @@ __all__ = [
     "KVCacheSpec",
     "MLAAttentionSpec",
     "MambaSpec",
+    "MemoryInputs",
     "MultipleOf",
     "RSWASpec",
     "SinkFullAttentionSpec",
@@ -171,6 +176,16 @@ def _convert_tokens_per_state(value: object) -> object:
 _S = TypeVar("_S", bound="KVCacheSpec")
 
 
+_EQ_FIELD_NAMES: dict[type[KVCacheSpec], tuple[str, ...]] = {}
+
+
+def _eq_field_names(cls: type[KVCacheSpec]) -> tuple[str, ...]:
+    names = _EQ_FIELD_NAMES.get(cls)
+    if names is None:
+        names = _EQ_FIELD_NAMES[cls] = tuple(f.name for f in attrs.fields(cls) if f.eq)
+    return names
+
+
 class MemoryInputs(Protocol):
     """What a spec's maximum memory reads from the planning config.
 
@@ -201,7 +216,7 @@ class MemoryInputs(Protocol):
         """``"none"``, ``"align"`` or ``"all"``."""
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, eq=False)
 class KVCacheSpec:
     """Base of every per-layer spec (vLLM ``KVCacheSpec``).
 
@@ -225,29 +240,52 @@ class KVCacheSpec:
     )
     is_draft: bool = attrs.field(default=False, eq=False, validator=_bool)
 
-    #: The memoised page geometry (``functools.cached_property`` slots).  attrs
-    #: keeps them out of ``__eq__``, ``__hash__``, ``repr`` and the pickled
-    #: state, and ``attrs.evolve`` builds a new instance, so a copy never
-    #: carries a stale value.  Planning reads them several times per layer.
-    _GEOMETRY_CACHE: ClassVar[tuple[str, ...]] = (
+    #: What is memoised per instance (``functools.cached_property`` slots): the
+    #: page geometry and the equality key with its hash.  attrs keeps these
+    #: slots out of ``repr`` and the pickled state, and ``attrs.evolve`` builds
+    #: a new instance, so a copy never carries a stale value.  Planning reads
+    #: the geometry several times per layer and compares thousands of specs.
+    _MEMOISED: ClassVar[tuple[str, ...]] = (
         "real_page_size_bytes",
         "page_size_bytes",
         "block_stride_alignment_bytes",
         "block_stride",
+        "_eq_key",
+        "_hash",
     )
 
-    def _forget_geometry(self) -> None:
-        """Drop memoised geometry; call after setting a field with ``object.__setattr__``."""
-        for name in self._GEOMETRY_CACHE:
+    def _forget_memoised(self) -> None:
+        """Drop every memoised value; call after setting a field with ``object.__setattr__``."""
+        for name in self._MEMOISED:
             # AttributeError: never computed, or overridden by a plain property.
             with contextlib.suppress(AttributeError):
                 object.__delattr__(self, name)
 
     def _set_derived_field(self, name: str, value: object) -> None:
-        # Fields derived in __attrs_post_init__ (frozen): set, then drop any
-        # geometry computed from the old value while validating.
+        # Fields derived in __attrs_post_init__ (frozen): set, then drop what
+        # was memoised from the old value while validating.
         object.__setattr__(self, name, value)
-        self._forget_geometry()
+        self._forget_memoised()
+
+    # -- equality ----------------------------------------------------------
+    # attrs' generated __eq__ builds two tuples of every field on each call.
+    # The spec classes are declared with eq=False and compare one memoised
+    # tuple of the same fields (those with eq=True, so not is_draft) instead.
+    @functools.cached_property
+    def _eq_key(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in _eq_field_names(type(self)))
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash((type(self).__qualname__, self._eq_key))
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self is other or self._eq_key == other._eq_key
+
+    def __hash__(self) -> int:
+        return self._hash
 
     # -- page geometry ---------------------------------------------------
     @property
@@ -384,7 +422,7 @@ def _convert_dtype(value: object) -> torch.dtype:
     return to_dtype(value, "dtype")
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, eq=False)
 class AttentionSpec(KVCacheSpec):
     """Base of attention specs (vLLM ``AttentionSpec``), page formula of SPEC 1.2.
 
@@ -489,7 +527,7 @@ def _merge_single_value(specs: Sequence[Any], field: str) -> Any:
     return next(iter(values)) if values else None
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, eq=False)
 class FullAttentionSpec(AttentionSpec):
     """Full attention (vLLM ``FullAttentionSpec``); may record a window or chunk after promotion."""
 
@@ -552,7 +590,7 @@ class FullAttentionSpec(AttentionSpec):
         )
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, eq=False)
 class SinkFullAttentionSpec(FullAttentionSpec):
     """Full attention with attention-sink tokens (vLLM ``SinkFullAttentionSpec``).
 
@@ -565,7 +603,7 @@ class SinkFullAttentionSpec(FullAttentionSpec):
     sink_len: int | None = attrs.field(default=None, validator=_optional_positive)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, eq=False)
 class RSWASpec(FullAttentionSpec):
     """Full-attention allocation for a restricted sliding window (vLLM ``RSWASpec``)."""
 
@@ -597,7 +635,7 @@ def _mla_alignment(spec: AttentionSpec, alignment: int | None) -> None:
         spec._set_derived_field("page_size_padded", padded)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, eq=False)
 class MLAAttentionSpec(FullAttentionSpec):
     """Multi-head latent attention (vLLM ``MLAAttentionSpec``); ``head_size_v`` defaults to 0.
 
@@ -664,7 +702,7 @@ class MLAAttentionSpec(FullAttentionSpec):
         )
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, eq=False)
 class SlidingWindowSpec(AttentionSpec):
     """Sliding-window attention (vLLM ``SlidingWindowSpec``).
 
@@ -702,7 +740,7 @@ class SlidingWindowSpec(AttentionSpec):
         )
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, eq=False)
 class SlidingWindowMLASpec(SlidingWindowSpec):
     """Sliding-window MLA (vLLM ``SlidingWindowMLASpec``); ``head_size_v`` defaults to 0."""
 
@@ -761,7 +799,7 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
         return attrs.evolve(head, kv_quant_mode="NONE", alignment=None, head_size_v=0)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, eq=False)
 class ChunkedLocalAttentionSpec(AttentionSpec):
     """Chunked local attention (vLLM ``ChunkedLocalAttentionSpec``)."""
 
@@ -783,7 +821,7 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
         )
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, eq=False)
 class CircularBufferSpec(AttentionSpec):
     """A ring buffer that holds one block per request (vLLM ``CircularBufferSpec``)."""
 
@@ -794,7 +832,7 @@ class CircularBufferSpec(AttentionSpec):
         return self.page_size_bytes
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, eq=False)
 class CrossAttentionSpec(AttentionSpec):
     """Encoder-decoder cross attention (vLLM ``CrossAttentionSpec``)."""
 
@@ -805,7 +843,7 @@ class CrossAttentionSpec(AttentionSpec):
         return cdiv(config.encoder_input_tokens, self.block_size) * self.page_size_bytes
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, eq=False)
 class EncoderOnlyAttentionSpec(AttentionSpec):
     """Encoder-only attention: no cache, and not registered for planning (SPEC 1.3)."""
 
@@ -836,7 +874,7 @@ def _convert_dtypes(value: object) -> tuple[torch.dtype, ...]:
     return tuple(to_dtype(v, "MambaSpec.dtypes") for v in value)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, eq=False)
 class MambaSpec(KVCacheSpec):
     """A recurrent state layer (vLLM ``MambaSpec``): one state per request, not per token.
 

@@ -1,7 +1,9 @@
 """Memoised page geometry of the frozen spec kinds.
 
 The geometry (``real_page_size_bytes``, ``page_size_bytes``,
-``block_stride_alignment_bytes``, ``block_stride``) is cached per instance.
+``block_stride_alignment_bytes``, ``block_stride``) and the equality key with
+its hash are cached per instance (the spec classes compare that key instead
+of attrs' generated ``__eq__``).
 These tests check that the cache never changes what a spec is (equality,
 hash, repr, pickled state), never survives into a copy that differs
 (``attrs.evolve``, ``evolve_spec``), and never goes stale when a field is
@@ -21,17 +23,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvref.specs import (
+    ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
     MultipleOf,
+    SinkFullAttentionSpec,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
     evolve_spec,
 )
 
-CACHED = ("real_page_size_bytes", "page_size_bytes", "block_stride_alignment_bytes", "block_stride")
+CACHED = (
+    "real_page_size_bytes",
+    "page_size_bytes",
+    "block_stride_alignment_bytes",
+    "block_stride",
+    "_eq_key",
+    "_hash",
+)
 
 
 def full(**kw: Any) -> FullAttentionSpec:
@@ -209,3 +220,53 @@ def test_memoised_geometry_matches_the_formula_through_evolve(
         stride(new_head_size),
     )
     assert (evolved == spec) == (new_head_size == head_size)
+    # The cached hash belongs to the instance: an evolved copy hashes like a fresh equal spec.
+    hash(spec)
+    rebuilt = attrs.evolve(evolved)
+    assert hash(evolved) == hash(rebuilt) == hash(pickle.loads(pickle.dumps(evolved)))
+    assert len({spec, evolved, rebuilt}) == (1 if new_head_size == head_size else 2)
+
+
+def _other_value(value: object) -> Any:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 16
+    if isinstance(value, torch.dtype):
+        return torch.float32 if value != torch.float32 else torch.float16
+    if isinstance(value, str):
+        return value + "_X"
+    if value is None:  # every optional int field; above any real page here
+        return 1 << 20
+    raise AssertionError(f"no other value for {value!r}")
+
+
+@pytest.mark.parametrize("name", [f.name for f in attrs.fields(FullAttentionSpec)])
+def test_every_compared_field_takes_part_in_equality(name: str) -> None:
+    spec = full(sliding_window=None)
+    assert spec.page_size_bytes > 0 and hash(spec)  # memoise first
+    # 2 tokens per state: 1 + 16 would leave a 16-token block without a state.
+    other: Any = 2 if name == "tokens_per_state" else _other_value(getattr(spec, name))
+    changed = attrs.evolve(spec, **{name: other})
+    field = attrs.fields_dict(FullAttentionSpec)[name]
+    if field.eq:
+        assert changed != spec and spec != changed, name
+        assert len({spec, changed}) == 2
+    else:  # is_draft: left out of equality and hash, as in vLLM
+        assert changed == spec and hash(changed) == hash(spec)
+
+
+def test_equality_needs_the_same_class() -> None:
+    fields: dict[str, Any] = {
+        "block_size": 16,
+        "num_kv_heads": 8,
+        "head_size": 128,
+        "dtype": torch.bfloat16,
+    }
+    plain, sink = FullAttentionSpec(**fields), SinkFullAttentionSpec(**fields)
+    assert plain != sink and sink != plain
+    assert plain != object() and plain != "FullAttentionSpec"
+    chunked = ChunkedLocalAttentionSpec(**fields, attention_chunk_size=16)
+    assert chunked == ChunkedLocalAttentionSpec(**fields, attention_chunk_size=16)
+    assert chunked != ChunkedLocalAttentionSpec(**fields, attention_chunk_size=32)
+    assert len({plain, sink, full(), chunked}) == 3
