@@ -27,12 +27,14 @@ from kvref.config import PlanningConfig
 from kvref.errors import KVRefError
 from kvref.extra_specs import HiddenStateCacheSpec, HiSparseHotSpec, HiSparseResidentSpec
 from kvref.layout import KVCacheLayout
+from kvref.records import KVCacheGroupSpec
 from kvref.specs import (
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
     CrossAttentionSpec,
     EncoderOnlyAttentionSpec,
     FullAttentionSpec,
+    GroupKVCacheSpec,
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
@@ -41,11 +43,13 @@ from kvref.specs import (
     SinkFullAttentionSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
 )
 
 __all__ = [
     "GoldenFormatError",
     "GoldenProblem",
+    "ListedGrouping",
     "UnsupportedGoldenError",
     "expected_path",
     "find_golden_dir",
@@ -110,6 +114,9 @@ _CONFIG_DEFAULTS: Mapping[str, Any] = {
     "mamba_cache_mode": "none",
     "mamba_block_size": None,
     "prefix_cache_retention_interval": 0,
+    "hisparse": None,
+    "host_pool_bytes": None,
+    "model_grouping": None,
 }
 
 #: The probes vLLM's oracle runs when a problem names none (its outputs list them).
@@ -136,6 +143,8 @@ class GoldenProblem:
         available_memory: bytes, one int for every worker or one per worker.
         num_blocks_probes: the block counts of the ``from_groups`` probes.
         expected: vLLM's output for this problem (``{}`` when there is none).
+        profiling: ``max_num_reqs`` and ``max_cudagraph_capture_size`` of the
+            profiling path, when the problem exercises it.
     """
 
     name: str
@@ -145,6 +154,7 @@ class GoldenProblem:
     available_memory: int | tuple[int, ...]
     num_blocks_probes: tuple[int, ...]
     expected: Mapping[str, Any] = attrs.field(factory=dict)
+    profiling: Mapping[str, int] | None = None
 
     @property
     def merged_specs(self) -> dict[str, KVCacheSpec]:
@@ -335,7 +345,41 @@ def _settings(raw_config: Mapping[str, Any], expected: Mapping[str, Any]) -> dic
     return settings
 
 
+@attrs.frozen
+class ListedGrouping:
+    """A model-declared grouping given as layer-name lists (golden ``config.model_grouping``).
+
+    Each list becomes one group whose spec is the layers' merged spec when
+    they merge, else their uniform-type wrapper: the grouping a model that
+    implements ``SupportsKVCacheGrouping`` might declare.  Hashable, so
+    configs that carry it can be cached.
+    """
+
+    lists: tuple[tuple[str, ...], ...] = attrs.field(
+        converter=lambda v: tuple(tuple(names) for names in v)
+    )
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: dict[str, KVCacheSpec]
+    ) -> list[KVCacheGroupSpec]:
+        """One group per list, in order (unknown names fail Core's partition check later)."""
+        groups = []
+        for names in self.lists:
+            specs = {n: kv_cache_spec[n] for n in names if n in kv_cache_spec}
+            values = list(specs.values())
+            group_spec: GroupKVCacheSpec | None
+            try:
+                group_spec = type(values[0]).merge(values)
+            except KVRefError:
+                group_spec = UniformTypeKVCacheSpecs.from_specs(specs)
+            if group_spec is None:
+                raise GoldenFormatError(f"model_grouping list {list(names)} is not of one type")
+            groups.append(KVCacheGroupSpec(layer_names=names, kv_cache_spec=group_spec))
+        return groups
+
+
 def _planning_config(settings: Mapping[str, Any]) -> PlanningConfig:
+    grouping = settings.get("model_grouping")
     return PlanningConfig(
         max_model_len=settings["max_model_len"],
         auto_fit_max_model_len=settings["original_max_model_len"] == -1,
@@ -352,6 +396,9 @@ def _planning_config(settings: Mapping[str, Any]) -> PlanningConfig:
         tensor_parallel_size=settings["tensor_parallel_size"],
         prefix_cache_retention_interval=settings["prefix_cache_retention_interval"],
         num_prefill_lookahead_tokens=settings.get("num_prefill_lookahead_tokens", 0),
+        hisparse=settings.get("hisparse"),
+        host_pool_bytes=settings.get("host_pool_bytes"),
+        model_kv_cache_grouping=ListedGrouping(grouping) if grouping else None,
     )
 
 
@@ -400,6 +447,7 @@ def problem_from_dict(
         available_memory=_available_memory(raw["available_memory"], len(workers)),
         num_blocks_probes=probes,
         expected=expected,
+        profiling=raw.get("profiling"),
     )
 
 
