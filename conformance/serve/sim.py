@@ -23,40 +23,27 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from fractions import Fraction
 
 import attrs
 import torch
 
 from conformance.check.violations import Violation
-from conformance.serve.kernel import (
-    LayerSlot,
-    mix64,
-    observed_tag,
-    read_states,
-    wide_view,
-    write_states,
-)
+from conformance.serve.kernel import mix64
 from conformance.serve.pool import (
     NULL_BLOCK,
     BlockPool,
     GroupManager,
-    Retention,
-    retention_of,
     scheduler_block_size,
-    token_states,
 )
-from kvref.allocation import KVCacheAllocation, allocate_kv_cache
+from conformance.serve.worker import ISOLATION, POOL, Layers
+from kvref.allocation import KVCacheAllocation
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig
 from kvref.specs import KVCacheSpec
 
 __all__ = ["ISOLATION", "POOL", "Request", "Simulation"]
 
-ISOLATION = "KV-SERVE-ISOLATION"
-POOL = "KV-SERVE-POOL"
-
-_GEN, _PROMPT, _ENCODER, _SPEC = 1, 2, 3, 4
+_GEN, _PROMPT, _ENCODER = 1, 2, 3
 
 
 @attrs.define(kw_only=True, eq=False)
@@ -84,11 +71,6 @@ class Request:
         prev = self.keys[-1] if self.keys else 0
         self.tokens.append(token)
         self.keys.append(mix64(prev, token))
-
-
-def _tps(spec: KVCacheSpec) -> Fraction:
-    value = spec.tokens_per_state_value
-    return Fraction(value) if value > 0 else Fraction(spec.block_size)
 
 
 class Simulation:
@@ -140,35 +122,11 @@ class Simulation:
         self.prefix_caching = bool(self.managers) and all(
             m.retention.prefix_cacheable for m in self.managers
         )
-        self.allocations: list[KVCacheAllocation] = []
-        self.slots: list[LayerSlot] = []
-        for w, cfg in enumerate(configs):
-            alloc = allocate_kv_cache(cfg, device, layout=layout)
-            self.allocations.append(alloc)
-            declared = layer_specs[w] if layer_specs is not None else {}
-            for gid, group in enumerate(cfg.kv_cache_groups):
-                for name, spec in group.layer_specs():
-                    view = alloc.views.get(name)
-                    if view is None or not getattr(spec, "has_layer_views", True):
-                        continue
-                    own = declared.get(name, spec)
-                    raw = view.view(torch.uint8)
-                    self.slots.append(
-                        LayerSlot(
-                            name=name,
-                            worker=w,
-                            group_id=gid,
-                            view=raw,
-                            wide=wide_view(raw),
-                            salt=mix64(w, len(self.slots), 7),
-                            tokens_per_state=_tps(spec),
-                            declared=retention_of(own),
-                        )
-                    )
+        self.layers = Layers(configs, layout, device, layer_specs, self.managers)
         self.requests: list[Request] = []
         self.running: list[Request] = []
         self.waiting: list[Request] = []
-        self.state_writes: dict[tuple[int, int], dict[int, int]] = {}
+        self.layers.known = self.requests
         self.violations: list[Violation] = []
         self.log: list[str] = []
         #: tokens computed, states written and read back, prefix hits, preemptions.
@@ -227,6 +185,11 @@ class Simulation:
         return self._step({})
 
     # -- scheduling --------------------------------------------------------------------
+
+    @property
+    def allocations(self) -> list[KVCacheAllocation]:
+        """Every worker's allocation."""
+        return self.layers.allocations
 
     def _pools(self) -> list[BlockPool]:
         return [self.device_pool] + ([self.host_pool] if self.host_pool else [])
@@ -303,8 +266,7 @@ class Simulation:
     def _release(self, req: Request) -> None:
         for m in self.managers:
             m.free(req.rid)
-        for key in [k for k in self.state_writes if k[1] == req.rid]:
-            del self.state_writes[key]
+        self.layers.forget(req.rid)
         self.running.remove(req)
 
     def _finish(self, req: Request, why: str) -> None:
@@ -322,161 +284,22 @@ class Simulation:
 
     def _step(self, growth: dict[int, tuple[int, int]]) -> list[Violation]:
         growth.update(self._admit_waiting())
-        found: list[Violation] = []
         by_rid = {r.rid: r for r in self.running}
-        for slot in self.slots:
-            found += self._write_slot(
-                slot, [(by_rid[r], a, b) for r, (a, b) in growth.items() if r in by_rid]
-            )
-        for rid, (_, end) in growth.items():
-            if rid not in by_rid:
-                continue
-            req = by_rid[rid]
+        work = [(by_rid[r], a, b) for r, (a, b) in growth.items() if r in by_rid]
+        found, written = self.layers.write(work)
+        self.stats["states_written"] += written
+        for req, _, end in work:
             self.stats["tokens"] += end - req.computed
             req.computed = end
             for m in self.managers:
-                m.cache_full_blocks(rid, end, req.keys)
-                m.remove_skipped(rid, end)
+                m.cache_full_blocks(req.rid, end, req.keys)
+                m.remove_skipped(req.rid, end)
         found += self._check_pool()
-        for slot in self.slots:
-            found += self._read_slot(slot)
+        read, verified = self.layers.read(self.running)
+        self.stats["states_verified"] += verified
+        found += read
         self.violations += found
         return found
-
-    def _address(
-        self, slot: LayerSlot, req: Request, states: list[int]
-    ) -> tuple[list[int], list[int], list[int], list[tuple[int, int, int | None]]]:
-        """Pages, states and indices of ``states``; ``(state, index, block)`` where none is held."""
-        manager = self.managers[slot.group_id]
-        table = manager.tables.get(req.rid, [])
-        per_block = max(1, int(Fraction(manager.block_size) / slot.tokens_per_state))
-        ring = isinstance(slot.declared, Retention) and slot.declared.kind == "ring"
-        pages, offsets, kept, missing = [], [], [], []
-        for k, s in enumerate(states):
-            index, offset = (0, s % per_block) if ring else divmod(s, per_block)
-            block = table[index] if index < len(table) else None
-            if block is None or block == NULL_BLOCK:
-                missing.append((s, index, block))
-                continue
-            flat = block * per_block + offset
-            pages.append(flat // slot.states_per_page)
-            offsets.append(flat % slot.states_per_page)
-            kept.append(k)
-        return pages, offsets, kept, missing
-
-    def _expected(self, slot: LayerSlot, req: Request, states: list[int], n: int) -> list[int]:
-        """Tags of ``states`` after ``n`` tokens: each state's last computed token's hash."""
-        num, den = slot.tokens_per_state.numerator, slot.tokens_per_state.denominator
-        keys, salt = req.keys, slot.salt
-        if num == den:
-            return [keys[min(s, n - 1)] ^ salt for s in states]
-        return [keys[min(((s + 1) * num + den - 1) // den, n) - 1] ^ salt for s in states]
-
-    def _write_slot(self, slot: LayerSlot, work: list[tuple[Request, int, int]]) -> list[Violation]:
-        declared = slot.declared
-        assert isinstance(declared, Retention)
-        found: list[Violation] = []
-        pages: list[int] = []
-        offsets: list[int] = []
-        tags: list[int] = []
-        for req, start, end in work:
-            if declared.kind == "state":
-                states, values = self._state_writes(slot, req, end)
-                for index, tag in zip(states, values, strict=True):
-                    got = self._state_address(slot, req, index)
-                    if got is None:
-                        found.append(self._unheld(slot, req, index, "a state of"))
-                        continue
-                    pages.append(got)
-                    offsets.append(0)
-                    tags.append(tag)
-                    self.state_writes.setdefault((id(slot), req.rid), {})[index] = tag
-                continue
-            if declared.kind == "encoder":
-                if start > 0 or not req.encoder_keys:
-                    continue
-                states = list(range(*token_states(slot.tokens_per_state, 0, len(req.encoder_keys))))
-                values = [
-                    req.encoder_keys[min(s, len(req.encoder_keys) - 1)] ^ slot.salt for s in states
-                ]
-            else:
-                states = list(range(*token_states(slot.tokens_per_state, start, end)))
-                values = self._expected(slot, req, states, end)
-            p, o, kept, missing = self._address(slot, req, states)
-            for s, index, _ in missing[:1]:
-                found.append(self._unheld(slot, req, index, f"state {s} of"))
-            found += self._foreign_pages(slot, req, p)
-            for page, off, k in zip(p, o, kept, strict=True):
-                if page < slot.num_blocks:
-                    pages.append(page)
-                    offsets.append(off)
-                    tags.append(values[k])
-        if pages:
-            self.stats["states_written"] += len(pages)
-            device = slot.view.device
-            write_states(
-                slot.view,
-                torch.tensor(pages, device=device),
-                torch.tensor(offsets, device=device),
-                torch.tensor(tags, dtype=torch.int64, device=device),
-                slot.wide,
-            )
-        return found
-
-    def _state_writes(self, slot: LayerSlot, req: Request, n: int) -> tuple[list[int], list[int]]:
-        declared = slot.declared
-        assert isinstance(declared, Retention)
-        current = (max(n, 1) - 1) // self.managers[slot.group_id].block_size
-        key = req.keys[n - 1] if n else 0
-        indices = [current + j for j in range(1 + declared.spec_blocks)]
-        return indices, [mix64(key, j, _SPEC) ^ slot.salt for j in range(len(indices))]
-
-    def _state_address(self, slot: LayerSlot, req: Request, index: int) -> int | None:
-        table = self.managers[slot.group_id].tables.get(req.rid, [])
-        if index >= len(table) or table[index] == NULL_BLOCK:
-            return None
-        return table[index] if table[index] < slot.num_blocks else None
-
-    def _unheld(self, slot: LayerSlot, req: Request, index: int, what: str) -> Violation:
-        table = self.managers[slot.group_id].tables.get(req.rid, [])
-        held = "the null block" if index < len(table) else f"no entry ({len(table)} entries)"
-        return Violation(
-            invariant=POOL,
-            message=(
-                f"the kernel writes {what} request {req.rid} through entry {index} of group "
-                f"{slot.group_id}'s block table, which holds {held}: the group's manager keeps "
-                f"fewer blocks than the layer's own spec writes"
-            ),
-            worker=slot.worker,
-            layer=slot.name,
-        )
-
-    def _foreign_pages(self, slot: LayerSlot, req: Request, pages: list[int]) -> list[Violation]:
-        held = set(self.managers[slot.group_id].tables.get(req.rid, []))
-        for page in pages:
-            if page >= slot.num_blocks or page not in held:
-                where = (
-                    "outside the view"
-                    if page >= slot.num_blocks
-                    else "a block the request does not hold in this group"
-                )
-                return [
-                    Violation(
-                        invariant=POOL,
-                        message=(
-                            f"the kernel writes request {req.rid} into page {page} of the layer's "
-                            f"view ({slot.num_blocks} pages, {slot.states_per_page} states each), "
-                            f"{where}: group {slot.group_id} counts "
-                            f"{self.managers[slot.group_id].block_size} tokens per block"
-                        ),
-                        worker=slot.worker,
-                        layer=slot.name,
-                        block=page,
-                    )
-                ]
-        return []
-
-    # -- the invariants ------------------------------------------------------------------
 
     def _check_pool(self) -> list[Violation]:
         found: list[Violation] = []
@@ -510,101 +333,3 @@ class Simulation:
                         Violation(invariant=POOL, message=f"block {block} {problem}", block=block)
                     )
         return found[:3]
-
-    def _read_slot(self, slot: LayerSlot) -> list[Violation]:
-        declared = slot.declared
-        assert isinstance(declared, Retention)
-        pages: list[int] = []
-        offsets: list[int] = []
-        tags: list[int] = []
-        where: list[tuple[Request, int, int]] = []
-        found: list[Violation] = []
-        for req in self.running:
-            if declared.kind == "state":
-                record = self.state_writes.get((id(slot), req.rid), {})
-                for index, tag in sorted(record.items()):
-                    page = self._state_address(slot, req, index)
-                    if page is not None:
-                        pages.append(page)
-                        offsets.append(0)
-                        tags.append(tag)
-                        where.append((req, index, page))
-                continue
-            if declared.kind == "encoder":
-                count = len(req.encoder_keys)
-                states = list(range(*token_states(slot.tokens_per_state, 0, count)))
-                values = [req.encoder_keys[min(s, count - 1)] ^ slot.salt for s in states]
-            else:
-                start, end = declared.needed_tokens(req.computed)
-                states = list(range(*token_states(slot.tokens_per_state, start, end)))
-                values = self._expected(slot, req, states, req.computed)
-            p, o, kept, missing = self._address(slot, req, states)
-            # An entry the manager never allocated is the writer's finding (KV-SERVE-POOL);
-            # a null entry was freed while the layer still reads it.
-            for s, index, block in [m for m in missing if m[2] is not None][:1]:
-                found.append(self._freed(slot, req, s, index, block))
-            for page, off, k in zip(p, o, kept, strict=True):
-                if page < slot.num_blocks:
-                    pages.append(page)
-                    offsets.append(off)
-                    tags.append(values[k])
-                    where.append((req, states[k], page))
-        if pages:
-            self.stats["states_verified"] += len(pages)
-            device = slot.view.device
-            bad = read_states(
-                slot.view,
-                torch.tensor(pages, device=device),
-                torch.tensor(offsets, device=device),
-                torch.tensor(tags, dtype=torch.int64, device=device),
-                slot.wide,
-            )
-            if bad.numel():
-                k = int(bad[0])
-                found.append(self._clobbered(slot, where[k], offsets[k], tags[k], bad.numel()))
-        return found
-
-    def _freed(
-        self, slot: LayerSlot, req: Request, state: int, index: int, block: int | None
-    ) -> Violation:
-        got = "the null block" if block == NULL_BLOCK else "no block"
-        return Violation(
-            invariant=ISOLATION,
-            message=(
-                f"request {req.rid} (at {req.computed} tokens) still needs state {state} of "
-                f"the layer, but entry {index} of group {slot.group_id}'s block table is {got}: "
-                "the group's manager freed what the layer's own spec still reads, so the "
-                "kernel reads whatever the block holds now"
-            ),
-            worker=slot.worker,
-            layer=slot.name,
-        )
-
-    def _clobbered(
-        self, slot: LayerSlot, at: tuple[Request, int, int], state: int, tag: int, count: int
-    ) -> Violation:
-        req, pos, page = at
-        seen = observed_tag(slot.view, page, state)
-        return Violation(
-            invariant=ISOLATION,
-            message=(
-                f"request {req.rid} reads state {pos} of the layer from page {page} (state "
-                f"{state}) and finds {self._whose(seen)} instead of its own tag "
-                f"({count} state(s) of this layer differ)"
-            ),
-            worker=slot.worker,
-            layer=slot.name,
-            block=page,
-        )
-
-    def _whose(self, seen: int | None) -> str:
-        if seen is None:
-            return "other bytes"
-        if seen == 0:
-            return "zeros (never written)"
-        for slot in self.slots:
-            for req in self.requests:
-                for t, key in enumerate(req.keys):
-                    if key ^ slot.salt == seen:
-                        return f"request {req.rid}'s token {t} of layer {slot.name!r}"
-        return "bytes of no request's token (a state or a torn write)"
