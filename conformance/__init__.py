@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from conformance.check.violations import Violation
     from conformance.report.model import InvariantResult, Report
     from conformance.run.options import OptionError
+    from conformance.run.replay import reproduce
     from conformance.run.runner import check_builder
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "by_id",
     "catalog",
     "check_builder",
+    "reproduce",
 ]
 
 _HOMES = {
@@ -40,6 +42,7 @@ _HOMES = {
     "OptionError": "conformance.run.options",
     "Report": "conformance.report.model",
     "check_builder": "conformance.run.runner",
+    "reproduce": "conformance.run.replay",
     "Violation": "conformance.check.violations",
 }
 
