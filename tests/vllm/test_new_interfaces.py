@@ -1,0 +1,100 @@
+"""Hidden-state specs, HiSparse, model-declared grouping and profiling against live vLLM 0.33.0.
+
+Two checks: the committed golden files of ``scripts/make_golden.py`` are
+what the installed vLLM produces (so the default test run, which reads them
+without vLLM, checks current facts), and kvref's Core flow and profiling
+path equal vLLM's on every problem vLLM plans, compared as kvref records.
+
+Run: ``/work/vllm-venv/bin/python -m pytest -m vllm tests/vllm`` (or ``tox -e vllm``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm.v1.core.kv_cache_planning")
+
+import golden
+
+from kvref import ReferenceKVCacheConfigBuilder, plan_kv_cache
+from kvref.interop import vllm as iv
+from kvref.profiling import plan_profiling_kv_cache
+
+pytestmark = pytest.mark.vllm
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _make_golden() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "make_golden", REPO / "scripts" / "make_golden.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["make_golden"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+MG = _make_golden()
+PROBLEMS = [pytest.param(raw, id=raw["name"]) for make in MG.FILES.values() for raw in make()]
+
+
+def _resolved(raw: dict[str, Any]) -> dict[str, Any]:
+    return MG._resolve_hisparse(raw) if raw.get("resolve_hisparse") else raw
+
+
+def test_golden_files_are_current(tmp_path: Path) -> None:
+    """Regenerating every file with the installed vLLM reproduces the committed ones."""
+    assert MG.main(["--check"]) == 0
+
+
+@pytest.mark.parametrize("raw", PROBLEMS)
+def test_core_flow_agrees(raw: dict[str, Any]) -> None:
+    """kvref and vLLM plan alike, or both refuse."""
+    problem = golden.problem_from_dict(_resolved(raw))
+    memory = [problem.memory_of(i) for i in range(len(problem.workers))]
+    builder = iv.vllm_modules().kvp.DefaultKVCacheConfigBuilder
+    try:
+        theirs = iv.plan_with_vllm(builder, problem.config, list(problem.workers), memory)
+    except (ValueError, AssertionError, NotImplementedError) as exc:
+        with pytest.raises(ValueError):
+            plan_kv_cache(
+                ReferenceKVCacheConfigBuilder, problem.config, list(problem.workers), memory
+            )
+        pytest.skip(f"both refuse ({type(exc).__name__})")
+    ours = plan_kv_cache(
+        ReferenceKVCacheConfigBuilder, problem.config, list(problem.workers), memory
+    )
+    assert ours.global_groups == theirs.global_groups
+    assert ours.configs == theirs.configs
+    assert ours.workers == theirs.workers
+    assert (ours.num_blocks, ours.max_model_len) == (theirs.num_blocks, theirs.max_model_len)
+
+
+@pytest.mark.parametrize("raw", [p for p in PROBLEMS if "profiling" in p.values[0]])
+def test_profiling_agrees(raw: dict[str, Any]) -> None:
+    """kvref's profiling path equals vLLM's V1 runner path, worker by worker."""
+    problem = golden.problem_from_dict(_resolved(raw))
+    assert problem.profiling is not None
+    for worker in problem.workers:
+        theirs = MG._profile(iv.specs_to_vllm(worker), problem)
+        ours = plan_profiling_kv_cache(
+            ReferenceKVCacheConfigBuilder,
+            problem.config,
+            worker,
+            max_num_reqs=problem.profiling["max_num_reqs"],
+            max_cudagraph_capture_size=problem.profiling["max_cudagraph_capture_size"],
+        )
+        placed = MG.config_record(
+            iv.config_to_vllm(ours.config), problem.config.kv_cache_layout.name
+        )
+        assert [MG.group_record(g) for g in iv.groups_to_vllm(list(ours.groups))] == theirs[
+            "groups"
+        ]
+        assert placed == theirs["config"]
