@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 from kvref import (
     FullAttentionSpec,
@@ -32,13 +33,16 @@ GIB = 2**30
 def problem(
     layers: int, workers: int, gib: int = 80
 ) -> tuple[PlanningConfig, list[dict[str, KVCacheSpec]], list[int]]:
-    """The benchmark's model split contiguously into ``workers`` PP stages."""
-    full = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
-    swa = SlidingWindowSpec(
-        block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=4096
-    )
+    """The benchmark's model split contiguously into ``workers`` PP stages.
+
+    Every layer gets its own (equal) spec object, as a model's layers build them.
+    """
+    kw: dict[str, Any] = {"block_size": 16, "num_kv_heads": 8, "head_size": 128, "dtype": "bf16"}
     names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
-    specs = {n: (full if i % 4 == 3 else swa) for i, n in enumerate(names)}
+    specs: dict[str, KVCacheSpec] = {
+        n: (FullAttentionSpec(**kw) if i % 4 == 3 else SlidingWindowSpec(**kw, sliding_window=4096))
+        for i, n in enumerate(names)
+    }
     per = layers // workers
     split = [dict(list(specs.items())[w * per : (w + 1) * per]) for w in range(workers)]
     config = PlanningConfig(max_model_len=32768, pipeline_parallel_size=workers)

@@ -44,17 +44,30 @@ from kvref.interop import vllm as iv
 GIB = 2**30
 
 
-def model(layers: int) -> dict[str, KVCacheSpec]:
-    """``layers`` layers, pattern (S, S, S, F): 3:1 sliding window 4,096 to full attention."""
+def model(layers: int, shared: bool = False) -> dict[str, KVCacheSpec]:
+    """``layers`` layers, pattern (S, S, S, F): 3:1 sliding window 4,096 to full attention.
+
+    By default every layer gets its own (equal) spec object, as a model's
+    layers build them and as vLLM's side gets them from the conversion, so
+    kvref earns no identity shortcut and memoises once per layer.  ``shared``
+    reuses one object per kind (the input of the first measurements).
+    """
     kw: dict[str, Any] = {
         "num_kv_heads": 8,
         "head_size": 128,
         "dtype": "bfloat16",
         "block_size": 16,
     }
-    swa = SlidingWindowSpec(**kw, sliding_window=4096)
-    full = FullAttentionSpec(**kw)
-    return {f"model.layers.{i}.attn": full if i % 4 == 3 else swa for i in range(layers)}
+    one_full, one_swa = FullAttentionSpec(**kw), SlidingWindowSpec(**kw, sliding_window=4096)
+    specs: dict[str, KVCacheSpec] = {}
+    for i in range(layers):
+        if shared:
+            specs[f"model.layers.{i}.attn"] = one_full if i % 4 == 3 else one_swa
+        elif i % 4 == 3:
+            specs[f"model.layers.{i}.attn"] = FullAttentionSpec(**kw)
+        else:
+            specs[f"model.layers.{i}.attn"] = SlidingWindowSpec(**kw, sliding_window=4096)
+    return specs
 
 
 def split(specs: dict[str, KVCacheSpec], workers: int) -> list[dict[str, KVCacheSpec]]:
@@ -64,7 +77,7 @@ def split(specs: dict[str, KVCacheSpec], workers: int) -> list[dict[str, KVCache
     return [dict(items[cuts[k] : cuts[k + 1]]) for k in range(workers)]
 
 
-def best(fn: Callable[[], Any], repeats: int, setup: Callable[[], Any] | None = None) -> float:
+def best(fn: Callable[..., Any], repeats: int, setup: Callable[[], Any] | None = None) -> float:
     """Best wall time of ``fn(setup())`` (or ``fn()``) over ``repeats`` runs; setup untimed."""
     times = []
     for _ in range(repeats):
@@ -75,14 +88,16 @@ def best(fn: Callable[[], Any], repeats: int, setup: Callable[[], Any] | None = 
     return min(times)
 
 
-def run_case(name: str, layers: int, workers: int, memory_gib: int, repeats: int) -> None:
-    """Time both flows on one case and print the times and the ratio."""
+def run_case(
+    name: str, layers: int, workers: int, memory_gib: int, repeats: int, shared: bool = False
+) -> float:
+    """Time both flows on one case, print the times and ratios; return the total ratio."""
     config = PlanningConfig(
         max_model_len=32768,
         pipeline_parallel_size=workers,
         kv_cache_layout="LBNHC",
     )
-    per_worker = split(model(layers), workers)
+    per_worker = split(model(layers, shared), workers)
     memory = [memory_gib * GIB] * workers
 
     # vLLM inputs, built outside the clock.
@@ -129,6 +144,7 @@ def run_case(name: str, layers: int, workers: int, memory_gib: int, repeats: int
         ("total", t_vllm, t_kvref),
     ):
         print(f"  {label:26} {v * 1e3:8.1f}ms {k * 1e3:8.1f}ms {k / v:10.2f}x")
+    return t_kvref / t_vllm
 
 
 def main() -> None:
@@ -136,12 +152,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", choices=["a", "b"], default=None)
+    parser.add_argument(
+        "--shared-specs", action="store_true", help="one spec object per layer kind"
+    )
     args = parser.parse_args()
     iv.vllm_modules()  # import vLLM (seconds) before any clock starts
     cases = {"a": ("(a)", 4096, 8, 80), "b": ("(b)", 16384, 16, 160)}
     for key, (name, layers, workers, memory_gib) in cases.items():
         if args.only in (None, key):
-            run_case(name, layers, workers, memory_gib, args.repeats)
+            run_case(name, layers, workers, memory_gib, args.repeats, args.shared_specs)
 
 
 if __name__ == "__main__":
