@@ -23,11 +23,12 @@ if TYPE_CHECKING:
     )
     from kvref.axes import DEFAULT_LAYOUT_PREFERENCE, HOST_LAYOUT, KVCacheLayout
     from kvref.builder import KVCacheConfigBuilder, ReferenceKVCacheConfigBuilder
-    from kvref.config import PlanningConfig
+    from kvref.config import HiSparseConfig, PlanningConfig, SupportsKVCacheGrouping
     from kvref.errors import (
         ConfigError,
         ConflictingWindowError,
         GroupingError,
+        HiSparseError,
         IncompatibleSpecsError,
         InsufficientMemoryError,
         KVRefError,
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
         UnsupportedError,
         WorkerSpecMismatchError,
     )
+    from kvref.extra_specs import HiddenStateCacheSpec, HiSparseHotSpec, HiSparseResidentSpec
+    from kvref.hisparse import resolve_hisparse_specs
     from kvref.layout import compute_layer_kv_cache_shape_bytes, compute_layout_strides
     from kvref.placement import get_kv_cache_config_from_groups
     from kvref.planning import (
@@ -50,7 +53,13 @@ if TYPE_CHECKING:
         plan_kv_cache,
         project_kv_cache_groups_to_worker,
     )
+    from kvref.profiling import ProfilingPlan, plan_profiling_kv_cache, profiling_num_blocks
     from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+    from kvref.resolution import (
+        BuilderResolutionError,
+        get_kv_cache_config_builder,
+        get_kv_cache_config_builder_cls,
+    )
     from kvref.specs import (
         AttentionSpec,
         ChunkedLocalAttentionSpec,
@@ -90,11 +99,12 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "KVCacheConfigBuilder",
         "ReferenceKVCacheConfigBuilder",
     ),
-    "kvref.config": ("PlanningConfig",),
+    "kvref.config": ("HiSparseConfig", "PlanningConfig", "SupportsKVCacheGrouping"),
     "kvref.errors": (
         "ConfigError",
         "ConflictingWindowError",
         "GroupingError",
+        "HiSparseError",
         "IncompatibleSpecsError",
         "InsufficientMemoryError",
         "KVRefError",
@@ -107,6 +117,12 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "UnsupportedError",
         "WorkerSpecMismatchError",
     ),
+    "kvref.extra_specs": (
+        "HiSparseHotSpec",
+        "HiSparseResidentSpec",
+        "HiddenStateCacheSpec",
+    ),
+    "kvref.hisparse": ("resolve_hisparse_specs",),
     "kvref.layout": (
         "compute_layer_kv_cache_shape_bytes",
         "compute_layout_strides",
@@ -120,10 +136,20 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "plan_kv_cache",
         "project_kv_cache_groups_to_worker",
     ),
+    "kvref.profiling": (
+        "ProfilingPlan",
+        "plan_profiling_kv_cache",
+        "profiling_num_blocks",
+    ),
     "kvref.records": (
         "KVCacheConfig",
         "KVCacheGroupSpec",
         "KVCacheTensor",
+    ),
+    "kvref.resolution": (
+        "BuilderResolutionError",
+        "get_kv_cache_config_builder",
+        "get_kv_cache_config_builder_cls",
     ),
     "kvref.specs": (
         "AttentionSpec",
@@ -148,6 +174,7 @@ _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
     "AttentionSpec",
+    "BuilderResolutionError",
     "ChunkedLocalAttentionSpec",
     "CircularBufferSpec",
     "ConfigError",
@@ -158,6 +185,11 @@ __all__ = [
     "FullAttentionSpec",
     "GroupingError",
     "HOST_LAYOUT",
+    "HiSparseConfig",
+    "HiSparseError",
+    "HiSparseHotSpec",
+    "HiSparseResidentSpec",
+    "HiddenStateCacheSpec",
     "IncompatibleSpecsError",
     "InsufficientMemoryError",
     "KVCacheAllocation",
@@ -179,12 +211,14 @@ __all__ = [
     "PlacementError",
     "PlanningConfig",
     "PlanningError",
+    "ProfilingPlan",
     "RSWASpec",
     "ReferenceKVCacheConfigBuilder",
     "SinkFullAttentionSpec",
     "SlidingWindowMLASpec",
     "SlidingWindowSpec",
     "SpecError",
+    "SupportsKVCacheGrouping",
     "UniformTypeKVCacheSpecs",
     "UnsupportedError",
     "WorkerPlan",
@@ -194,10 +228,15 @@ __all__ = [
     "compute_layer_kv_cache_shape_bytes",
     "compute_layout_strides",
     "get_global_kv_cache_groups",
+    "get_kv_cache_config_builder",
+    "get_kv_cache_config_builder_cls",
     "get_kv_cache_config_from_groups",
     "get_kv_cache_configs",
     "plan_kv_cache",
+    "plan_profiling_kv_cache",
+    "profiling_num_blocks",
     "project_kv_cache_groups_to_worker",
+    "resolve_hisparse_specs",
     "resolve_layout",
     "__version__",
 ]

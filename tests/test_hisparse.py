@@ -313,6 +313,15 @@ class TestPlacement:
         with pytest.raises(HiSparseError, match="block-outermost"):
             ReferenceKVCacheConfigBuilder().get_kv_cache_config_from_groups(config, groups, 3)
 
+    def test_group_order_is_kept(self) -> None:
+        """Deliberate difference: groups come back in the order given (vLLM puts host first)."""
+        specs = resolve_hisparse_specs(CONFIG, model())
+        groups = get_kv_cache_groups(CONFIG, specs)
+        moved = [*groups[1:], groups[0]]
+        config = ReferenceKVCacheConfigBuilder().get_kv_cache_config_from_groups(CONFIG, moved, 3)
+        assert list(config.kv_cache_groups) == moved
+        assert config.kv_cache_tensors[0].host_resident
+
     def test_no_source_group(self) -> None:
         """HiSparse on and no MLA layer: nothing for the host pool (vLLM fails to unpack)."""
         full = FullAttentionSpec(block_size=64, num_kv_heads=1, head_size=64, dtype="bfloat16")
