@@ -27,6 +27,7 @@ from conformance.report.model import InvariantResult, Report
 from conformance.run.examples import Example, examples
 from conformance.run.guard import Guard
 from conformance.run.options import PROFILES, OptionError, RunOptions
+from conformance.run.reach import ReachError, ReachMeter
 from conformance.run.scenarios import ConstructionFailedError, Context, make_factory, observe
 from conformance.run.search import Namespaced, search
 from kvref.builder import KVCacheConfigBuilder
@@ -115,6 +116,28 @@ def builder_name(builder: object) -> str | None:
     return f"{module}:{cls.__qualname__}"
 
 
+def parent_builder(builder: object) -> type[KVCacheConfigBuilder] | None:
+    """The default builder a builder specialises, when it subclasses one (``None``: none).
+
+    A subclass of kvref's reference has the reference as parent; a vLLM-native
+    subclass of vLLM's ``DefaultKVCacheConfigBuilder`` has vLLM's default.
+    """
+    from kvref.builder import ReferenceKVCacheConfigBuilder
+
+    cls = builder if isinstance(builder, type) else type(builder)
+    if cls is not ReferenceKVCacheConfigBuilder and issubclass(cls, ReferenceKVCacheConfigBuilder):
+        return ReferenceKVCacheConfigBuilder
+    native = getattr(cls, "native_cls", None)
+    if native is None:
+        return None
+    for base in native.__mro__[1:]:
+        if base.__name__ == "DefaultKVCacheConfigBuilder" and base.__module__.startswith("vllm."):
+            from conformance.run.vllm_adapter import wrap_vllm_builder
+
+            return wrap_vllm_builder(base)
+    return None
+
+
 def _capabilities(builder: object, unsupported: Iterable[str]) -> frozenset[str]:
     declared = getattr(builder, "kvref_unsupported", ()) or ()
     return frozenset(declared) | frozenset(unsupported)
@@ -149,6 +172,9 @@ def check_builder(
     name: str | None = None,
     shrink: bool = True,
     database: str | None = None,
+    isolate: bool = False,
+    reach: bool | Sequence[str] = False,
+    min_reach: float | None = None,
 ) -> Report:
     """Check ``builder`` against the invariant catalog and return a :class:`Report`.
 
@@ -169,6 +195,14 @@ def check_builder(
         shrink: shrink failures to minimal counterexamples.
         database: directory of a Hypothesis example database: counterexamples of
             earlier runs are replayed first and new ones are saved there.
+        isolate: run the builder's hooks in a worker process
+            (:func:`conformance.run.isolate.isolated`): a hook that ends or crashes
+            the process, or patches the kit, is reported as the builder's failure.
+        reach: measure which lines of the builder's own code the run executed
+            (``True``: its class's module and package; or module names); needs
+            coverage.py.
+        min_reach: with ``reach``, fail the run when less than this percentage
+            of those lines ran.
 
     Raises:
         OptionError: an option has an unusable value (a ``ValueError``), or the
@@ -188,6 +222,7 @@ def check_builder(
         max_alloc_bytes=max_alloc_bytes,
         shrink=shrink,
         database=database,
+        isolate=isolate,
     )
     invariants = catalog()
     options.validate(capabilities={c for inv in invariants for c in inv.requires})
@@ -198,11 +233,46 @@ def check_builder(
             warnings.warn(
                 f"xfail entry {entry!r} matches no invariant id", UnknownIdWarning, stacklevel=2
             )
+    meter = _reach_meter(builder, reach, min_reach)
     guard = Guard(options.timeout)
+    if isolate:
+        from conformance.run.isolate import isolated
+
+        # The worker process ends with the proxy class, or with this process.
+        builder = isolated(builder, options.builder)
     _preflight(builder, guard)
     run = _Run(builder, options, guard, progress)
-    run.execute(selected)
-    return run.report(selected, time.perf_counter() - started)
+    if meter is not None:
+        meter.start()
+    try:
+        run.execute(selected)
+    finally:
+        if meter is not None:
+            meter.stop()
+    report = run.report(selected, time.perf_counter() - started)
+    if meter is not None:
+        report = attrs.evolve(report, reach=meter.summary())
+    return report
+
+
+def _reach_meter(
+    builder: object, reach: bool | Sequence[str], min_reach: float | None
+) -> ReachMeter | None:
+    if min_reach is not None and (
+        isinstance(min_reach, bool)
+        or not isinstance(min_reach, (int, float))
+        or not 0 <= min_reach <= 100
+    ):
+        raise OptionError(f"min_reach={min_reach!r} must be a percentage between 0 and 100")
+    if reach is False or reach is None:
+        if min_reach is not None:
+            raise OptionError("min_reach needs reach measured (reach=True or module names)")
+        return None
+    modules = None if reach is True else [str(m) for m in reach]
+    try:
+        return ReachMeter.for_builder(builder, modules, min_reach)
+    except ReachError as exc:
+        raise OptionError(str(exc)) from None
 
 
 class _Run:
@@ -376,6 +446,7 @@ class _Run:
             # A builder that hung is not called again: keep what the run saw.
             violations = tally.found
         return InvariantResult(
+            inherited=self._inherited(inv, scenario, minimal),
             status="xfail" if expected else "fail",
             violations=violations[:5],
             counterexample=repr(minimal),
@@ -384,6 +455,29 @@ class _Run:
             reproduce=self.options.reproduce(inv.id),
             **base,
             **counts,
+        )
+
+    def _inherited(self, inv: Invariant, scenario: str, example: Example) -> str | None:
+        """Whether the builder's parent builder fails the same way on the counterexample."""
+        parent = parent_builder(self.builder)
+        if parent is None or self.guard.hung is not None:
+            return None
+        guard = Guard(self.options.timeout)
+        ctx = attrs.evolve(
+            self.ctx,
+            factory=make_factory(parent, guard),
+            guard=guard,
+            core=getattr(parent, "kvref_core", None),
+        )
+        try:
+            broken = _judge(inv, observe(ctx, scenario, example))
+        except Exception:
+            return None
+        if not broken or isinstance(broken, Unjudged):
+            return None
+        return (
+            f"also fails with the parent builder {builder_name(parent)} on this "
+            "counterexample: inherited, not introduced by this builder"
         )
 
     def _shrink(self, inv: Invariant, scenario: str, failing: Example) -> Example:
