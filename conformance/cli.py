@@ -78,6 +78,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-database", action="store_true", help="neither replay nor save counterexamples"
     )
+    parser.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="run the builder in a worker process: a hook that exits, crashes or patches the "
+        "kit is reported as a failure of the builder (default: off)",
+    )
     parser.add_argument("--list", action="store_true", help="list the invariants and exit")
     return parser
 
@@ -240,6 +247,7 @@ def _check(args: argparse.Namespace, builder: object, options: object, xfail: li
             progress=progress,
             name=args.builder,
             shrink=not args.no_shrink,
+            isolate=args.isolate,
             database=None if args.no_database else args.database,
         )
     except OptionError as exc:

@@ -61,6 +61,7 @@ class RunOptions:
         database: Hypothesis example database directory (``None``: none).
         models: vendor models (``module:attr`` or a JSON path), mixed into generation.
         models_only: generate from the vendor models alone.
+        isolate: run the builder in a worker process (:mod:`conformance.run.isolate`).
     """
 
     builder: str | None
@@ -77,6 +78,7 @@ class RunOptions:
     database: str | None = None
     models: str | None = None
     models_only: bool = False
+    isolate: bool = False
 
     def validate(self, *, capabilities: Iterable[str]) -> None:
         """Raise :class:`OptionError` for the first unusable option.
@@ -126,6 +128,8 @@ class RunOptions:
             words.append("--models-only")
         if not self.shrink:
             words.append("--no-shrink")
+        # Said either way: a crash contained in a worker may end an in-process run.
+        words.append("--isolate" if self.isolate else "--no-isolate")
         # Replaying saved counterexamples would run other examples than the seed's.
         words.append("--no-database")
         return " ".join(shlex.quote(w) for w in words)

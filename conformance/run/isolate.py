@@ -1,0 +1,411 @@
+"""Run an untrusted builder in a worker process (``--isolate``).
+
+In-process, the guard (:mod:`conformance.run.guard`) contains exceptions and
+hangs, but not a hook that ends the process (``os._exit``, a segfault, the
+kernel's OOM killer) nor one that patches the kit's own modules to forge a
+pass.  :func:`isolated` returns a proxy builder class whose instances live in
+a long-lived worker process: each hook call sends its pickled arguments
+there, the worker runs the real hook and sends back the answer, the exception
+it raised, and how it changed its arguments (so the kit's purity checks still
+see in-place mutations).  A worker that dies is reported as a call failure of
+the builder (:class:`WorkerDiedError`, judged by ``KV-CALL-RAISES`` or
+``KV-CALL-CONSTRUCT``) and replaced by a fresh one on the next call.
+
+The worker is forked where the platform can fork (cheap, and it inherits the
+builder as the caller passed it) and spawned otherwise (the builder is then
+imported by name, or unpickled).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import multiprocessing
+import os
+import pickle
+import signal
+import threading
+import time
+import traceback
+import types
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from kvref.builder import KVCacheConfigBuilder
+from kvref.config import PlanningConfig
+from kvref.records import KVCacheConfig, KVCacheGroupSpec
+from kvref.specs import KVCacheSpec
+
+__all__ = ["IsolatedBuilder", "IsolationError", "WorkerDiedError", "isolated"]
+
+
+class WorkerDiedError(RuntimeError):
+    """The builder's worker process died (exit, signal) while it ran a hook."""
+
+
+class IsolationError(RuntimeError):
+    """A value could not cross the process boundary (it does not pickle)."""
+
+
+class BuilderRaisedError(Exception):
+    """Stands for an exception of the builder that cannot be sent back as itself."""
+
+
+def _signal_name(code: int) -> str:
+    with contextlib.suppress(ValueError):
+        return f" ({signal.Signals(-code).name})" if code < 0 else ""
+    return ""
+
+
+# -- in-place changes to the arguments -------------------------------------------
+# The worker's arguments are unpickled copies of the kit's.  Both sides walk
+# their copy in the same order, so an object's index names it on both sides;
+# the worker reports each walked object whose contents it finds changed, with
+# references to walked objects kept as indices.
+
+_Ref = tuple[str, Any]
+
+
+def _children(obj: Any) -> list[Any] | None:
+    """The contents of a walked object (``None``: a leaf, not walked)."""
+    if isinstance(obj, dict):
+        return [v for kv in obj.items() for v in kv]
+    if isinstance(obj, (list, tuple)):
+        return list(obj)
+    if isinstance(obj, types.MappingProxyType):
+        return [v for kv in obj.items() for v in kv]
+    if attrs.has(type(obj)):
+        return [getattr(obj, f.name, None) for f in attrs.fields(type(obj))]
+    return None
+
+
+def _walk(root: Any) -> list[Any]:
+    """Every walked object reachable from ``root``, each once, in a fixed order."""
+    seen: set[int] = set()
+    order: list[Any] = []
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        children = _children(obj)
+        if children is None or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        order.append(obj)
+        stack.extend(reversed(children))
+    return order
+
+
+def _mutable_state(obj: Any) -> list[Any] | None:
+    """What a builder can change in place: list items, dict items, attrs fields."""
+    if isinstance(obj, (dict, list)) or attrs.has(type(obj)):
+        return _children(obj)
+    return None
+
+
+class _Snapshot:
+    """The arguments' walked objects and their contents before a call (worker side)."""
+
+    def __init__(self, args: Any) -> None:
+        self.objects = _walk(args)
+        self.index = {id(o): i for i, o in enumerate(self.objects)}
+        self.before = [_mutable_state(o) for o in self.objects]
+
+    def _encode(self, value: Any) -> _Ref:
+        i = self.index.get(id(value))
+        return ("ref", i) if i is not None else ("val", value)
+
+    def changes(self) -> list[tuple[int, list[_Ref]]]:
+        """``(index, new contents)`` of every object whose contents changed."""
+        out = []
+        for i, (obj, before) in enumerate(zip(self.objects, self.before, strict=True)):
+            if before is None:
+                continue
+            after = _mutable_state(obj) or []
+            same = len(after) == len(before) and all(
+                a is b for a, b in zip(after, before, strict=True)
+            )
+            if not same:
+                out.append((i, [self._encode(v) for v in after]))
+        return out
+
+
+def _apply(args: Any, changes: Sequence[tuple[int, list[_Ref]]]) -> None:
+    """Make the kit's own arguments show the changes the builder made to its copies."""
+    if not changes:
+        return
+    objects = _walk(args)
+    for i, encoded in changes:
+        values = [objects[v] if kind == "ref" else v for kind, v in encoded]
+        obj = objects[i]
+        if isinstance(obj, list):
+            obj[:] = values
+        elif isinstance(obj, dict):
+            obj.clear()
+            obj.update(zip(values[::2], values[1::2], strict=True))
+        else:
+            for field, value in zip(attrs.fields(type(obj)), values, strict=True):
+                object.__setattr__(obj, field.name, value)
+            forget = getattr(obj, "_forget_memoised", None)
+            if callable(forget):
+                forget()
+
+
+# -- the worker process ------------------------------------------------------------
+
+
+def _watch_parent(parent: int) -> None:
+    # A worker stuck in a hook never reads its pipe again: leave with the kit.
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="kvref-isolate-watch", daemon=True).start()
+
+
+def _resolve(target: Any) -> Any:
+    if isinstance(target, tuple) and target[:1] == ("name",):
+        from conformance.run.adapters import load_builder
+
+        return load_builder(target[1])
+    return target
+
+
+def _construct(target: Any) -> Any:
+    if isinstance(target, type):
+        return target()
+    try:
+        return type(target)()
+    except Exception:
+        # Only an instance was given: reuse it, as the in-process factory does.
+        return target
+
+
+def _reply(status: str, payload: Any, changes: Any) -> bytes:
+    try:
+        data = pickle.dumps((status, payload, changes))
+        if status == "raised":
+            pickle.loads(data)  # an exception that pickles may still fail to unpickle
+        return data
+    except Exception as exc:
+        if status == "raised":
+            raised, tb = payload
+            stand_in = BuilderRaisedError(f"{type(raised).__name__}: {raised}")
+            return pickle.dumps((status, (stand_in, tb), ()))
+        problem = IsolationError(
+            f"the builder's answer ({type(payload).__name__}) cannot be sent back from its "
+            f"worker process: {type(exc).__name__}: {exc}"
+        )
+        return pickle.dumps(("raised", (problem, ""), ()))
+
+
+def _serve(conn: Any, target: Any, parent: int) -> None:
+    """The worker's loop: make builders, run hooks, send back what happened."""
+    with contextlib.suppress(ValueError):
+        # Ctrl-C belongs to the kit, which writes the partial report.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _watch_parent(parent)
+    instances: dict[int, Any] = {}
+    builder: Any = None
+    while True:
+        try:
+            op, key, hook, args, dropped = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        for gone in dropped:
+            instances.pop(gone, None)
+        snapshot: _Snapshot | None = None
+        try:
+            if builder is None:
+                builder = _resolve(target)
+            if op == "new":
+                instances[key] = _construct(builder)
+                reply = _reply("ok", None, ())
+            else:
+                snapshot = _Snapshot(args)
+                value = getattr(instances[key], hook)(*args)
+                reply = _reply("ok", value, snapshot.changes())
+        except BaseException as exc:  # the builder's, even SystemExit: report, keep serving
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:])
+            changes = snapshot.changes() if snapshot is not None else ()
+            reply = _reply("raised", (exc, tb), changes)
+        conn.send_bytes(reply)
+
+
+class _Worker:
+    """One long-lived worker process for one builder; restarted when it dies."""
+
+    def __init__(self, target: Any, name: str | None, start_method: str | None) -> None:
+        methods = multiprocessing.get_all_start_methods()
+        method = start_method or ("fork" if "fork" in methods else "spawn")
+        self.context: Any = multiprocessing.get_context(method)
+        if method == "fork":
+            self.target: Any = target
+        elif name is not None:
+            self.target = ("name", name)
+        else:
+            self.target = target
+        self.lock = threading.Lock()
+        self.process: Any = None
+        self.conn: Any = None
+        self.generation = 0
+        self.keys = itertools.count()
+        self.dropped: list[int] = []
+        self.deaths = 0
+
+    def _start(self) -> None:
+        parent_conn, child_conn = self.context.Pipe()
+        process = self.context.Process(
+            target=_serve,
+            args=(child_conn, self.target, os.getpid()),
+            name="kvref-isolate-worker",
+            daemon=True,
+        )
+        process.start()
+        child_conn.close()
+        self.process, self.conn = process, parent_conn
+        self.generation += 1
+        self.dropped.clear()
+
+    def request(self, op: str, key: int, hook: str, args: tuple[Any, ...]) -> Any:
+        """Run ``op`` in the worker; returns the answer or raises what the builder raised."""
+        with self.lock:
+            if self.process is None:
+                self._start()
+            dropped, self.dropped = self.dropped, []
+            try:
+                message = pickle.dumps((op, key, hook, args, dropped))
+            except Exception as exc:
+                raise IsolationError(f"the arguments of {hook} do not pickle: {exc}") from exc
+            try:
+                self.conn.send_bytes(message)
+                data = self.conn.recv_bytes()
+            except (EOFError, OSError):
+                raise self._died(hook) from None
+        try:
+            status, payload, changes = pickle.loads(data)
+        except Exception as exc:
+            raise IsolationError(f"the answer of {hook} does not unpickle: {exc}") from exc
+        _apply(args, changes)
+        if status == "raised":
+            raised, tb = payload
+            if tb and hasattr(raised, "add_note"):
+                raised.add_note(f"in the builder's worker process:\n{tb.rstrip()}")
+            raise raised
+        return payload
+
+    def _died(self, hook: str) -> WorkerDiedError:
+        process, self.process = self.process, None
+        with contextlib.suppress(OSError):
+            self.conn.close()
+        process.join(5)
+        if process.is_alive():
+            process.kill()
+            process.join(5)
+        code = process.exitcode
+        self.deaths += 1
+        what = "constructing the builder" if hook == "__init__" else hook
+        return WorkerDiedError(
+            f"the builder's worker process died with exit code {code}{_signal_name(code or 0)} "
+            f"while {what} ran"
+        )
+
+    def close(self) -> None:
+        """Stop the worker (a hook may still be running there: it is killed)."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        with contextlib.suppress(OSError):
+            self.conn.close()
+        process.kill()
+        process.join(5)
+
+
+class IsolatedBuilder(KVCacheConfigBuilder):
+    """A builder whose hooks run in its class's worker process (see :func:`isolated`)."""
+
+    _kvref_worker: _Worker
+
+    def __init__(self) -> None:
+        worker = type(self)._kvref_worker
+        self._key = next(worker.keys)
+        self._generation = -1
+        self._made()
+
+    def _made(self) -> None:
+        worker = type(self)._kvref_worker
+        if self._generation != worker.generation or worker.process is None:
+            # A worker that died took this builder with it: build it again in the new one.
+            worker.request("new", self._key, "__init__", ())
+            self._generation = worker.generation
+
+    def __del__(self) -> None:
+        worker = getattr(type(self), "_kvref_worker", None)
+        if worker is not None and hasattr(self, "_key"):
+            worker.dropped.append(self._key)
+
+    def _call(self, hook: str, *args: Any) -> Any:
+        self._made()
+        return type(self)._kvref_worker.request("call", self._key, hook, args)
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> list[KVCacheGroupSpec]:
+        """The builder's grouping, computed in the worker."""
+        groups: list[KVCacheGroupSpec] = self._call("get_kv_cache_groups", config, kv_cache_spec)
+        return groups
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        """The builder's placement, computed in the worker."""
+        placed: KVCacheConfig = self._call(
+            "get_kv_cache_config_from_groups", config, kv_cache_groups, num_blocks
+        )
+        return placed
+
+    def _get_pool_bytes_per_block(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]
+    ) -> int | None:
+        answer: int | None = self._call("_get_pool_bytes_per_block", config, kv_cache_groups)
+        return answer
+
+    @classmethod
+    def close(cls) -> None:
+        """Stop this class's worker process."""
+        cls._kvref_worker.close()
+
+
+def isolated(
+    builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder],
+    name: str | None = None,
+    *,
+    start_method: str | None = None,
+) -> type[IsolatedBuilder]:
+    """A proxy class for ``builder`` whose hooks run in a worker process.
+
+    Args:
+        builder: the builder class (constructed in the worker with no
+            arguments) or instance (its class is constructed, else it is reused).
+        name: the builder's importable name, used where the worker is spawned.
+        start_method: ``fork`` or ``spawn`` (default: fork where available).
+
+    The worker starts at the first construction; call ``close()`` on the
+    class when done (the worker also leaves when the kit's process ends).
+    """
+    cls = builder if isinstance(builder, type) else type(builder)
+    namespace: dict[str, Any] = {
+        "_kvref_worker": _Worker(builder, name, start_method),
+        "kvref_unsupported": tuple(getattr(builder, "kvref_unsupported", ()) or ()),
+        "__doc__": f"{cls.__qualname__}, run in a worker process.",
+    }
+    core = getattr(builder, "kvref_core", None)
+    if core is not None:
+        # Core's flow itself runs in the kit; only the hooks cross over.
+        namespace["kvref_core"] = staticmethod(core)
+    proxy = type(f"Isolated{cls.__name__}", (IsolatedBuilder,), namespace)
+    weakref.finalize(proxy, namespace["_kvref_worker"].close)
+    return proxy
