@@ -208,7 +208,9 @@ def _lines(data: dict[str, Any]) -> list[str]:
             "give the kit your models with --models so it reaches it."
         )
     if data["below_minimum"]:
-        lines.append(f"  FAILED: reach {data['percent']:.1f}% is below --min-reach {data['min_reach']:g}%")
+        lines.append(
+            f"  FAILED: reach {data['percent']:.1f}% is below --min-reach {data['min_reach']:g}%"
+        )
     return lines
 
 

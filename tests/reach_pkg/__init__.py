@@ -1,0 +1,1 @@
+"""A vendor-style builder package for the reach tests: ordinary models go to ``super()``."""
