@@ -169,7 +169,7 @@ class TestModelDeclaredGrouping:
     """The reference builder honours ``model_kv_cache_grouping`` before its own grouping."""
 
     def test_declared_groups_are_used(self) -> None:
-        """contract.md#grouping-examples (a) declared as 2 groups (10 F, 20 S) instead of the default 3 of 10."""
+        """Model (a) of contract.md#grouping-examples declared as 2 groups (10 F, 20 S)."""
         config = PlanningConfig(model_kv_cache_grouping=DeclaringModel)
         specs = dict(LAYERS)
         groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(config, specs)
