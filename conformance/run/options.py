@@ -33,6 +33,10 @@ def _ids(values: Iterable[str] | None) -> tuple[str, ...] | None:
     return tuple(v.strip().upper() for v in values)
 
 
+def _xfail_ids(values: Iterable[str] | None) -> tuple[str, ...]:
+    return _ids(values) or ()
+
+
 def _strings(values: Iterable[str] | None) -> tuple[str, ...]:
     if values is None:
         return ()
@@ -70,7 +74,7 @@ class RunOptions:
     seed: int = 0
     profile: str = "ci"
     select: tuple[str, ...] | None = attrs.field(default=None, converter=_ids)
-    xfail: tuple[str, ...] = attrs.field(default=(), converter=lambda v: _ids(v) or ())
+    xfail: tuple[str, ...] = attrs.field(default=(), converter=_xfail_ids)
     unsupported: tuple[str, ...] = attrs.field(default=(), converter=_strings)
     timeout: float = 10.0
     max_alloc_bytes: int | None = None

@@ -396,19 +396,29 @@ class _Run:
         )
 
     def _result(self, inv: Invariant) -> InvariantResult:
-        base = {"id": inv.id, "title": inv.title, "reference": inv.reference}
-        if inv.id in self.skipped:
-            return InvariantResult(status="skipped", reason=self.skipped[inv.id], **base)
         tally = self.tallies.get(inv.id, _Tally())
+
+        def make(status: str, **extra: Any) -> InvariantResult:
+            return InvariantResult(
+                id=inv.id,
+                title=inv.title,
+                reference=inv.reference,
+                status=status,
+                examples=tally.judged,
+                inconclusive=tally.unjudged,
+                **extra,
+            )
+
+        if inv.id in self.skipped:
+            return make("skipped", reason=self.skipped[inv.id])
         expected = inv.id in self.options.xfail
-        counts = {"examples": tally.judged, "inconclusive": tally.unjudged}
         if tally.failure is not None:
-            return self._failure(inv, tally, expected, base, counts)
+            return make("xfail" if expected else "fail", **self._failure(inv, tally))
         if tally.judged:
-            return InvariantResult(status="xpass" if expected else "pass", **base, **counts)
+            return make("xpass" if expected else "pass")
         if tally.not_applicable:
             reason = f"not applicable on {self.options.device}: {tally.na_reason}"
-            return InvariantResult(status="not-applicable", reason=reason, **base, **counts)
+            return make("not-applicable", reason=reason)
         if self.interrupted:
             reason = "the run was interrupted before an example judged it"
         elif tally.unjudged:
@@ -418,18 +428,11 @@ class _Run:
             )
         else:
             reason = "no example reached it"
-        status = "xfail" if expected else "inconclusive"
-        return InvariantResult(status=status, reason=reason, **base, **counts)
+        return make("xfail" if expected else "inconclusive", reason=reason)
 
-    def _failure(
-        self,
-        inv: Invariant,
-        tally: _Tally,
-        expected: bool,
-        base: dict[str, str],
-        counts: dict[str, int],
-    ) -> InvariantResult:
-        assert tally.failure is not None
+    def _failure(self, inv: Invariant, tally: _Tally) -> dict[str, Any]:
+        """The shrunk counterexample of a failed invariant and how to reproduce it."""
+        assert tally.failure is not None  # noqa: S101 - the caller checked
         scenario, failing = tally.failure
         minimal = failing
         if self.options.shrink and self.guard.hung is None and not self.interrupted:
@@ -445,17 +448,14 @@ class _Run:
         if not violations:
             # A builder that hung is not called again: keep what the run saw.
             violations = tally.found
-        return InvariantResult(
-            inherited=self._inherited(inv, scenario, minimal),
-            status="xfail" if expected else "fail",
-            violations=violations[:5],
-            counterexample=repr(minimal),
-            counterexample_python=minimal.to_python(),
-            scenario=scenario,
-            reproduce=self.options.reproduce(inv.id),
-            **base,
-            **counts,
-        )
+        return {
+            "inherited": self._inherited(inv, scenario, minimal),
+            "violations": violations[:5],
+            "counterexample": repr(minimal),
+            "counterexample_python": minimal.to_python(),
+            "scenario": scenario,
+            "reproduce": self.options.reproduce(inv.id),
+        }
 
     def _inherited(self, inv: Invariant, scenario: str, example: Example) -> str | None:
         """Whether the builder's parent builder fails the same way on the counterexample."""
