@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-from kvref._math import lcm_all, round_up
+from conformance.check.geometry import aligned_page, block_stride_alignment
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
 
@@ -27,8 +28,8 @@ def named_layer_specs(group: KVCacheGroupSpec) -> list[tuple[str, KVCacheSpec]]:
 def size_bound(groups: Sequence[KVCacheGroupSpec]) -> int:
     """Bytes per block if every device layer had its own aligned pages (no aliasing)."""
     specs = [s for g in groups if not g.host_resident for _, s in named_layer_specs(g)]
-    alignment = lcm_all(s.get_block_stride_alignment() for s in specs)
-    return sum(round_up(s.page_size_bytes, alignment) for s in specs)
+    alignment = math.lcm(1, *(block_stride_alignment(s) for s in specs))
+    return sum(aligned_page(s, alignment) for s in specs)
 
 
 def absurd_size(size: int, num_blocks: int, bound: int) -> bool:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from conformance.check.catalog import invariant
 from conformance.check.catalog import violation as _v
+from conformance.check.geometry import OracleError, request_need_bytes
 from conformance.check.violations import Violation
 from conformance.run.observations import CoreObservation
 from kvref.errors import InsufficientMemoryError
-from kvref.planning import max_memory_usage_bytes_from_groups, project_kv_cache_groups_to_worker
 from kvref.records import KVCacheConfig
 
 
@@ -182,14 +182,17 @@ def _core_admission(obs: CoreObservation) -> list[Violation] | None:
         )
     config = obs.config.with_max_model_len(length)
     for w, (cfg, specs) in enumerate(zip(plan.configs, obs.workers, strict=False)):
-        groups = project_kv_cache_groups_to_worker(plan.global_groups, specs)
         bpb = _bpb(cfg)
         if bpb == 0:
             continue
         available = obs.available_memory[w]
         if obs.config.num_gpu_blocks_override is not None:
             available = obs.config.num_gpu_blocks_override * bpb
-        needed = max_memory_usage_bytes_from_groups(config, groups, bpb)
+        try:
+            # The kit's own need formula (conformance.check.geometry), never kvref's.
+            needed = request_need_bytes(config, plan.global_groups, bpb, worker_layers=specs)
+        except OracleError:
+            return out or None  # the contract gives no need for these specs: not judged
         if needed > available - bpb:
             out.append(
                 _v(

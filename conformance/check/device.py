@@ -1,7 +1,8 @@
 """On-device allocation checks: the "device" row of the invariant catalog.
 
-Each check allocates a config with :func:`kvref.allocation.allocate_kv_cache`
-(or just its backings) on a real torch device, looks at what the device did,
+Each check allocates a config with :func:`conformance.check.worker.allocate_kv_cache`
+(the kit's own model of a worker, with the contract's strides; or just its
+backings) on a real torch device, looks at what the device did,
 frees everything, and returns a :class:`DeviceCheckResult`:
 
 - ``KV-DEV-ALLOC``: the device backing allocates, and the device's memory
@@ -36,9 +37,9 @@ import numpy.typing as npt
 import torch
 
 from conformance.check.violations import Violation
-from kvref.allocation import (
-    KVCacheAllocation,
+from conformance.check.worker import (
     TensorGeometry,
+    WorkerError,
     allocate_backings,
     allocate_kv_cache,
     planned_device_bytes,
@@ -47,6 +48,7 @@ from kvref.allocation import (
     tensor_geometries,
     view_problems,
 )
+from conformance.check.worker import WorkerAllocation as KVCacheAllocation
 from kvref.errors import KVRefError
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig
@@ -81,7 +83,7 @@ KV_DEV_TAGS = "KV-DEV-TAGS"
 KV_DEV_HOST = "KV-DEV-HOST"
 
 _MiB = 1 << 20
-#: Never allocate more than this for one check, whatever the device has (DESIGN "Hostile builders").
+#: Never allocate more than this for one check, whatever the device has (contract.md#device-checks).
 DEFAULT_CAP_BYTES = 1 << 30
 #: Slack on the memory counter: CUDA's caching allocator counts blocks rounded to 512 B and
 #: may hand out a cached block up to 1 MiB larger than asked; 2 MiB covers both.
@@ -221,7 +223,7 @@ def release(device: str | torch.device) -> None:
 def checkable_num_blocks(bytes_per_block: int, num_blocks: int, cap: int) -> int:
     """Return the largest block count ``<= num_blocks`` whose backing fits in ``cap`` bytes.
 
-    Sizes are linear in the block count (SPEC 6 P7), so a caller re-plans an
+    Sizes are linear in the block count (contract.md#placement-backing), so a caller re-plans an
     over-cap config at this many blocks.  0 means not even one block fits:
     check that config on ``meta`` only.
     """
@@ -332,7 +334,7 @@ def check_device_alloc(
     before = read() if read is not None else 0
     try:
         buffer, _, _ = allocate_backings(config, target, include_host=False)
-    except KVRefError as error:
+    except (KVRefError, WorkerError) as error:
         violations.append(
             Violation(invariant=KV_DEV_ALLOC, worker=worker, message=f"no backing: {error}")
         )
@@ -435,7 +437,7 @@ def check_device_views(
     violations: list[Violation] = []
     try:
         geometries = tensor_geometries(config, layout)
-    except KVRefError as error:
+    except (KVRefError, WorkerError) as error:
         violations.append(Violation(invariant=KV_DEV_VIEWS, worker=worker, message=str(error)))
         return _result(KV_DEV_VIEWS, violations, [], measured=True)
     for geometry in geometries:
@@ -461,7 +463,7 @@ def check_device_views(
         allocation = allocate_kv_cache(
             config, where, layout=layout, pin_host=False, host_device=host_where
         )
-    except KVRefError as error:
+    except (KVRefError, WorkerError) as error:
         # Size mismatches and repeated layers are other invariants' faults; say why we stopped.
         notes.append(f"the views could not be built: {error}")
         return _result(KV_DEV_VIEWS, [], notes, measured=False)
@@ -829,7 +831,7 @@ def check_device_tags(
         return _result(KV_DEV_TAGS, [], budget.notes, measured=False)
     try:
         allocation = allocate_kv_cache(config, target, layout=layout)
-    except KVRefError as error:
+    except (KVRefError, WorkerError) as error:
         note = f"not checked: the config cannot be allocated ({error}); see KV-DEV-VIEWS"
         return _result(KV_DEV_TAGS, [], [note], measured=False)
     except torch.OutOfMemoryError as error:
@@ -922,7 +924,7 @@ def check_device_host(
     before = read() if read is not None and measured else 0
     try:
         device_buffer, host_buffers, _ = allocate_backings(config, where, host_device=host_where)
-    except KVRefError as error:
+    except (KVRefError, WorkerError) as error:
         notes.append(f"the backings were not allocated: {error}")
         return _result(KV_DEV_HOST, violations, notes, measured=False)
     except torch.OutOfMemoryError as error:
@@ -977,26 +979,26 @@ def check_device_host(
 
 # -- all of them -----------------------------------------------------------------------
 
-#: Invariant id to (title, SPEC section, check function).
+#: Invariant id to (title, the contract.md anchor of the rule it measures, check function).
 DEVICE_CHECKS: Mapping[str, tuple[str, str, Callable[..., DeviceCheckResult]]] = {
     KV_DEV_ALLOC: (
         "the planned backing allocates on the device and its memory counter grows by it",
-        "1.9",
+        "placement-backing",
         check_device_alloc,
     ),
     KV_DEV_VIEWS: (
         "every layer view is constructible within its storage",
-        "1.9, 6 P2/P10",
+        "views-and-strides",
         check_device_views,
     ),
     KV_DEV_TAGS: (
         "a tag written to every (layer, block) page reads back intact after all writes",
-        "4.4, 6 P3/P4",
+        "memory-safety",
         check_device_tags,
     ),
     KV_DEV_HOST: (
         "host tensors are on the CPU (pinned next to CUDA) and not counted on the device",
-        "1.10",
+        "host-residency",
         check_device_host,
     ),
 }

@@ -1,4 +1,6 @@
-"""Exact, vectorised footprint analysis of a :class:`~kvref.records.KVCacheConfig` (SPEC 6).
+"""Exact, vectorised footprint analysis of a :class:`~kvref.records.KVCacheConfig`.
+
+The properties are those of contract.md#memory-safety.
 
 This module decides the memory-safety properties of a plan from its records
 alone, for any builder:
@@ -14,10 +16,10 @@ address space with ``config.host_num_blocks`` blocks and are never compared
 with device tensors: check them with the ``find_host_*`` functions (or
 ``host=True``).
 
-Footprint (SPEC 6).  For tensor ``t`` with per-layer spec ``s`` (the spec of
+Footprint (contract.md#memory-safety).  For tensor ``t`` with per-layer spec ``s`` (the spec of
 ``t.layers[0]`` in the first group that holds it, as a worker resolves it),
 ``N = config.num_blocks_of(t)`` and strides ``(Ls, Bs, Hs, Ss, 1)`` from
-:func:`kvref.layout.compute_layout_strides` with ``L`` and ``B`` pinned to the
+:func:`conformance.check.geometry.layout_strides` with ``L`` and ``B`` pinned to the
 tensor's, the page of layer index ``l`` at block ``b`` is::
 
     F(t,l,b) = U_{h<H, n<S} [offset + l*Ls + b*Bs + h*Hs + n*Ss, ... + C)
@@ -87,12 +89,10 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from conformance.check.geometry import OracleError, layout_strides, page_geometry
+from kvref.axes import HOST_LAYOUT as _HOST_LAYOUT
 from kvref.errors import KVRefError
-from kvref.layout import (
-    KVCacheLayout,
-    compute_layer_kv_cache_shape_bytes,
-    compute_layout_strides,
-)
+from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig, KVCacheTensor
 from kvref.specs import KVCacheSpec
 
@@ -126,8 +126,8 @@ DEFAULT_BUDGET = 4_000_000
 # difference of two addresses; anything larger goes to exact object arrays.
 _INT64_SAFE = 2**62
 
-#: Layout of host-resident tensors: vLLM always places them LBNHC (SPEC 1.10).
-HOST_LAYOUT = KVCacheLayout.LBNHC
+#: Layout of host-resident tensors: always LBNHC (contract.md#host-residency).
+HOST_LAYOUT = _HOST_LAYOUT
 
 # Candidate family pairs evaluated at once (about 20 arrays of this length).
 _MAX_PAIRS = 1_000_000
@@ -221,7 +221,7 @@ class PageRuns:
 
 @attrs.frozen
 class TensorGeometry:
-    """Everything the footprint of one tensor depends on (SPEC 6).
+    """Everything the footprint of one tensor depends on (contract.md#memory-safety).
 
     Attributes:
         tensor_index: index in ``config.kv_cache_tensors``.
@@ -345,7 +345,7 @@ def page_runs(
         if ext > max_runs:
             raise _TooManyRunsError(ext)
         return PageRuns(tuple(k * stride for k in range(ext)), (run,) * ext)
-    # Two axes left (no layout of SPEC 1.8 produces this): enumerate the cells.
+    # Two axes left (no layout of contract.md#layouts produces this): enumerate the cells.
     (s1, e1), (s2, e2) = rest
     if e1 * e2 > max_runs:
         raise _TooManyRunsError(e1 * e2)
@@ -398,20 +398,22 @@ def _geometry(
     try:
         spec = config.kv_cache_groups[gi].layer_spec(first)
         n = config.num_blocks_of(tensor)
-        strides = compute_layout_strides(
+        # The kit's own strides (conformance.check.geometry), never kvref's.
+        strides = layout_strides(
             spec,
             n,
             len(tensor.layers),
             layout,
-            fixed=(tensor.layer_stride, tensor.block_stride, None, None, None),
+            pinned=(tensor.layer_stride, tensor.block_stride, None, None, None),
         )
-        _, heads, states, content = compute_layer_kv_cache_shape_bytes(spec, 1)
-    except KVRefError as exc:
+        page = page_geometry(spec)
+        heads, states, content = page.heads, page.states, page.content
+    except (KVRefError, OracleError) as exc:
         return Problem(index, f"footprint of layer {first!r} undefined: {exc}")
     try:
-        if not getattr(spec, "has_layer_views", True):
-            # Specs without layer views (HiSparse) use the raw page (SPEC 6).
-            runs = page_runs(0, 1, 0, 1, spec.page_size_bytes, max_runs=max_runs)
+        if not page.layer_views:
+            # Specs without layer views (HiSparse) use the raw page (contract.md#memory-safety).
+            runs = page_runs(0, 1, 0, 1, page.page, max_runs=max_runs)
         else:
             runs = page_runs(strides[2], heads, strides[3], states, content, max_runs=max_runs)
     except _TooManyRunsError as exc:

@@ -16,11 +16,18 @@ from conformance.check.catalog import (
     register,
 )
 from conformance.check.catalog import violation as _v
+from conformance.check.geometry import (
+    OracleError,
+    block_stride_alignment,
+    dtype_bytes,
+    layout_strides,
+    page_geometry,
+    typed_view_misfits,
+)
 from conformance.check.violations import Violation
 from conformance.run.observations import PlacementObservation
-from kvref.layout import compute_layer_kv_cache_shape_bytes, compute_layout_strides
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
-from kvref.specs import UniformTypeKVCacheSpecs, dtype_size
+from kvref.specs import UniformTypeKVCacheSpecs
 
 
 def _configs(obs: PlacementObservation) -> dict[int, KVCacheConfig] | None:
@@ -459,31 +466,20 @@ def _typed_views(obs: PlacementObservation) -> list[Violation] | None:
             ):
                 continue
             spec = c.kv_cache_groups[owner[name]].layer_spec(name)
-            dtype = spec.view_dtype
-            if dtype is None:
-                continue
-            size = dtype_size(dtype)
             try:
-                strides = compute_layout_strides(
+                page = page_geometry(spec)
+                strides = layout_strides(
                     spec,
                     n,
                     len(t.layers),
                     obs.layout,
-                    fixed=(t.layer_stride, t.block_stride, None, None, None),
+                    pinned=(t.layer_stride, t.block_stride, None, None, None),
                 )
-            except ValueError:
+            except OracleError:
                 continue
-            content = compute_layer_kv_cache_shape_bytes(spec, 1)[3]
-            values = {
-                "offset": t.offset,
-                "layer_stride": strides[0],
-                "block_stride": strides[1],
-                "head_stride": strides[2],
-                "state_stride": strides[3],
-                "content bytes": content,
-            }
-            bad = {k: v for k, v in values.items() if v % size}
-            if bad:
+            bad = typed_view_misfits(t.offset, len(t.layers), strides, page)
+            if bad and page.dtype is not None:
+                dtype, size = page.dtype, dtype_bytes(page.dtype)
                 out.append(
                     _v(
                         "KV-PLACE-TYPED-VIEWS",
@@ -553,9 +549,13 @@ def _alignment(obs: PlacementObservation) -> list[Violation] | None:
                 if group is None or not _has_spec(c.kv_cache_groups[group], name):
                     continue
                 spec = c.kv_cache_groups[group].layer_spec(name)
-                alignment = spec.get_block_stride_alignment()
-                # Backends ask for block strides in multiples of this (SPEC 1.1,
-                # 4.1, 6 P8/P9); in block-outermost layouts only the block is aligned.
+                try:
+                    alignment = block_stride_alignment(spec)
+                except OracleError:
+                    continue
+                # Backends ask for block strides in multiples of this
+                # (contract.md#views-and-strides); in block-outermost layouts only the
+                # block is aligned.
                 if alignment > 1 and t.block_stride % alignment:
                     out.append(
                         _v(
