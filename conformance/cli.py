@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -37,6 +37,23 @@ def _version() -> str:
         return "unknown"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``, looked up only when asked: ``--help`` stays free of importlib.metadata."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the kit's version and exit")
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"{parser.prog} {_version()}")
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvref-conformance",
@@ -50,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
         help="module:Class, module.Class or path/to/file.py:Class of the builder "
         f"(default: {_DEFAULT_BUILDER}); the current directory is on the import path",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     parser.add_argument("--device", default="cpu", help="torch device for the device checks")
     parser.add_argument("--max-examples", type=int, help="examples per scenario (>= 1)")
     parser.add_argument("--seed", type=int, help="seed of the run (printed in the report)")
@@ -84,6 +101,19 @@ def _parser() -> argparse.ArgumentParser:
         default=False,
         help="run the builder in a worker process: a hook that exits, crashes or patches the "
         "kit is reported as a failure of the builder (default: off)",
+    )
+    parser.add_argument(
+        "--reach",
+        metavar="MODULES",
+        help="comma-separated modules whose lines reach is measured in (default: the "
+        "builder's module and package; measured whenever coverage.py is installed)",
+    )
+    parser.add_argument("--no-reach", action="store_true", help="do not measure reach")
+    parser.add_argument(
+        "--min-reach",
+        type=float,
+        metavar="PERCENT",
+        help="fail (exit 1) when the run executed less of the builder's code than this",
     )
     parser.add_argument("--list", action="store_true", help="list the invariants and exit")
     return parser
@@ -135,6 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageError as exc:
         print(f"kvref-conformance: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C before the run started or while the report was written; a
+        # run in progress is stopped by the runner, which keeps what it found.
+        print("kvref-conformance: interrupted", file=sys.stderr)
+        return 130
 
 
 def _list() -> int:
@@ -232,6 +267,7 @@ def _check(args: argparse.Namespace, builder: object, options: object, xfail: li
     from conformance.run.runner import check_builder
 
     progress = _Progress(sys.stderr)
+    restore = _hypothesis_storage(args.no_database)
     try:
         report = check_builder(
             builder,  # type: ignore[arg-type]
@@ -249,20 +285,76 @@ def _check(args: argparse.Namespace, builder: object, options: object, xfail: li
             shrink=not args.no_shrink,
             isolate=args.isolate,
             database=None if args.no_database else args.database,
+            reach=_reach(args),
+            min_reach=args.min_reach,
         )
     except OptionError as exc:
         raise _UsageError(_as_flag(str(exc))) from None
     finally:
         progress.close()
+        restore()
     del options
     print(format_report(report))
-    if args.json is not None:
-        write_json(report, args.json)
-    if args.junit is not None:
-        write_junit(report, args.junit)
+    unwritten = False
+    for option, path, write in (
+        ("--json", args.json, write_json),
+        ("--junit", args.junit, write_junit),
+    ):
+        if path is None:
+            continue
+        try:
+            write(report, path)
+        except OSError as exc:
+            # Checked before the run, yet gone or full now: say so, write the other one.
+            print(f"kvref-conformance: error: {option} {str(path)!r}: {exc}", file=sys.stderr)
+            unwritten = True
     if report.interrupted:
         return 130
+    if unwritten:
+        return 2
     return 0 if report.ok else 1
+
+
+def _hypothesis_storage(no_database: bool) -> Callable[[], None]:
+    """With ``--no-database``, point Hypothesis' own storage at a temporary directory.
+
+    Besides the example database, Hypothesis caches data under ``./.hypothesis``
+    (constants it collects from local source files); a run asked to save
+    nothing leaves nothing in the working directory.  ``HYPOTHESIS_STORAGE_DIRECTORY``
+    set by the user wins.  Returns what undoes it (:func:`main` may run in a
+    longer-lived process, a test session say, whose storage must come back).
+    """
+    if not no_database or os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        return lambda: None
+    import tempfile
+
+    from hypothesis.configuration import set_hypothesis_home_dir, storage_directory
+
+    previous = storage_directory(intent_to_write=False).home_directory
+    storage = tempfile.TemporaryDirectory(prefix="kvref-conformance-")
+    set_hypothesis_home_dir(storage.name)
+
+    def restore() -> None:
+        set_hypothesis_home_dir(previous)
+        storage.cleanup()
+
+    return restore
+
+
+def _reach(args: argparse.Namespace) -> bool | list[str]:
+    """What reach to measure: named modules, the builder's own, or none."""
+    import importlib.util
+
+    if args.no_reach:
+        if args.min_reach is not None or args.reach:
+            raise _UsageError("--no-reach contradicts --reach/--min-reach")
+        return False
+    if args.reach:
+        return [m.strip() for m in args.reach.split(",") if m.strip()]
+    if args.min_reach is None and importlib.util.find_spec("coverage") is None:
+        # Optional: without coverage.py the report says reach was not measured.
+        return False
+    return True
 
 
 def entry() -> None:

@@ -13,7 +13,6 @@ failing), as in the CLI.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -42,39 +41,48 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     """Register the kit's options in one group."""
     group = parser.getgroup("kvref-conformance", "kvref KV cache builder conformance")
     for flag, kwargs in _OPTIONS:
-        group.addoption(flag, **kwargs)  # type: ignore[arg-type]
+        group.addoption(flag, **kwargs)
 
 
 def _check_options(config: pytest.Config) -> None:
-    """Raise one ``pytest.UsageError`` for the first unusable option."""
-    examples = config.getoption("--kv-max-examples")
-    if examples is not None and examples < 1:
-        raise pytest.UsageError(f"--kv-max-examples={examples} must be at least 1")
-    timeout = config.getoption("--kv-timeout")
-    if not math.isfinite(timeout) or timeout <= 0:
-        raise pytest.UsageError(f"--kv-timeout={timeout} must be a finite number > 0")
-    cap = config.getoption("--kv-max-alloc-bytes")
-    if cap is not None and cap < 1:
-        raise pytest.UsageError(f"--kv-max-alloc-bytes={cap} must be a positive int")
-    profile = config.getoption("--kv-profile")
-    if profile not in ("ci", "thorough"):
-        raise pytest.UsageError(f"--kv-profile={profile!r} is not one of ['ci', 'thorough']")
+    """Raise one ``pytest.UsageError`` for the first unusable option.
+
+    The rule is ``check_builder``'s own (:meth:`RunOptions.validate`), so the
+    plugin, the CLI and Python refuse the same values.
+    """
     from conformance.check.catalog import catalog
-
-    known = {c for inv in catalog() for c in inv.requires}
-    for capability in _list(config.getoption("--kv-unsupported")):
-        if capability not in known:
-            raise pytest.UsageError(
-                f"--kv-unsupported {capability!r} is not a capability the kit knows "
-                f"(known: {', '.join(sorted(known))})"
-            )
-    xfail_ids(config)
     from conformance.run.adapters import BuilderLoadError, load_builder
+    from conformance.run.options import PROFILES, OptionError, RunOptions
 
+    profile = config.getoption("--kv-profile")
+    examples = config.getoption("--kv-max-examples")
+    options = RunOptions(
+        builder=config.getoption("--kv-builder"),
+        device=config.getoption("--kv-device"),
+        max_examples=PROFILES.get(profile, 1) if examples is None else examples,
+        seed=config.getoption("--kv-seed") or 0,
+        profile=profile,
+        unsupported=_list(config.getoption("--kv-unsupported")),
+        timeout=config.getoption("--kv-timeout"),
+        max_alloc_bytes=config.getoption("--kv-max-alloc-bytes"),
+    )
+    try:
+        options.validate(capabilities={c for inv in catalog() for c in inv.requires})
+    except OptionError as exc:
+        raise pytest.UsageError(_as_flag(str(exc))) from None
+    xfail_ids(config)
     try:
         load_builder(config.getoption("--kv-builder"))
     except BuilderLoadError as exc:
         raise pytest.UsageError(f"--kv-builder: {exc}") from None
+
+
+def _as_flag(message: str) -> str:
+    # RunOptions names keyword arguments; the pytest user typed --kv-* options.
+    key, sep, rest = message.partition("=")
+    if sep and key.isidentifier():
+        return f"--kv-{key.replace('_', '-')}={rest}"
+    return message
 
 
 def pytest_configure(config: pytest.Config) -> None:

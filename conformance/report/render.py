@@ -1,4 +1,4 @@
-"""Render a :class:`~conformance.report.model.Report`: text table, JSON, JUnit XML; read xfail files."""
+"""Render a :class:`~conformance.report.model.Report` (text, JSON, JUnit XML); read xfail files."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ __all__ = [
     "JSON_SCHEMA_VERSION",
     "XfailFileError",
     "format_report",
+    "json_schema_path",
     "read_xfail_file",
     "report_to_dict",
     "write_json",
@@ -36,7 +37,7 @@ _MARK = {
 }
 # XML 1.0 forbids most control characters; ANSI colours in an error message
 # would make the JUnit file unreadable.
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\))")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
 
 
@@ -54,6 +55,9 @@ def read_xfail_file(path: Path) -> list[str]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise XfailFileError(f"cannot read xfail file {str(path)!r}: {exc}") from None
+    if "\x00" in text:
+        # Valid UTF-8 can still be a binary file; its "ids" would only produce noise.
+        raise XfailFileError(f"xfail file {str(path)!r} is binary (it contains NUL bytes)")
     ids = []
     for line in text.splitlines():
         entry = line.split("#", 1)[0].strip()
@@ -96,6 +100,11 @@ def format_report(report: Report) -> str:
         lines += [f"  {r.id} ({_MARK[r.status]}): {r.reason}" for r in unjudged]
     if report.reach:
         lines += ["", *report.reach.get("lines", [])]
+    else:
+        lines += [
+            "",
+            "Reach: not measured (--no-reach, or coverage.py missing: pip install 'kvref[reach]')",
+        ]
     for r in report.results:
         if r.status in ("fail", "xfail", "xpass"):
             lines += ["", *_finding(r)]
@@ -109,7 +118,11 @@ def format_report(report: Report) -> str:
 def _finding(r: InvariantResult) -> list[str]:
     lines = [f"{_MARK[r.status]} {r.id}: {r.title} ({r.reference})"]
     if r.status == "xpass":
-        return [*lines, "  listed as expected to fail, but it held on every example"]
+        return [
+            *lines,
+            f"  listed as expected to fail, but it held on all {r.examples} examples that "
+            "judged it; take it off the xfail list",
+        ]
     if r.reason and not r.violations:
         lines.append(f"  not judged: {r.reason}")
     lines += [f"  - {v}" for v in r.violations]
@@ -134,9 +147,14 @@ def report_to_dict(report: Report) -> dict[str, Any]:
     return data
 
 
+def json_schema_path() -> Path:
+    """The JSON Schema (draft 2020-12) of the files :func:`write_json` writes."""
+    return Path(__file__).with_name("report.schema.json")
+
+
 def write_json(report: Report, path: Path) -> None:
-    """Write :func:`report_to_dict` to ``path``."""
-    path.write_text(json.dumps(report_to_dict(report), indent=2, default=str))
+    """Write :func:`report_to_dict` to ``path`` (UTF-8, layout of :func:`json_schema_path`)."""
+    path.write_text(json.dumps(report_to_dict(report), indent=2, default=str), encoding="utf-8")
 
 
 def _clean(text: str) -> str:
@@ -146,47 +164,62 @@ def _clean(text: str) -> str:
 def write_junit(report: Report, path: Path) -> None:
     """Write the report as JUnit XML: one test case per invariant.
 
-    FAIL is a ``failure``; INCONCLUSIVE is an ``error`` (the run could not
-    judge it); N/A, SKIP and XFAIL are ``skipped`` with their details; XPASS
-    passes with its note in ``system-out``.
+    The file validates against the common (Jenkins/Ant) JUnit schema. FAIL is
+    a ``failure``; INCONCLUSIVE is an ``error`` (the run could not judge it);
+    N/A, SKIP and XFAIL are ``skipped`` with their reason and, for XFAIL, the
+    finding; XPASS passes (the run's policy) with its note in ``system-out``.
+    Every case carries its verdict in ``status``; control characters and
+    terminal escapes are stripped, which XML 1.0 cannot carry.
     """
-    errors = [r for r in report.results if r.status == "inconclusive"]
-    skipped = [r for r in report.results if r.status in ("not-applicable", "skipped", "xfail")]
-    suites = ET.Element("testsuites")
-    suite = ET.SubElement(
-        suites,
-        "testsuite",
-        name=_clean(f"kvref-conformance {report.builder}"),
-        tests=str(len(report.results)),
-        failures=str(len(report.by_status("fail"))),
-        errors=str(len(errors)),
-        skipped=str(len(skipped)),
-        time=f"{report.seconds:.3f}",
-    )
+    failures = len(report.by_status("fail"))
+    errors = len(report.by_status("inconclusive"))
+    skipped = sum(len(report.by_status(s)) for s in ("not-applicable", "skipped", "xfail"))
+    totals = {
+        "tests": str(len(report.results)),
+        "failures": str(failures),
+        "errors": str(errors),
+        "skipped": str(skipped),
+        "time": f"{report.seconds:.3f}",
+    }
+    name = _clean(f"kvref-conformance {report.builder}")
+    suites = ET.Element("testsuites", {"name": name, **totals})
+    suite = ET.SubElement(suites, "testsuite", {"name": name, **totals})
     props = ET.SubElement(suite, "properties")
     for key, value in (
+        ("builder", report.builder),
         ("seed", report.seed),
         ("device", report.device),
         ("profile", report.profile),
+        ("max_examples", report.max_examples),
+        ("kit_version", _kit_version()),
+        ("ok", report.ok),
+        ("interrupted", report.interrupted),
+        ("xpass", ",".join(r.id for r in report.by_status("xpass"))),
     ):
         ET.SubElement(props, "property", name=key, value=_clean(str(value)))
     for r in report.results:
-        case = ET.SubElement(suite, "testcase", classname="kvref.conformance", name=r.id, time="0")
-        detail = _clean("\n".join(_finding(r)))
-        if r.status == "fail":
-            ET.SubElement(case, "failure", message=_clean(r.title), type=r.id).text = detail
-        elif r.status == "inconclusive":
-            ET.SubElement(
-                case, "error", message=_clean(f"not judged: {r.reason}"), type="inconclusive"
-            ).text = detail
-        elif r.status == "xfail":
-            ET.SubElement(
-                case, "skipped", message=_clean(f"XFAIL: {r.reason or r.title}")
-            ).text = detail
-        elif r.status in ("not-applicable", "skipped"):
-            ET.SubElement(case, "skipped", message=_clean(f"{_MARK[r.status]}: {r.reason}"))
-        elif r.status == "xpass":
-            ET.SubElement(case, "system-out").text = detail
+        _junit_case(suite, r)
     if report.reach:
         ET.SubElement(suite, "system-out").text = _clean("\n".join(report.reach.get("lines", [])))
     ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def _junit_case(suite: ET.Element, r: InvariantResult) -> None:
+    case = ET.SubElement(
+        suite, "testcase", classname="kvref.conformance", name=r.id, time="0", status=r.status
+    )
+    detail = _clean("\n".join(_finding(r)))
+    if r.status == "fail":
+        ET.SubElement(case, "failure", message=_clean(r.title), type=r.id).text = detail
+    elif r.status == "inconclusive":
+        ET.SubElement(
+            case, "error", message=_clean(f"INCONCLUSIVE: {r.reason}"), type="inconclusive"
+        ).text = detail
+    elif r.status == "xfail":
+        ET.SubElement(
+            case, "skipped", message=_clean(f"XFAIL: {r.reason or r.title}")
+        ).text = detail
+    elif r.status in ("not-applicable", "skipped"):
+        ET.SubElement(case, "skipped", message=_clean(f"{_MARK[r.status]}: {r.reason}"))
+    elif r.status == "xpass":
+        ET.SubElement(case, "system-out").text = detail

@@ -1,0 +1,254 @@
+"""Reports for CI (issue 8, item 5): JUnit valid against the common schema, JSON with a schema.
+
+The JUnit file is validated against ``tests/data/junit.xsd`` (the structure of
+the Jenkins/Ant JUnit schemas, stricter of the two), the JSON against the
+schema the package ships (``conformance/report/report.schema.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import xmlschema
+from verdict_builders import ColourfulError
+
+from conformance import InvariantResult, Report, Violation, check_builder
+from conformance.report.render import (
+    JSON_SCHEMA_VERSION,
+    XfailFileError,
+    format_report,
+    json_schema_path,
+    read_xfail_file,
+    report_to_dict,
+    write_json,
+    write_junit,
+)
+from conformance.run.runner import UnknownIdWarning
+from kvref import ReferenceKVCacheConfigBuilder
+
+ROOT = Path(__file__).resolve().parents[1]
+JUNIT = xmlschema.XMLSchema(ROOT / "tests" / "data" / "junit.xsd")
+
+
+def _schema() -> dict[str, Any]:
+    schema: dict[str, Any] = json.loads(json_schema_path().read_text())
+    return schema
+
+
+def _result(status: str, **fields: Any) -> InvariantResult:
+    return InvariantResult(
+        id=f"KV-TEST-{status.upper()}",
+        title=f"a {status} invariant",
+        reference="docs/contract.md#verdicts",
+        status=status,
+        **fields,
+    )
+
+
+def every_status() -> Report:
+    """A report with one result of each verdict, failures with their details."""
+    broke = (Violation(invariant="KV-TEST-FAIL", message="layer in no group", layer="a"),)
+    details = {
+        "violations": broke,
+        "counterexample": "PlanningProblem(...)",
+        "counterexample_python": "config = PlanningConfig()\n",
+        "scenario": "grouping",
+        "reproduce": "kvref-conformance m:B --select KV-TEST-FAIL --seed 1 --no-database",
+    }
+    results = (
+        _result("pass", examples=3),
+        _result("fail", examples=3, **details),
+        _result("inconclusive", inconclusive=3, reason="a call it needs failed"),
+        _result("not-applicable", reason="not applicable on cpu: cpu has no memory counter"),
+        _result("skipped", reason="the builder declares no support for host_resident"),
+        _result("xfail", examples=2, **details),
+        _result("xpass", examples=4),
+    )
+    return Report(
+        builder="m:B",
+        device="cpu",
+        seed=1,
+        profile="ci",
+        max_examples=3,
+        results=results,
+        seconds=0.5,
+    )
+
+
+def _junit(report: Report, tmp_path: Path) -> ET.Element:
+    path = tmp_path / "r.xml"
+    write_junit(report, path)
+    JUNIT.validate(path)  # raises with the first schema error
+    return ET.parse(path).getroot()
+
+
+class TestJUnit:
+    """'the JUnit file lacks the errors attribute required by the common JUnit schema'."""
+
+    def test_every_verdict_validates(self, tmp_path: Path) -> None:
+        root = _junit(every_status(), tmp_path)
+        suite = root.find("testsuite")
+        assert suite is not None
+        assert {k: suite.get(k) for k in ("tests", "failures", "errors", "skipped")} == {
+            "tests": "7",
+            "failures": "1",
+            "errors": "1",
+            "skipped": "3",
+        }
+        assert root.get("errors") == "1"
+
+    def test_schema_rejects_a_suite_without_errors(self, tmp_path: Path) -> None:
+        # The validator is no rubber stamp: the old file's shape fails it.
+        path = tmp_path / "r.xml"
+        write_junit(every_status(), path)
+        tree = ET.parse(path)
+        suite = tree.getroot().find("testsuite")
+        assert suite is not None
+        del suite.attrib["errors"]
+        tree.write(path)
+        assert not JUNIT.is_valid(path)
+
+    def test_real_run_validates(self, tmp_path: Path) -> None:
+        report = check_builder(
+            ReferenceKVCacheConfigBuilder,
+            max_examples=2,
+            seed=1,
+            select=["KV-GROUP", "KV-DEV"],
+            xfail=["KV-GROUP-NONEMPTY"],
+        )
+        _junit(report, tmp_path)
+
+    def test_control_characters_are_stripped(self, tmp_path: Path) -> None:
+        """'becomes malformed XML when an error message contains control characters'."""
+        report = check_builder(ColourfulError, select=["KV-CALL-RAISES"], max_examples=2, seed=1)
+        message = " ".join(str(v) for v in report.result("KV-CALL-RAISES").violations)
+        assert "\x1b[31m" in message and "\x00" in message  # the report keeps them; XML cannot
+        root = _junit(report, tmp_path)
+        text = ET.tostring(root, encoding="unicode")
+        assert "boom" in text and "tail" in text
+        assert not any(c in text for c in "\x1b\x00\x07\ud800")
+        write_json(report, tmp_path / "r.json")
+        loaded = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))
+        # JSON escapes what it cannot carry, so the message survives as it was.
+        assert "\x1b[31mboom" in loaded["results"][0]["violations"][0]["message"]
+
+    def test_xfail_and_xpass_are_visible(self, tmp_path: Path) -> None:
+        """'drops XFAIL details and hides XPASS'."""
+        root = _junit(every_status(), tmp_path)
+        cases = {c.get("name"): c for c in root.iter("testcase")}
+        assert all(c.get("status") for c in cases.values())
+        xfail = cases["KV-TEST-XFAIL"]
+        skipped = xfail.find("skipped")
+        assert skipped is not None and (skipped.get("message") or "").startswith("XFAIL")
+        assert "layer in no group" in (skipped.text or "")
+        assert "reproduce: kvref-conformance" in (skipped.text or "")
+        xpass = cases["KV-TEST-XPASS"]
+        assert xpass.get("status") == "xpass" and xpass.find("skipped") is None
+        out = xpass.find("system-out")
+        assert out is not None and "XPASS" in (out.text or "") and "4 examples" in (out.text or "")
+        props = {p.get("name"): p.get("value") for p in root.iter("property")}
+        assert props["xpass"] == "KV-TEST-XPASS"
+        text = format_report(every_status())
+        assert "XPASS KV-TEST-XPASS" in text and "XFAIL KV-TEST-XFAIL" in text
+
+
+class TestJson:
+    """'the JSON has no documented schema and no version'."""
+
+    def test_schema_is_valid_and_versioned(self) -> None:
+        schema = _schema()
+        jsonschema.Draft202012Validator.check_schema(schema)
+        assert schema["properties"]["schema_version"]["const"] == JSON_SCHEMA_VERSION
+
+    def test_schema_is_shipped(self) -> None:
+        # The file beside the module is what an installed wheel carries if package-data says so.
+        assert json_schema_path().is_file()
+        pyproject = (ROOT / "pyproject.toml").read_text()
+        line = next(x for x in pyproject.splitlines() if x.startswith("conformance = ["))
+        assert f'"{json_schema_path().relative_to(ROOT / "conformance").as_posix()}"' in line
+
+    @pytest.mark.parametrize("report", ["every_status", "real"])
+    def test_reports_validate(self, report: str, tmp_path: Path) -> None:
+        made = (
+            every_status()
+            if report == "every_status"
+            else check_builder(
+                ReferenceKVCacheConfigBuilder,
+                max_examples=2,
+                seed=1,
+                select=["KV-PLACE-NUM-BLOCKS"],
+            )
+        )
+        path = tmp_path / "r.json"
+        write_json(made, path)
+        data = json.loads(path.read_text())
+        jsonschema.Draft202012Validator(_schema()).validate(data)
+        assert data["schema_version"] == JSON_SCHEMA_VERSION
+        assert data["kit_version"] == version("kvref")
+
+    def test_every_field_is_documented(self) -> None:
+        # Fields may be added without a version bump, but never undocumented.
+        schema = _schema()
+        data = report_to_dict(every_status())
+        assert set(data) == set(schema["properties"])
+        result_props = schema["$defs"]["result"]["properties"]
+        for result in data["results"]:
+            assert set(result) == set(result_props)
+            for violation in result["violations"]:
+                assert set(violation) == set(schema["$defs"]["violation"]["properties"])
+        real = check_builder(
+            ReferenceKVCacheConfigBuilder, max_examples=1, seed=1, select=["KV-GROUP-PARTITION"]
+        )
+        options = report_to_dict(real)["options"]
+        assert options and set(options) <= set(schema["properties"]["options"]["properties"])
+
+    @pytest.mark.parametrize(
+        ("path", "value"),
+        [
+            (("results", 0, "status"), "passed"),
+            (("results", 0, "examples"), 0),  # a pass that judged nothing
+            (("schema_version",), 2),
+            (("ok",), "yes"),
+        ],
+    )
+    def test_schema_rejects(self, path: tuple[Any, ...], value: Any) -> None:
+        data = report_to_dict(every_status())
+        target: Any = data
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.Draft202012Validator(_schema()).validate(data)
+
+
+class TestXfailFiles:
+    """'unknown KV-DEV-* ids in xfail files' and 'a binary xfail file traceback'."""
+
+    @pytest.mark.parametrize(
+        "content", [b"\xff\xfe\x00K\x00V", b"KV-GROUP-PARTITION\x00\x01\x02\n", b"\x89PNG\r\n"]
+    )
+    def test_binary_file_is_a_clear_error(self, content: bytes, tmp_path: Path) -> None:
+        path = tmp_path / "xfail.bin"
+        path.write_bytes(content)
+        with pytest.raises(XfailFileError, match="xfail file"):
+            read_xfail_file(path)
+
+    def test_missing_file_is_a_clear_error(self, tmp_path: Path) -> None:
+        with pytest.raises(XfailFileError, match="cannot read"):
+            read_xfail_file(tmp_path / "absent.txt")
+
+    def test_unknown_device_id_warns_in_python(self) -> None:
+        with pytest.warns(UnknownIdWarning, match="KV-DEV-NOPE"):
+            check_builder(
+                ReferenceKVCacheConfigBuilder,
+                select=["KV-GROUP-PARTITION"],
+                xfail=["KV-DEV-NOPE"],
+                max_examples=1,
+                seed=1,
+            )
