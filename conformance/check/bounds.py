@@ -9,7 +9,20 @@ from conformance.check.geometry import aligned_page, block_stride_alignment
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
 
-__all__ = ["absurd_size", "named_layer_specs", "size_bound"]
+__all__ = [
+    "MAX_BYTES",
+    "absurd_size",
+    "byte_count_problem",
+    "named_layer_specs",
+    "size_bound",
+    "tensor_problems",
+]
+
+#: Torch sizes and strides are int64: no byte count past this can be allocated or viewed.
+MAX_BYTES = 2**63 - 1
+
+#: The byte counts of a tensor record that reach an allocator or a view.
+_BYTE_FIELDS = ("size", "offset", "layer_stride", "block_stride")
 
 
 def named_layer_specs(group: KVCacheGroupSpec) -> list[tuple[str, KVCacheSpec]]:
@@ -35,3 +48,34 @@ def size_bound(groups: Sequence[KVCacheGroupSpec]) -> int:
 def absurd_size(size: int, num_blocks: int, bound: int) -> bool:
     """Whether a backing is beyond any sane plan: over twice the no-aliasing bytes plus 1 MiB."""
     return size > 2 * bound * num_blocks + 2**20
+
+
+def byte_count_problem(value: object) -> str | None:
+    """Why ``value`` is no byte count an allocator can take (``None``: an int in [0, 2**63))."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"{value!r:.40} is a {type(value).__name__}, not an int"
+    if value < 0:
+        return f"{value} is negative"
+    if value > MAX_BYTES:
+        return f"{value} is past the 2**63 - 1 bytes a torch size can hold"
+    return None
+
+
+def tensor_problems(config: object) -> list[str]:
+    """Each byte count of ``config`` no allocator can take, named (empty: all can be).
+
+    The records' validators refuse such values, but a builder may bypass them
+    (``object.__setattr__``); the checks that do arithmetic on the sizes, and
+    the device checks that hand them to torch, skip a config this names, and
+    ``KV-PLACE-SIZE-BOUND`` reports it.
+    """
+    out = []
+    blocks = byte_count_problem(getattr(config, "num_blocks", 0))
+    if blocks is not None:
+        out.append(f"num_blocks {blocks}")
+    for i, tensor in enumerate(getattr(config, "kv_cache_tensors", None) or ()):
+        for field in _BYTE_FIELDS:
+            problem = byte_count_problem(getattr(tensor, field, None))
+            if problem is not None:
+                out.append(f"tensor {i}'s {field} {problem}")
+    return out

@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from conformance.check.bounds import tensor_problems
 from conformance.check.violations import Violation
 from conformance.check.worker import (
     TensorGeometry,
@@ -1004,6 +1005,27 @@ DEVICE_CHECKS: Mapping[str, tuple[str, str, Callable[..., DeviceCheckResult]]] =
 }
 
 
+def _refused(
+    config: KVCacheConfig, select: tuple[str, ...] | None, worker: int | None
+) -> tuple[DeviceCheckResult, ...] | None:
+    """Results for a config whose byte counts no allocator takes (``None``: it can be tried).
+
+    A size of 2**63 or more, a negative one or a non-int would reach torch as
+    an overflow or a crash of the run; the config is refused instead.
+    """
+    problems = tensor_problems(config)
+    if not problems:
+        return None
+    message = f"not allocated: {'; '.join(problems[:3])}"
+    return tuple(
+        _result(
+            invariant, [Violation(invariant=invariant, worker=worker, message=message)], [], True
+        )
+        for invariant in DEVICE_CHECKS
+        if select is None or invariant in select
+    )
+
+
 def check_device(
     config: KVCacheConfig,
     device: str | torch.device,
@@ -1020,6 +1042,9 @@ def check_device(
     ``layout`` defaults to the config's layout, else LBNHC; the ALLOC and
     HOST checks do not depend on it.
     """
+    refused = _refused(config, select, worker)
+    if refused is not None:
+        return refused
     chosen = resolve_layout(config, layout)
     results: list[DeviceCheckResult] = []
     for invariant in DEVICE_CHECKS:

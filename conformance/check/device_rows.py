@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from conformance.check.bounds import tensor_problems
 from conformance.check.catalog import Invariant, Unjudged, register
 from conformance.check.device import DEVICE_CHECKS, KV_DEV_HOST, check_device
 from conformance.check.violations import Violation
@@ -30,13 +31,25 @@ def _config(obs: Any) -> KVCacheConfig | None:
     return None
 
 
+def _refused(config: KVCacheConfig) -> str | None:
+    """Why ``config`` is not allocated at all (``None``: it is tried)."""
+    if not config.kv_cache_tensors:
+        return "the config has no tensor to allocate"
+    problems = tensor_problems(config)
+    if problems:
+        # Never handed to torch; KV-PLACE-SIZE-BOUND reports the sizes.
+        return f"the config's byte counts cannot be allocated: {problems[0]}"
+    return None
+
+
 def _make(invariant: str) -> Any:
     def check(obs: PlacementObservation | HostObservation) -> list[Violation] | Unjudged:
         config = _config(obs)
         if config is None:
             return Unjudged("the builder returned no config for this example")
-        if not config.kv_cache_tensors:
-            return Unjudged("the config has no tensor to allocate")
+        refused = _refused(config)
+        if refused is not None:
+            return Unjudged(refused)
         try:
             (result,) = check_device(
                 config,

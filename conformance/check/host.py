@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from conformance.check import memory
+from conformance.check.bounds import tensor_problems
 from conformance.check.catalog import invariant
 from conformance.check.catalog import violation as _v
 from conformance.check.grouping import returned_groups as _groups
@@ -20,6 +21,8 @@ def _host_config(obs: HostObservation) -> tuple[list[KVCacheGroupSpec], KVCacheC
     names = [n for g in groups for n in g.layer_names]
     if len(names) != len(set(names)) or set(names) != set(obs.specs):
         return None  # a grouping bug, reported by KV-GROUP-*
+    if tensor_problems(obs.placed.value):
+        return None  # sizes no allocator takes: KV-PLACE-SIZE-BOUND's finding
     return groups, obs.placed.value
 
 
@@ -71,6 +74,8 @@ def _host_tensors(obs: HostObservation) -> list[Violation] | None:
 def _host_excluded(obs: HostObservation) -> list[Violation] | None:
     got = _host_config(obs)
     if got is None or obs.device_only is None or not obs.device_only.ok:
+        return None
+    if tensor_problems(obs.device_only.value):
         return None
     _, config = got
     host_layers = set(obs.config.host_resident_layers)

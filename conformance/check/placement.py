@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from conformance.check import memory
-from conformance.check.bounds import absurd_size, size_bound
+from conformance.check.bounds import absurd_size, size_bound, tensor_problems
 from conformance.check.catalog import (
     Check,
     Invariant,
@@ -31,8 +31,13 @@ from kvref.specs import UniformTypeKVCacheSpecs
 
 
 def _configs(obs: PlacementObservation) -> dict[int, KVCacheConfig] | None:
-    out = {n: c for n in obs.results if (c := obs.config_at(n)) is not None}
+    # A config with sizes no allocator takes is KV-PLACE-SIZE-BOUND's alone to judge.
+    out = {n: c for n, c in _returned(obs).items() if not tensor_problems(c)}
     return out or None
+
+
+def _returned(obs: PlacementObservation) -> dict[int, KVCacheConfig]:
+    return {n: c for n in obs.results if (c := obs.config_at(n)) is not None}
 
 
 def _honest_configs(obs: PlacementObservation) -> dict[int, KVCacheConfig] | None:
@@ -329,12 +334,22 @@ def _pool_bytes(obs: PlacementObservation) -> list[Violation] | Unjudged | None:
     in_core=True,
 )
 def _size_bound(obs: PlacementObservation) -> list[Violation] | None:
-    configs = _configs(obs)
-    if configs is None:
+    configs = _returned(obs)
+    if not configs:
         return None
     bound = size_bound(obs.groups)
     out = []
     for n, c in configs.items():
+        problems = tensor_problems(c)
+        if problems:
+            out.append(
+                _v(
+                    "KV-PLACE-SIZE-BOUND",
+                    f"at {n} blocks {'; '.join(problems[:3])}: no allocator can take that, so "
+                    "the kit will not allocate it",
+                )
+            )
+            continue
         size = sum({t.size for t in c.device_tensors})
         if absurd_size(size, n, bound):
             out.append(
