@@ -1,4 +1,6 @@
-"""Turn a :class:`~kvref.records.KVCacheConfig` into torch tensors on a device (SPEC 1.9, 1.10).
+"""Turn a :class:`~kvref.records.KVCacheConfig` into torch tensors on a device.
+
+See contract.md#views-and-strides and contract.md#host-residency.
 
 This is what a worker does with a plan: one zeroed byte buffer of ``size``
 bytes on the device, host buffers for host-resident tensors, and one strided
@@ -16,6 +18,7 @@ from types import TracebackType
 import attrs
 import torch
 
+from kvref.axes import HOST_LAYOUT
 from kvref.errors import PlacementError
 from kvref.layout import (
     KVCacheLayout,
@@ -40,8 +43,6 @@ __all__ = [
     "view_problems",
 ]
 
-#: Host-resident tensors are always laid out LBNHC, whatever the device layout (SPEC 1.10).
-HOST_LAYOUT = KVCacheLayout.LBNHC
 
 #: Index in ``KVCacheAllocation.backing_of`` meaning "the device buffer".
 DEVICE_BACKING = -1
@@ -161,7 +162,9 @@ def _first_group_of(kv_cache_config: KVCacheConfig) -> dict[str, int]:
 def tensor_geometries(
     kv_cache_config: KVCacheConfig, layout: KVCacheLayout | str | None = None
 ) -> tuple[TensorGeometry, ...]:
-    """Return the geometry of every tensor of the config, in config order (SPEC 1.9 step 3).
+    """Return the geometry of every tensor of the config, in config order.
+
+    See contract.md#views-and-strides.
 
     Device tensors use ``layout`` (see :func:`resolve_layout`); host tensors
     use :data:`HOST_LAYOUT` and ``host_num_blocks``.
@@ -194,7 +197,8 @@ def tensor_geometries(
                 f"kv_cache_tensors[{index}]: layer {first!r} belongs to no KV cache group, "
                 "so its spec (and page shape) is unknown"
             )
-        # The worker views every layer of a tensor with its first layer's spec (SPEC 1.7).
+        # The worker views every layer of a tensor with its first layer's spec
+        # (contract.md#records).
         spec = kv_cache_config.kv_cache_groups[owner[first]].layer_spec(first)
         num_blocks = kv_cache_config.num_blocks_of(tensor)
         blocks, heads, states, content = compute_layer_kv_cache_shape_bytes(spec, num_blocks)
@@ -221,7 +225,7 @@ def tensor_geometries(
 def view_problems(geometry: TensorGeometry, backing_bytes: int) -> list[ViewProblem]:
     """Why the views of ``geometry`` cannot be built in a backing of ``backing_bytes`` bytes.
 
-    Checks the footprint bound of SPEC 6 P2 (the first layer out of bounds is
+    Checks the footprint bound of contract.md#memory-safety (the first layer out of bounds is
     reported) and the typed-view divisibility of P10 (every stride a view
     needs, plus ``C`` and each layer's storage offset).  An empty list means
     :func:`torch.as_strided` and ``Tensor.view(dtype)`` will both succeed.
@@ -323,7 +327,7 @@ def allocate_backings(
     tensor size in order of first appearance, and whether they are pinned.
 
     Raises:
-        PlacementError: device tensors disagree on ``size`` (SPEC 1.9 step 1).
+        PlacementError: device tensors disagree on ``size`` (contract.md#placement-backing).
         RuntimeError: ``pin_host=True`` but this process cannot pin memory.
 
     """
@@ -432,7 +436,9 @@ def allocate_kv_cache(
     pin_host: bool | None = None,
     host_device: str | torch.device = "cpu",
 ) -> KVCacheAllocation:
-    """Allocate a config's backings on ``device`` and build every layer's view (SPEC 1.9).
+    """Allocate a config's backings on ``device`` and build every layer's view.
+
+    See contract.md#views-and-strides.
 
     The device backing is one zeroed ``uint8`` buffer of the (single) device
     tensor ``size``; host-resident tensors get zeroed buffers on

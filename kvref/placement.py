@@ -1,18 +1,20 @@
-"""Default placement of KV cache groups for an exact number of blocks (SPEC 4).
+"""Default placement of KV cache groups for an exact number of blocks.
+
+See contract.md#default-placement.
 
 Groups alias one backing allocation from byte 0: a block ID is held by one
-group at a time, so the same bytes serve every group (SPEC 4.4).  Host-resident
+group at a time, so the same bytes serve every group (contract.md#memory-safety).  Host-resident
 groups get their own host backing, laid out in LBNHC with their own block count.
 
-Deliberate differences from vLLM 0.33.0 (DESIGN.md):
+Deliberate differences from vLLM 0.33.0 (contract.md#deliberate-differences):
 
 * the returned config always has exactly the requested ``num_blocks``
   (vLLM's default returns ``num_gpu_blocks_override`` when it is set);
 * in layer-outer layouts with several groups whose aligned page strides
   differ, every layer uses one common block stride, so different block IDs
-  never alias (vLLM lets them, SPEC 6);
+  never alias (vLLM lets them, contract.md#memory-safety);
 * a uniform-type group only places the layers it names (vLLM places every
-  layer of its wrapper, which breaks on PP workers, SPEC 6).
+  layer of its wrapper, which breaks on PP workers, contract.md#memory-safety).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 
 from kvref._math import lcm_all, round_up
+from kvref.axes import HOST_LAYOUT
 from kvref.config import PlanningConfig
 from kvref.errors import (
     ConfigError,
@@ -43,12 +46,11 @@ __all__ = [
     "validate_kv_cache_layout",
 ]
 
-#: The host pool is always LBNHC (SPEC 1.10).
-HOST_LAYOUT = KVCacheLayout.LBNHC
 
 
 def _layer_stride1(spec: KVCacheSpec) -> int:
-    return round_up(spec.page_size_bytes, spec.get_block_stride_alignment())
+    # round_up(page, alignment), memoised on the frozen spec.
+    return spec.block_stride
 
 
 def _spec_buckets(group: KVCacheGroupSpec) -> Iterator[tuple[KVCacheSpec, list[str]]]:
@@ -88,7 +90,7 @@ def _stride_rule(
     """Per-layer block stride of a layer-outer layout.
 
     vLLM uses ``round_up(page, alignment)`` per layer.  When several groups
-    (which share one page size in layer-outer layouts, SPEC 4.2) disagree on
+    (which share one page size in layer-outer layouts, contract.md#default-placement) disagree on
     that stride, the slots of one group stop lining up with another's and
     different block IDs alias; the reference then gives every layer one
     common stride that satisfies every alignment.
@@ -106,7 +108,9 @@ def _stride_rule(
 
 
 def bytes_per_block(groups: Sequence[KVCacheGroupSpec], layout: KVCacheLayout) -> int:
-    """Bytes one block ID takes across all layers of ``groups`` in ``layout`` (SPEC 4.1).
+    """Bytes one block ID takes across all layers of ``groups`` in ``layout``.
+
+    See contract.md#default-placement.
 
     Layer-outer: the widest group's sum of aligned strides.  Block-outermost:
     the widest group's sum of pages, rounded up to every layer's alignment
@@ -140,7 +144,7 @@ def host_bytes_per_block(groups: Sequence[KVCacheGroupSpec]) -> int:
 
 
 def validate_kv_cache_layout(groups: Sequence[KVCacheGroupSpec], layout: KVCacheLayout) -> None:
-    """Check that ``layout`` can express the groups' page sizes (SPEC 4.2).
+    """Check that ``layout`` can express the groups' page sizes (contract.md#default-placement).
 
     Raises:
         LayoutError: mixed page sizes in a layout that is not block-compact, or
@@ -184,7 +188,7 @@ def _place(
 ) -> list[KVCacheTensor]:
     """Emit the tensors of ``groups`` in ``layout`` for ``num_blocks`` blocks.
 
-    SPEC 4.3 step 4-5.
+    contract.md#default-placement.
     """
     validate_kv_cache_layout(groups, layout)
     bpb = bytes_per_block(groups, layout)
@@ -225,7 +229,9 @@ def _place(
 def get_kv_cache_config_from_groups(
     config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
 ) -> KVCacheConfig:
-    """Place ``kv_cache_groups`` into tensors for exactly ``num_blocks`` device blocks (SPEC 4.3).
+    """Place ``kv_cache_groups`` into tensors for exactly ``num_blocks`` device blocks.
+
+    See contract.md#default-placement.
 
     An empty group list gives one block and no tensors (the block pool's null
     block).  Host-resident groups are placed in their own host backing of
