@@ -1,0 +1,340 @@
+"""Containment: hostile builders are reported as failures of the builder, never end the run.
+
+Construction goes through the guard; ``--isolate`` runs hooks in a worker
+process so ``os._exit``, segfaults, OOM kills and patched kit modules are
+contained; ``SystemExit``/``KeyboardInterrupt`` from a hook is one call
+failure; absurd sizes are reported by ``KV-PLACE-SIZE-BOUND`` and never reach
+torch.  Whatever could end the test process itself runs in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import attrs
+import broken_builders
+import hostile_builders
+import pytest
+import torch
+
+from conformance.check.bounds import MAX_BYTES, byte_count_problem, tensor_problems
+from conformance.check.catalog import by_id
+from conformance.check.device import check_device
+from conformance.cli import main
+from conformance.run.isolate import WorkerDiedError, isolated
+from conformance.run.runner import check_builder
+from kvref import PlanningConfig, ReferenceKVCacheConfigBuilder
+from kvref.specs import FullAttentionSpec
+
+_TESTS = Path(__file__).resolve().parent
+
+
+def _env() -> dict[str, str]:
+    """This environment, with tests/ importable (``broken_builders:X``) ahead of the rest."""
+    path = [str(_TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+
+
+_PAPER = ["KV-CALL", "KV-GROUP", "KV-PLACE", "KV-HOST", "KV-CORE"]
+
+
+def _cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``kvref-conformance`` in a fresh process (a crash there cannot end the tests)."""
+    script = Path(sys.executable).with_name("kvref-conformance")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "conformance.cli"]
+    env = _env()
+    return subprocess.run(
+        command + args,
+        check=False,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _specs(layers: int) -> dict[str, FullAttentionSpec]:
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype=torch.bfloat16)
+    return {f"model.layers.{i}.attn": spec for i in range(layers)}
+
+
+# -- construction ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("builder", "says"),
+    [
+        ("NeedsArguments", "missing 1 required positional argument: 'device_name'"),
+        ("ConstructorRaises", "RuntimeError: no licence server"),
+        ("ConstructorHangs", "did not return within the deadline"),
+    ],
+)
+def test_unconstructible_builder_is_a_usage_error(
+    builder: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A builder that cannot be built with no arguments: exit 2 and one clear line, in time."""
+    started = time.perf_counter()
+    status = main([f"hostile_builders:{builder}", "--timeout", "0.5", "--no-database"])
+    seconds = time.perf_counter() - started
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert "cannot be constructed with no arguments" in err and says in err, err
+    assert "Traceback" not in err
+    # The hanging constructor costs about one deadline, not the hang.
+    assert seconds < 30, seconds
+
+
+def test_thread_left_by_the_builder_does_not_keep_the_cli_alive(tmp_path: Path) -> None:
+    """A non-daemon thread started in __init__: the CLI reports, exits, and does not wait."""
+    started = time.perf_counter()
+    done = _cli(
+        [
+            "hostile_builders:LeavesThread",
+            "--select",
+            "KV-GROUP-PARTITION",
+            "--max-examples",
+            "3",
+            "--seed",
+            "1",
+            "--no-database",
+        ],
+        tmp_path,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "KV-GROUP-PARTITION" in done.stdout
+    assert time.perf_counter() - started < 240
+
+
+# -- process-ending and kit-patching hooks, with and without --isolate --------------------
+
+
+@pytest.mark.parametrize(
+    ("builder", "code"),
+    [("ExitsProcess", "exit code 3"), ("Segfaults", "exit code -11"), ("KilledByOOM", "-9")],
+)
+def test_isolate_reports_a_dying_worker_and_writes_the_report(
+    builder: str, code: str, tmp_path: Path
+) -> None:
+    """os._exit, SIGSEGV and SIGKILL in a hook: KV-CALL-RAISES fails, the JSON is written."""
+    out = tmp_path / "report.json"
+    done = _cli(
+        [
+            f"hostile_builders:{builder}",
+            "--isolate",
+            "--select",
+            "KV-CALL-RAISES,KV-GROUP-PARTITION",
+            "--max-examples",
+            "4",
+            "--seed",
+            "2",
+            "--no-shrink",
+            "--no-database",
+            "--json",
+            str(out),
+        ],
+        tmp_path,
+    )
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    data = json.loads(out.read_text())
+    statuses = {r["id"]: r for r in data["results"]}
+    raises = statuses["KV-CALL-RAISES"]
+    assert raises["status"] == "fail"
+    message = raises["violations"][0]["message"]
+    assert "worker process died" in message and code in message, message
+    # The grouping never answered, so the partition could not be judged: never a pass.
+    assert statuses["KV-GROUP-PARTITION"]["status"] == "inconclusive"
+    assert "--isolate" in raises["reproduce"]
+
+
+def test_without_isolation_os_exit_ends_the_run(tmp_path: Path) -> None:
+    """The documented limit: in-process, os._exit cannot be contained (no report, its code)."""
+    out = tmp_path / "report.json"
+    done = _cli(
+        [
+            "hostile_builders:ExitsProcess",
+            "--no-isolate",
+            "--select",
+            "KV-CALL-RAISES",
+            "--max-examples",
+            "2",
+            "--no-database",
+            "--json",
+            str(out),
+        ],
+        tmp_path,
+    )
+    assert done.returncode == 3
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("builder", ["PatchesCatalog", "PatchesCheck"])
+def test_isolate_keeps_patches_in_the_worker(builder: str) -> None:
+    """A hook that patches the kit's checks patches only the worker's copies."""
+    before = {inv.id: inv.check for inv in by_id().values()}
+    report = check_builder(
+        getattr(hostile_builders, builder),
+        select=["KV-GROUP-PARTITION"],
+        max_examples=8,
+        seed=3,
+        timeout=5.0,
+        shrink=False,
+        isolate=True,
+    )
+    assert report.failed_ids == {"KV-GROUP-PARTITION"}
+    assert {inv.id: inv.check for inv in by_id().values()} == before
+
+
+def test_without_isolation_a_patch_forges_a_pass(tmp_path: Path) -> None:
+    """The documented limit, in a subprocess: in-process, a patched check can forge a pass."""
+    done = _cli(
+        [
+            "hostile_builders:PatchesCheck",
+            "--no-isolate",
+            "--select",
+            "KV-GROUP-PARTITION",
+            "--max-examples",
+            "5",
+            "--no-shrink",
+            "--no-database",
+        ],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-2000:]
+
+
+def test_isolated_worker_restarts_after_it_dies() -> None:
+    """The call that killed the worker fails; the next call gets a fresh worker and works."""
+    proxy = isolated(hostile_builders.DiesOnLargeModels)
+    try:
+        builder = proxy()
+        config = PlanningConfig()
+        with pytest.raises(WorkerDiedError, match="exit code 7"):
+            builder.get_kv_cache_groups(config, _specs(3))
+        groups = builder.get_kv_cache_groups(config, _specs(2))
+        expected = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(config, _specs(2))
+        assert groups == expected
+    finally:
+        proxy.close()
+
+
+def test_isolated_spawned_worker_answers_like_the_builder() -> None:
+    """Where fork is unavailable the worker is spawned and imports the builder by name."""
+    proxy = isolated(
+        ReferenceKVCacheConfigBuilder,
+        "kvref:ReferenceKVCacheConfigBuilder",
+        start_method="spawn",
+    )
+    try:
+        config = PlanningConfig()
+        groups = proxy().get_kv_cache_groups(config, _specs(2))
+        reference = ReferenceKVCacheConfigBuilder()
+        assert groups == reference.get_kv_cache_groups(config, _specs(2))
+        placed = proxy().get_kv_cache_config_from_groups(config, groups, 5)
+        assert placed == reference.get_kv_cache_config_from_groups(config, groups, 5)
+    finally:
+        proxy.close()
+
+
+@pytest.mark.parametrize(
+    "builder", [broken_builders.MutatesInput, broken_builders.MutatesGroupList]
+)
+def test_isolate_still_sees_in_place_mutation(builder: type) -> None:
+    """Changes a hook makes to its arguments in the worker are seen by the purity checks."""
+    report = check_builder(builder, select=_PAPER, max_examples=15, seed=11, isolate=True)
+    assert report.failed_ids == {builder.CAUGHT_BY}
+
+
+def test_isolated_reference_is_clean() -> None:
+    """No false alarm: the reference passes the paper invariants in a worker process."""
+    report = check_builder(
+        ReferenceKVCacheConfigBuilder, select=_PAPER, max_examples=15, seed=4, isolate=True
+    )
+    assert report.ok, [(r.id, r.status, r.violations, r.reason) for r in report.failures]
+
+
+# -- SystemExit / KeyboardInterrupt -----------------------------------------------------
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "isolated"])
+@pytest.mark.parametrize("builder", ["RaisesSystemExit", "RaisesKeyboardInterrupt"])
+def test_base_exceptions_are_one_call_failure(builder: str, isolate: bool) -> None:
+    """Reported once, by KV-CALL-RAISES, never blamed on Core (KV-CORE-ERROR-TYPED)."""
+    report = check_builder(
+        getattr(hostile_builders, builder),
+        select=_PAPER,
+        max_examples=8,
+        seed=5,
+        shrink=False,
+        isolate=isolate,
+    )
+    assert report.failed_ids == {"KV-CALL-RAISES"}, report.failed_ids
+    raised = next(r for r in report.results if r.id == "KV-CALL-RAISES")
+    name = "SystemExit" if builder == "RaisesSystemExit" else "KeyboardInterrupt"
+    assert name in raised.violations[0].message
+    statuses = {r.id: r.status for r in report.results}
+    assert statuses["KV-CORE-ERROR-TYPED"] != "fail"
+    assert not report.interrupted
+
+
+# -- absurd sizes ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (0, None),
+        (MAX_BYTES, None),
+        (2**63, "past the 2**63 - 1 bytes"),
+        (-1, "negative"),
+        (True, "bool, not an int"),
+        (4096.0, "float, not an int"),
+        ("4096", "str, not an int"),
+        (None, "NoneType, not an int"),
+    ],
+)
+def test_byte_count_problem(value: object, problem: str | None) -> None:
+    """Only ints in [0, 2**63) are byte counts an allocator can take."""
+    found = byte_count_problem(value)
+    assert found == problem if problem is None else (found is not None and problem in found)
+
+
+@pytest.mark.parametrize("builder", hostile_builders.SIZED, ids=lambda b: b.__name__)
+def test_absurd_sizes_are_reported_and_never_allocated(builder: type) -> None:
+    """KV-PLACE-SIZE-BOUND names the size; the device checks are not judged, the run ends."""
+    report = check_builder(
+        builder,
+        select=["KV-PLACE-SIZE-BOUND", "KV-PLACE-BACKING-SIZE", "KV-HOST", "KV-CORE", "KV-DEV"],
+        max_examples=8,
+        seed=6,
+        shrink=False,
+    )
+    statuses = {r.id: r.status for r in report.results}
+    assert "KV-PLACE-SIZE-BOUND" in report.failed_ids
+    assert report.failed_ids <= {"KV-PLACE-SIZE-BOUND"}, report.failed_ids
+    bound = next(r for r in report.results if r.id == "KV-PLACE-SIZE-BOUND")
+    assert f"size {builder.SIZE!r}"[:20] in bound.violations[0].message
+    assert all(s != "pass" for i, s in statuses.items() if i in ("KV-DEV-TAGS", "KV-DEV-VIEWS"))
+
+
+@pytest.mark.parametrize("size", [2**63, 2**70, -4096, 4096.5, "4096"])
+def test_check_device_refuses_unallocatable_configs(size: object) -> None:
+    """check_device hands no such size to torch: every check says why it did not allocate."""
+    config = ReferenceKVCacheConfigBuilder().get_kv_cache_config_from_groups(
+        PlanningConfig(),
+        ReferenceKVCacheConfigBuilder().get_kv_cache_groups(PlanningConfig(), _specs(2)),
+        4,
+    )
+    tensor = attrs.evolve(config.kv_cache_tensors[0])
+    object.__setattr__(tensor, "size", size)
+    broken = attrs.evolve(config, kv_cache_tensors=[tensor, *config.kv_cache_tensors[1:]])
+    assert tensor_problems(broken)
+    for result in check_device(broken, "cpu"):
+        assert result.violations and "not allocated" in result.violations[0].message
+    assert not tensor_problems(config)

@@ -1,0 +1,167 @@
+"""Every failure is reproducible: the printed line reruns it, and the JSON report replays it.
+
+For each meta-test broken builder the kit runs as ``tests/test_meta.py`` runs
+it; the reproduce line it prints for the meant invariant is then run as a
+vendor would run it, in a fresh process, and must fail the same invariant.
+``conformance.reproduce`` replays a failure from the JSON report in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import broken_builders
+import pytest
+
+import conformance
+from conformance.report.render import write_json
+from conformance.run.replay import ReplayError
+from conformance.run.runner import check_builder
+from kvref import ReferenceKVCacheConfigBuilder
+
+_PAPER = ["KV-CALL", "KV-GROUP", "KV-PLACE", "KV-HOST", "KV-CORE"]
+_TESTS = Path(__file__).resolve().parent
+
+
+def _env() -> dict[str, str]:
+    """This environment, with tests/ importable (``broken_builders:X``) ahead of the rest."""
+    path = [str(_TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+
+
+_ROW = re.compile(r"^(KV-[A-Z0-9-]+)\s+(FAIL|PASS|INCONCLUSIVE|N/A|SKIP|XFAIL|XPASS)\b", re.M)
+
+
+def _meta_run(builder: type) -> conformance.Report:
+    """The run of tests/test_meta.py, with the same options."""
+    return check_builder(
+        builder,
+        select=_PAPER,
+        max_examples=25,
+        seed=11,
+        timeout=0.5,
+        shrink=builder is not broken_builders.Hangs,
+    )
+
+
+def _run_line(line: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run a printed reproduce line as a shell would, with this environment's kit."""
+    words = shlex.split(line)
+    assert words[0] == "kvref-conformance", line
+    script = Path(sys.executable).with_name("kvref-conformance")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "conformance.cli"]
+    env = _env()
+    return subprocess.run(
+        command + words[1:],
+        check=False,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("builder", broken_builders.ALL, ids=lambda b: b.__name__)
+def test_reproduce_line_fails_the_same_invariant(builder: type, tmp_path: Path) -> None:
+    """The meant invariant's printed reproduce line exits 1 with that invariant FAILED."""
+    meant = builder.CAUGHT_BY
+    report = _meta_run(builder)
+    failure = next(r for r in report.results if r.id == meant)
+    assert failure.status == "fail" and failure.reproduce, failure
+    line = failure.reproduce
+    assert f"--select {meant}" in line and "--seed 11" in line and "--timeout 0.5" in line
+    assert line.split()[1] == f"broken_builders:{builder.__name__}"
+    started = time.perf_counter()
+    done = _run_line(line, tmp_path)
+    seconds = time.perf_counter() - started
+    rows = dict(_ROW.findall(done.stdout))
+    assert done.returncode == 1, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    assert rows == {meant: "FAIL"}, (rows, done.stdout[-2000:])
+    assert f"[{meant}]" in done.stdout
+    # Bounded: a reproduce line is something to rerun while debugging.
+    assert seconds < 120, seconds
+
+
+def test_reproduce_line_names_a_main_builder_by_path(tmp_path: Path) -> None:
+    """A builder defined in a script is named path.py:Class, and that line reproduces."""
+    script = tmp_path / "vendor_script.py"
+    script.write_text(
+        "import sys\n"
+        "from broken_builders import DroppedLayer\n"
+        "from conformance.run.runner import check_builder\n"
+        "class Mine(DroppedLayer):\n"
+        "    pass\n"
+        "if __name__ == '__main__':\n"
+        "    r = check_builder(Mine, select=['KV-GROUP-PARTITION'], max_examples=10, seed=3,\n"
+        "                      timeout=2.5, shrink=False)\n"
+        "    print(next(x.reproduce for x in r.results if x.id == 'KV-GROUP-PARTITION'))\n"
+    )
+    env = _env()
+    made = subprocess.run(
+        [sys.executable, str(script)],
+        check=False,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert made.returncode == 0, made.stderr[-2000:]
+    line = made.stdout.strip().splitlines()[-1]
+    assert f"{script.resolve()}:Mine" in line and "--timeout 2.5" in line and "--no-shrink" in line
+    done = _run_line(line, tmp_path)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert dict(_ROW.findall(done.stdout)) == {"KV-GROUP-PARTITION": "FAIL"}
+
+
+# -- conformance.reproduce ----------------------------------------------------------------
+
+
+def _report_json(builder: type, select: list[str], path: Path) -> Path:
+    report = check_builder(builder, select=select, max_examples=15, seed=5, timeout=2.0)
+    write_json(report, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "builder", [broken_builders.OutOfBoundsOffset, broken_builders.DroppedLayer]
+)
+def test_replay_from_json_shows_the_same_violations(builder: type, tmp_path: Path) -> None:
+    """The JSON's counterexample, rebuilt as objects and observed again, breaks the invariant."""
+    meant = builder.CAUGHT_BY
+    path = _report_json(builder, [meant], tmp_path / "report.json")
+    data = json.loads(path.read_text())
+    stored = next(r for r in data["results"] if r["id"] == meant)
+    violations = conformance.reproduce(path, meant)
+    assert violations and {v.invariant for v in violations} == {meant}
+    # The replay sees what the run saw on its minimal counterexample.
+    assert violations[0].message == stored["violations"][0]["message"]
+
+
+def test_replay_with_a_fixed_builder_holds(tmp_path: Path) -> None:
+    """Replaying against a fixed builder (here the reference) shows no violation."""
+    meant = broken_builders.OutOfBoundsOffset.CAUGHT_BY
+    path = _report_json(broken_builders.OutOfBoundsOffset, [meant], tmp_path / "r.json")
+    assert conformance.reproduce(path, meant, builder=ReferenceKVCacheConfigBuilder) == []
+
+
+def test_replay_errors_name_what_is_missing(tmp_path: Path) -> None:
+    """A passing invariant, an unknown id and an unreadable file are clear ReplayErrors."""
+    path = _report_json(ReferenceKVCacheConfigBuilder, ["KV-GROUP-PARTITION"], tmp_path / "r.json")
+    with pytest.raises(ReplayError, match="status 'pass'"):
+        conformance.reproduce(path, "KV-GROUP-PARTITION")
+    with pytest.raises(ReplayError, match="no result for invariant_id='KV-NOPE'"):
+        conformance.reproduce(path, "KV-NOPE")
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(b"\xff\x00not json")
+    with pytest.raises(ReplayError, match="not a readable JSON report"):
+        conformance.reproduce(bad, "KV-GROUP-PARTITION")
+    assert isinstance(ReplayError("x"), ValueError)
