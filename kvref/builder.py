@@ -1,4 +1,4 @@
-"""The builder interface (SPEC 2) and the reference builder.
+"""The builder interface (contract.md#the-builder-interface) and the reference builder.
 
 ``KVCacheConfigBuilder`` mirrors vLLM 0.33.0's experimental interface with
 :class:`~kvref.config.PlanningConfig` in place of ``VllmConfig``.  Core (see
@@ -25,10 +25,10 @@ __all__ = ["KVCacheConfigBuilder", "ReferenceKVCacheConfigBuilder"]
 class KVCacheConfigBuilder(ABC):
     """Splits layers into KV cache groups and places them for an exact block count.
 
-    Contract (SPEC 2): groups partition the input layers; placement returns
-    exactly ``num_blocks`` blocks with one device backing of
-    ``bytes_per_block * num_blocks`` bytes, memory-safe pages, and the groups
-    echoed unchanged; both hooks are pure functions of their arguments.
+    Contract (contract.md#the-builder-interface): groups partition the input layers; placement
+    returns exactly ``num_blocks`` blocks with one device backing of ``bytes_per_block *
+    num_blocks`` bytes, memory-safe pages, and the groups echoed unchanged; both hooks are pure
+    functions of their arguments.
     """
 
     @abstractmethod
@@ -54,7 +54,9 @@ class KVCacheConfigBuilder(ABC):
 
 
 class ReferenceKVCacheConfigBuilder(KVCacheConfigBuilder):
-    """vLLM 0.33.0's default grouping and placement, with DESIGN.md's deliberate fixes.
+    """VLLM 0.33.0's default grouping and placement, with the deliberate fixes of the contract.
+
+    See contract.md#deliberate-differences.
 
     Usable as a platform's fallback builder.  It never reads
     ``num_gpu_blocks_override``: placement returns exactly the blocks asked for.
@@ -108,5 +110,5 @@ class ReferenceKVCacheConfigBuilder(KVCacheConfigBuilder):
         kv_cache_groups: Sequence[KVCacheGroupSpec],
         num_blocks: int,
     ) -> KVCacheConfig:
-        """Default placement (SPEC 4) for exactly ``num_blocks`` blocks."""
+        """Default placement (contract.md#default-placement) for exactly ``num_blocks`` blocks."""
         return get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)

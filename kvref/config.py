@@ -170,19 +170,19 @@ class PlanningConfig:
         auto_fit_max_model_len: vLLM's ``original_max_model_len == -1``: shrink
             ``max_model_len`` to what memory allows.
         max_num_batched_tokens: tokens per scheduler step.
-        async_scheduling: adds one batch in flight (SPEC 1.3, ``I``).
+        async_scheduling: adds one batch in flight (contract.md#spec-kinds, ``I``).
         max_concurrent_batches: override of the batches in flight; by default
             ``pipeline_parallel_size + 1`` with async scheduling, else the PP size.
         max_num_encoder_input_tokens: cross-attention budget (default: batched tokens).
         num_gpu_blocks_override: a fixed block count (vLLM ``num_gpu_blocks_override``).
-        disable_hybrid_kv_cache_manager: promote local attention to full (SPEC 3.2).
-        kv_cache_layout: the resolved layout the planner places tensors in.
-        mamba_cache_mode: ``"none"``, ``"align"`` or ``"all"``.
+        disable_hybrid_kv_cache_manager: promote local attention to full
+        (contract.md#hybrid-manager-disabled). kv_cache_layout: the resolved layout the planner
+        places tensors in. mamba_cache_mode: ``"none"``, ``"align"`` or ``"all"``.
         decode_context_parallel_size, pipeline_parallel_size, tensor_parallel_size:
             parallel sizes.
         prefix_cache_retention_interval: copied into every config.
         num_prefill_lookahead_tokens: speculative lookahead; sliding windows
-            retain ``max(0, n - 1)`` extra tokens (SPEC 5.1).
+            retain ``max(0, n - 1)`` extra tokens (contract.md#core-flow).
         eagle_block_drop: mark groups holding draft layers as EAGLE groups.
         host_resident_layers: layers to keep in a host-resident group.
         host_pool_bytes: bytes of the host pool that backs host-resident groups
@@ -259,7 +259,7 @@ class PlanningConfig:
 
     @property
     def extra_retained_tokens(self) -> int:
-        """Tokens every sliding window keeps beyond its window (SPEC 5.1 step 4)."""
+        """Tokens every sliding window keeps beyond its window (contract.md#core-flow)."""
         return max(0, self.num_prefill_lookahead_tokens - 1)
 
     def with_max_model_len(self, max_model_len: int) -> PlanningConfig:

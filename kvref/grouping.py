@@ -1,6 +1,8 @@
-"""Default grouping: split layers into KV cache groups (SPEC 3, vLLM ``get_kv_cache_groups``).
+"""Default grouping: split layers into KV cache groups.
 
-The decision order is SPEC 3.1.  Promotion and page-size unification live in
+See contract.md#default-grouping (vLLM ``get_kv_cache_groups``).
+
+The decision order is contract.md#default-grouping's.  Promotion and page-size unification live in
 :mod:`kvref.unification`, packed grouping in :mod:`kvref.packing`.
 
 Differences from vLLM 0.33.0, on purpose:
@@ -54,7 +56,9 @@ __all__ = ["create_kv_cache_group_specs", "get_kv_cache_groups"]
 def get_kv_cache_groups(
     config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
 ) -> list[KVCacheGroupSpec]:
-    """Split layers into KV cache groups (SPEC 3.1); ``kv_cache_spec`` is not mutated.
+    """Split layers into KV cache groups; ``kv_cache_spec`` is not mutated.
+
+    See contract.md#default-grouping.
 
     Args:
         config: the planning config (hybrid manager flag, layout, host layers).
@@ -257,7 +261,10 @@ def create_kv_cache_group_specs(
 def _get_kv_cache_groups_uniform_page_size(
     specs: Mapping[str, KVCacheSpec],
 ) -> list[KVCacheGroupSpec]:
-    """Split layers into groups of equal layer counts when every page has one size (SPEC 3.3)."""
+    """Split layers into groups of equal layer counts when every page has one size.
+
+    See contract.md#uniform-page-grouping.
+    """
     # Bucket by spec equality first: a model repeats a handful of specs, so
     # coalescing then compares distinct specs only, never layers.
     same_spec: dict[KVCacheSpec, list[str]] = {}

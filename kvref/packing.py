@@ -1,4 +1,4 @@
-"""Packed grouping for block-outermost layouts with mixed page sizes (SPEC 3.7).
+"""Packed grouping for block-outermost layouts with mixed page sizes (contract.md#packed-grouping).
 
 In a block-outermost layout a block holds every layer of a group side by
 side, so groups need not share one page size; they are instead balanced so
@@ -58,7 +58,7 @@ def approximate_gcd(values: Sequence[int], *, lower_bound: int | None = None) ->
 
 @attrs.frozen
 class _Bucket:
-    """Layers of one uniform type, with their page-size classes (SPEC 3.7 step 2)."""
+    """Layers of one uniform type, with their page-size classes (contract.md#packed-grouping)."""
 
     spec: UniformTypeKVCacheSpecs
     classes: dict[int, list[str]]

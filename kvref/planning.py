@@ -1,4 +1,4 @@
-"""Core's cross-worker planning flow (SPEC 5).
+"""Core's cross-worker planning flow (contract.md#core-flow).
 
 Core merges the workers' layer specs, asks a builder for global groups,
 projects them onto each worker, turns profiled memory into a block count
@@ -8,12 +8,12 @@ agree on the smallest count.
 A builder may be given as an instance, as a class, or as ``None``: with a
 class every phase gets a fresh instance, and with ``None`` a fresh instance
 of the builder the config selects (:mod:`kvref.resolution`), as vLLM does
-(SPEC 2), so a stateful builder shows its bugs here too.
+(contract.md#the-builder-interface), so a stateful builder shows its bugs here too.
 
-Deliberate differences from vLLM 0.33.0 (DESIGN.md): a projected uniform-type
-group with no layers on a worker stays empty (no tensors), a worker holding no
-KV layer while others do takes the others' block count instead of dividing by
-zero, and every failure is a typed :class:`~kvref.errors.KVRefError`.
+Deliberate differences from vLLM 0.33.0 (contract.md#deliberate-differences): a projected
+uniform-type group with no layers on a worker stays empty (no tensors), a worker holding no KV layer
+while others do takes the others' block count instead of dividing by zero, and every failure is a
+typed :class:`~kvref.errors.KVRefError`.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def get_global_kv_cache_groups(
     config: PlanningConfig,
     kv_cache_specs: Sequence[Mapping[str, KVCacheSpec]],
 ) -> list[KVCacheGroupSpec]:
-    """Group all workers' layers with ``builder`` (SPEC 5.1).
+    """Group all workers' layers with ``builder`` (contract.md#core-flow).
 
     The workers' dicts are not mutated: the builder gets a merged copy with
     sliding windows tagged with ``config.extra_retained_tokens``.
@@ -194,7 +194,7 @@ def get_global_kv_cache_groups(
 def project_kv_cache_groups_to_worker(
     global_groups: Sequence[KVCacheGroupSpec], worker_specs: Mapping[str, KVCacheSpec]
 ) -> list[KVCacheGroupSpec]:
-    """Each global group restricted to the worker's layers, in order (SPEC 5.2 step 2).
+    """Each global group restricted to the worker's layers, in order (contract.md#core-flow).
 
     A group whose layers are all on the worker is kept as is.  A uniform-type
     group is re-wrapped over the worker's subset; one with no layer on the
@@ -219,7 +219,7 @@ def project_kv_cache_groups_to_worker(
 def pool_bytes_per_block_from_builder(
     builder: KVCacheConfigBuilder, config: PlanningConfig, groups: Sequence[KVCacheGroupSpec]
 ) -> int:
-    """Device bytes per block as Core learns them (SPEC 5.2, the probe).
+    """Device bytes per block as Core learns them (contract.md#core-flow, the probe).
 
     ``[]`` gives 0; a builder that overrides ``_get_pool_bytes_per_block``
     answers directly; otherwise one block is placed with the override unset
@@ -261,7 +261,9 @@ def _group_blocks_per_request(group: KVCacheGroupSpec, config: PlanningConfig) -
 def max_memory_usage_bytes_from_groups(
     config: PlanningConfig, groups: Sequence[KVCacheGroupSpec], pool_bytes_per_block: int
 ) -> int:
-    """Bytes one request at ``config.max_model_len`` needs: ``bpb * Σ blocks(g)`` (SPEC 5.3).
+    """Bytes one request at ``config.max_model_len`` needs: ``bpb * Σ blocks(g)``.
+
+    See contract.md#core-admission.
 
     Every non-host group counts, even one with no layer on this worker,
     because block IDs are shared by all groups.
@@ -377,7 +379,9 @@ def plan_kv_cache(
     available_memory: int | Sequence[int],
     global_groups: Sequence[KVCacheGroupSpec] | None = None,
 ) -> KVCachePlan:
-    """Run Core's whole flow and return the configs with the figures behind them (SPEC 5).
+    """Run Core's whole flow and return the configs with the figures behind them.
+
+    See contract.md#core-flow.
 
     Args:
         builder: a builder instance, a class to instantiate for every phase, or
@@ -526,7 +530,9 @@ def get_kv_cache_configs(
     kv_cache_specs: Sequence[Mapping[str, KVCacheSpec]],
     available_memory: int | Sequence[int],
 ) -> list[KVCacheConfig]:
-    """One :class:`KVCacheConfig` per worker, all with the same ``num_blocks`` (SPEC 5).
+    """One :class:`KVCacheConfig` per worker, all with the same ``num_blocks``.
+
+    See contract.md#core-flow.
 
     See :func:`plan_kv_cache` for the arguments, the errors and the figures
     behind the configs (including the auto-fitted ``max_model_len``).

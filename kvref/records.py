@@ -1,4 +1,4 @@
-"""Output records of planning (SPEC 1.7): tensors, groups and configs.
+"""Output records of planning (contract.md#records): tensors, groups and configs.
 
 vLLM's records are mutable dataclasses; kvref's are frozen attrs classes so
 that nobody (Core, a builder, the kit) can change a plan behind another's
@@ -56,7 +56,7 @@ class KVCacheTensor:
 
     Layer ``layers[l]`` at block ``b`` starts at byte
     ``offset + l * layer_stride + b * block_stride`` of the backing; heads,
-    states and content follow the layout (SPEC 1.8).
+    states and content follow the layout (contract.md#layouts).
 
     Attributes:
         size: bytes of the whole backing allocation (not of this tensor's footprint).
@@ -236,5 +236,5 @@ class KVCacheConfig:
 
     @property
     def needs_kv_cache_zeroing(self) -> bool:
-        """Blocks move between groups, so stale bytes must be zeroed (SPEC 1.7)."""
+        """Blocks move between groups, so stale bytes must be zeroed (contract.md#records)."""
         return self.has_mamba_layers or self.has_mixed_precision_kv_cache

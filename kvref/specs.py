@@ -1,4 +1,4 @@
-"""KV cache spec kinds (SPEC 1.1-1.6): page size, maximum memory, merge, same-type test.
+"""KV cache spec kinds (contract.md#specs): page size, maximum memory, merge, same-type test.
 
 Every spec is a frozen attrs class whose fields are validated at construction:
 a bad value raises :class:`~kvref.errors.SpecError` naming the field and the
@@ -95,7 +95,7 @@ def to_dtype(value: object, field: str = "dtype") -> torch.dtype:
 
 
 def dtype_size(dtype: torch.dtype) -> int:
-    """Bytes per element of ``dtype`` (``sizeof`` in SPEC)."""
+    """Bytes per element of ``dtype`` (``sizeof`` in the contract)."""
     return int(dtype.itemsize)
 
 
@@ -228,9 +228,9 @@ class KVCacheSpec:
     """
 
     kind: ClassVar[str] = "base"
-    #: Whether Core's registry check accepts this class (SPEC 1.4).
+    #: Whether Core's registry check accepts this class (contract.md#spec-registry).
     registered: ClassVar[bool] = True
-    #: Whether the class has a ``dtype`` views are reinterpreted as (SPEC 1.9).
+    #: Whether the class has a ``dtype`` views are reinterpreted as (contract.md#views-and-strides).
     has_dtype: ClassVar[bool] = False
 
     block_size: int = attrs.field(validator=_positive)
@@ -294,7 +294,7 @@ class KVCacheSpec:
         return 1
 
     def get_num_kernel_states(self, kernel_block_size: int) -> int:
-        """States stored for a block of ``kernel_block_size`` tokens (SPEC 1.1)."""
+        """States stored for a block of ``kernel_block_size`` tokens (contract.md#spec-fields)."""
         tps = self.tokens_per_state_value
         if tps > 0:
             return int(kernel_block_size // tps)
@@ -349,7 +349,7 @@ class KVCacheSpec:
             )
 
     def get_block_stride_alignment(self) -> int:
-        """Byte alignment of this layer's block stride (SPEC 1.1)."""
+        """Byte alignment of this layer's block stride (contract.md#spec-fields)."""
         return self.block_stride_alignment_bytes
 
     @functools.cached_property
@@ -379,11 +379,11 @@ class KVCacheSpec:
     # -- grouping ----------------------------------------------------------
     @classmethod
     def uniform_type_base(cls) -> type[KVCacheSpec]:
-        """The registered class used by the same-type test (SPEC 1.4)."""
+        """The registered class used by the same-type test (contract.md#spec-registry)."""
         return cls
 
     def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
-        """Whether ``specs`` are of this spec's type (SPEC 1.3, same-type column)."""
+        """Whether ``specs`` are of this spec's type (contract.md#spec-registry)."""
         base = self.uniform_type_base()
         return all(isinstance(s, base) for s in specs)
 
@@ -424,7 +424,7 @@ def _convert_dtype(value: object) -> torch.dtype:
 
 @attrs.frozen(kw_only=True, eq=False)
 class AttentionSpec(KVCacheSpec):
-    """Base of attention specs (vLLM ``AttentionSpec``), page formula of SPEC 1.2.
+    """Base of attention specs (vLLM ``AttentionSpec``), page formula of contract.md#page-formula.
 
     Attributes:
         num_kv_heads, head_size, dtype: the head geometry; ``dtype`` accepts names.
@@ -480,7 +480,7 @@ class AttentionSpec(KVCacheSpec):
         self._check_padding()
 
     def _apply_alignment(self) -> None:
-        """Hook for MLA kinds' alignment padding (SPEC 1.3)."""
+        """Hook for MLA kinds' alignment padding (contract.md#spec-kinds)."""
 
     @property
     def tokens_per_state_value(self) -> int | Fraction:
@@ -552,7 +552,7 @@ class FullAttentionSpec(AttentionSpec):
 
     @classmethod
     def merge(cls, specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
-        """Merge full-attention specs (SPEC 1.5).
+        """Merge full-attention specs (contract.md#merge-rules).
 
         Raises:
             IncompatibleSpecsError: a spec is not full attention, is MLA, a compared
@@ -640,7 +640,7 @@ class MLAAttentionSpec(FullAttentionSpec):
     """Multi-head latent attention (vLLM ``MLAAttentionSpec``); ``head_size_v`` defaults to 0.
 
     ``alignment`` pads the page to a multiple of it when the real page is not
-    already aligned (SPEC 1.3).
+    already aligned (contract.md#spec-kinds).
     """
 
     kind: ClassVar[str] = "mla"
@@ -659,7 +659,9 @@ class MLAAttentionSpec(FullAttentionSpec):
 
     @classmethod
     def merge(cls, specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
-        """Merge MLA specs (SPEC 1.5): single values of the MLA fields; drops ``alignment``.
+        """Merge MLA specs: single values of the MLA fields; drops ``alignment``.
+
+        See contract.md#merge-rules.
 
         Raises:
             IncompatibleSpecsError: a spec is not MLA or a compared field differs.
@@ -706,7 +708,7 @@ class MLAAttentionSpec(FullAttentionSpec):
 class SlidingWindowSpec(AttentionSpec):
     """Sliding-window attention (vLLM ``SlidingWindowSpec``).
 
-    ``extra_retained_tokens`` is set by Core from the prefill lookahead (SPEC 5.1).
+    ``extra_retained_tokens`` is set by Core from the prefill lookahead (contract.md#core-flow).
     """
 
     kind: ClassVar[str] = "sliding_window"
@@ -766,7 +768,9 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
 
     @classmethod
     def merge(cls, specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
-        """Merge SW-MLA specs (SPEC 1.5); drops ``kv_quant_mode``, ``alignment``, ``head_size_v``.
+        """Merge SW-MLA specs; drops ``kv_quant_mode``, ``alignment``, ``head_size_v``.
+
+        See contract.md#merge-rules.
 
         Raises:
             IncompatibleSpecsError: a spec is not SW-MLA or a compared field differs.
@@ -845,7 +849,10 @@ class CrossAttentionSpec(AttentionSpec):
 
 @attrs.frozen(kw_only=True, eq=False)
 class EncoderOnlyAttentionSpec(AttentionSpec):
-    """Encoder-only attention: no cache, and not registered for planning (SPEC 1.3)."""
+    """Encoder-only attention: no cache, and not registered for planning.
+
+    See contract.md#spec-kinds.
+    """
 
     kind: ClassVar[str] = "encoder_only"
     registered: ClassVar[bool] = False
@@ -914,7 +921,7 @@ class MambaSpec(KVCacheSpec):
 
     @property
     def num_states(self) -> int:
-        """Always one state per block (SPEC 1.3: ``S = 1``)."""
+        """Always one state per block (contract.md#spec-kinds: ``S = 1``)."""
         return 1
 
     @property
@@ -983,7 +990,9 @@ def _convert_layer_specs(value: object) -> Mapping[str, KVCacheSpec]:
 
 @attrs.frozen(kw_only=True)
 class UniformTypeKVCacheSpecs:
-    """One group whose layers keep their own specs (vLLM ``UniformTypeKVCacheSpecs``, SPEC 1.6).
+    """One group whose layers keep their own specs.
+
+    See contract.md#uniform-type-groups (vLLM ``UniformTypeKVCacheSpecs``).
 
     The specs share a type (see :meth:`is_uniform_type`), one block size and
     one ``dcp_sharded``; their pages may differ.  Not hashable, like vLLM's.
@@ -1085,7 +1094,7 @@ def evolve_spec(spec: _S, **changes: Any) -> _S:
     """``attrs.evolve`` that recomputes MLA alignment padding instead of keeping a stale value.
 
     vLLM's ``dataclasses.replace`` keeps a ``page_size_padded`` that alignment
-    set earlier when the new page happens to be aligned (SPEC 1.3); the
+    set earlier when the new page happens to be aligned (contract.md#spec-kinds); the
     reference recomputes it.
     """
     alignment = getattr(spec, "alignment", None)

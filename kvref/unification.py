@@ -1,4 +1,6 @@
-"""Making specs fit one grouping rule: promotion (SPEC 3.2), page-size unification (3.4).
+"""Making specs fit one grouping rule: promotion and page-size unification.
+
+See contract.md#hybrid-manager-disabled and contract.md#page-unification.
 
 Also the uniform test (3.1 step 4) and the full-allocation fallback (3.5),
 which both build on promotion.  Nothing here mutates its input: every
@@ -105,7 +107,8 @@ def _promote(spec: AttentionSpec, target: type[FullAttentionSpec], block_size: i
     fields["block_size"] = block_size
     padded = spec.page_size_padded
     if padded is not None:
-        # SPEC 3.2: max(old padded, unpadded page scaled to the new block size).
+        # contract.md#hybrid-manager-disabled: max(old padded, unpadded page scaled to the new block
+        # size).
         padded = max(padded, spec.real_page_size_bytes * block_size // spec.block_size)
     fields["page_size_padded"] = padded
     return target(**fields)
@@ -140,7 +143,7 @@ def promote_local_kv_cache_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, 
     Specs that are already uniform or of one type come back unchanged.  With a
     full-attention layer and a sliding-window or chunked-local layer present,
     every local spec becomes its full counterpart with the full layers' block
-    size (SPEC 3.2).  Returns a new dict in the input order.
+    size (contract.md#hybrid-manager-disabled).  Returns a new dict in the input order.
 
     Raises:
         GroupingError: the result is neither uniform nor of one type (for
@@ -183,7 +186,7 @@ def promote_local_kv_cache_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, 
 
 
 def unify_hybrid_kv_cache_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
-    """Promote local attention for a disabled hybrid manager (SPEC 3.2).
+    """Promote local attention for a disabled hybrid manager (contract.md#hybrid-manager-disabled).
 
     DCP-replicated attention (``dcp_sharded=False``: draft layers, rings) and
     everything else are promoted separately, so that a replicated draft never
@@ -214,7 +217,7 @@ def unify_kv_cache_spec_page_size(specs: Mapping[str, KVCacheSpec]) -> dict[str,
     Mamba pages are padded to ``P``; other pages dividing ``P`` scale their
     block size; non-MLA attention pages that do not divide ``P`` are padded.
     MLA alignment padding is recomputed for the new block size rather than
-    carried over stale (SPEC 1.3).  Returns a new dict in input order.
+    carried over stale (contract.md#spec-kinds).  Returns a new dict in input order.
 
     Raises:
         PageSizeUnificationError: a page neither divides ``P`` nor can be
@@ -278,7 +281,9 @@ def _unify_one(name: str, spec: KVCacheSpec, page: int, target: int) -> KVCacheS
 def try_get_full_allocation_fallback_groups(
     specs: Mapping[str, KVCacheSpec],
 ) -> list[KVCacheGroupSpec] | None:
-    """One uniform-type group for MLA next to a sliding-window draft (SPEC 3.5), or ``None``.
+    """One uniform-type group for MLA next to a sliding-window draft, or ``None``.
+
+    See contract.md#full-allocation-fallback.
 
     Applies only without hidden-state, SW-MLA and chunked-local layers and with at least
     one MLA and one sliding-window layer; the sliding-window layers are then

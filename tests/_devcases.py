@@ -1,7 +1,7 @@
 """Hand-built configs shared by tests/test_allocation.py and tests/test_device.py.
 
 Every config here is written out tensor by tensor (no planner involved), so the
-allocation and device checks are tested on exactly the bytes SPEC lists.
+allocation and device checks are tested on exactly the bytes the contract lists.
 """
 
 from __future__ import annotations
@@ -23,7 +23,10 @@ SHAPE_DEVICES = [TEST_DEVICE, "meta"] if TEST_DEVICE != "meta" else ["meta"]
 def full(
     heads: int = 1, head_size: int = 4, dtype: torch.dtype = torch.float16
 ) -> FullAttentionSpec:
-    """Full attention with block 2 (SPEC 4.5: 1 head, head 4, fp16 gives a 32-byte page)."""
+    """Full attention with block 2.
+
+    See contract.md#default-placement (1 head, head 4, fp16 gives a 32-byte page).
+    """
     return FullAttentionSpec(block_size=2, num_kv_heads=heads, head_size=head_size, dtype=dtype)
 
 
@@ -35,7 +38,10 @@ def sliding(heads: int = 1, head_size: int = 4) -> SlidingWindowSpec:
 
 
 def worked_example(layout: KVCacheLayout, *, size: int = 256) -> KVCacheConfig:
-    """SPEC 4.5: L0 F, L1 S, L2 S, L3 F, L4 S, L5 S; three groups; N = 4; page 32."""
+    """L0 F, L1 S, L2 S, L3 F, L4 S, L5 S; three groups; N = 4; page 32.
+
+    See contract.md#default-placement.
+    """
     groups = [
         KVCacheGroupSpec(layer_names=["L0", "L3"], kv_cache_spec=full()),
         KVCacheGroupSpec(layer_names=["L1", "L4"], kv_cache_spec=sliding()),
@@ -65,7 +71,7 @@ def mamba_config() -> KVCacheConfig:
 
 
 def interleaved(layout: KVCacheLayout) -> KVCacheConfig:
-    """SPEC 1.8's 2-head page (H=2, S=2, C=16: 64 B), L = 2, N = 3, in LHBNC or BHLNC."""
+    """contract.md#layouts's 2-head page (H=2, S=2, C=16: 64 B), L = 2, N = 3, in LHBNC or BHLNC."""
     layer_stride, block_stride = (192, 32) if layout is KVCacheLayout.LHBNC else (32, 128)
     return KVCacheConfig(
         num_blocks=3,
@@ -109,7 +115,9 @@ def host_config(*, host_on_device: bool = False, host_blocks: int = 5) -> KVCach
 
 
 def misaligned_strides() -> KVCacheConfig:
-    """SPEC 6's real P3 violation: two groups of 96-byte pages with block strides 96 and 128.
+    """The contract's real P3 violation: two groups of 96-byte pages with block strides 96 and 128.
+
+    See contract.md#memory-safety.
 
     LBNHC, N = 4: G0 = [L0, L3] (Bs 96, Ls 384), G1 = [L1, L2] (Bs 128, Ls 512).
     Block 2 of L1, ``[256, 352)``, overlaps block 3 of L0, ``[288, 384)``.

@@ -1,4 +1,6 @@
-"""kvref.allocation: backings and per-layer views of hand-built configs (SPEC 1.9, 1.10, 4.5).
+"""kvref.allocation: backings and per-layer views of hand-built configs.
+
+See contract.md#views-and-strides and contract.md#host-residency and contract.md#default-placement.
 
 Device-dependent tests run on ``KVREF_TEST_DEVICE`` (default cpu) and, where
 only shapes matter, on meta.
@@ -79,7 +81,7 @@ class TestResolveLayout:
 
 class TestPlannedBytes:
     def test_device_bytes_of_worked_example(self) -> None:
-        """SPEC 4.5's backing is 256 bytes."""
+        """contract.md#default-placement's backing is 256 bytes."""
         assert planned_device_bytes(worked_example(KVCacheLayout.LBNHC)) == 256
 
     def test_host_bytes_excluded_from_device_bytes(self) -> None:
@@ -97,7 +99,10 @@ class TestPlannedBytes:
 
 class TestTensorGeometry:
     def test_worked_example_lbnhc(self) -> None:
-        """LBNHC strides of SPEC 4.5 are (128, 32, 16, 16, 1) with shape (2, 4, 1, 2, 16)."""
+        """LBNHC strides of the contract are (128, 32, 16, 16, 1) with shape (2, 4, 1, 2, 16).
+
+        See contract.md#default-placement.
+        """
         geometry = tensor_geometries(worked_example(KVCacheLayout.LBNHC))[0]
         assert geometry.shape == (2, 4, 1, 2, 16)
         assert geometry.strides == (128, 32, 16, 16, 1)
@@ -112,7 +117,7 @@ class TestTensorGeometry:
         assert host.shape[1] == 5
 
     def test_valid_views_have_no_problems(self) -> None:
-        """Every tensor of SPEC 4.5 fits its backing and its dtype."""
+        """Every tensor of contract.md#default-placement fits its backing and its dtype."""
         for geometry in tensor_geometries(worked_example(KVCacheLayout.BLHNC)):
             assert view_problems(geometry, geometry.tensor.size) == []
 
@@ -128,7 +133,10 @@ class TestTensorGeometry:
 @pytest.mark.parametrize("device", SHAPE_DEVICES)
 class TestAllocateKVCache:
     def test_worked_example_lbnhc(self, device: str) -> None:
-        """SPEC 4.5 LBNHC: block 2 of L3 is bytes 192..224 and aliases block 2 of L4."""
+        """Placement example in LBNHC: block 2 of L3 is bytes 192..224, aliasing L4's block 2.
+
+        See contract.md#default-placement.
+        """
         with allocate_kv_cache(worked_example(KVCacheLayout.LBNHC), device) as allocation:
             assert allocation.device_buffer is not None
             assert allocation.device_buffer.numel() == 256
@@ -142,7 +150,10 @@ class TestAllocateKVCache:
             assert allocation.layout is KVCacheLayout.LBNHC
 
     def test_worked_example_blhnc(self, device: str) -> None:
-        """SPEC 4.5 BLHNC: block 2 of L3 starts at byte 160 and blocks are 64 bytes apart."""
+        """Placement example in BLHNC: block 2 of L3 starts at byte 160, blocks 64 bytes apart.
+
+        See contract.md#default-placement.
+        """
         with allocate_kv_cache(worked_example(KVCacheLayout.BLHNC), device) as allocation:
             l3 = allocation.views["L3"]
             assert byte_address(l3, 2) == 160
@@ -157,14 +168,20 @@ class TestAllocateKVCache:
             assert view.stride() == (44, 44, 44, 1)
 
     def test_lhbnc_pages_split_per_head(self, device: str) -> None:
-        """LHBNC keeps SPEC 1.8's strides (B 32, H 96, S 16) and layer b starts at 192."""
+        """LHBNC keeps the contract's strides (B 32, H 96, S 16) and layer b starts at 192.
+
+        See contract.md#layouts.
+        """
         with allocate_kv_cache(interleaved(KVCacheLayout.LHBNC), device) as allocation:
             a, b = allocation.views["a"], allocation.views["b"]
             assert byte_strides(a) == (32, 96, 16, 2)
             assert byte_address(b, 0) == 192
 
     def test_bhlnc_interleaves_layers(self, device: str) -> None:
-        """BHLNC keeps SPEC 1.8's strides (B 128, H 64, S 16) and layer b starts at 32."""
+        """BHLNC keeps the contract's strides (B 128, H 64, S 16) and layer b starts at 32.
+
+        See contract.md#layouts.
+        """
         with allocate_kv_cache(interleaved(KVCacheLayout.BHLNC), device) as allocation:
             a, b = allocation.views["a"], allocation.views["b"]
             assert byte_strides(a) == (128, 64, 16, 2)
@@ -215,7 +232,10 @@ class TestAllocationData:
             assert int(allocation.device_buffer.count_nonzero()) == 0
 
     def test_views_alias_the_backing(self) -> None:
-        """Writing through L3's view lands at SPEC 4.5's bytes 192..224 of the backing."""
+        """Writing through L3's view lands at the contract's bytes 192..224 of the backing.
+
+        See contract.md#default-placement.
+        """
         with allocate_kv_cache(worked_example(KVCacheLayout.LBNHC), TEST_DEVICE) as allocation:
             allocation.views["L3"][2].fill_(1.0)
             assert allocation.device_buffer is not None
@@ -224,7 +244,10 @@ class TestAllocationData:
             assert int(touched.max()) < 224
 
     def test_views_cover_each_page_once(self) -> None:
-        """SPEC 4.5 BLHNC: G0's layers, all blocks, cover 4 x 2 x 32 distinct bytes."""
+        """Placement example in BLHNC: G0's layers, all blocks, cover 4 x 2 x 32 distinct bytes.
+
+        See contract.md#default-placement.
+        """
         with allocate_kv_cache(worked_example(KVCacheLayout.BLHNC), TEST_DEVICE) as allocation:
             for name in ("L0", "L3"):
                 allocation.views[name].view(torch.uint8).add_(1)

@@ -78,7 +78,7 @@ def _failed(obs: Any) -> set[str]:
 
 
 class TestHonestCore:
-    """kvref's Core keeps every Core invariant on the SPEC 5.4 example."""
+    """kvref's Core keeps every Core invariant on the contract.md#core-flow example."""
 
     def test_reference_core_clean(self) -> None:
         """No Core invariant fails on the PP=2 worked example."""

@@ -296,7 +296,10 @@ class TestDevTags:
         assert result.measured
 
     def test_cross_group_overlap(self) -> None:
-        """SPEC 6's misaligned strides: L1 block 2 overwrites L0 block 3, and the report says so."""
+        """Misaligned strides: L1 block 2 overwrites L0 block 3, and the report says so.
+
+        See contract.md#memory-safety.
+        """
         result = check_device_tags(misaligned_strides(), TEST_DEVICE)
         (violation,) = result.violations
         assert violation.invariant == KV_DEV_TAGS

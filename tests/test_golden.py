@@ -4,8 +4,8 @@ Every problem of every golden file is planned by kvref and compared, field by
 field, with what vLLM's own planning code returned: the builder's groups and
 bytes per block, Core's global groups, per-worker figures and final configs,
 the errors vLLM raised, and the ``from_groups`` placement probes.  No vLLM is
-needed.  Where DESIGN.md deliberately differs from vLLM the test asserts the
-difference itself, so that neither side can drift silently.
+needed.  Where the reference deliberately differs (contract.md#deliberate-differences) from vLLM the
+test asserts the difference itself, so that neither side can drift silently.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ VLLM_CLASS_NAMES: Mapping[str, str] = {}
 KNOWN_DEFAULT_DIFFERENCES: Mapping[tuple[str, str], tuple[Any, Any]] = {}
 
 _DESIGN_OVERRIDE = (
-    "DESIGN.md, deliberate differences: placement always returns exactly the "
+    "contract.md#deliberate-differences: placement always returns exactly the "
     "requested num_blocks (vLLM's default returns num_gpu_blocks_override)"
 )
 
@@ -787,7 +787,8 @@ class TestFromGroups:
             problem.config, groups, n
         )
         golden = probe["config"]
-        # vLLM's side of the deliberate difference (DESIGN.md): it returns the override.
+        # vLLM's side of the deliberate difference (contract.md#deliberate-differences): it returns
+        # the override.
         assert golden["num_blocks"] == override, _DESIGN_OVERRIDE
         assert config.num_blocks == n, _DESIGN_OVERRIDE
         assert {t.size for t in config.kv_cache_tensors} == {n * bpb}
@@ -796,7 +797,7 @@ class TestFromGroups:
             return
         assert config.num_blocks != golden["num_blocks"], _DESIGN_OVERRIDE
         # Everything but the block-count-dependent figures is vLLM's; layer-outer
-        # layer strides scale linearly with the block count (SPEC 2, invariant 4).
+        # layer strides scale linearly with the block count (contract.md#placement-backing).
         scale = Fraction(n, override)
         expected = golden_config_view(golden)
         for tensor in expected["kv_cache_tensors"]:

@@ -1,4 +1,4 @@
-"""Default grouping against SPEC 3 and its worked examples (3.2, 3.4, 3.5, 3.7, 3.8)."""
+"""Default grouping against contract.md#default-grouping and its worked examples."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def pattern_fss(n: int, f: KVCacheSpec, s: KVCacheSpec) -> dict[str, KVCacheSpec
 
 class TestDecisionOrder:
     def test_attention_free(self) -> None:
-        """No layers give no groups (SPEC 3.1 step 2)."""
+        """No layers give no groups (contract.md#default-grouping)."""
         assert get_kv_cache_groups(LAYER_OUTER, {}) == []
 
     def test_uniform(self) -> None:
@@ -123,7 +123,7 @@ class TestDecisionOrder:
         assert isinstance(groups[0].kv_cache_spec, UniformTypeKVCacheSpecs)
 
     def test_mla_3_8e_uniform(self) -> None:
-        """4 identical MLA layers form one group (SPEC 3.8(e))."""
+        """4 identical MLA layers form one group (contract.md#grouping-examples, model (e))."""
         groups = get_kv_cache_groups(LAYER_OUTER, {f"m{i}": mla() for i in range(4)})
         assert len(groups) == 1
         assert isinstance(groups[0].kv_cache_spec, MLAAttentionSpec)
@@ -155,7 +155,10 @@ class TestValidation:
 
 class TestUniformPageGrouping:
     def test_3_8a(self) -> None:
-        """10 full + 20 SW as (F,S,S)x10 give F, S[0::2], S[1::2] (SPEC 3.8(a))."""
+        """10 full + 20 SW as (F,S,S)x10 give F, S[0::2], S[1::2].
+
+        See contract.md#grouping-examples, model (a).
+        """
         groups = get_kv_cache_groups(LAYER_OUTER, pattern_fss(10, full(), sw()))
         assert names(groups) == [
             [f"l{i}" for i in range(0, 30, 3)],
@@ -165,7 +168,10 @@ class TestUniformPageGrouping:
         assert max(sum(layer_pages(g)) for g in groups) == 655_360
 
     def test_3_8b_gpt_oss_with_draft(self) -> None:
-        """12 SW + 13 F: M=13 < 18 so group size 13, [S x 12] and [F x 13] (SPEC 3.8(b))."""
+        """12 SW + 13 F: M=13 < 18 so group size 13, [S x 12] and [F x 13].
+
+        See contract.md#grouping-examples, model (b).
+        """
         f, s = full(head_size=64), sw(window=128, head_size=64)
         specs: dict[str, KVCacheSpec] = {f"l{i}": (s if i % 2 == 0 else f) for i in range(24)}
         specs["d0"] = full(head_size=64, is_draft=True)
@@ -252,7 +258,10 @@ class TestUniformPageGrouping:
 
 class TestMixedPages:
     def test_3_8c_layer_outer_scaling(self) -> None:
-        """S with 4 heads doubles its block size to reach the 65,536 page (SPEC 3.8(c))."""
+        """S with 4 heads doubles its block size to reach the 65,536 page.
+
+        See contract.md#grouping-examples, model (c).
+        """
         specs: dict[str, KVCacheSpec] = {}
         for i in range(4):
             specs.update({f"f{i}": full(), f"s{i}a": sw(heads=4), f"s{i}b": sw(heads=4)})
@@ -266,7 +275,10 @@ class TestMixedPages:
         assert max(sum(layer_pages(g)) for g in groups) == 262_144
 
     def test_3_8c_blhnc_packed(self) -> None:
-        """Under BLHNC the same model packs [f0..f3] and all 8 S layers (SPEC 3.8(c))."""
+        """Under BLHNC the same model packs [f0..f3] and all 8 S layers.
+
+        See contract.md#grouping-examples, model (c).
+        """
         specs: dict[str, KVCacheSpec] = {}
         for i in range(4):
             specs.update({f"f{i}": full(), f"s{i}a": sw(heads=4), f"s{i}b": sw(heads=4)})
@@ -276,7 +288,10 @@ class TestMixedPages:
         assert all(isinstance(g.kv_cache_spec, UniformTypeKVCacheSpecs) for g in groups)
 
     def test_3_8c_layer_outer_padding(self) -> None:
-        """S with 6 heads (49,152) is padded to 65,536 and keeps block 16 (SPEC 3.8(c))."""
+        """S with 6 heads (49,152) is padded to 65,536 and keeps block 16.
+
+        See contract.md#grouping-examples, model (c).
+        """
         specs: dict[str, KVCacheSpec] = {}
         for i in range(4):
             specs.update({f"f{i}": full(), f"s{i}a": sw(heads=6), f"s{i}b": sw(heads=6)})
@@ -303,7 +318,10 @@ class TestMixedPages:
         assert [sum(layer_pages(g)) for g in groups] == [262_144, 196_608, 196_608]
 
     def test_3_8d_mamba_hybrid(self) -> None:
-        """36 padded Mamba + 12 attention: 3 Mamba groups and 1 attention group (SPEC 3.8(d))."""
+        """36 padded Mamba + 12 attention: 3 Mamba groups and 1 attention group.
+
+        See contract.md#grouping-examples, model (d).
+        """
         attention = full(heads=2, head_size=256, block_size=80)
         state = mamba(page_size_padded=163_840)
         assert attention.page_size_bytes == 163_840
@@ -323,7 +341,10 @@ class TestMixedPages:
         assert blocks == 413
 
     def test_3_8d_unpadded_mamba_blhnc(self) -> None:
-        """Unpadded Mamba under BLHNC packs 14 states per block: 3 groups of 12 (SPEC 3.8(d))."""
+        """Unpadded Mamba under BLHNC packs 14 states per block: 3 groups of 12.
+
+        See contract.md#grouping-examples, model (d).
+        """
         attention = full(heads=2, head_size=256, block_size=80)
         specs: dict[str, KVCacheSpec] = {
             f"l{i}": (attention if i % 4 == 3 else mamba()) for i in range(48)
@@ -556,7 +577,10 @@ class TestPacked:
         return specs
 
     def test_approximate_gcd_3_7(self) -> None:
-        """R = approximate_gcd([6, 20, 2], 6) = 7: padding 8 at d=6, 7 at d=7 (SPEC 3.7)."""
+        """R = approximate_gcd([6, 20, 2], 6) = 7: padding 8 at d=6, 7 at d=7.
+
+        See contract.md#packed-grouping.
+        """
         assert approximate_gcd([6, 20, 2], lower_bound=6) == 7
 
     def test_approximate_gcd_edges(self) -> None:
@@ -572,7 +596,7 @@ class TestPacked:
             approximate_gcd(values)
 
     def test_3_7_example(self) -> None:
-        """MLA+indexer 12 / SW 7,7,6 / Mamba 1 (SPEC 3.7)."""
+        """MLA+indexer 12 / SW 7,7,6 / Mamba 1 (contract.md#packed-grouping)."""
         groups = get_kv_cache_groups(BLHNC, self.model_3_7())
         assert [len(n) for n in names(groups)] == [12, 7, 7, 6, 2]
         assert names(groups)[0] == [n for i in range(6) for n in (f"m{i}", f"i{i}")]

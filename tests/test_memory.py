@@ -1,4 +1,4 @@
-"""Tests of conformance.check.memory: footprint checks P2, P3 and P4 (SPEC 6)."""
+"""Tests of conformance.check.memory: footprint checks P2, P3 and P4 (contract.md#memory-safety)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def tensor(
 
 
 def spec_45_config(layout: str) -> KVCacheConfig:
-    """SPEC 4.5: L0 F, L1 S, ... in three groups, page 32, N = 4, size 256."""
+    """contract.md#default-placement: L0 F, L1 S, ... in three groups, page 32, N = 4, size 256."""
     groups = [
         group(["L0", "L3"], full()),
         group(["L1", "L4"], sliding()),
@@ -89,7 +89,10 @@ def spec_45_config(layout: str) -> KVCacheConfig:
 
 
 def spec_6_config() -> KVCacheConfig:
-    """SPEC 6's real P3 example: LBNHC, N = 2, pages 96 B, alignments 24 and 64."""
+    """The contract's real P3 example: LBNHC, N = 2, pages 96 B, alignments 24 and 64.
+
+    See contract.md#memory-safety.
+    """
     f = full(content=96, block=1, block_stride_alignment=24)
     s = sliding(content=96, block=1, block_stride_alignment=64)
     groups = [group(["L0", "L3"], f), group(["L1", "L2"], s)]
@@ -98,7 +101,7 @@ def spec_6_config() -> KVCacheConfig:
 
 
 def interleaved_config(layout: str, n: int = 3) -> KVCacheConfig:
-    """SPEC 1.8's 2-head page (H=2, S=2, C=16) over two layers, in LHBNC or BHLNC."""
+    """contract.md#layouts's 2-head page (H=2, S=2, C=16) over two layers, in LHBNC or BHLNC."""
     spec = full(heads=2, content=16, block=2)
     # LHBNC: block stride S*C, head stride S*C*N, layer stride H*S*C*N.
     # BHLNC: layer stride S*C, head stride S*C*layers, block stride = bpb.
@@ -134,20 +137,23 @@ class TestPageRuns:
 
 
 class TestWorkedExamples:
-    """SPEC's worked placements have no violation."""
+    """The contract's worked placements have no violation."""
 
     def test_spec_45_lbnhc(self) -> None:
-        """SPEC 4.5 in LBNHC is clean although groups alias the same bytes."""
+        """contract.md#default-placement in LBNHC is clean although groups alias the same bytes."""
         report = check_memory(spec_45_config("LBNHC"), "LBNHC")
         assert report.ok and report.exhaustive and report.runs == 24
 
     def test_spec_45_blhnc(self) -> None:
-        """SPEC 4.5 in BLHNC is clean."""
+        """contract.md#default-placement in BLHNC is clean."""
         report = check_memory(spec_45_config("BLHNC"), "BLHNC")
         assert report.ok and report.exhaustive
 
     def test_spec_45_large_path(self) -> None:
-        """The closed-form large-config path also finds SPEC 4.5 clean, exhaustively."""
+        """The closed-form large-config path also finds the contract clean, exhaustively.
+
+        See contract.md#default-placement.
+        """
         for layout in ("LBNHC", "BLHNC"):
             report = check_memory(spec_45_config(layout), layout, budget=20)
             assert report.ok and report.exhaustive

@@ -1,4 +1,7 @@
-"""Placement (SPEC 4): bytes per block, layout validation, tensors, host backing."""
+"""Placement: bytes per block, layout validation, tensors, host backing.
+
+See contract.md#default-placement.
+"""
 
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ def _rows(layout: str, groups: list[KVCacheGroupSpec], n: int) -> list[tuple[obj
 
 
 class TestWorkedExample:
-    """SPEC 4.5, every tensor listed."""
+    """contract.md#default-placement, every tensor listed."""
 
     def test_lbnhc(self) -> None:
         """LBNHC: three tensors of 256 bytes, layer stride 128, block stride 32, offset 0."""
@@ -102,7 +105,7 @@ class TestExactBlocks:
 
 
 class TestLayoutValidation:
-    """SPEC 4.2."""
+    """contract.md#default-placement."""
 
     def test_mixed_pages_need_block_outermost(self) -> None:
         """Mixed pages across groups in LBNHC are a LayoutError that advises BLHNC."""
@@ -125,10 +128,16 @@ class TestLayoutValidation:
 
 
 class TestDeliberateDifferences:
-    """Layer-outer groups with different aligned strides share one stride (DESIGN.md)."""
+    """Layer-outer groups with different aligned strides share one stride.
+
+    See contract.md#deliberate-differences.
+    """
 
     def test_common_stride_prevents_block_aliasing(self) -> None:
-        """SPEC 6's example: vLLM strides G0 by 96 and G1 by 128; kvref strides both by 192."""
+        """The contract's example: vLLM strides G0 by 96 and G1 by 128; kvref strides both by 192.
+
+        See contract.md#memory-safety.
+        """
         from conformance.check.memory import find_block_overlaps
 
         f = FullAttentionSpec(

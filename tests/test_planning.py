@@ -1,4 +1,7 @@
-"""Core's flow (SPEC 5): the PP worked example, override, auto-fit, errors, projection."""
+"""Core's flow: the PP worked example, override, auto-fit, errors, projection.
+
+See contract.md#core-flow.
+"""
 
 from __future__ import annotations
 
@@ -33,10 +36,13 @@ B = ReferenceKVCacheConfigBuilder
 
 
 class TestPipelineExample:
-    """SPEC 5.4: model (a) of 3.8 on two PP workers with 2 and 1.5 GiB."""
+    """Model (a) of the contract on two PP workers with 2 and 1.5 GiB.
+
+    See contract.md#core-flow.
+    """
 
     def test_figures(self) -> None:
-        """Bytes per block, admission figures and block counts match SPEC 5.4."""
+        """Bytes per block, admission figures and block counts match contract.md#core-flow."""
         assert CONFIG.max_in_flight_tokens == 2048
         plan = plan_kv_cache(B, CONFIG, [W0, W1], MEMORY)
         assert [len(g.layer_names) for g in plan.global_groups] == [10, 10, 10]
@@ -83,10 +89,16 @@ class TestPipelineExample:
 
 
 class TestDeliberateDifferences:
-    """Projection of uniform-type groups with no layer on a worker (DESIGN.md)."""
+    """Projection of uniform-type groups with no layer on a worker.
+
+    See contract.md#deliberate-differences.
+    """
 
     def test_empty_uniform_type_group_places_nothing(self) -> None:
-        """SPEC 6's repro: worker 1 gets an empty group and only tensors for its own layers."""
+        """The contract's repro: worker 1 gets an empty group and only tensors for its own layers.
+
+        See contract.md#memory-safety.
+        """
         f = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
         s = SlidingWindowSpec(
             block_size=16, num_kv_heads=6, head_size=128, dtype="bfloat16", sliding_window=1024

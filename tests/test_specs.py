@@ -1,4 +1,4 @@
-"""Spec kinds against the worked numbers of SPEC 1.2-1.6 and 3.8."""
+"""Spec kinds against the worked numbers of contract.md#specs and contract.md#grouping-examples."""
 
 from __future__ import annotations
 
@@ -48,23 +48,32 @@ def mla(block_size: int = 64, head_size: int = 576, **kw: Any) -> MLAAttentionSp
     return MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=head_size, **kw)
 
 
-#: SPEC 3.8(b): L = 8192, I = 2 batches in flight x 1024 tokens = 2048.
+#: contract.md#grouping-examples, model (b): L = 8192, I = 2 batches in flight x 1024 tokens = 2048.
 CFG_B = PlanningConfig(max_model_len=8192, max_num_batched_tokens=1024)
 
 
 class TestPageSize:
     def test_full_attention_page(self) -> None:
-        """8 heads x (128+128) x bf16 x 16 tokens is a 65,536-byte page (SPEC 3.8(a))."""
+        """8 heads x (128+128) x bf16 x 16 tokens is a 65,536-byte page.
+
+        See contract.md#grouping-examples, model (a).
+        """
         assert full().page_size_bytes == 65_536
 
     def test_mla_dense_page(self) -> None:
-        """DeepSeek-V3 MLA, head 576, bf16, block 64 has a 73,728-byte page (SPEC 1.2)."""
+        """DeepSeek-V3 MLA, head 576, bf16, block 64 has a 73,728-byte page.
+
+        See contract.md#page-formula.
+        """
         spec = mla()
         assert spec.head_size_v == 0
         assert spec.page_size_bytes == 73_728
 
     def test_mla_fp8_ds_mla_page(self) -> None:
-        """fp8_ds_mla with C = 656 and uint8 gives 64 * 656 = 41,984 bytes (SPEC 1.2)."""
+        """fp8_ds_mla with C = 656 and uint8 gives 64 * 656 = 41,984 bytes.
+
+        See contract.md#page-formula.
+        """
         spec = mla(dtype="uint8", state_content_bytes=656, cache_dtype_str="fp8_ds_mla")
         assert spec.page_size_bytes == 41_984
 
@@ -90,7 +99,10 @@ class TestPageSize:
         assert full(tokens_per_state="1/4").tokens_per_state == Fraction(1, 4)
 
     def test_mamba_page(self) -> None:
-        """A Mamba page is Σ prod(shape) * sizeof: 4*1024*2 + 8*64*64*4 = 139,264 (SPEC 3.8(d))."""
+        """A Mamba page is Σ prod(shape) * sizeof: 4*1024*2 + 8*64*64*4 = 139,264.
+
+        See contract.md#grouping-examples, model (d).
+        """
         spec = MambaSpec(block_size=80, shapes=[[4, 1024], [8, 64, 64]], dtypes=["bf16", "fp32"])
         assert spec.page_size_bytes == 139_264
         assert spec.num_states == 1
@@ -105,7 +117,10 @@ class TestPageSize:
 
 class TestMLAAlignment:
     def test_deepseek_v4_c4_padding(self) -> None:
-        """DeepSeek-V4 C4: 64 states x 584 B = 37,376, aligned to 576 gives 37,440 (SPEC 1.3)."""
+        """DeepSeek-V4 C4: 64 states x 584 B = 37,376, aligned to 576 gives 37,440.
+
+        See contract.md#spec-kinds.
+        """
         spec = mla(
             block_size=256,
             head_size=512,
@@ -231,13 +246,19 @@ class TestBlockStrideAlignment:
 
 class TestMaxMemoryUsage:
     def test_sliding_window_3_8b(self) -> None:
-        """SW window 128: cdiv(min(127 + 2048, 8192), 16) + 1 = 137 blocks (SPEC 3.8(b))."""
+        """SW window 128: cdiv(min(127 + 2048, 8192), 16) + 1 = 137 blocks.
+
+        See contract.md#grouping-examples, model (b).
+        """
         spec = sw(dcp_sharded=False)
         assert spec.page_size_bytes == 32_768
         assert spec.max_memory_usage_bytes(CFG_B) == 137 * 32_768
 
     def test_full_3_8b(self) -> None:
-        """Full attention at L = 8192, block 16: 512 blocks (SPEC 3.8(b))."""
+        """Full attention at L = 8192, block 16: 512 blocks.
+
+        See contract.md#grouping-examples, model (b).
+        """
         spec = full(head_size=64)
         assert spec.max_memory_usage_bytes(CFG_B) == 512 * 32_768
 
@@ -330,7 +351,7 @@ class TestMaxMemoryUsage:
 
 class TestMerge:
     def test_window_none_merges_with_window(self) -> None:
-        """None + 1024 merges to sliding_window 1024 (SPEC 1.5)."""
+        """None + 1024 merges to sliding_window 1024 (contract.md#merge-rules)."""
         merged = FullAttentionSpec.merge([full(), full(sliding_window=1024)])
         assert isinstance(merged, FullAttentionSpec)
         assert merged.sliding_window == 1024
@@ -399,7 +420,10 @@ class TestUniformType:
         assert UniformTypeKVCacheSpecs.is_uniform_type([full(block_size=64), mla()])
 
     def test_asymmetric_sw_and_sw_mla(self) -> None:
-        """[SW, SW-MLA] with one window passes while the reverse order fails (SPEC 1.6)."""
+        """[SW, SW-MLA] with one window passes while the reverse order fails.
+
+        See contract.md#uniform-type-groups.
+        """
         swm = SlidingWindowMLASpec(
             block_size=16, num_kv_heads=1, head_size=576, dtype="bf16", sliding_window=128
         )
@@ -454,7 +478,7 @@ class TestUniformType:
 
 
 class TestFullAttentionVariants:
-    """Sink and RSWA specs plan as full attention (SPEC 1.3)."""
+    """Sink and RSWA specs plan as full attention (contract.md#spec-kinds)."""
 
     def test_sink_merges_with_full(self) -> None:
         """A sink layer and a plain full layer of one geometry form one uniform group."""

@@ -223,7 +223,10 @@ class TestModels:
         assert list(model.specs)[len(model.specs) - len(drafts) :] == drafts
 
     def test_twelve_versus_thirteen(self) -> None:
-        """The gpt-oss + EAGLE preset is SPEC 3.8(b)'s 12 sliding vs 13 full layers."""
+        """The gpt-oss + EAGLE preset is the contract's 12 sliding vs 13 full layers.
+
+        See contract.md#grouping-examples, model (b).
+        """
         model = find(cs.realistic_models(), lambda m: "gpt-oss" in m.description, settings=OCCURS)
         local = sum(1 for s in model.specs.values() if isinstance(s, SlidingWindowSpec))
         assert (local, len(model.specs) - local) == (12, 13)
@@ -297,7 +300,10 @@ class TestAllowedLayouts:
         ]
 
     def test_mixed_pages_allow_layer_outer(self) -> None:
-        """SPEC 3.8(c)'s mixed-page model may use LB* (unification) and BL* (packing)."""
+        """The contract's mixed-page model may use LB* (unification) and BL* (packing).
+
+        See contract.md#grouping-examples, model (c).
+        """
         kw: dict[str, Any] = {"block_size": 16, "head_size": 128, "dtype": "bfloat16"}
         model = {
             "l0": FullAttentionSpec(num_kv_heads=8, **kw),

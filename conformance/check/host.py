@@ -140,7 +140,7 @@ def _host_sized(obs: HostObservation) -> list[Violation] | None:
 
 
 def memory_host_layout() -> Any:
-    """The host pool's layout (always LBNHC, SPEC 1.10)."""
+    """The host pool's layout (always LBNHC, contract.md#host-residency)."""
     from kvref.placement import HOST_LAYOUT
 
     return HOST_LAYOUT

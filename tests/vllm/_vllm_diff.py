@@ -110,7 +110,9 @@ def assert_same_plan(ref: KVCachePlan, vl: KVCachePlan) -> None:
 
 
 def assert_agree(config: PlanningConfig, workers: Workers, memory: Sequence[int]) -> str:
-    """Run both flows and assert they agree, except where DESIGN.md differs on purpose.
+    """Run both flows and assert they agree, except where the reference differs on purpose.
+
+    See contract.md#deliberate-differences.
 
     Returns the outcome kind (``ok``, ``insufficient``, ``refused``), or
     ``pp-projection`` when the problem hits vLLM's PP projection defect; the
@@ -133,7 +135,9 @@ def assert_agree(config: PlanningConfig, workers: Workers, memory: Sequence[int]
 
 
 def mixed_layer_outer_strides(config: PlanningConfig, workers: Workers) -> bool:
-    """Whether the reference's global groups need its common layer-outer stride (DESIGN.md).
+    """Whether the reference's global groups need its common layer-outer stride.
+
+    See contract.md#deliberate-differences.
 
     That is: a layer-outer layout, more than one group, and layers whose
     ``round_up(page, alignment)`` differ.

@@ -1,4 +1,6 @@
-"""Where kvref differs from vLLM 0.33.0 on purpose (DESIGN.md), each difference pinned down.
+"""Where kvref differs from vLLM 0.33.0 on purpose, each difference pinned down.
+
+See contract.md#deliberate-differences.
 
 (a) placement returns the requested ``num_blocks``; vLLM's default returns
     ``num_gpu_blocks_override``;
@@ -58,7 +60,10 @@ class TestOverride:
 
 
 class TestPPProjection:
-    """(b) SPEC 6's repro: w0 = {f0..f3 (8 heads), s0a..s3a (6 heads)}, w1 = {s0b..s3b}, BLHNC."""
+    """(b) Repro: w0 = {f0..f3 (8 heads), s0a..s3a (6 heads)}, w1 = {s0b..s3b}, BLHNC.
+
+    See contract.md#deliberate-differences.
+    """
 
     def _problem(self) -> tuple[PlanningConfig, list[dict[str, object]]]:
         kw = {"head_size": 128, "dtype": "bfloat16", "block_size": 16}
@@ -111,7 +116,10 @@ class TestPPProjection:
 
 
 class TestLayerOuterAlias:
-    """(c) SPEC 6 example: LBNHC, N=2, pages of 96 B, alignments 24 (F) vs 64 (S)."""
+    """(c) the contract example: LBNHC, N=2, pages of 96 B, alignments 24 (F) vs 64 (S).
+
+    See contract.md#memory-safety.
+    """
 
     def _groups_and_config(self) -> tuple[list[object], PlanningConfig]:
         kw = {"num_kv_heads": 1, "head_size": 24, "dtype": "float16", "block_size": 1}

@@ -3,7 +3,7 @@
 Both sides get the same problem; they must agree on the global groups, the
 block count, the (auto-fitted) length, every tensor's size, strides and
 offset, Core's per-worker figures, and the kind of error when both refuse.
-The deliberate differences of DESIGN.md are asserted on their own in
+The deliberate differences (contract.md#deliberate-differences) are asserted on their own in
 ``test_deliberate.py``; here a problem that hits vLLM's PP projection defect
 is recognised and checked for that defect instead of equality.
 
@@ -75,7 +75,8 @@ def _split(model: dict[str, KVCacheSpec], workers: int | list[int]) -> list[dict
 
 
 def _mamba_hybrid() -> dict[str, KVCacheSpec]:
-    # SPEC 3.8(d): attention every 4th layer, block 80 (page 163,840); the
+    # contract.md#grouping-examples, model (d): attention every 4th layer, block 80 (page 163,840);
+    # the
     # Mamba state (139,264 B) pre-padded by the platform to the same page.
     attention = FullAttentionSpec(num_kv_heads=2, head_size=256, dtype="bfloat16", block_size=80)
     mamba = MambaSpec(
@@ -92,7 +93,8 @@ def _mla(draft: bool) -> dict[str, KVCacheSpec]:
     mla = MLAAttentionSpec(num_kv_heads=1, head_size=576, dtype="bfloat16", block_size=64)
     model: dict[str, KVCacheSpec] = {f"model.layers.{i}.attn": mla for i in range(4)}
     if draft:
-        # SPEC 3.8(e): an SWA draft whose page does not divide the MLA page.
+        # contract.md#grouping-examples, model (e): an SWA draft whose page does not divide the MLA
+        # page.
         model["drafter.attn"] = SlidingWindowSpec(
             num_kv_heads=8,
             head_size=128,
@@ -105,7 +107,8 @@ def _mla(draft: bool) -> dict[str, KVCacheSpec]:
 
 
 def _eagle() -> dict[str, KVCacheSpec]:
-    # SPEC 3.8(b): gpt-oss-like 12 S + 12 F alternating, plus a full-attention draft.
+    # contract.md#grouping-examples, model (b): gpt-oss-like 12 S + 12 F alternating, plus a
+    # full-attention draft.
     spec = {"S": _swa(128, heads=8, head_size=64), "F": _full(8, head_size=64)}
     model = _layers("SF", spec, 12)
     model["drafter.attn"] = attrs.evolve(spec["F"], is_draft=True)
@@ -123,14 +126,15 @@ def _cross() -> dict[str, KVCacheSpec]:
 
 
 def _mixed(heads: int) -> dict[str, KVCacheSpec]:
-    # SPEC 3.8(c): (F 8 heads, S, S) x 4 with S of 4 heads (divides) or 6 (pads / packs).
+    # contract.md#grouping-examples, model (c): (F 8 heads, S, S) x 4 with S of 4 heads (divides) or
+    # 6 (pads / packs).
     return _layers("FSS", {"F": _full(8), "S": _swa(1024, heads=heads)}, 4)
 
 
 #: name -> (model, workers, config changes, memory per worker)
 Case = tuple[dict[str, KVCacheSpec], int | list[int], dict[str, object], list[int] | int]
 
-#: SPEC 5.4: 30 layers (F,S,S), stages of 16 and 14 layers, 2 GiB / 1.5 GiB,
+#: contract.md#core-flow: 30 layers (F,S,S), stages of 16 and 14 layers, 2 GiB / 1.5 GiB,
 #: max_model_len 32,768 and I = 2,048 (two batches of 1,024 tokens in flight).
 SPEC_54 = {"max_model_len": 32768, "async_scheduling": False, "max_num_batched_tokens": 1024}
 
@@ -171,7 +175,7 @@ CATALOG: dict[str, Callable[[], Case]] = {
     "mixed-pages-4h": lambda: (_mixed(4), 1, {}, 4 * GIB),
     "mixed-pages-6h": lambda: (_mixed(6), 1, {}, 4 * GIB),
     "pp2-unequal": lambda: (
-        # SPEC 5.4: 30 layers (F,S,S), 2 GiB / 1.5 GiB, max_model_len 32,768.
+        # contract.md#core-flow: 30 layers (F,S,S), 2 GiB / 1.5 GiB, max_model_len 32,768.
         _layers("FSS", {"S": _swa(), "F": _full()}, 10),
         [16, 14],
         SPEC_54,
@@ -299,7 +303,7 @@ class TestCatalog:
 
 
 class TestWorkedNumbers:
-    """SPEC 5.4's worked numbers come out of both flows."""
+    """contract.md#core-flow's worked numbers come out of both flows."""
 
     def test_pp2_blocks(self) -> None:
         """PP=2, 2 GiB / 1.5 GiB: 4,915 blocks, w0 re-planned to 1,932,656,640 bytes."""

@@ -1,4 +1,6 @@
-"""The kit, pointed at vLLM 0.33.0's default builder, sees vLLM's two SPEC 6 defects.
+"""The kit, pointed at vLLM 0.33.0's default builder, sees vLLM's two the contract defects.
+
+See contract.md#memory-safety.
 
 Full runs (``kvref-conformance vllm.v1.core.kv_cache_planning:DefaultKVCacheConfigBuilder``)
 take minutes; these tests feed the invariants the inputs that show each defect.
@@ -53,10 +55,13 @@ class TestAdapter:
 
 
 class TestDefects:
-    """Each SPEC 6 defect trips the invariant meant to catch it."""
+    """Each contract.md#memory-safety defect trips the invariant meant to catch it."""
 
     def test_pp_projection_trips_worker_layers(self) -> None:
-        """SPEC 6 repro under vLLM's Core: KV-CORE-WORKER-LAYERS reports foreign layers."""
+        """The contract repro under vLLM's Core: KV-CORE-WORKER-LAYERS reports foreign layers.
+
+        See contract.md#memory-safety.
+        """
         kw = {"head_size": 128, "dtype": "bfloat16", "block_size": 16}
         full = FullAttentionSpec(num_kv_heads=8, **kw)  # type: ignore[arg-type]
         swa = SlidingWindowSpec(num_kv_heads=6, sliding_window=1024, **kw)  # type: ignore[arg-type]
@@ -81,7 +86,10 @@ class TestDefects:
     )
     @given(problem=kst.vllm_p3_alias_problems())
     def test_layer_outer_alias_trips_block_alias(self, problem: kst.PlanningProblem) -> None:
-        """The kit's demo strategy for SPEC 6's alias: KV-PLACE-NO-BLOCK-ALIAS fires on vLLM."""
+        """The kit's demo strategy for the contract's alias: KV-PLACE-NO-BLOCK-ALIAS fires on vLLM.
+
+        See contract.md#memory-safety.
+        """
         guard = Guard(60.0)
         ctx = Context(factory=make_factory(VLLMDefault, guard), guard=guard)
         obs = observe_placement(ctx, problem.config, problem.specs, num_blocks=4)
