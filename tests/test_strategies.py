@@ -1,4 +1,4 @@
-"""Tests of the kit's Hypothesis strategies (conformance.generate.strategies)."""
+"""Tests of the kit's Hypothesis strategies (conformance.generate, through its strategies facade)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 from conformance.generate import strategies as cs
+from conformance.generate.estimate import promotion_succeeds
+from conformance.generate.families import SPECIALISED
+from conformance.generate.families.presets import PRESETS
 from conformance.generate.strategies import Model, PlanningProblem
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
@@ -64,6 +67,9 @@ FAMILIES = [
     "circular_buffer",
     "realistic",
 ]
+
+
+GENERIC = [f for f in cs.DEFAULT_FAMILIES if f not in SPECIALISED]
 
 
 def _shape(spec: KVCacheSpec) -> tuple[int, int, int]:
@@ -248,7 +254,7 @@ class TestModels:
     def test_nemotron_preset_matches_golden(self) -> None:
         """The Nemotron-H preset has the golden problem's layer names and pages."""
         golden = json.loads((GOLDEN / "nemotron_h_8b_like_hybrid.json").read_text())
-        model = next(m for m in (p() for p in cs._PRESETS) if "Nemotron" in m.description)
+        model = next(m for m in (p() for p in PRESETS) if "Nemotron" in m.description)
         assert list(model.specs) == list(golden["workers"][0])
         assert {s.page_size_bytes for s in model.specs.values()} == {2162688}
 
@@ -277,6 +283,8 @@ class TestAllowedLayouts:
             assert not allowed & NOT_BLOCK_COMPACT
         if any(isinstance(s, CircularBufferSpec) for s in specs):
             assert allowed == {KVCacheLayout.BLHNC}
+        elif any(isinstance(s, MLAAttentionSpec) and s.tokens_per_state_value > 1 for s in specs):
+            assert allowed == {KVCacheLayout.BLNHC, KVCacheLayout.BLHNC}
         else:
             assert KVCacheLayout.LBNHC in allowed
 
@@ -289,7 +297,7 @@ class TestAllowedLayouts:
 
     def test_single_shape_model_allows_all_in_vllm_order(self) -> None:
         """A Llama-like model may use every layout, in vLLM's preference order."""
-        model = next(m for m in (p() for p in cs._PRESETS) if "Llama" in m.description)
+        model = next(m for m in (p() for p in PRESETS) if "Llama" in m.description)
         assert [x.name for x in cs.allowed_layouts(model)] == [
             "LBNHC",
             "LBHNC",
@@ -354,7 +362,7 @@ class TestPlanningConfigs:
         modes = {s.mamba_cache_mode for s in specs.values() if isinstance(s, MambaSpec)}
         assert config.mamba_cache_mode == (modes.pop() if modes else "none")
         if config.disable_hybrid_kv_cache_manager:
-            assert cs._promotion_succeeds(list(specs.values()))
+            assert promotion_succeeds(list(specs.values()))
         if config.host_resident_layers:
             assert config.host_resident_layers < set(specs)
             assert len({specs[n] for n in config.host_resident_layers}) == 1
@@ -378,9 +386,9 @@ class TestPlanningConfigs:
         sw = SlidingWindowSpec(sliding_window=1024, **kw)
         sw2 = SlidingWindowSpec(sliding_window=512, **kw)
         mamba = MambaSpec(block_size=16, shapes=((3, 64),), dtypes=("bfloat16",))
-        assert cs._promotion_succeeds([full, sw, sw])
-        assert not cs._promotion_succeeds([full, sw, sw2])
-        assert not cs._promotion_succeeds([full, mamba])
+        assert promotion_succeeds([full, sw, sw])
+        assert not promotion_succeeds([full, sw, sw2])
+        assert not promotion_succeeds([full, mamba])
 
 
 class TestPPSplits:
@@ -480,7 +488,7 @@ class TestPlanningProblems:
 
     def test_repr_is_compact(self) -> None:
         """A 62-layer Gemma-3 problem prints in a few short lines, with runs folded."""
-        model = next(m for m in (p() for p in cs._PRESETS) if "Gemma" in m.description)
+        model = next(m for m in (p() for p in PRESETS) if "Gemma" in m.description)
         problem = PlanningProblem(PlanningConfig(), [model.specs], [2**30], model.description)
         text = repr(problem)
         assert "(A*5 B)*10 A*2" in text
@@ -496,13 +504,16 @@ class TestPlanningProblems:
             settings=settings(MINIMAL, max_examples=2000, derandomize=True),
         )
         assert "[0..2] (A+B)*3" in repr(model)
-        nemotron = next(m for m in (p() for p in cs._PRESETS) if "Nemotron" in m.description)
+        nemotron = next(m for m in (p() for p in PRESETS) if "Nemotron" in m.description)
         assert "[0..50] ((A -)*3 A B - A -)*4 (A -)*3 A" in repr(nemotron)
 
     @FEW
-    @given(cs.planning_problems())
+    @given(cs.planning_problems(models_strategy=cs.models(families=GENERIC)))
     def test_repr_shows_only_non_defaults(self, problem: PlanningProblem) -> None:
-        """Spec and config reprs leave out fields at their default values."""
+        """Spec and config reprs leave out fields at their default values (generic families).
+
+        The specialised families set head_size_v and dcp_sharded on purpose.
+        """
         text = repr(problem)
         assert "head_size_v" not in text
         assert "dcp_sharded" not in text

@@ -1,0 +1,321 @@
+"""Planning configs, memory budgets, block counts and whole planning problems."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from hypothesis import strategies as st
+
+from conformance.generate.estimate import blocks_per_request, promotion_succeeds, worker_estimate
+from conformance.generate.families import models
+from conformance.generate.families.extras import apply_model_extras
+from conformance.generate.layouts import as_specs, layouts_for
+from conformance.generate.pipeline import pipeline_splits
+from conformance.generate.records import Model, PlanningProblem
+from conformance.generate.specs import (
+    AUTO_FIT_MAX_MODEL_LENS,
+    MAX_MODEL_LENS,
+    MAX_NUM_BATCHED_TOKENS,
+    rarely,
+)
+from kvref._math import cdiv
+from kvref.config import PlanningConfig
+from kvref.specs import CrossAttentionSpec, KVCacheSpec, MambaSpec
+
+__all__ = [
+    "DEFAULT_MAX_MEMORY_BYTES",
+    "memory_budgets",
+    "num_blocks",
+    "num_blocks_for",
+    "planning_configs",
+    "planning_problems",
+    "problem_num_blocks",
+]
+
+#: Default ceiling of one worker's available memory in :func:`planning_problems`
+#: (the kit's default device allocation cap).
+DEFAULT_MAX_MEMORY_BYTES = 2**30
+
+
+@st.composite
+def _planning_configs(
+    draw: st.DrawFn,
+    model: Model | Mapping[str, KVCacheSpec],
+    pipeline_parallel_size: int,
+    max_memory_bytes: int | None,
+) -> PlanningConfig:
+    specs = as_specs(model)
+    values = list(specs.values())
+    layout = draw(layouts_for(specs))
+    modes = {s.mamba_cache_mode for s in values if isinstance(s, MambaSpec)}
+    mamba_mode = next(iter(modes)) if len(modes) == 1 else "none"
+    auto_fit = rarely(draw)
+    base = PlanningConfig(
+        kv_cache_layout=layout,
+        max_num_batched_tokens=draw(st.sampled_from(MAX_NUM_BATCHED_TOKENS)),
+        async_scheduling=not rarely(draw),
+        mamba_cache_mode=mamba_mode,
+        pipeline_parallel_size=pipeline_parallel_size,
+        auto_fit_max_model_len=auto_fit,
+    )
+    if auto_fit:
+        # The auto-fit upper bound is the model's derived length: large on purpose.
+        lengths = list(AUTO_FIT_MAX_MODEL_LENS)
+    else:
+        lengths = list(MAX_MODEL_LENS)
+        mamba_blocks = [s.block_size for s in values if isinstance(s, MambaSpec)]
+        if mamba_mode == "none" and mamba_blocks and mamba_blocks[0] not in lengths:
+            # vLLM sizes the Mamba block as max_model_len in this mode.
+            lengths.insert(0, mamba_blocks[0])
+        if max_memory_bytes is not None and values:
+            # Lengths whose one request fits in half the memory cap, so that
+            # roomy budgets stay under the cap.
+            fitting = [
+                n
+                for n in lengths
+                if worker_estimate(specs, base.with_max_model_len(n))[1] <= max_memory_bytes // 2
+            ]
+            lengths = fitting or [min(lengths)]
+    config = base.with_max_model_len(draw(st.sampled_from(lengths)))
+
+    changes: dict[str, Any] = {}
+    if any(isinstance(s, CrossAttentionSpec) for s in values) and draw(st.booleans()):
+        changes["max_num_encoder_input_tokens"] = 1500  # Whisper's encoder length
+    if any(s.is_draft for s in values):
+        # EAGLE: lookahead 1 (so no extra retained tokens) and the block drop.
+        changes["num_prefill_lookahead_tokens"] = 1
+        changes["eagle_block_drop"] = draw(st.booleans())
+    elif rarely(draw):
+        changes["num_prefill_lookahead_tokens"] = draw(st.sampled_from([2, 4]))  # MTP
+    if rarely(draw) and promotion_succeeds(values):
+        changes["disable_hybrid_kv_cache_manager"] = True
+    if values and rarely(draw):
+        page_sum = sum(s.block_stride for s in values)
+        cap = max(1, min((max_memory_bytes or 64 * 2**30) // page_sum, 65536))
+        # At least one request's blocks (an upper bound: one group per layer)
+        # plus the null block, or a handful that may not admit a request.
+        enough = min(cap, 1 + sum(blocks_per_request(s, config) for s in values))
+        changes["num_gpu_blocks_override"] = draw(
+            st.one_of(st.integers(enough, cap), st.integers(1, min(16, cap)))
+        )
+    if len(values) >= 2 and rarely(draw):
+        changes.update(draw(_host_resident(specs, config)))
+    return attrs.evolve(config, **changes) if changes else config
+
+
+@st.composite
+def _host_resident(
+    draw: st.DrawFn, specs: Mapping[str, KVCacheSpec], config: PlanningConfig
+) -> dict[str, Any]:
+    """``host_resident_layers`` (a proper subset of one spec's layers) and a host pool for them."""
+    by_spec: dict[KVCacheSpec, list[str]] = {}
+    for name, spec in specs.items():
+        by_spec.setdefault(spec, []).append(name)
+    spec = draw(st.sampled_from(list(by_spec)))
+    candidates = by_spec[spec]
+    # Keep at least one device layer: a plan with no device group says
+    # nothing about device placement.
+    most = min(len(candidates), len(specs) - 1)
+    host = draw(st.lists(st.sampled_from(candidates), min_size=1, max_size=most, unique=True))
+    host_bytes_per_block = len(host) * spec.block_stride
+    # vLLM's HiSparse pool holds at least one request plus two blocks.
+    minimum = cdiv(config.max_model_len, spec.block_size) + 2
+    blocks = draw(st.integers(minimum, 4 * minimum))
+    return {
+        "host_resident_layers": frozenset(host),
+        "host_pool_bytes": blocks * host_bytes_per_block,
+    }
+
+
+def planning_configs(
+    model: Model | Mapping[str, KVCacheSpec],
+    *,
+    pipeline_parallel_size: int = 1,
+    max_memory_bytes: int | None = None,
+) -> st.SearchStrategy[PlanningConfig]:
+    """Planning configs consistent with ``model``.
+
+    Draws: a layout from :func:`layouts_for`; ``max_model_len`` (8192 first;
+    with ``max_memory_bytes``, only lengths whose estimated request fits in half
+    of it); ``max_num_batched_tokens``; rarely auto-fit (with a large upper
+    bound), ``num_gpu_blocks_override`` (enough for a request, or 1..16; at
+    most ``max_memory_bytes`` worth of blocks), MTP lookahead,
+    ``disable_hybrid_kv_cache_manager`` (only when promotion gives one
+    group) and host-resident layers (a proper subset of one spec's layers,
+    with a host pool of at least one request).  The Mamba
+    cache mode is the model's; draft layers turn on EAGLE's lookahead.
+    Never a config that asks for DCP, TP replication or HiSparse.
+    """
+    return _planning_configs(model, pipeline_parallel_size, max_memory_bytes)
+
+
+def memory_budgets(
+    bytes_per_block: int, blocks_per_request: int, *, max_extra_blocks: int = 4096
+) -> st.SearchStrategy[int]:
+    """Available-memory figures around Core's admission boundary (contract.md#core-admission).
+
+    ``exact`` is ``(blocks_per_request + 1) * bytes_per_block``: the smallest
+    budget that admits one request after the null block.  Generates ``exact``
+    (shrinks to it), large budgets in ``(exact, exact + max_extra_blocks
+    blocks]`` (not always a whole number of blocks), and too-small ones in
+    ``[0, exact)``, 0 included.  With ``bytes_per_block == 0``
+    (attention-free) any budget up to 1 GiB, 0 first.
+
+    Raises:
+        ValueError: a negative argument.
+
+    """
+    if bytes_per_block < 0 or blocks_per_request < 0 or max_extra_blocks < 0:
+        raise ValueError(
+            f"memory_budgets({bytes_per_block}, {blocks_per_request}, "
+            f"max_extra_blocks={max_extra_blocks}): arguments must be non-negative"
+        )
+    if bytes_per_block == 0:
+        return st.one_of(st.just(0), st.integers(0, 2**30))
+    exact = (blocks_per_request + 1) * bytes_per_block
+    large = st.integers(exact + 1, exact + (max_extra_blocks + 1) * bytes_per_block - 1)
+    return st.one_of(st.just(exact), large, st.integers(0, exact - 1))
+
+
+def num_blocks(*, max_value: int = 1 << 16) -> st.SearchStrategy[int]:
+    """Block counts for placement, spread over the regimes where placement bugs live.
+
+    With equal chance (within ``1..max_value``): 1 (shrinks to it); 2..4;
+    an odd count 5..63 (the last block of a run, strides computed for
+    another count); 17..1024; and 1025..``max_value``.  Never 0 or negative
+    (the block pool needs its null block).  :func:`num_blocks_for` adds
+    counts whose backing passes 4 GiB for a given weight per block.
+    """
+    if max_value < 1:
+        raise ValueError(f"num_blocks(max_value={max_value}) must allow at least one block")
+    return st.one_of(_count_buckets(max_value))
+
+
+def _count_buckets(max_value: int) -> list[st.SearchStrategy[int]]:
+    buckets: list[st.SearchStrategy[int]] = [st.just(1)]
+    if max_value >= 2:
+        buckets.append(st.integers(2, min(4, max_value)))
+    if max_value >= 5:
+        buckets.append(st.integers(2, (min(63, max_value) - 1) // 2).map(lambda k: 2 * k + 1))
+    if max_value >= 17:
+        buckets.append(st.integers(17, min(1024, max_value)))
+    if max_value > 1024:
+        buckets.append(st.integers(1025, max_value))
+    return buckets
+
+
+#: Backings above this many bytes need 64-bit offsets and strides.
+FOUR_GIB = 1 << 32
+#: The most blocks the over-4-GiB bucket asks for (the checks stay cheap).
+MAX_HUGE_BLOCKS = 1 << 22
+
+
+def num_blocks_for(bytes_per_block: int, *, max_value: int = 1 << 16) -> st.SearchStrategy[int]:
+    """Block counts spread over the regimes where placement bugs live.
+
+    The buckets of :func:`num_blocks` and, when ``bytes_per_block`` (the problem's bytes
+    per block, e.g. the sum of its layers' block strides) makes it
+    reachable with at most :data:`MAX_HUGE_BLOCKS` blocks, the first
+    counts whose backing passes 4 GiB (32-bit offset and stride overflow).
+    Nothing is allocated for them: device checks cap their allocations.
+
+    Raises:
+        ValueError: ``bytes_per_block`` is negative or ``max_value`` is below 1.
+    """
+    if bytes_per_block < 0 or max_value < 1:
+        raise ValueError(
+            f"num_blocks_for({bytes_per_block}, max_value={max_value}): bytes_per_block must "
+            "be non-negative and max_value at least 1"
+        )
+    strategies = _count_buckets(max_value)
+    if bytes_per_block:
+        first = FOUR_GIB // bytes_per_block + 1
+        if first <= MAX_HUGE_BLOCKS:
+            strategies.append(st.integers(first, first + 7))
+    return st.one_of(strategies)
+
+
+def problem_num_blocks(problem: PlanningProblem) -> st.SearchStrategy[int]:
+    """:func:`num_blocks_for` sized by the problem's device layers (Σ block strides)."""
+    host = problem.config.host_resident_layers
+    weight = sum(s.block_stride for n, s in problem.specs.items() if n not in host)
+    return num_blocks_for(weight)
+
+
+@st.composite
+def _planning_problems(
+    draw: st.DrawFn,
+    model_strategy: st.SearchStrategy[Model],
+    max_workers: int,
+    max_memory_bytes: int,
+) -> PlanningProblem:
+    model = draw(model_strategy)
+    split = draw(pipeline_splits(model, max_workers=max_workers))
+    workers = list(split.workers)
+    config = draw(
+        planning_configs(
+            model, pipeline_parallel_size=len(workers), max_memory_bytes=max_memory_bytes
+        )
+    )
+    # Settings the model brings (HiSparse, a declared grouping) need the drawn length.
+    config, workers = draw(apply_model_extras(model, config, workers))
+    host = config.host_resident_layers
+    if host and any(w and all(n in host for n in w) for w in workers):
+        # A worker with only host layers has no device group; keep the
+        # problem about device placement instead.
+        config = attrs.evolve(config, host_resident_layers=frozenset(), host_pool_bytes=None)
+    regime = draw(st.sampled_from(["roomy", "boundary", "short"]))
+    budgets = []
+    for worker in workers:
+        page_sum, need = worker_estimate(worker, config, model.specs)
+        if page_sum == 0:
+            budgets.append(draw(memory_budgets(0, 0)))
+            continue
+        # The estimate is a lower bound of Core's figure, often close to it:
+        # "boundary" budgets land on both sides of it.
+        exact = (cdiv(need, page_sum) + 1) * page_sum
+        cap = max(max_memory_bytes, 2 * page_sum)
+        if regime == "roomy":
+            low = min(4 * exact, cap)
+            budgets.append(draw(st.integers(low, max(low, cap))))
+        elif regime == "boundary":
+            budgets.append(draw(st.integers(max(0, exact - 4 * page_sum), exact + 4 * page_sum)))
+        else:
+            budgets.append(draw(st.integers(0, max(0, min(exact * 3 // 4, cap)))))
+    description = f"{model.description}; {split.describe()}; {regime} memory"
+    return PlanningProblem(
+        config,
+        workers,
+        budgets,
+        description,
+        num_hidden_layers=split.num_hidden_layers or None,
+        partition=split.partition,
+    )
+
+
+def planning_problems(
+    *,
+    models_strategy: st.SearchStrategy[Model] | None = None,
+    max_workers: int = 4,
+    max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
+) -> st.SearchStrategy[PlanningProblem]:
+    """Whole planning problems: a model, a config, a PP split and each worker's free memory.
+
+    Pipeline stages are cut between decoder layers
+    (:func:`~conformance.generate.pipeline.pipeline_splits`).  Memory is
+    sized from the model's pages and the estimated bytes of one request, in
+    one of three regimes per problem: ``roomy`` (every worker
+    has at least four times the estimate; shrinks to it),
+    ``boundary`` (within four blocks of it, either side) and ``short``
+    (at most 75% of it).  The estimate is a lower bound of what Core
+    needs, computed without grouping, so a roomy problem can still be short
+    (or fit only after auto-fit).  Budgets stay at or below ``max_memory_bytes``
+    when the request fits in it, so most plans are allocatable; the
+    attention-free model gets any budget.  Never a problem whose layout
+    vLLM would refuse, or with a worker without device layers (unless the
+    model is attention-free).
+    """
+    strategy = models_strategy if models_strategy is not None else models()
+    return _planning_problems(strategy, max_workers, max_memory_bytes)

@@ -1,0 +1,425 @@
+"""Vendor models: the shapes a vendor's builder exists for, handed to the kit.
+
+:func:`load_models` turns a models spec into a strategy of :class:`Model`:
+
+- ``"module:attr"``: the attribute is a Hypothesis strategy of models, a
+  callable returning any form listed here, a list of fixed models or a
+  dict of them (``name -> model``); a model is a :class:`Model` or a
+  ``layer name -> spec`` mapping whose specs are kvref specs or vLLM
+  0.33.0 specs (converted through :mod:`kvref.interop.vllm`, vendor
+  subclasses through their nearest vLLM class);
+- a path to a JSON file in the ``kvref-models/1`` format (a dump of one
+  real worker's specs; docs/vendors.md, "Your own models", gives the
+  snippet that writes it from a running engine);
+- any of those objects directly (``check_builder(models=...)``).
+
+A bad spec raises :class:`VendorModelError` naming the value, before any
+example runs.  Around each fixed model the kit explores structure-preserving
+variants (:func:`around`): the model itself (what shrinking returns to),
+fewer decoder layers, and repeated decoder layers; pipeline splits, layouts,
+budgets, overrides, block counts and host-resident subsets come from
+:func:`~conformance.generate.problems.planning_problems` as for built-ins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
+
+from conformance.generate.families import models as builtin_models
+from conformance.generate.pipeline import decoder_layers
+from conformance.generate.records import Model
+from kvref import extra_specs
+from kvref import specs as kvref_specs
+from kvref.errors import KVRefError
+from kvref.specs import KVCacheSpec, MultipleOf
+
+__all__ = [
+    "JSON_FORMAT",
+    "VendorModelError",
+    "around",
+    "fixed_models",
+    "load_models",
+    "models_for_run",
+    "read_json",
+]
+
+#: The ``format`` tag of the JSON files :func:`read_json` reads.
+JSON_FORMAT = "kvref-models/1"
+#: Most decoder layers a growth adds to a vendor model.
+_MAX_GROWTH = 8
+_INDEX = re.compile(r"^(.*?)(\d+)(?=\.|$)")
+
+
+class VendorModelError(ValueError):
+    """A vendor models spec, or a model or spec in it, cannot be used."""
+
+
+def _spec_classes() -> dict[str, type[KVCacheSpec]]:
+    found: dict[str, type[KVCacheSpec]] = {}
+    for module in (kvref_specs, extra_specs):
+        for name in dir(module):
+            value = getattr(module, name)
+            if isinstance(value, type) and issubclass(value, KVCacheSpec):
+                found[name] = value
+    return found
+
+
+# ---------------------------------------------------------------------------
+# specs
+
+
+def _is_vllm_spec(value: object) -> bool:
+    return any(
+        cls.__module__.startswith("vllm.") and cls.__name__.endswith("Spec")
+        for cls in type(value).__mro__
+    )
+
+
+def _from_vllm(where: str, spec: Any) -> KVCacheSpec:
+    """Convert a vLLM spec (or a vendor subclass, through its nearest vLLM class)."""
+    from kvref.interop import vllm as iv
+
+    kvi = iv.vllm_modules().kvi
+    base = next(
+        (c for c in type(spec).__mro__ if getattr(kvi, c.__name__, None) is c),
+        None,
+    )
+    if base is None:
+        raise VendorModelError(f"{where}: {type(spec).__qualname__} is no vLLM KV cache spec")
+    native = spec
+    if base is not type(spec):
+        fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(base) if f.init}
+        native = base(**fields)
+    try:
+        converted = iv.layer_spec_from_vllm(native)
+    except (KVRefError, ValueError) as exc:
+        raise VendorModelError(f"{where}: {spec!r:.200} does not convert: {exc}") from exc
+    page = getattr(spec, "page_size_bytes", None)
+    if isinstance(page, int) and page != converted.page_size_bytes:
+        raise VendorModelError(
+            f"{where}: {type(spec).__qualname__} has a {page}-byte page, but its vLLM base "
+            f"{base.__name__} gives {converted.page_size_bytes}; the kit cannot model the subclass"
+        )
+    return converted
+
+
+def _layer_spec(where: str, value: object) -> KVCacheSpec:
+    if isinstance(value, KVCacheSpec):
+        return value
+    if _is_vllm_spec(value):
+        return _from_vllm(where, value)
+    raise VendorModelError(
+        f"{where}={value!r:.200} is neither a kvref KVCacheSpec nor a vLLM KV cache spec"
+    )
+
+
+def _as_model(where: str, value: object, name: str = "") -> Model:
+    """A :class:`Model` from a Model or a ``layer -> spec`` mapping."""
+    if isinstance(value, Model):
+        specs: Mapping[str, object] = value.specs
+        hidden, description = value.num_hidden_layers, value.description or name
+    elif isinstance(value, Mapping):
+        specs, hidden, description = value, None, name
+    else:
+        raise VendorModelError(
+            f"{where}={value!r:.200} is not a model (a Model or a dict of layer name to spec)"
+        )
+    if not specs:
+        raise VendorModelError(f"{where} has no layers")
+    layers: dict[str, KVCacheSpec] = {}
+    for layer, spec in specs.items():
+        if not isinstance(layer, str) or not layer:
+            raise VendorModelError(f"{where}: layer name {layer!r} must be a non-empty str")
+        layers[layer] = _layer_spec(f"{where}[{layer!r}]", spec)
+    text = f"vendor: {description or where}"
+    return Model(layers, text, family="vendor", num_hidden_layers=hidden)
+
+
+def fixed_models(value: object, where: str = "models") -> list[Model]:
+    """The fixed models of a list, a ``name -> model`` dict, one model, or one mapping.
+
+    Raises:
+        VendorModelError: ``value`` or a model or spec in it is unusable.
+    """
+    if isinstance(value, Model):
+        return [_as_model(where, value)]
+    if isinstance(value, Mapping):
+        if value and all(isinstance(v, (Mapping, Model)) for v in value.values()):
+            return [_as_model(f"{where}[{k!r}]", v, str(k)) for k, v in value.items()]
+        return [_as_model(where, value)]
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise VendorModelError(f"{where} is an empty list: give at least one model")
+        return [_as_model(f"{where}[{i}]", v) for i, v in enumerate(value)]
+    raise VendorModelError(
+        f"{where}={value!r:.200} must be a strategy of models, a callable returning one, a "
+        "list or dict of models, or a path to a JSON file"
+    )
+
+
+# ---------------------------------------------------------------------------
+# JSON
+
+
+def _json_value(where: str, field: str, value: Any) -> Any:
+    if field == "block_stride_alignment" and isinstance(value, Mapping):
+        if set(value) != {"multiple_of"}:
+            raise VendorModelError(
+                f"{where}.{field}={value!r} must be an int or {{'multiple_of': n}}"
+            )
+        return MultipleOf(value["multiple_of"])
+    if field in ("dtype",) and isinstance(value, str):
+        return value.removeprefix("torch.")
+    if field == "dtypes" and isinstance(value, list):
+        return [v.removeprefix("torch.") if isinstance(v, str) else v for v in value]
+    return value
+
+
+def _json_spec(where: str, raw: object, classes: Mapping[str, type[KVCacheSpec]]) -> KVCacheSpec:
+    if not isinstance(raw, Mapping):
+        raise VendorModelError(f"{where}={raw!r:.200} must be an object with a 'kind'")
+    fields = dict(raw)
+    kind = fields.pop("kind", None)
+    cls = classes.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise VendorModelError(
+            f"{where}.kind={kind!r} is not a spec class the kit knows "
+            f"(known: {', '.join(sorted(classes))})"
+        )
+    fields.pop("class", None)  # the vendor's own class name, for humans
+    page = fields.pop("page_size_bytes", None)
+    names = {f.name for f in attrs.fields(cls) if f.init}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        raise VendorModelError(f"{where}: {cls.__name__} has no field(s) {', '.join(unknown)}")
+    try:
+        spec = cls(**{k: _json_value(where, k, v) for k, v in fields.items()})
+    except (KVRefError, TypeError, ValueError) as exc:
+        raise VendorModelError(f"{where}: {exc}") from exc
+    if page is not None and page != spec.page_size_bytes:
+        raise VendorModelError(
+            f"{where}.page_size_bytes={page!r}, but the fields give a "
+            f"{spec.page_size_bytes}-byte {cls.__name__} page"
+        )
+    return spec
+
+
+def read_json(path: str | Path) -> list[Model]:
+    """The models of a ``kvref-models/1`` JSON file (format: docs/vendors.md, "Your own models").
+
+    Raises:
+        VendorModelError: the file is missing, not JSON, or not in the format.
+    """
+    where = str(path)
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise VendorModelError(f"models file {where!r} cannot be read: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise VendorModelError(f"models file {where!r} is not JSON: {exc}") from exc
+    if not isinstance(data, Mapping) or data.get("format") != JSON_FORMAT:
+        got = data.get("format") if isinstance(data, Mapping) else type(data).__name__
+        raise VendorModelError(f"models file {where!r}: format is {got!r}, not {JSON_FORMAT!r}")
+    raw_models = data.get("models")
+    if not isinstance(raw_models, list) or not raw_models:
+        raise VendorModelError(f"models file {where!r}: 'models' must be a non-empty list")
+    classes = _spec_classes()
+    out = []
+    for i, raw in enumerate(raw_models):
+        at = f"{where}: models[{i}]"
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("layers"), Mapping):
+            raise VendorModelError(f"{at} must be an object with 'layers'")
+        hidden = raw.get("num_hidden_layers")
+        if hidden is not None and (not isinstance(hidden, int) or hidden < 1):
+            raise VendorModelError(f"{at}.num_hidden_layers={hidden!r} must be an int >= 1")
+        layers = {
+            name: _json_spec(f"{at}.layers[{name!r}]", spec, classes)
+            for name, spec in raw["layers"].items()
+        }
+        name = str(raw.get("name") or f"{Path(path).name}[{i}]")
+        out.append(attrs.evolve(_as_model(at, layers, name), num_hidden_layers=hidden))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# variants
+
+
+def _rename(name: str, prefix: str, old: int, new: int) -> str:
+    match = _INDEX.match(name)
+    if match is None or match[1] != prefix or int(match[2]) != old:
+        return name
+    return f"{prefix}{new}{name[match.end() :]}"
+
+
+def _rebuild(model: Model, order: Sequence[int], label: str) -> Model:
+    """The model with decoder layers ``order`` (original indices), renumbered 0..len-1."""
+    layers = decoder_layers(model)
+    first = next(iter(n for names in layers.by_index.values() for n in names), None)
+    match = _INDEX.match(first) if first is not None else None
+    if match is None:
+        return model
+    prefix = match[1]
+    specs: dict[str, KVCacheSpec] = {}
+    for new, old in enumerate(order):
+        for name in layers.by_index.get(old, ()):
+            specs[_rename(name, prefix, old, new)] = model.specs[name]
+    hidden = layers.num_hidden_layers
+    for name in layers.tail:
+        # Draft/MTP layers numbered after the target keep that place.
+        tail = _INDEX.match(name)
+        if tail is not None and tail[1] == prefix and int(tail[2]) >= hidden:
+            name_new = _rename(name, prefix, int(tail[2]), int(tail[2]) - hidden + len(order))
+        else:
+            name_new = name
+        specs[name_new] = model.specs[name]
+    return attrs.evolve(
+        model,
+        specs=specs,
+        description=f"{model.description} ({label})",
+        num_hidden_layers=len(order),
+    )
+
+
+@st.composite
+def _around(draw: st.DrawFn, model: Model) -> Model:
+    layers = decoder_layers(model)
+    hidden = layers.num_hidden_layers
+    with_cache = sorted(layers.by_index)
+    mode = draw(st.sampled_from(["as is", "drop", "repeat"]))
+    if mode == "as is" or not with_cache:
+        return model
+    if mode == "drop":
+        if hidden < 2:
+            return model
+        keep = draw(
+            st.lists(st.sampled_from(range(hidden)), min_size=1, max_size=hidden - 1, unique=True)
+        )
+        if not set(keep) & set(with_cache):
+            keep.append(with_cache[0])
+        order = sorted(keep)
+        return _rebuild(model, order, f"{len(order)} of {hidden} decoder layers")
+    extra = draw(
+        st.lists(st.sampled_from(range(hidden)), min_size=1, max_size=min(_MAX_GROWTH, hidden))
+    )
+    order = [*range(hidden), *extra]
+    return _rebuild(model, order, f"{hidden} decoder layers + {len(extra)} repeated")
+
+
+def around(model: Model) -> st.SearchStrategy[Model]:
+    """``model`` itself (shrinks to it) and structure-preserving variants of it.
+
+    A variant drops decoder layers (keeping at least one with a KV cache) or
+    appends copies of some, always whole decoder layers with all their
+    caches, renumbered so the indices stay contiguous; draft/MTP layers
+    after the target keep their place after it.
+    """
+    return _around(model)
+
+
+# ---------------------------------------------------------------------------
+# loading
+
+
+def _resolve(spec: str) -> object:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise VendorModelError(
+            f"models={spec!r} is neither 'module:attr' nor the path of an existing JSON file"
+        )
+    try:
+        value: object = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise VendorModelError(f"models={spec!r}: cannot import {module_name!r}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(value, part):
+            raise VendorModelError(f"models={spec!r}: {module_name!r} has no attribute {attr!r}")
+        value = getattr(value, part)
+    return value
+
+
+def _checked_strategy(where: str, strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Model]:
+    """Draw one value up front, so a strategy of non-models fails before the run."""
+    try:
+        first = find(
+            strategy,
+            lambda _: True,
+            settings=settings(
+                database=None,
+                max_examples=1,
+                phases=[Phase.generate],
+                suppress_health_check=list(HealthCheck),
+            ),
+        )
+    except NoSuchExample:
+        raise VendorModelError(f"{where}: the strategy draws nothing") from None
+    _as_model(f"{where} (a drawn model)", first)
+    return strategy.map(lambda value: _as_model(where, value))
+
+
+def _strategy_of(where: str, value: object, depth: int = 0) -> st.SearchStrategy[Model]:
+    if isinstance(value, st.SearchStrategy):
+        return _checked_strategy(where, value).flatmap(around)
+    if callable(value) and not isinstance(value, (Model, Mapping, type)) and depth == 0:
+        try:
+            produced = value()
+        except Exception as exc:
+            raise VendorModelError(f"{where}: calling it raised {exc!r}") from exc
+        return _strategy_of(f"{where}()", produced, depth + 1)
+    if isinstance(value, (str, Path)) and depth == 0:
+        return load_models(value)
+    fixed = fixed_models(value, where)
+    return st.one_of([around(m) for m in fixed])
+
+
+def load_models(spec: object) -> st.SearchStrategy[Model]:
+    """A strategy of the vendor's models (and variants around them) from a models spec.
+
+    Args:
+        spec: ``"module:attr"``, a path to a ``kvref-models/1`` JSON file, or
+            the object such an attribute names (see the module docstring).
+
+    Raises:
+        VendorModelError: the spec, or a model or spec it names, is unusable.
+    """
+    if isinstance(spec, Path) or (isinstance(spec, str) and spec.endswith(".json")):
+        return st.one_of([around(m) for m in read_json(spec)])
+    if isinstance(spec, str):
+        if Path(spec).is_file():
+            return st.one_of([around(m) for m in read_json(spec)])
+        return _strategy_of(f"models={spec!r}", _resolve(spec))
+    return _strategy_of("models", spec)
+
+
+def models_for_run(
+    spec: object | None, *, models_only: bool = False, max_layers: int = 64
+) -> st.SearchStrategy[Model] | None:
+    """The models of a run: ``None`` (the built-in families), the vendor's, or both.
+
+    Mixed, half the examples come from the vendor's models and half from
+    the built-in families (listed first, so shrinking prefers them).
+
+    Raises:
+        VendorModelError: ``spec`` is unusable, or ``models_only`` without a spec.
+    """
+    if spec is None:
+        if models_only:
+            raise VendorModelError("models_only needs models (the vendor models to generate from)")
+        return None
+    vendor = load_models(spec)
+    if models_only:
+        return vendor
+    # Mapped, so that one_of does not flatten the built-ins into many branches.
+    builtins = builtin_models(max_layers=max_layers).map(lambda m: m)
+    return st.one_of(builtins, vendor)
