@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from conformance.check.catalog import SCENARIOS, Invariant, Unjudged, catalog
+from conformance.generate.coverage import coverage
 from conformance.report.model import InvariantResult, Report
 from conformance.run.examples import Example, examples
 from conformance.run.guard import Guard
@@ -175,6 +176,8 @@ def check_builder(
     isolate: bool = False,
     reach: bool | Sequence[str] = False,
     min_reach: float | None = None,
+    models: object | None = None,
+    models_only: bool = False,
 ) -> Report:
     """Check ``builder`` against the invariant catalog and return a :class:`Report`.
 
@@ -203,6 +206,10 @@ def check_builder(
             coverage.py.
         min_reach: with ``reach``, fail the run when less than this percentage
             of those lines ran.
+        models: the vendor's models, mixed into generation: ``"module:attr"``, a
+            JSON file path, or the object itself
+            (:func:`conformance.generate.vendor.load_models`).
+        models_only: generate from ``models`` alone.
 
     Raises:
         OptionError: an option has an unusable value (a ``ValueError``), or the
@@ -223,6 +230,8 @@ def check_builder(
         shrink=shrink,
         database=database,
         isolate=isolate,
+        models=models if models is None or isinstance(models, str) else "<models object>",
+        models_only=models_only,
     )
     invariants = catalog()
     options.validate(capabilities={c for inv in invariants for c in inv.requires})
@@ -242,6 +251,7 @@ def check_builder(
         builder = isolated(builder, options.builder)
     _preflight(builder, guard)
     run = _Run(builder, options, guard, progress)
+    run.models = _models_strategy(models, models_only)
     if meter is not None:
         meter.start()
     try:
@@ -275,6 +285,15 @@ def _reach_meter(
         raise OptionError(str(exc)) from None
 
 
+def _models_strategy(models: object | None, models_only: bool) -> Any:
+    from conformance.generate.vendor import VendorModelError, models_for_run
+
+    try:
+        return models_for_run(models, models_only=models_only)
+    except VendorModelError as exc:
+        raise OptionError(str(exc)) from None
+
+
 class _Run:
     """One run's state: the tallies of every invariant and the examples that broke them."""
 
@@ -300,6 +319,9 @@ class _Run:
         self.tallies: dict[str, _Tally] = {}
         self.skipped: dict[str, str] = {}
         self.interrupted = False
+        # The vendor's models (None: the built-in families) and what each scenario drew.
+        self.models: Any = None
+        self.drawn: dict[str, list[Example]] = {}
 
     def observe(self, scenario: str, example: Example) -> Any:
         return observe(self.ctx, scenario, example)
@@ -338,9 +360,10 @@ class _Run:
             phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
         )
         @hypothesis.seed(self.options.seed)
-        @hypothesis.given(examples(scenario))
+        @hypothesis.given(examples(scenario, models=self.models))
         def run(ex: Example) -> None:
             nonlocal done
+            self.drawn.setdefault(scenario, []).append(ex)
             obs = self.observe(scenario, ex)
             for inv in checks:
                 self.tallies[inv.id].add(
@@ -370,7 +393,7 @@ class _Run:
                 replayed = search(
                     inv,
                     scenario,
-                    examples(scenario),
+                    examples(scenario, models=self.models),
                     self.observe,
                     self.options.seed,
                     database=self._database(inv),
@@ -392,6 +415,7 @@ class _Run:
             results=tuple(results),
             seconds=seconds,
             options=self.options.as_dict(),
+            coverage={s: coverage(exs) for s, exs in self.drawn.items()},
             interrupted=self.interrupted,
         )
 
@@ -490,7 +514,7 @@ class _Run:
         found = search(
             inv,
             scenario,
-            examples(scenario),
+            examples(scenario, models=self.models),
             self.observe,
             self.options.seed,
             database=database,
