@@ -115,6 +115,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PERCENT",
         help="fail (exit 1) when the run executed less of the builder's code than this",
     )
+    parser.add_argument(
+        "--models",
+        metavar="SPEC",
+        help="your own models, mixed into generation: module:attr (a strategy of models, a "
+        "callable, a list or dict of models) or a kvref-models/1 JSON file (docs/vendors.md)",
+    )
+    parser.add_argument("--models-only", action="store_true", help="generate from --models alone")
     parser.add_argument("--list", action="store_true", help="list the invariants and exit")
     return parser
 
@@ -255,7 +262,16 @@ def _run(args: argparse.Namespace) -> int:
 
 def _as_flag(message: str) -> str:
     # check_builder's messages name keyword arguments; the CLI user typed flags.
-    for key in ("max_examples", "max_alloc_bytes", "timeout", "seed", "select", "unsupported"):
+    for key in (
+        "max_examples",
+        "max_alloc_bytes",
+        "timeout",
+        "seed",
+        "select",
+        "unsupported",
+        "models_only",
+        "models",
+    ):
         if message.startswith(f"{key}="):
             return "--" + key.replace("_", "-") + " " + message[len(key) + 1 :]
     return message
@@ -287,6 +303,8 @@ def _check(args: argparse.Namespace, builder: object, options: object, xfail: li
             database=None if args.no_database else args.database,
             reach=_reach(args),
             min_reach=args.min_reach,
+            models=args.models,
+            models_only=args.models_only,
         )
     except OptionError as exc:
         raise _UsageError(_as_flag(str(exc))) from None

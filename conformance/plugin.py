@@ -34,6 +34,11 @@ _OPTIONS = (
         "--kv-database",
         {"default": None, "help": "Hypothesis example database directory: replay and save"},
     ),
+    (
+        "--kv-models",
+        {"default": None, "help": "your own models (module:attr or a kvref-models/1 JSON file)"},
+    ),
+    ("--kv-models-only", {"action": "store_true", "help": "generate from --kv-models alone"}),
 )
 
 
@@ -65,11 +70,19 @@ def _check_options(config: pytest.Config) -> None:
         unsupported=_list(config.getoption("--kv-unsupported")),
         timeout=config.getoption("--kv-timeout"),
         max_alloc_bytes=config.getoption("--kv-max-alloc-bytes"),
+        models=config.getoption("--kv-models"),
+        models_only=config.getoption("--kv-models-only"),
     )
     try:
         options.validate(capabilities={c for inv in catalog() for c in inv.requires})
     except OptionError as exc:
         raise pytest.UsageError(_as_flag(str(exc))) from None
+    from conformance.generate.vendor import VendorModelError, models_for_run
+
+    try:
+        models_for_run(options.models, models_only=options.models_only)
+    except VendorModelError as exc:
+        raise pytest.UsageError(f"--kv-models: {exc}") from None
     xfail_ids(config)
     try:
         load_builder(config.getoption("--kv-builder"))
@@ -160,6 +173,8 @@ def run_item(invariant: str, request: pytest.FixtureRequest) -> None:
         max_alloc_bytes=config.getoption("--kv-max-alloc-bytes"),
         name=builder_name,
         database=config.getoption("--kv-database"),
+        models=config.getoption("--kv-models"),
+        models_only=config.getoption("--kv-models-only"),
     )
     result: Any = report.result(invariant)
     if result.status in ("skipped", "not-applicable"):
