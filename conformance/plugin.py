@@ -39,6 +39,13 @@ _OPTIONS = (
         {"default": None, "help": "your own models (module:attr or a kvref-models/1 JSON file)"},
     ),
     ("--kv-models-only", {"action": "store_true", "help": "generate from --kv-models alone"}),
+    (
+        "--kv-isolate",
+        {
+            "action": "store_true",
+            "help": "run the builder in a worker process (a crash is the builder's failure)",
+        },
+    ),
 )
 
 
@@ -175,6 +182,7 @@ def run_item(invariant: str, request: pytest.FixtureRequest) -> None:
         database=config.getoption("--kv-database"),
         models=config.getoption("--kv-models"),
         models_only=config.getoption("--kv-models-only"),
+        isolate=config.getoption("--kv-isolate"),
     )
     result: Any = report.result(invariant)
     if result.status in ("skipped", "not-applicable"):
