@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 import xml.etree.ElementTree as ET
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
-from conformance.cli import main
+from conformance import OptionError, check_builder
+from conformance.check.catalog import catalog
+from conformance.cli import _Progress, main
+from kvref import ReferenceKVCacheConfigBuilder
 
 FAST = ["--max-examples", "3", "--seed", "1"]
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+SCRIPT = Path(sys.executable).parent / "kvref-conformance"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HYPOTHESIS"))}
+    return {**env, **extra}
 
 
 class TestExitStatus:
@@ -181,3 +200,306 @@ class TestDocs:
         gen = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(gen)
         assert (root / "docs" / "invariants.md").read_text() == gen.render()
+
+
+class TestFailFast:
+    """'accepts bad options silently': every bad option is exit 2 before anything runs."""
+
+    @pytest.mark.parametrize(
+        ("args", "message"),
+        [
+            (["--max-alloc-bytes", "0"], "--max-alloc-bytes"),
+            (["--max-alloc-bytes", "-4096"], "--max-alloc-bytes"),
+            (["--unsupported", "host_residnet"], "host_residnet"),
+            (["--timeout", "inf"], "--timeout"),
+            (["--timeout", "nan"], "--timeout"),
+            (["--timeout", "0"], "--timeout"),
+            (["--seed", "-1"], "--seed"),
+            (["--max-examples", "-3"], "--max-examples"),
+        ],
+    )
+    def test_bad_values(
+        self, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        assert main([*args, "--select", "KV-GROUP-PARTITION"]) == 2
+        captured = capsys.readouterr()
+        assert message in captured.err and "Traceback" not in captured.err
+        assert captured.out == ""  # refused before the run, not after it
+
+    def test_binary_xfail_file(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        xfail = tmp_path / "xfail.txt"
+        xfail.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff")
+        assert main(["--xfail-file", str(xfail)]) == 2
+        captured = capsys.readouterr()
+        assert "xfail" in captured.err and "Traceback" not in captured.err
+        assert captured.out == ""
+
+    def test_unknown_device_id_in_xfail_file_warns(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        xfail = tmp_path / "xfail.txt"
+        xfail.write_text("KV-DEV-ALOC\n")
+        assert main([*FAST, "--select", "KV-GROUP-PARTITION", "--xfail-file", str(xfail)]) == 0
+        assert "KV-DEV-ALOC" in capsys.readouterr().err
+
+    @pytest.mark.parametrize(
+        ("option", "bad"),
+        [("--json", "missing-dir/r.json"), ("--junit", "missing-dir/r.xml"), ("--json", ".")],
+    )
+    def test_output_paths_checked_before_the_run(
+        self, option: str, bad: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """'bad --json/--junit paths are found only after a full run'."""
+        good = tmp_path / "other.out"
+        other = "--junit" if option == "--json" else "--json"
+        args = [option, str(tmp_path / bad), other, str(good)]
+        assert main([*args, "--select", "KV-GROUP-PARTITION", "--max-examples", "1"]) == 2
+        captured = capsys.readouterr()
+        assert option in captured.err and "Traceback" not in captured.err
+        assert captured.out == "" and not good.exists()
+
+    @pytest.mark.parametrize(
+        "kwargs",
+        [
+            {"max_examples": 0},
+            {"max_examples": -1},
+            {"max_alloc_bytes": 0},
+            {"timeout": float("inf")},
+            {"unsupported": ["host_residnet"]},
+            {"profile": "forever"},
+        ],
+    )
+    def test_check_builder(self, kwargs: dict[str, object]) -> None:
+        """``max_examples=0`` in ``check_builder`` meant 50; now it, like the rest, is refused."""
+        with pytest.raises(OptionError, match=next(iter(kwargs))):
+            check_builder(ReferenceKVCacheConfigBuilder, select=["KV-GROUP-PARTITION"], **kwargs)  # type: ignore[arg-type]
+
+
+PLUGIN = ["--pyargs", "conformance", "-p", "no:cacheprovider", "--kv-max-examples", "1"]
+
+
+class TestPluginFrontEnd:
+    """'the plugin answers bad options with 45 tracebacks instead of one usage error'."""
+
+    @pytest.mark.parametrize(
+        ("args", "message"),
+        [
+            (["--kv-max-examples", "0"], "--kv-max-examples"),
+            (["--kv-timeout", "inf"], "--kv-timeout"),
+            (["--kv-max-alloc-bytes", "-1"], "--kv-max-alloc-bytes"),
+            (["--kv-unsupported", "host_residnet"], "host_residnet"),
+            (["--kv-builder", "no_such_module:B"], "--kv-builder"),
+        ],
+    )
+    def test_one_usage_error(
+        self, args: list[str], message: str, pytester: pytest.Pytester
+    ) -> None:
+        result = pytester.runpytest_subprocess(
+            *PLUGIN, "--kv-builder", "kvref:ReferenceKVCacheConfigBuilder", *args
+        )
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        errors = [line for line in result.errlines if line.startswith("ERROR:")]
+        assert len(errors) == 1 and message in errors[0], result.errlines
+        text = "\n".join(result.outlines + result.errlines)
+        assert "Traceback" not in text and " passed" not in text and " failed" not in text
+
+    def test_costs_nothing_without_a_builder(self, pytester: pytest.Pytester) -> None:
+        """No torch, no kit import, no header in a pytest session that does not ask for it."""
+        pytester.makepyfile(
+            """
+            import sys
+
+            def test_light():
+                heavy = {"torch", "conformance.check.catalog", "conformance.run.runner"}
+                assert not heavy & set(sys.modules), heavy & set(sys.modules)
+            """
+        )
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+        result.assert_outcomes(passed=1)
+        assert not any("kvref-conformance" in line for line in result.outlines)
+
+
+class TestFirstContact:
+    """'awkward at first contact'."""
+
+    def test_builder_module_in_the_current_directory(self, tmp_path: Path) -> None:
+        (tmp_path / "vendor_kv.py").write_text(
+            "from kvref import ReferenceKVCacheConfigBuilder\n\n\n"
+            "class MyBuilder(ReferenceKVCacheConfigBuilder):\n    pass\n"
+        )
+        proc = subprocess.run(
+            [
+                str(SCRIPT),
+                "vendor_kv:MyBuilder",
+                "--select",
+                "KV-GROUP-PARTITION",
+                *FAST,
+                "--no-database",
+            ],
+            cwd=tmp_path,
+            env=_env(),
+            capture_output=True,
+            check=False,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "vendor_kv:MyBuilder" in proc.stdout
+
+    def test_list_names_every_invariant(self, capsys: pytest.CaptureFixture[str]) -> None:
+        assert main(["--list"]) == 0
+        listed = {line.split()[0] for line in capsys.readouterr().out.splitlines() if line}
+        ids = {inv.id for inv in catalog()}
+        assert listed == ids and {i for i in ids if i.startswith("KV-DEV-")}
+
+    def test_no_hypothesis_directory_with_no_database(self, tmp_path: Path) -> None:
+        proc = subprocess.run(
+            [
+                str(SCRIPT),
+                "--select",
+                "KV-GROUP-PARTITION,KV-PLACE-NUM-BLOCKS",
+                *FAST,
+                "--no-database",
+            ],
+            cwd=tmp_path,
+            env=_env(),
+            capture_output=True,
+            check=False,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+    def test_no_database_restores_hypothesis_storage(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        # main() in a longer-lived process must leave Hypothesis' storage as it found it.
+        from hypothesis.configuration import storage_directory
+
+        before = storage_directory(intent_to_write=False).home_directory
+        assert main([*FAST, "--select", "KV-GROUP-PARTITION", "--no-database"]) == 0
+        capsys.readouterr()
+        assert storage_directory(intent_to_write=False).home_directory == before
+
+    def test_progress_leaves_no_stale_text(self) -> None:
+        class Tty(io.StringIO):
+            def isatty(self) -> bool:
+                return True
+
+        stream = Tty()
+        progress = _Progress(stream)
+        progress("placement", 10, 100)
+        progress("core", 100, 100)
+        assert _screen(stream.getvalue()).startswith("[") and "placement" not in _screen(
+            stream.getvalue()
+        )
+        progress.close()
+        assert _screen(stream.getvalue()) == ""
+
+    def test_version(self) -> None:
+        proc = subprocess.run(
+            [str(SCRIPT), "--version"],
+            env=_env(),
+            capture_output=True,
+            check=False,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0
+        assert proc.stdout.strip() == f"kvref-conformance {version('kvref')}"
+
+    @pytest.mark.parametrize("flag", ["--help", "--version"])
+    def test_help_imports_nothing_heavy(self, flag: str) -> None:
+        """``--help`` answered in the time Python starts: no torch, Hypothesis or kvref."""
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-X",
+                "importtime",
+                "-c",
+                "import conformance.cli as c; c.entry()",
+                flag,
+            ],
+            env=_env(),
+            capture_output=True,
+            check=False,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0 and proc.stdout
+        imported = {
+            line.rsplit("|", 1)[1].strip()
+            for line in proc.stderr.splitlines()
+            if line.startswith("import time:") and "|" in line
+        }
+        assert "conformance.cli" in imported
+        heavy = {
+            m
+            for m in imported
+            if m.split(".")[0] in {"torch", "hypothesis", "kvref", "numpy", "attrs"}
+        }
+        assert not heavy
+
+    def test_ctrl_c_writes_the_partial_report(self, tmp_path: Path) -> None:
+        """'Ctrl-C leaves a traceback and no partial report': 130, report printed and written."""
+        report = tmp_path / "r.json"
+        proc = subprocess.Popen(
+            [
+                str(SCRIPT),
+                "verdict_builders:Slow",
+                "--max-examples",
+                "50",
+                "--seed",
+                "1",
+                "--no-database",
+                "--json",
+                str(report),
+                "--junit",
+                str(tmp_path / "r.xml"),
+            ],
+            cwd=tmp_path,
+            env=_env(PYTHONPATH=str(TESTS)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stderr is not None
+        started = time.monotonic()
+        line = proc.stderr.readline()  # the first progress line: the run is under way
+        while "examples" not in line and time.monotonic() - started < 120:
+            line = proc.stderr.readline()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err
+        assert "INTERRUPTED" in out and "KV-GROUP-PARTITION" in out
+        data = json.loads(report.read_text())
+        assert data["interrupted"] is True and data["ok"] is False
+        assert any(r["status"] == "inconclusive" for r in data["results"])
+        assert ET.parse(tmp_path / "r.xml").getroot().tag == "testsuites"
+
+
+def _screen(written: str) -> str:
+    """What a terminal shows on the current line after ``written`` (CR, erase-to-end, text)."""
+    line: list[str] = []
+    col = 0
+    for token in re.findall(r"\x1b\[K|\r|[^\r\x1b]", written):
+        if token == "\r":
+            col = 0
+        elif token == "\x1b[K":
+            del line[col:]
+        else:
+            line[col : col + 1] = [token]
+            col += 1
+    return "".join(line)
+
+
+class TestInstallDocs:
+    """'the docs say pip install kvref, which does not resolve'."""
+
+    @pytest.mark.parametrize("doc", ["README.md", "docs/vendors.md"])
+    def test_no_install_from_an_index(self, doc: str) -> None:
+        text = (ROOT / doc).read_text()
+        assert not re.search(r"pip install\s+(-U\s+)?['\"]?kvref\b", text)
+        assert "pip install" in text  # it still says how to install (from a checkout or wheel)
