@@ -1,0 +1,121 @@
+"""HiSparse-served sparse-MLA models: DeepSeek-V3.2(-Exp) and index-group variants, offloaded.
+
+vLLM 0.33.0's HiSparse (``v1/hisparse/``) serves DeepSeek Sparse Attention
+models (DeepSeek-V3.2-Exp and DeepSeek-V3.2, whose layers vLLM's
+``deepseek_v2.py`` reports as a sparse MLA latent plus a lightning-indexer
+key cache) with the sparse-MLA source KV in a pinned host pool: only the
+indexer, a resident window and a per-request hot buffer stay on the device.
+Models whose sparse layers share one indexer per *index group* (vLLM's
+``mla/index_group.py``: the group's first layer is its leader) are drawn
+too.  Only the layer count is small; the shapes are the published ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from conformance.generate.families.extras import ExtendedModel, ModelExtras
+from conformance.generate.records import Model
+from conformance.generate.specs import rarely
+from kvref._math import round_up
+from kvref.config import HiSparseConfig
+from kvref.specs import KVCacheSpec, MLAAttentionSpec
+
+__all__ = ["hisparse_models"]
+
+#: DeepSeek-V3.2's ``index_topk``.
+_INDEX_TOPK = 2048
+#: The indexer key: 128 fp8 values plus one fp32 scale per 128.
+_INDEX_HEAD = 128 + 4
+
+
+def _latent(fp8: bool, block: int, leader: bool, topk_width: int | None) -> MLAAttentionSpec:
+    common: dict[str, Any] = {
+        "block_size": block,
+        "num_kv_heads": 1,
+        "max_tp_shards": 1,
+        "is_index_group_leader": leader,
+        "topk_buffer_width": topk_width,
+    }
+    if fp8:
+        # fp8_ds_mla: 512 fp8 NoPE values, 16 fp32 scales and 64 bf16 RoPE values.
+        return MLAAttentionSpec(
+            head_size=576,
+            dtype=torch.uint8,
+            cache_dtype_str="fp8_ds_mla",
+            state_content_bytes=656,
+            **common,
+        )
+    return MLAAttentionSpec(head_size=576, dtype=torch.bfloat16, cache_dtype_str="auto", **common)
+
+
+def _indexer(block: int) -> MLAAttentionSpec:
+    return MLAAttentionSpec(
+        block_size=block,
+        num_kv_heads=1,
+        max_tp_shards=1,
+        head_size=_INDEX_HEAD,
+        dtype=torch.uint8,
+        cache_role="INDEXER",
+    )
+
+
+@st.composite
+def _settings(draw: st.DrawFn) -> HiSparseConfig:
+    query = 1 + draw(st.sampled_from([0, 1, 3])) if rarely(draw) else 1
+    rows = None
+    if rarely(draw):
+        # An explicit hot buffer between the decode queries' top-k and the int16 limit.
+        rows = draw(st.integers(query * _INDEX_TOPK, min(2**15, (query + 2) * _INDEX_TOPK)))
+    return HiSparseConfig(
+        index_topk=_INDEX_TOPK,
+        max_decode_query_len=query,
+        device_buffer_size=rows,
+        shared_host_pool=rarely(draw),
+    )
+
+
+@st.composite
+def _hisparse_models(draw: st.DrawFn, max_layers: int) -> Model:
+    layers = draw(st.integers(1, max(1, min(6, max_layers // 2))))
+    fp8 = draw(st.booleans())
+    block = draw(st.sampled_from([64, 16, 128]))
+    # Index groups of 1 (DeepSeek-V3.2: every layer has its indexer) or 2 layers.
+    group = 1 if not rarely(draw) else 2
+    width = round_up(_INDEX_TOPK + 16 - 1, 128) if rarely(draw) else None
+    specs: dict[str, KVCacheSpec] = {}
+    for i in range(layers):
+        leader = group > 1 and i % group == 0
+        specs[f"model.layers.{i}.self_attn.attn"] = _latent(fp8, block, leader, width)
+        if i % group == 0:
+            specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = _indexer(block)
+    settings = draw(_settings())
+    return ExtendedModel(
+        specs,
+        f"DeepSeek-V3.2-like sparse MLA served with HiSparse "
+        f"({'fp8_ds_mla' if fp8 else 'bf16'}, block {block}, index groups of {group}): "
+        f"{layers} layers",
+        num_hidden_layers=layers,
+        extras=ModelExtras(hisparse=settings, host_pool_slack=draw(st.integers(0, 2))),
+    )
+
+
+def hisparse_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
+    """DeepSeek-V3.2-style sparse MLA (1-6 layers) served with HiSparse.
+
+    Per layer a 576-wide MLA latent (bf16, or ``fp8_ds_mla`` with 656-byte
+    states; ``cache_role`` SPARSE) and, per index group, the lightning
+    indexer's fp8 key cache (``cache_role`` INDEXER, 132 bytes per token),
+    one block size.  Rarely index groups of two layers (leader first), a
+    ``topk_buffer_width``, speculative decode queries, an explicit hot buffer
+    or a shared host pool.  The problem's config turns HiSparse on
+    (:func:`~conformance.generate.families.extras.apply_model_extras`).
+    """
+    return _hisparse_models(max_layers)
+
+
+FAMILIES: dict[str, Callable[..., st.SearchStrategy[Model]]] = {"hisparse": hisparse_models}
