@@ -369,10 +369,8 @@ def _reach(args: argparse.Namespace) -> bool | list[str]:
         return False
     if args.reach:
         return [m.strip() for m in args.reach.split(",") if m.strip()]
-    if args.min_reach is None and importlib.util.find_spec("coverage") is None:
-        # Optional: without coverage.py the report says reach was not measured.
-        return False
-    return True
+    # Optional: without coverage.py the report says reach was not measured.
+    return args.min_reach is not None or importlib.util.find_spec("coverage") is not None
 
 
 def entry() -> None:

@@ -103,7 +103,7 @@ def format_report(report: Report) -> str:
     else:
         lines += [
             "",
-            "Reach: not measured (--no-reach, or coverage.py is not installed: pip install coverage)",
+            "Reach: not measured (--no-reach, or no coverage.py: pip install coverage)",
         ]
     for r in report.results:
         if r.status in ("fail", "xfail", "xpass"):
