@@ -44,7 +44,7 @@ __all__ = [
 CONTRACT = "docs/contract.md"
 
 #: The scenarios that observe the builder, in the order the runner runs them.
-SCENARIOS: tuple[str, ...] = ("grouping", "placement", "host", "core", "device")
+SCENARIOS: tuple[str, ...] = ("grouping", "placement", "host", "core", "profiling", "device")
 
 #: The check modules, imported in this order; their registration order is the catalog's.
 _MODULES = (
@@ -54,6 +54,8 @@ _MODULES = (
     "conformance.check.host",
     "conformance.check.core",
     "conformance.check.device_rows",
+    "conformance.check.profiling",
+    "conformance.check.hisparse",
 )
 
 
@@ -137,7 +139,8 @@ def invariant(
     """Declare the decorated function as the check of invariant ``id``.
 
     With ``in_core``, the invariant also judges the hook answers made inside
-    Core's flow (the Core proxy runs the same check on each of them).
+    Core's flow (the Core proxy runs the same check on each of them) and on
+    the one-worker profiling path (the ``profiling`` scenario does likewise).
     """
     scenarios = (scenario,) if isinstance(scenario, str) else tuple(scenario)
 
@@ -147,7 +150,7 @@ def invariant(
                 id=id,
                 title=title,
                 anchor=anchor,
-                scenarios=(*scenarios, "core") if in_core else scenarios,
+                scenarios=(*scenarios, "core", "profiling") if in_core else scenarios,
                 check=judged_in_core(id, fn) if in_core else fn,
                 requires=frozenset(requires),
             )
@@ -158,7 +161,7 @@ def invariant(
 
 
 def judged_in_core(invariant_id: str, check: Check) -> Check:
-    """``check``, answering for Core's flow from the verdicts the Core proxy recorded."""
+    """``check``, answering for Core's flow and the profiling path from the recorded verdicts."""
 
     def judge(obs: Any) -> Any:
         verdicts = getattr(obs, "hook_verdicts", None)
@@ -166,7 +169,7 @@ def judged_in_core(invariant_id: str, check: Check) -> Check:
             return check(obs)
         if invariant_id in verdicts:
             return list(verdicts[invariant_id])
-        return Unjudged("Core's flow made no hook call this invariant judges")
+        return Unjudged("the flow made no hook call this invariant judges")
 
     return judge
 

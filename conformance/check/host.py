@@ -9,6 +9,7 @@ from conformance.check.bounds import tensor_problems
 from conformance.check.catalog import invariant
 from conformance.check.catalog import violation as _v
 from conformance.check.grouping import returned_groups as _groups
+from conformance.check.residency import host_layers as host_layers_of
 from conformance.check.violations import Violation
 from conformance.run.observations import HostObservation
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
@@ -38,7 +39,7 @@ def _host_tensors(obs: HostObservation) -> list[Violation] | None:
     if got is None:
         return None
     groups, config = got
-    host_layers = set(obs.config.host_resident_layers)
+    host_layers = host_layers_of(obs.config, obs.specs)
     out = []
     for i, t in enumerate(config.kv_cache_tensors):
         wrong = [n for n in t.layers if (n in host_layers) != t.host_resident]
@@ -78,7 +79,7 @@ def _host_excluded(obs: HostObservation) -> list[Violation] | None:
     if tensor_problems(obs.device_only.value):
         return None
     _, config = got
-    host_layers = set(obs.config.host_resident_layers)
+    host_layers = host_layers_of(obs.config, obs.specs)
     if any(n in host_layers for t in config.device_tensors for n in t.layers):
         return None  # host layers on the device are KV-HOST-TENSORS's finding
     alone: KVCacheConfig = obs.device_only.value

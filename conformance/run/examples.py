@@ -97,21 +97,40 @@ def examples(
 
     @st.composite
     def build(draw: st.DrawFn) -> Example:
-        problem = draw(kst.planning_problems(models_strategy=models))
+        chosen = models
+        if scenario == "host" and models is None and draw(st.booleans()):
+            # Half the host examples are HiSparse-served models: their host
+            # pool is HiSparse's, which the host invariants judge too.
+            from conformance.generate.families.hisparse import hisparse_models
+
+            chosen = hisparse_models()
+        problem = draw(kst.planning_problems(models_strategy=chosen))
         num_blocks = draw(kst.num_blocks())
         config = problem.config
         workers = tuple(problem.workers)
-        if scenario == "host":
+        extra = ""
+        if scenario == "profiling":
+            from conformance.run.profiling import profiling_block_count, profiling_sizes
+
+            reqs, capture = draw(profiling_sizes())
+            num_blocks = profiling_block_count(reqs, capture)
+            extra = f", max_num_reqs={reqs}, max_cudagraph_capture_size={capture}"
+        if scenario == "host" and config.hisparse is None:
             merged: dict[str, KVCacheSpec] = {}
             for w in workers:
                 merged.update(w)
-            config = _host_config(draw, config, merged)
+            # A model-declared grouping owns every layer's group, host residency
+            # included (vLLM refuses it beside HiSparse): host examples have none.
+            config = _host_config(draw, attrs.evolve(config, model_kv_cache_grouping=None), merged)
         elif config.host_resident_layers:
             config = attrs.evolve(config, host_resident_layers=frozenset(), host_pool_bytes=None)
         if not reference_accepts(config, workers):
             # Only problems the reference can plan are valid inputs for a builder.
             hypothesis.reject()
-        description = f"{problem!r}, num_blocks={num_blocks}"
+        if scenario == "profiling" and not all(reference_accepts(config, (w,)) for w in workers):
+            # The profiling path plans each worker alone.
+            hypothesis.reject()
+        description = f"{problem!r}, num_blocks={num_blocks}{extra}"
         if scenario == "host":
             description += (
                 f", host_resident_layers={sorted(config.host_resident_layers)}, "

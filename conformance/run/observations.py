@@ -28,6 +28,8 @@ __all__ = [
     "GroupingObservation",
     "HostObservation",
     "PlacementObservation",
+    "ProfilingObservation",
+    "Resolution",
 ]
 
 
@@ -173,6 +175,65 @@ class CoreObservation:
         """The plan when the flow returned one."""
         value: Any = self.result.value
         return value if self.result.ok and isinstance(value, KVCachePlan) else None
+
+
+@attrs.frozen(kw_only=True)
+class Resolution:
+    """What resolving the builder by its qualname gave, once (vLLM ``get_kv_cache_config_builder``).
+
+    Not a :class:`CallResult` on purpose: a resolution that fails is
+    ``KV-RESOLVE-FRESH``'s finding, not a hook call of the ``KV-CALL-*`` kind.
+
+    Attributes:
+        error: why resolution failed (``None``: it gave an object).
+        identity: ``id()`` of the object it gave (0 on failure).
+        type_name: the qualified name of that object's class.
+        is_named_class: whether the object is an instance of the named class.
+    """
+
+    error: str | None = None
+    identity: int = 0
+    type_name: str = ""
+    is_named_class: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class ProfilingObservation:
+    """The one-worker profiling path run on every worker of a problem (contract.md#profiling-path).
+
+    Each worker's builder groups that worker's own specs and places the
+    result at the profiling block count, as vLLM's runners do before Core
+    plans; every answer is judged by the catalog's hook-answer invariants
+    (the same gate as Core's flow).
+
+    Attributes:
+        config: the planning config (``num_gpu_blocks_override`` unset).
+        workers: one ``{layer: spec}`` dict per worker.
+        num_blocks: the profiling block count, ``min(max_num_reqs, capture size) or 1``.
+        qualname: the builder's qualname when resolution was exercised (``None``:
+            the builder has none a platform could name).
+        qualname_note: why resolution was not exercised, when it was not.
+        resolutions: one resolution per worker, then one more (``()`` without a qualname).
+        calls: every hook call, worker by worker (grouping, then placement when
+            the groups were sound).
+        again: with a qualname, worker 0's grouping by one more resolved builder.
+        hook_verdicts: the hook-answer invariants the answers were judged by.
+    """
+
+    config: PlanningConfig
+    workers: tuple[Mapping[str, KVCacheSpec], ...]
+    num_blocks: int
+    qualname: str | None
+    qualname_note: str = ""
+    resolutions: tuple[Resolution, ...] = ()
+    calls: tuple[CallResult, ...] = ()
+    again: CallResult | None = None
+    hook_verdicts: Mapping[str, tuple[Violation, ...]] = attrs.field(factory=dict)
+
+    @property
+    def first_grouping(self) -> CallResult | None:
+        """Worker 0's grouping call (the one :attr:`again` repeats)."""
+        return self.calls[0] if self.calls else None
 
 
 @attrs.frozen(kw_only=True)

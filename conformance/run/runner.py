@@ -28,6 +28,7 @@ from conformance.report.model import InvariantResult, Report
 from conformance.run.examples import Example, examples
 from conformance.run.guard import Guard
 from conformance.run.options import PROFILES, OptionError, RunOptions
+from conformance.run.profiling import resolvable_qualname
 from conformance.run.reach import ReachError, ReachMeter
 from conformance.run.scenarios import ConstructionFailedError, Context, make_factory, observe
 from conformance.run.search import Namespaced, search
@@ -308,6 +309,8 @@ class _Run:
         self.options = options
         self.guard = guard
         self.progress = progress
+        # The profiling scenario resolves builders by this name, as vLLM does.
+        qualname, note = resolvable_qualname(builder, options.builder)
         self.ctx = Context(
             factory=make_factory(builder, guard),
             guard=guard,
@@ -315,6 +318,8 @@ class _Run:
             max_alloc_bytes=options.max_alloc_bytes,
             # A builder may bring its own Core (the vLLM adapter runs vLLM's flow).
             core=getattr(builder, "kvref_core", None),
+            qualname=qualname,
+            qualname_note=note,
         )
         self.tallies: dict[str, _Tally] = {}
         self.skipped: dict[str, str] = {}
@@ -487,11 +492,14 @@ class _Run:
         if parent is None or self.guard.hung is not None:
             return None
         guard = Guard(self.options.timeout)
+        qualname, note = resolvable_qualname(parent, builder_name(parent))
         ctx = attrs.evolve(
             self.ctx,
             factory=make_factory(parent, guard),
             guard=guard,
             core=getattr(parent, "kvref_core", None),
+            qualname=qualname,
+            qualname_note=note,
         )
         try:
             broken = _judge(inv, observe(ctx, scenario, example))

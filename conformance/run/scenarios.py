@@ -114,6 +114,9 @@ class Context:
         max_alloc_bytes: cap of one allocation of the device checks.
         core: Core's flow (``None``: kvref's :func:`~kvref.planning.plan_kv_cache`;
             the vLLM adapter brings vLLM's).
+        qualname: the builder's qualname when kvref's resolution gives the class
+            under check (the profiling scenario then resolves builders by it).
+        qualname_note: why there is no such qualname, when there is none.
     """
 
     factory: BuilderFactory
@@ -121,6 +124,8 @@ class Context:
     device: str = "cpu"
     max_alloc_bytes: int | None = None
     core: Callable[..., Any] | None = None
+    qualname: str | None = None
+    qualname_note: str = "the builder was given without a qualname"
 
 
 # -- fresh inputs and mutation reports -------------------------------------------
@@ -350,7 +355,10 @@ def observe_host(
         groups = list(groups_result.value)
         placed, _ = call_placement(ctx.guard, builder, config, groups, num_blocks)
         device_groups = [g for g in groups if not g.host_resident]
-        device_only, _ = call_placement(ctx.guard, builder, config, device_groups, num_blocks)
+        if config.hisparse is None:
+            # HiSparse's placement needs its source group (it sizes the host
+            # pool from it), so there is no device-only twin to compare with.
+            device_only, _ = call_placement(ctx.guard, builder, config, device_groups, num_blocks)
     return HostObservation(
         config=config,
         specs=dict(specs),
@@ -380,6 +388,17 @@ def observe_core(
     return run_core(ctx, config, workers, available_memory)
 
 
+def _observe_profiling(
+    ctx: Context,
+    config: PlanningConfig,
+    workers: Sequence[Mapping[str, KVCacheSpec]],
+    num_blocks: int,
+) -> Any:
+    from conformance.run.profiling import observe_profiling
+
+    return observe_profiling(ctx, config, workers, num_blocks)
+
+
 def observe(ctx: Context, scenario: str, example: Any) -> Any:
     """Observe ``example`` in ``scenario``; a builder that cannot be constructed is observed too."""
     try:
@@ -394,4 +413,15 @@ OBSERVERS: dict[str, Callable[[Context, Any], Any]] = {
     "device": lambda ctx, ex: observe_placement(ctx, ex.config, ex.merged, ex.num_blocks),
     "host": lambda ctx, ex: observe_host(ctx, ex.config, ex.merged, ex.num_blocks),
     "core": lambda ctx, ex: observe_core(ctx, ex.config, ex.workers, ex.available_memory),
+    "profiling": lambda ctx, ex: _observe_profiling(ctx, ex.config, ex.workers, ex.num_blocks),
 }
+
+
+def _observe_processes(ctx: Context, example: Any) -> Any:
+    """The example answered here and in a twin process (:mod:`conformance.run.twin`)."""
+    from conformance.run.twin import observe_processes
+
+    return observe_processes(ctx, example)
+
+
+OBSERVERS["processes"] = _observe_processes

@@ -1,0 +1,203 @@
+"""The profiling scenario: the one-worker profiling call, with builders resolved by qualname.
+
+Before Core plans the real cache, each worker that captures CUDA graphs
+asks a fresh builder for the smallest cache that lets every graph be
+captured (contract.md#profiling-path): ``get_kv_cache_groups`` on **that
+worker's own specs** (its pipeline-parallel slice, untagged), then
+``get_kv_cache_config_from_groups`` for one block per sequence,
+``min(max_num_reqs, max_cudagraph_capture_size) or 1``, on the same
+instance.  vLLM obtains that builder by resolving the platform's qualname
+(``get_kv_cache_config_builder``), a fresh instance per call.
+
+The observer repeats that on every worker of a generated problem.  Each
+answer is judged by the catalog's hook-answer invariants through the same
+gate as Core's flow (:mod:`conformance.check.gate`), so a builder that
+assumes it sees every worker's layers is caught by the grouping or
+placement invariant it breaks, with the worker named.  When the builder
+has a qualname a platform could name, the builders come from
+``kvref.get_kv_cache_config_builder`` with that qualname as the platform's
+choice, and what resolution gave is recorded for ``KV-RESOLVE-FRESH``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+from hypothesis import strategies as st
+
+from conformance.check.violations import Violation
+from conformance.run.guard import CallResult
+from conformance.run.observations import ProfilingObservation, Resolution
+from conformance.run.scenarios import Context, call_grouping, call_placement
+from kvref.builder import KVCacheConfigBuilder
+from kvref.config import PlanningConfig
+from kvref.specs import KVCacheSpec
+
+__all__ = [
+    "observe_profiling",
+    "profiling_block_count",
+    "profiling_sizes",
+    "resolvable_qualname",
+]
+
+
+def profiling_block_count(max_num_reqs: int, max_cudagraph_capture_size: int) -> int:
+    """The profiling cache's blocks: one per sequence that a captured graph may run, at least 1.
+
+    Raises:
+        ValueError: an argument is not an int >= 0.
+    """
+    for name, value in (
+        ("max_num_reqs", max_num_reqs),
+        ("max_cudagraph_capture_size", max_cudagraph_capture_size),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}={value!r} must be an int >= 0")
+    return min(max_num_reqs, max_cudagraph_capture_size) or 1
+
+
+def resolvable_qualname(builder: object, name: str | None) -> tuple[str | None, str]:
+    """``(qualname, note)``: the name a platform could give for ``builder``, or why there is none.
+
+    The name qualifies when kvref's resolution maps it to the very class under
+    check (a builder run isolated, wrapped from vLLM or named by a file path
+    does not: resolution would build another class).
+    """
+    from kvref.resolution import BuilderResolutionError, resolve_builder_class
+
+    if name is None:
+        return None, "the builder was given as an object without an importable qualname"
+    cls = builder if isinstance(builder, type) else type(builder)
+    try:
+        resolved = resolve_builder_class(name, "builder")
+    except BuilderResolutionError as exc:
+        return None, f"{name!r} is not a qualname kvref's resolution accepts ({exc})"
+    if resolved is not cls:
+        return None, (
+            f"{name!r} resolves to {resolved.__qualname__}, not the class under check "
+            f"({cls.__qualname__}: isolated or adapted)"
+        )
+    return name, ""
+
+
+def _resolve(ctx: Context, qualname: str, config: PlanningConfig) -> tuple[Resolution, Any]:
+    """Resolve ``qualname`` as the platform's builder once (the object too, to keep it alive)."""
+    from kvref.resolution import get_kv_cache_config_builder, resolve_builder_class
+
+    def resolve() -> KVCacheConfigBuilder:
+        return get_kv_cache_config_builder(attrs.evolve(config, platform_builder_cls=qualname))
+
+    result = ctx.guard.call("get_kv_cache_config_builder", resolve)
+    if not result.ok:
+        return Resolution(error=result.describe()), None
+    made: Any = result.value
+    named = resolve_builder_class(qualname, "builder")
+    return (
+        Resolution(
+            identity=id(made),
+            type_name=f"{type(made).__module__}.{type(made).__qualname__}",
+            is_named_class=isinstance(made, named),
+        ),
+        made,
+    )
+
+
+def _on_worker(violations: Mapping[str, tuple[Violation, ...]], worker: int) -> dict[str, Any]:
+    return {k: [attrs.evolve(v, worker=worker) for v in vs] for k, vs in violations.items()}
+
+
+def _merge(into: dict[str, list[Violation]], found: Mapping[str, list[Violation]]) -> bool:
+    """Add ``found`` to ``into``; whether any of it is a violation."""
+    for invariant, violations in found.items():
+        into.setdefault(invariant, []).extend(violations)
+    return any(found.values())
+
+
+def _one_worker(
+    ctx: Context,
+    builder: KVCacheConfigBuilder,
+    config: PlanningConfig,
+    index: int,
+    specs: Mapping[str, KVCacheSpec],
+    num_blocks: int,
+    verdicts: dict[str, list[Violation]],
+) -> list[CallResult]:
+    """One worker's profiling calls, judged; placement only on groups that keep every rule."""
+    from conformance.check.gate import judge_grouping, judge_placement
+
+    grouped, _ = call_grouping(ctx.guard, builder, config, specs)
+    if not grouped.ok:
+        return [grouped]
+    if _merge(verdicts, _on_worker(judge_grouping(config, specs, grouped), index)):
+        # vLLM's partition check stops the profiling path here.
+        return [grouped]
+    groups = list(grouped.value)
+    if not groups:
+        # An attention-free worker: vLLM's profiling allocates nothing.
+        return [grouped]
+    placed, mutations = call_placement(ctx.guard, builder, config, groups, num_blocks)
+    if placed.ok:
+        found = judge_placement(
+            config, groups, {num_blocks: placed}, num_blocks, pool_bytes=None, mutations=mutations
+        )
+        _merge(verdicts, _on_worker(found, index))
+    return [grouped, placed]
+
+
+def observe_profiling(
+    ctx: Context,
+    config: PlanningConfig,
+    workers: Sequence[Mapping[str, KVCacheSpec]],
+    num_blocks: int,
+) -> ProfilingObservation:
+    """Run the profiling path on every worker, each with a freshly resolved builder.
+
+    With a qualname, one more builder is resolved after the workers' and
+    asked to group worker 0 again: a stateless builder answers as the first did.
+    """
+    config = attrs.evolve(config, num_gpu_blocks_override=None)
+    qualname, note = ctx.qualname, ctx.qualname_note
+    resolutions: list[Resolution] = []
+    alive: list[Any] = []  # keeps every resolved object alive, so ids stay distinct
+
+    def fresh() -> KVCacheConfigBuilder:
+        if qualname is None:
+            return ctx.factory()
+        resolution, made = _resolve(ctx, qualname, config)
+        resolutions.append(resolution)
+        alive.append(made)
+        return made if isinstance(made, KVCacheConfigBuilder) else ctx.factory()
+
+    verdicts: dict[str, list[Violation]] = {}
+    calls: list[CallResult] = []
+    for index, specs in enumerate(workers):
+        calls += _one_worker(ctx, fresh(), config, index, specs, num_blocks, verdicts)
+    again = None
+    if qualname is not None and workers and calls and calls[0].ok:
+        again, _ = call_grouping(ctx.guard, fresh(), config, workers[0])
+    return ProfilingObservation(
+        config=config,
+        workers=tuple(dict(w) for w in workers),
+        num_blocks=num_blocks,
+        qualname=qualname,
+        qualname_note=note,
+        resolutions=tuple(resolutions),
+        calls=tuple(calls),
+        again=again,
+        hook_verdicts={k: tuple(v) for k, v in verdicts.items()},
+    )
+
+
+def profiling_sizes() -> st.SearchStrategy[tuple[int, int]]:
+    """``(max_num_reqs, max_cudagraph_capture_size)`` pairs a deployment might run.
+
+    vLLM's defaults (256 or 1024 sequences, graphs up to 512) and small ones
+    (a few sequences, no graphs: capture size 0), shrinking to ``(1, 1)``.
+    """
+    small = st.integers(0, 16)
+    return st.tuples(
+        st.one_of(st.integers(1, 16), st.sampled_from([256, 1024, 128])),
+        st.one_of(small, st.sampled_from([512, 8, 256])),
+    )
