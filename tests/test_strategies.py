@@ -1,4 +1,4 @@
-"""Tests of the kit's Hypothesis strategies (conformance.generate, through its strategies facade)."""
+"""Tests of the kit's Hypothesis strategies (conformance.generate, through its facade)."""
 
 from __future__ import annotations
 
@@ -552,3 +552,169 @@ class TestReferenceAcceptsProblems:
                 problem.worker_specs(),
                 list(problem.available_memory),
             )
+
+
+SPECIALISED_FAMILIES = sorted(
+    {"deepseek_v4", "deepseek_v32", "glm5", "qwen3_next", "nemotron_h", "jamba", "drafts"}
+)
+
+
+class TestSpecialisedFamilies:
+    @pytest.mark.parametrize("family", SPECIALISED_FAMILIES)
+    def test_reference_plans_them(self, family: str) -> None:
+        """Each family's problems are ones the reference groups and places (valid inputs)."""
+        from conformance.run.examples import reference_accepts
+
+        @FEW
+        @given(cs.planning_problems(models_strategy=cs.models(families=[family])))
+        def check(problem: PlanningProblem) -> None:
+            assert reference_accepts(problem.config, problem.workers), repr(problem)
+
+        check()
+
+    @pytest.mark.parametrize("family", SPECIALISED_FAMILIES)
+    def test_docstring_names_real_models(self, family: str) -> None:
+        """Every family says which real models it stands for."""
+        doc = cs.FAMILIES[family].__doc__ or ""
+        assert any(c.isdigit() for c in doc.split("(")[1]), doc
+
+    def test_deepseek_v4_shapes(self) -> None:
+        """V4: compressed latents (tokens_per_state 4/128), indexers, SWA MLA, MTP with caches."""
+        model = find(
+            cs.deepseek_v4_models(),
+            lambda m: "C4" in m.description and any(".indexer." in n for n in m.specs),
+            settings=OCCURS,
+        )
+        ratios = {
+            s.tokens_per_state for s in model.specs.values() if isinstance(s, MLAAttentionSpec)
+        }
+        assert ratios & {4, 128}
+        drafts = [n for n, s in model.specs.items() if s.is_draft]
+        assert len(drafts) > 1  # an MTP layer that carries several caches
+        assert all(n.startswith(drafts[0].split(".mtp_block")[0]) for n in drafts)
+
+    def test_glm5_shapes(self) -> None:
+        """GLM-5: KDA states, MLA, a kpool indexer with 16 tokens per state, a tail ring."""
+        model = find(cs.glm5_models(), lambda m: True, settings=OCCURS)
+        kinds = {type(s).__name__ for s in model.specs.values()}
+        assert kinds == {"MambaSpec", "MLAAttentionSpec", "CircularBufferSpec"}
+        indexers = [s for n, s in model.specs.items() if n.endswith("indexer.k_cache")]
+        assert indexers
+        assert all(s.tokens_per_state_value == 16 for s in indexers)
+
+    def test_every_kind_and_dtype_reachable_by_default(self) -> None:
+        """The default models reach every planned spec kind and every KV dtype."""
+        kinds: set[str] = set()
+        dtypes: set[torch.dtype] = set()
+
+        @settings(database=None, deadline=None, max_examples=400, phases=[Phase.generate])
+        @given(cs.models())
+        def collect(model: Model) -> None:
+            for spec in model.specs.values():
+                kinds.add(type(spec).kind)
+                dtypes.update(d for d in (getattr(spec, "dtype", None),) if d is not None)
+                dtypes.update(getattr(spec, "dtypes", ()))
+
+        collect()
+        assert {
+            "full_attention",
+            "mla",
+            "sliding_window",
+            "sliding_window_mla",
+            "chunked_local",
+            "circular_buffer",
+            "mamba",
+            "cross_attention",
+        } <= kinds
+        assert {
+            torch.bfloat16,
+            torch.float16,
+            torch.float8_e4m3fn,
+            torch.float32,
+            torch.uint8,
+        } <= dtypes
+
+
+class TestDecoderLayerSplits:
+    @FAST
+    @given(
+        cs.models(max_layers=16).flatmap(
+            lambda m: st.tuples(st.just(m), cs.pipeline_splits(m, max_workers=4))
+        )
+    )
+    def test_decoder_layers_stay_whole(self, drawn: tuple[Model, cs.PipelineSplit]) -> None:
+        """All caches of one decoder layer share a worker; drafts run with the last stage."""
+        model, split = drawn
+        layers = cs.decoder_layers(model)
+        owner = {n: k for k, w in enumerate(split.workers) for n in w}
+        assert set(owner) == set(model.specs)
+        for names in layers.by_index.values():
+            assert len({owner[n] for n in names}) == 1
+        assert all(owner[n] == len(split.workers) - 1 for n in layers.tail)
+        assert sum(split.partition) == layers.num_hidden_layers
+        if model.specs:
+            assert all(split.workers)
+
+    @pytest.mark.parametrize(
+        ("hidden", "stages", "expected"),
+        [(31, 4, (8, 8, 8, 7)), (10, 4, (2, 3, 3, 2)), (8, 2, (4, 4)), (7, 3, (2, 3, 2))],
+    )
+    def test_vllm_partition(self, hidden: int, stages: int, expected: tuple[int, ...]) -> None:
+        """vLLM's default: even shares, the remainder on the stages before the last."""
+        assert cs.vllm_partition(hidden, stages) == expected
+
+    def test_default_partition_and_uneven_custom_ones(self) -> None:
+        """Splits shrink to vLLM's partition; uneven custom partitions occur."""
+        model = Model(dict.fromkeys([f"model.layers.{i}.attn" for i in range(8)], PLAIN))
+        minimal = find(
+            cs.pipeline_splits(model),
+            lambda s: len(s.workers) == 3,
+            settings=MINIMAL,
+        )
+        assert (minimal.kind, minimal.partition) == ("vllm", (3, 3, 2))
+        custom = find(
+            cs.pipeline_splits(model),
+            lambda s: s.kind == "custom" and s.partition[0] == 1,
+            settings=OCCURS,
+        )
+        assert sum(custom.partition) == 8
+
+    def test_layers_without_cache_count(self) -> None:
+        """Nemotron-H's MLP layers count as decoder layers, and no worker is left empty."""
+        model = find(cs.nemotron_h_models(), lambda m: True, settings=MINIMAL)
+        layers = cs.decoder_layers(model)
+        assert layers.num_hidden_layers > len(layers.by_index)
+        split = find(
+            cs.pipeline_splits(model, max_workers=4),
+            lambda s: len(s.workers) >= 3,
+            settings=OCCURS,
+        )
+        assert all(split.workers)
+        assert sum(split.partition) == layers.num_hidden_layers
+
+
+class TestBlockCounts:
+    def test_buckets_occur(self) -> None:
+        """1, 2..4, odd, 17..1024, large and >4 GiB counts are all drawn."""
+        strategy = cs.num_blocks_for(1 << 20)
+        for predicate in (
+            lambda n: n == 1,
+            lambda n: 2 <= n <= 4,
+            lambda n: n > 4 and n % 2 == 1 and n < 64,
+            lambda n: 17 <= n <= 1024,
+            lambda n: 1024 < n <= 1 << 16,
+            lambda n: n * (1 << 20) > 1 << 32,
+        ):
+            find(strategy, predicate, settings=OCCURS)
+
+    def test_no_huge_bucket_when_unreachable(self) -> None:
+        """Tiny blocks would need too many blocks for 4 GiB: that bucket is left out."""
+        from hypothesis.errors import NoSuchExample
+
+        with pytest.raises(NoSuchExample):
+            find(cs.num_blocks_for(8), lambda n: n > 1 << 16, settings=OCCURS)
+
+    def test_rejects_bad_arguments(self) -> None:
+        """Negative weights are a ValueError."""
+        with pytest.raises(ValueError, match="non-negative"):
+            cs.num_blocks_for(-1)
