@@ -182,7 +182,8 @@ def memory_budgets(
 def num_blocks(*, max_value: int = 1 << 16) -> st.SearchStrategy[int]:
     """Block counts for placement, spread over the regimes where placement bugs live.
 
-    With equal chance (within ``1..max_value``): 1 (shrinks to it); 2..4;
+    Within ``1..max_value``: 1 (shrinks to it, half the weight of the
+    others); 2..4;
     an odd count 5..63 (the last block of a run, strides computed for
     another count); 17..1024; and 1025..``max_value``.  Never 0 or negative
     (the block pool needs its null block).  :func:`num_blocks_for` adds
@@ -190,7 +191,15 @@ def num_blocks(*, max_value: int = 1 << 16) -> st.SearchStrategy[int]:
     """
     if max_value < 1:
         raise ValueError(f"num_blocks(max_value={max_value}) must allow at least one block")
-    return st.one_of(_count_buckets(max_value))
+    return _spread(_count_buckets(max_value))
+
+
+def _spread(buckets: list[st.SearchStrategy[int]]) -> st.SearchStrategy[int]:
+    # The first bucket (one block) is what shrinking returns to, but
+    # Hypothesis favours low choices while generating: give every other
+    # bucket twice its weight so one block stays a minority of the examples.
+    last = 2 * len(buckets) - 2
+    return st.integers(0, last).flatmap(lambda i: buckets[(i + 1) // 2])
 
 
 def _count_buckets(max_value: int) -> list[st.SearchStrategy[int]]:
@@ -234,7 +243,7 @@ def num_blocks_for(bytes_per_block: int, *, max_value: int = 1 << 16) -> st.Sear
         first = FOUR_GIB // bytes_per_block + 1
         if first <= MAX_HUGE_BLOCKS:
             strategies.append(st.integers(first, first + 7))
-    return st.one_of(strategies)
+    return _spread(strategies)
 
 
 def problem_num_blocks(problem: PlanningProblem) -> st.SearchStrategy[int]:
