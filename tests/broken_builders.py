@@ -663,6 +663,40 @@ class ConstructsOnce(_Base):
             raise RuntimeError("the builder's resource is already taken")
 
 
+class SharedInstance(_Base):
+    """Hands out one shared object: every construction after the first returns it."""
+
+    CAUGHT_BY = "KV-CALL-FRESH"
+
+    shared: Any = None
+
+    def __new__(cls) -> Any:
+        if cls.shared is None:
+            cls.shared = super().__new__(cls)
+        return cls.shared
+
+
+class HiSparsePoolShort(_Base):
+    """Plans HiSparse's host pool one host block short of what host_pool_bytes holds."""
+
+    CAUGHT_BY = "KV-HOST-HISPARSE-POOL"
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        from kvref.errors import HiSparseError
+
+        result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
+        stride, pool = result.host_block_stride, config.host_pool_bytes
+        if config.hisparse is None or stride is None or pool is None:
+            return result
+        try:
+            smaller = attrs.evolve(config, host_pool_bytes=pool - stride)
+            return super().get_kv_cache_config_from_groups(smaller, kv_cache_groups, num_blocks)
+        except HiSparseError:
+            return result  # one block fewer would not hold a request: no room to be wrong
+
+
 ALL: tuple[type[_Base], ...] = (
     DroppedLayer,
     DuplicatedLayer,
@@ -701,4 +735,6 @@ ALL: tuple[type[_Base], ...] = (
     SwappedLayers,
     IgnoresAlignment,
     ConstructsOnce,
+    SharedInstance,
+    HiSparsePoolShort,
 )

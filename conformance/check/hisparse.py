@@ -66,7 +66,8 @@ def _pool_findings(obs: HostObservation, placed: KVCacheConfig, sources: Any) ->
             f"host_block_stride={stride} B is smaller than one block of every source layer "
             f"({need} B)"
         )
-    if placed.shared_host_pool != obs.config.hisparse.shared_host_pool:  # type: ignore[union-attr]
+    settings = obs.config.hisparse
+    if settings is not None and placed.shared_host_pool != settings.shared_host_pool:
         out.append(f"shared_host_pool={placed.shared_host_pool} is not the setting's")
     if stride and blocks != pool // stride:
         out.append(

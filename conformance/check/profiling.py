@@ -17,7 +17,7 @@ from conformance.run.observations import ProfilingObservation
 
 __all__: list[str] = []
 
-_ID = "KV-RESOLVE-FRESH"
+_ID = "KV-CALL-FRESH"
 
 
 def _stateless(obs: ProfilingObservation) -> list[Violation]:
@@ -52,15 +52,8 @@ def _resolve_fresh(obs: ProfilingObservation) -> list[Violation] | Unjudged | No
     out: list[Violation] = []
     seen: dict[int, int] = {}
     for index, resolution in enumerate(obs.resolutions):
-        if resolution.error is not None:
-            out.append(
-                _v(
-                    _ID,
-                    f"resolving {obs.qualname!r} as the platform's builder failed: "
-                    f"{resolution.error}",
-                )
-            )
-            continue
+        if not resolution.identity:
+            continue  # no object: the builder hung earlier (KV-CALL-TIMEOUT)
         if not resolution.is_named_class:
             out.append(
                 _v(

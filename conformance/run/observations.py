@@ -181,20 +181,18 @@ class CoreObservation:
 class Resolution:
     """What resolving the builder by its qualname gave, once (vLLM ``get_kv_cache_config_builder``).
 
-    Not a :class:`CallResult` on purpose: a resolution that fails is
-    ``KV-RESOLVE-FRESH``'s finding, not a hook call of the ``KV-CALL-*`` kind.
+    A resolution whose construction fails is not recorded: the observation
+    is then a :class:`ConstructFailure`, ``KV-CALL-CONSTRUCT``'s finding.
 
     Attributes:
-        error: why resolution failed (``None``: it gave an object).
-        identity: ``id()`` of the object it gave (0 on failure).
+        identity: ``id()`` of the object it gave (0: none, the builder hung earlier).
         type_name: the qualified name of that object's class.
         is_named_class: whether the object is an instance of the named class.
     """
 
-    error: str | None = None
-    identity: int = 0
-    type_name: str = ""
-    is_named_class: bool = False
+    identity: int
+    type_name: str
+    is_named_class: bool
 
 
 @attrs.frozen(kw_only=True)

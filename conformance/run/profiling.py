@@ -16,7 +16,7 @@ assumes it sees every worker's layers is caught by the grouping or
 placement invariant it breaks, with the worker named.  When the builder
 has a qualname a platform could name, the builders come from
 ``kvref.get_kv_cache_config_builder`` with that qualname as the platform's
-choice, and what resolution gave is recorded for ``KV-RESOLVE-FRESH``.
+choice, and what resolution gave is recorded for ``KV-CALL-FRESH``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,12 @@ from hypothesis import strategies as st
 from conformance.check.violations import Violation
 from conformance.run.guard import CallResult
 from conformance.run.observations import ProfilingObservation, Resolution
-from conformance.run.scenarios import Context, call_grouping, call_placement
+from conformance.run.scenarios import (
+    ConstructionFailedError,
+    Context,
+    call_grouping,
+    call_placement,
+)
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.specs import KVCacheSpec
@@ -83,25 +88,33 @@ def resolvable_qualname(builder: object, name: str | None) -> tuple[str | None, 
 
 
 def _resolve(ctx: Context, qualname: str, config: PlanningConfig) -> tuple[Resolution, Any]:
-    """Resolve ``qualname`` as the platform's builder once (the object too, to keep it alive)."""
+    """Resolve ``qualname`` as the platform's builder once (the object too, to keep it alive).
+
+    Resolution instantiates the class: a construction that fails is
+    ``KV-CALL-CONSTRUCT``'s finding, as with every other fresh builder.
+
+    Raises:
+        ConstructionFailedError: constructing the resolved class failed.
+    """
     from kvref.resolution import get_kv_cache_config_builder, resolve_builder_class
 
     def resolve() -> KVCacheConfigBuilder:
         return get_kv_cache_config_builder(attrs.evolve(config, platform_builder_cls=qualname))
 
-    result = ctx.guard.call("get_kv_cache_config_builder", resolve)
+    result = ctx.guard.call("__init__", resolve)
+    if result.not_called:
+        # The builder hung earlier: the factory's stand-in is never called either.
+        return Resolution(identity=0, type_name="", is_named_class=True), ctx.factory()
     if not result.ok:
-        return Resolution(error=result.describe()), None
+        raise ConstructionFailedError(result)
     made: Any = result.value
     named = resolve_builder_class(qualname, "builder")
-    return (
-        Resolution(
-            identity=id(made),
-            type_name=f"{type(made).__module__}.{type(made).__qualname__}",
-            is_named_class=isinstance(made, named),
-        ),
-        made,
+    resolution = Resolution(
+        identity=id(made),
+        type_name=f"{type(made).__module__}.{type(made).__qualname__}",
+        is_named_class=isinstance(made, named),
     )
+    return resolution, made
 
 
 def _on_worker(violations: Mapping[str, tuple[Violation, ...]], worker: int) -> dict[str, Any]:
