@@ -98,9 +98,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--isolate",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=True,
         help="run the builder in a worker process: a hook that exits, crashes or patches the "
-        "kit is reported as a failure of the builder (default: off)",
+        "kit is reported as a failure of the builder (default: on; --no-isolate runs it in "
+        "the kit's process, e.g. for a debugger)",
     )
     parser.add_argument(
         "--reach",
