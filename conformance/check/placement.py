@@ -6,7 +6,12 @@ from collections import Counter
 from collections.abc import Sequence
 
 from conformance.check import memory
-from conformance.check.bounds import absurd_size, size_bound, tensor_problems
+from conformance.check.bounds import (
+    BLOCK_PADDING_ALLOWANCE,
+    absurd_size,
+    size_bound,
+    tensor_problems,
+)
 from conformance.check.catalog import (
     Check,
     Invariant,
@@ -357,7 +362,8 @@ def _size_bound(obs: PlacementObservation) -> list[Violation] | None:
                     "KV-PLACE-SIZE-BOUND",
                     f"at {n} blocks the device backing is {size} bytes, more than twice what "
                     f"giving every layer its own aligned pages takes ({bound} x {n} = {bound * n}) "
-                    "plus 1 MiB; the kit will not allocate it",
+                    f"plus {BLOCK_PADDING_ALLOWANCE} bytes of padding per block and 1 MiB; the "
+                    "kit will not allocate it",
                 )
             )
     return out
@@ -397,6 +403,8 @@ def _memory_check(kind: str) -> Check:
             return None
         out: list[Violation] = []
         for n, c in sorted(configs.items()):
+            if any(t.host_resident for t in c.kv_cache_tensors):
+                continue  # device pages beside host groups are KV-HOST-DEVICE-SAFE's
             if kind == "bounds":
                 out += [
                     _v(
@@ -515,9 +523,11 @@ def _typed_views(obs: PlacementObservation) -> list[Violation] | None:
     scenario="placement",
     in_core=True,
 )
-def _block_stride(obs: PlacementObservation) -> list[Violation] | None:
-    if not obs.layout.is_block_outermost or obs.declared_pool_bytes is not None:
-        return []
+def _block_stride(obs: PlacementObservation) -> list[Violation] | Unjudged | None:
+    if not obs.layout.is_block_outermost:
+        return Unjudged("a layer-outer layout: no whole-block step to check")
+    if obs.declared_pool_bytes is not None:
+        return Unjudged("several device allocations declared: no single block step")
     configs = _configs(obs)
     if configs is None:
         return None

@@ -4,7 +4,7 @@ A verdict about code the run never entered says nothing.  A vendor builder
 typically calls ``super()`` for ordinary models and specialises on a few
 families; reach tells whether the run got into those specialisations.
 
-Reach is measured with coverage.py (``pip install 'kvref[reach]'``) over the
+Reach is measured with coverage.py (the ``reach`` extra, or ``pip install coverage``) over the
 module that defines the builder class and the other modules of its package,
 or the modules named with ``--reach``.  It is an observation of the run, not
 an invariant: it fails the run only below ``--min-reach``.
@@ -118,7 +118,7 @@ class ReachMeter:
         """
         if importlib.util.find_spec("coverage") is None:
             raise ReachError(
-                "measuring reach needs coverage.py: pip install 'kvref[reach]' (or coverage)"
+                "measuring reach needs coverage.py: pip install coverage (the kit's 'reach' extra)"
             )
         files = [_module_file(m) for m in modules] if modules else builder_modules(builder)
         return cls(files=files, min_reach=min_reach)
