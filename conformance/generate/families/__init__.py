@@ -66,7 +66,15 @@ DEFAULT_FAMILIES: tuple[str, ...] = tuple(f for f in FAMILIES if f != "realistic
 
 #: Families whose models are long and specialised; see :func:`family_strategy`.
 SPECIALISED: frozenset[str] = frozenset(
-    {*sparse_mla.FAMILIES, *linear.FAMILIES, *drafts.FAMILIES, "realistic"}
+    {
+        *sparse_mla.FAMILIES,
+        *linear.FAMILIES,
+        *drafts.FAMILIES,
+        *hidden_state.FAMILIES,
+        *hisparse.FAMILIES,
+        *declared.FAMILIES,
+        "realistic",
+    }
 )
 # Hypothesis shrinks by the length of the choice sequence first.  A 1-layer
 # DeepSeek-V4 model (five caches) takes fewer choices than a 2-layer uniform
