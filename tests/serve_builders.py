@@ -1,11 +1,17 @@
 """Builders for the serving simulation's meta-tests: broken ones (one bug each) and legal variants.
 
-The broken builders keep every static promise the kit checks (partition,
-block size per group, bytes per token and ``(H, C)`` per layer, placement
-footprints) and break what only a request stream shows: the group's spec
-decides what vLLM's manager keeps and allocates, the layer's own spec what
-its kernel reads and writes.  ``CAUGHT_BY`` names the serving invariant that
-catches each.  The legal variants differ from the reference yet must pass.
+vLLM's scheduler runs one manager per group, chosen by the group's *first*
+per-layer spec (``generate_scheduler_kv_cache_config``), while each layer's
+kernel reads and writes what the layer's own spec says.  The wrapper
+builders below keep every per-layer spec as the model gave it, so every
+static check passes (partition, one block size per group, bytes and meaning
+of each layer's spec, placement footprints), and break only that: a group
+whose layers need different retention.  ``CAUGHT_BY`` names the serving
+invariant that catches each.
+
+The regrouping builders change a group's spec itself; the static
+``KV-GROUP-SPEC-MEANING`` catches those, and the simulation agrees.  The
+legal variants differ from the reference yet must pass.
 """
 
 from __future__ import annotations
@@ -116,6 +122,77 @@ class DropsSpeculativeStates(_Regrouping):
         return attrs.evolve(spec, num_speculative_blocks=0)
 
 
+# -- dynamic only: one wrapper, two retentions ------------------------------------------
+
+
+def _page(group: KVCacheGroupSpec) -> tuple[int, int]:
+    spec = group.layer_spec(group.layer_names[0])
+    return spec.block_size, spec.page_size_bytes
+
+
+class _Wrapping(ReferenceKVCacheConfigBuilder):
+    """Wraps the layers of ``first`` groups, then those of ``rest`` groups, into one group."""
+
+    CAUGHT_BY = ""
+
+    def first(self, spec: KVCacheSpec) -> bool:
+        raise NotImplementedError
+
+    def rest(self, spec: KVCacheSpec) -> bool:
+        return type(spec) is FullAttentionSpec
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+
+        def picked(test: Any) -> list[int]:
+            return [
+                i
+                for i, g in enumerate(groups)
+                if g.layer_names and all(test(s) for _, s in g.layer_specs())
+            ]
+
+        heads, tails = picked(self.first), picked(self.rest)
+        chosen = heads + tails
+        # Only where the pages match, so the merged group is placeable in every layout.
+        if not heads or not tails or len({_page(groups[i]) for i in chosen}) != 1:
+            return groups
+        layers = {n: s for i in chosen for n, s in groups[i].layer_specs()}
+        merged = KVCacheGroupSpec(
+            layer_names=list(layers), kv_cache_spec=UniformTypeKVCacheSpecs(kv_cache_specs=layers)
+        )
+        out = [g for i, g in enumerate(groups) if i not in chosen]
+        out.insert(min(chosen), merged)
+        return out
+
+
+class SlidingFirstWrapper(_Wrapping):
+    """Wraps sliding-window layers and full-attention layers into one group, windows first.
+
+    Every layer keeps its own spec, but the scheduler's manager follows the
+    first: it frees the full layers' blocks once they leave the window.
+    """
+
+    CAUGHT_BY = "KV-SERVE-ISOLATION"
+
+    def first(self, spec: KVCacheSpec) -> bool:
+        return type(spec) is SlidingWindowSpec
+
+
+class RingFirstWrapper(_Wrapping):
+    """Wraps ring-buffer layers and full-attention layers into one group, rings first.
+
+    The manager holds one block per request; the full layers' kernels write
+    token ``t`` through entry ``t // block_size``, which it never allocates.
+    """
+
+    CAUGHT_BY = "KV-SERVE-POOL"
+
+    def first(self, spec: KVCacheSpec) -> bool:
+        return type(spec) is CircularBufferSpec
+
+
 # -- legal variants ---------------------------------------------------------------------
 
 
@@ -142,5 +219,8 @@ class WindowsAsFull(_Regrouping):
         return _recast(spec, FullAttentionSpec)
 
 
-BROKEN = (FullAsSlidingWindow, FullAsRingBuffer, DropsSpeculativeStates)
+#: Pass every static check and break serving.
+DYNAMIC = (SlidingFirstWrapper, RingFirstWrapper)
+#: Change a group spec's meaning: caught statically, and by serving.
+REGROUPING = (FullAsSlidingWindow, FullAsRingBuffer, DropsSpeculativeStates)
 LEGAL = (OneGroupPerLayer, WindowsAsFull)

@@ -28,6 +28,7 @@ from conformance.serve.machine import (
 from conformance.serve.pool import BlockPool, PoolExhaustedError, Retention
 from conformance.serve.sim import Simulation
 from kvref import (
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
@@ -292,9 +293,22 @@ class TestLegalVariants:
         assert_clean(place(serve_builders.WindowsAsFull(), specs), specs, "LBNHC")
 
 
+def ring_model() -> dict[str, KVCacheSpec]:
+    """Full attention beside ring buffers with the same pages (a kpool-like tail)."""
+    kw: dict[str, Any] = {"block_size": 4, "num_kv_heads": 2, "head_size": 8, "dtype": BF16}
+    return {
+        "r0": CircularBufferSpec(**kw),
+        "f0": FullAttentionSpec(**kw),
+        "f1": FullAttentionSpec(**kw),
+        "r1": CircularBufferSpec(**kw),
+    }
+
+
 @pytest.mark.parametrize(
     ("builder", "specs"),
     [
+        (serve_builders.SlidingFirstWrapper, hybrid()),
+        (serve_builders.RingFirstWrapper, ring_model()),
         (serve_builders.FullAsSlidingWindow, hybrid()),
         (serve_builders.FullAsRingBuffer, hybrid()),
         (serve_builders.DropsSpeculativeStates, mamba_hybrid()),
@@ -314,7 +328,19 @@ class TestBrokenBuildersAreCaught:
         assert len(program.ops) <= 2
         assert repr(program).startswith("state = ServeMachine()\nstate.add_request(")
 
-    def test_state_machine_fails(
+
+@pytest.mark.parametrize(
+    ("builder", "specs"),
+    [
+        (serve_builders.SlidingFirstWrapper, hybrid()),
+        (serve_builders.RingFirstWrapper, ring_model()),
+    ],
+    ids=lambda x: x.__name__ if isinstance(x, type) else "",
+)
+class TestStateMachine:
+    """The RuleBasedStateMachine form of the simulation catches what the streams catch."""
+
+    def test_fails_with_the_meant_id(
         self, builder: type[KVCacheConfigBuilder], specs: dict[str, KVCacheSpec]
     ) -> None:
         """The RuleBasedStateMachine over the same config raises with the meant id."""
@@ -328,7 +354,10 @@ class TestBrokenBuildersAreCaught:
         )
         with pytest.raises(AssertionError, match=builder.CAUGHT_BY):  # type: ignore[attr-defined]
             run_state_machine_as_test(
-                machine, settings=settings(max_examples=100, deadline=None, database=None)
+                machine,
+                settings=settings(
+                    max_examples=60, stateful_step_count=10, deadline=None, database=None
+                ),
             )
 
 
@@ -363,3 +392,96 @@ class TestStaticFindingsAgree:
         """A layer in another group's tensor, or unused bytes per block, leak nothing."""
         specs = hybrid()
         assert_clean(place(builder(), specs, layout), specs, layout)
+
+
+@pytest.fixture
+def serve_wired(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Register the ``serve`` scenario in the runner, as the catalog will; undone afterwards.
+
+    Returns a function that makes every scenario draw its models from a given
+    strategy instead of the kit's families.
+    """
+    from conformance.check import catalog as catalog_module
+    from conformance.run import runner, scenarios
+
+    # Fill the real catalog first: modules imported under the patch would register
+    # into the copy only, and leave the real catalog empty for the rest of the session.
+    catalog_module.catalog()
+    monkeypatch.setattr(catalog_module, "_REGISTRY", dict(catalog_module._REGISTRY))
+    from conformance.serve import scenario
+
+    for inv in scenario.INVARIANTS:
+        catalog_module.register(inv)
+    scenario_names = runner.SCENARIOS  # type: ignore[attr-defined]
+    monkeypatch.setattr(runner, "SCENARIOS", (*scenario_names, scenario.SERVE))
+    monkeypatch.setitem(scenarios.OBSERVERS, scenario.SERVE, scenario.observe_serve)
+    plain = runner.examples  # type: ignore[attr-defined]
+    chosen: list[Any] = [None]
+
+    def examples(name: str, models: Any = None) -> Any:
+        if chosen[0] is not None:
+            models = chosen[0]
+        if name == scenario.SERVE:
+            return scenario.serve_examples(models)
+        return plain(name, models=models)
+
+    monkeypatch.setattr(runner, "examples", examples)
+
+    def use_models(strategy: Any) -> None:
+        chosen[0] = strategy
+
+    return use_models
+
+
+@pytest.mark.usefixtures("serve_wired")
+class TestKitScenario:
+    """The ``serve`` scenario in ``check_builder``: the reference passes, broken builders fail."""
+
+    def test_reference_passes(self) -> None:
+        """Both serving invariants pass on the reference, judged by every example."""
+        from conformance.run.runner import check_builder
+
+        report = check_builder(
+            ReferenceKVCacheConfigBuilder, select=["KV-SERVE"], max_examples=15, seed=3
+        )
+        statuses = {r.id: (r.status, r.examples) for r in report.results}
+        assert statuses[ISOLATION][0] == statuses[POOL][0] == "pass", report.results
+        assert statuses[ISOLATION][1] >= 10
+
+    def test_broken_builder_fails_with_a_shrunk_stream(self, serve_wired: Any) -> None:
+        """The meant invariant fails alone; the counterexample prints the rule calls."""
+        from conformance.generate.records import Model
+        from conformance.run.runner import check_builder
+
+        windows = st.sampled_from([6, 32, 1024])
+        serve_wired(windows.map(lambda w: Model(hybrid(window=w), f"hybrid window {w}")))
+        builder = serve_builders.SlidingFirstWrapper
+        report = check_builder(builder, select=["KV-SERVE"], max_examples=25, seed=3)
+        assert report.failed_ids == {builder.CAUGHT_BY}
+        (failure,) = report.failures
+        assert failure.counterexample is not None
+        calls = [line for line in failure.counterexample.splitlines() if line.startswith("state.")]
+        assert calls and calls[0].startswith("state.add_request(") and len(calls) <= 3
+        assert all(v.invariant == builder.CAUGHT_BY for v in failure.violations)
+
+    @pytest.mark.parametrize(
+        ("builder", "specs"),
+        [
+            (serve_builders.SlidingFirstWrapper, hybrid()),
+            (serve_builders.RingFirstWrapper, ring_model()),
+        ],
+        ids=lambda x: x.__name__ if isinstance(x, type) else "",
+    )
+    def test_broken_builder_passes_static_checks(
+        self, serve_wired: Any, builder: type, specs: dict[str, KVCacheSpec]
+    ) -> None:
+        """On the models they break, the builders keep every static promise the kit checks."""
+        from conformance.generate.records import Model
+        from conformance.run.runner import check_builder
+
+        serve_wired(st.just(Model(specs, builder.__name__)))
+        static = ["KV-GROUP", "KV-PLACE", "KV-CORE", "KV-CALL"]
+        report = check_builder(builder, select=static, max_examples=10, seed=5)
+        assert report.ok, [(r.id, r.violations[:1]) for r in report.failures]
+        judged = {r.id for r in report.results if r.status == "pass"}
+        assert {"KV-GROUP-SPEC-MEANING", "KV-PLACE-NO-BLOCK-ALIAS"} <= judged

@@ -29,6 +29,7 @@ __all__ = [
     "POOL",
     "SERVE_INVARIANTS",
     "ServeBounds",
+    "bounds_for",
     "run_serving",
     "serve_bounds",
 ]
@@ -64,22 +65,41 @@ class ServeBounds:
         )
 
 
-def serve_bounds(config: KVCacheConfig) -> ServeBounds:
-    """Bounds for ``config``: about three of its largest blocks, within the byte budget."""
-    specs = list(config.layer_specs().values())
-    blocks = [g.kv_cache_spec.block_size for g in config.kv_cache_groups] or [16]
-    per_token = 0
-    for spec in specs:
-        tps = spec.tokens_per_state_value
-        per_token += spec.page_size_bytes // max(1, spec.block_size) if tps > 0 else 0
-    cap = BYTE_BUDGET // max(1, per_token)
-    max_tokens = max(2, min(3 * max(blocks) + 1, cap, 4096))
-    encoder = any(isinstance(s, (CrossAttentionSpec, EncoderOnlyAttentionSpec)) for s in specs)
+def bounds_for(specs: Mapping[str, KVCacheSpec]) -> ServeBounds:
+    """Request sizes for a model: past three of its largest blocks and its smallest window.
+
+    Capped by :data:`BYTE_BUDGET` of KV per request and 4096 tokens.
+    """
+    blocks = [s.block_size for s in specs.values()] or [16]
+    per_token = sum(
+        s.page_size_bytes // max(1, s.block_size)
+        for s in specs.values()
+        if s.tokens_per_state_value > 0
+    )
+    # Long enough to cross blocks and, where a window or chunk frees some, to free them.
+    windows = [
+        w
+        for s in specs.values()
+        for w in (getattr(s, "sliding_window", None), getattr(s, "attention_chunk_size", None))
+        if w
+    ]
+    reach = 3 * max(blocks) + 1
+    if windows:
+        reach = max(reach, min(windows) + 2 * max(blocks))
+    max_tokens = max(2, min(reach, BYTE_BUDGET // max(1, per_token), 4096))
+    encoder = any(
+        isinstance(s, (CrossAttentionSpec, EncoderOnlyAttentionSpec)) for s in specs.values()
+    )
     return ServeBounds(
         max_tokens=max_tokens,
         max_prompt=max(1, (2 * max_tokens) // 3),
         max_encoder=max(1, min(blocks) * 2) if encoder else 0,
     )
+
+
+def serve_bounds(config: KVCacheConfig) -> ServeBounds:
+    """:func:`bounds_for` the config's per-layer specs."""
+    return bounds_for(config.layer_specs())
 
 
 def run_serving(

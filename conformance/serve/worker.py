@@ -227,6 +227,9 @@ class Layers:
                 if geo.declared.kind == "encoder" and start > 0:
                     continue
                 states, keys = self._states(geo, req, start, end)
+                if geo.declared.kind == "ring":
+                    # Only the last lap of a ring survives a write of several laps.
+                    states, keys = states[-geo.per_block :], keys[-geo.per_block :]
                 pages, offsets, entry, block = self._address(geo, table, states)
                 unheld = block <= NULL_BLOCK
                 if bool(unheld.any()):
@@ -353,6 +356,9 @@ class Layers:
                     continue
                 start, end = geo.declared.needed_tokens(req.computed)
                 states, keys = self._states(geo, req, start, end)
+                if geo.declared.kind == "ring":
+                    # A ring keeps its last ``S_G`` states; older ones share their slots.
+                    states, keys = states[-geo.per_block :], keys[-geo.per_block :]
                 pages, offsets, entry, block = self._address(geo, table, states)
                 # An entry the manager never allocated is the writer's finding (KV-SERVE-POOL);
                 # a null entry was freed while the layer still reads it.

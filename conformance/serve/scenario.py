@@ -1,0 +1,238 @@
+"""The ``serve`` scenario: examples, the observer and the two invariants, for the kit's runner.
+
+An example is a generated planning problem, a pool size and a request
+stream.  The observer groups the model with the builder (the reference's
+groups when the builder's break a grouping invariant, as placement does),
+places every worker's projection of the groups with the builder, and serves
+the stream over all workers' configs on the run's device.  The invariants
+read the violations of the first step that broke one.
+
+Registration (importing this module registers the invariants, as the other
+check modules do); the runner needs the scenario name in ``SCENARIOS``,
+:func:`observe_serve` in ``OBSERVERS`` and :func:`serve_examples` as the
+examples of ``"serve"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from hypothesis import strategies as st
+
+from conformance.check.catalog import Invariant, Unjudged, register
+from conformance.check.violations import Violation
+from conformance.generate import strategies as kst
+from conformance.run.examples import Example, examples
+from conformance.run.guard import CallResult
+from conformance.run.scenarios import Context, builder_or_reference_groups, call_placement
+from conformance.serve.checks import MAX_BYTES, ServeBounds, bounds_for, run_serving
+from conformance.serve.machine import ServeProgram, programs
+from conformance.serve.worker import ISOLATION, POOL
+from kvref.planning import project_kv_cache_groups_to_worker
+from kvref.records import KVCacheConfig
+from kvref.specs import KVCacheSpec
+
+__all__ = [
+    "INVARIANTS",
+    "OPS_BY_PROFILE",
+    "SERVE",
+    "ServeExample",
+    "ServeObservation",
+    "observe_serve",
+    "serve_examples",
+]
+
+#: The scenario's name.
+SERVE = "serve"
+
+#: Rule calls per request stream for each profile.
+OPS_BY_PROFILE = {"ci": 6, "thorough": 24}
+
+#: Block IDs the pool of a serving example may have (the null block included).
+POOL_BLOCKS = (4, 48)
+
+#: Bytes of backings (all workers) a serving example aims at; the pool shrinks to fit it.
+EXAMPLE_BYTES = 16 << 20
+
+
+@attrs.frozen
+class ServeExample:
+    """A planning problem, a pool size (``example.num_blocks``) and a request stream."""
+
+    example: Example
+    program: ServeProgram
+    bounds: ServeBounds = attrs.field(eq=False)
+
+    @property
+    def config(self) -> Any:
+        """The planning config."""
+        return self.example.config
+
+    @property
+    def workers(self) -> tuple[Mapping[str, KVCacheSpec], ...]:
+        """Each worker's layers."""
+        return self.example.workers
+
+    @property
+    def merged(self) -> dict[str, KVCacheSpec]:
+        """Every worker's layers in one dict."""
+        return self.example.merged
+
+    @property
+    def num_blocks(self) -> int:
+        """Block IDs of the pool (the null block included)."""
+        return self.example.num_blocks
+
+    @property
+    def available_memory(self) -> tuple[int, ...]:
+        """Bytes per worker (unused: the pool size is ``num_blocks``)."""
+        return self.example.available_memory
+
+    @property
+    def description(self) -> str:
+        """The problem, readable."""
+        return self.example.description
+
+    def to_python(self) -> str:
+        """Python source of the problem; the stream follows as comments."""
+        calls = "\n".join(f"# {line}" for line in repr(self.program).splitlines())
+        return f"{self.example.to_python()}\n# request stream:\n{calls}\n"
+
+    def __repr__(self) -> str:
+        return f"{self.example!r}\n{self.program!r}"
+
+
+def serve_examples(
+    models: st.SearchStrategy[kst.Model] | None = None, *, max_ops: int = OPS_BY_PROFILE["ci"]
+) -> st.SearchStrategy[ServeExample]:
+    """Problems the reference can plan, pools of 4..48 blocks, streams of 1..``max_ops`` calls.
+
+    Pools shrink (down to 2 blocks) where pages are so large that the backings
+    would pass :data:`EXAMPLE_BYTES`; never a pool without room beyond the
+    null block.  Streams shrink to fewer, shorter requests.
+    """
+
+    @st.composite
+    def build(draw: st.DrawFn) -> ServeExample:
+        base = draw(examples(SERVE, models))
+        # Every worker's pages of one block, summed: at least what each block ID costs.
+        per_block = sum(s.page_size_bytes for s in base.merged.values()) or 1
+        fit = max(2, EXAMPLE_BYTES // per_block)
+        num_blocks = draw(st.integers(min(POOL_BLOCKS[0], fit), min(POOL_BLOCKS[1], fit)))
+        bounds = bounds_for(base.merged)
+        program = draw(
+            programs(max_prompt=bounds.max_prompt, max_ops=max_ops, max_encoder=bounds.max_encoder)
+        )
+        head = base.description.rsplit(", num_blocks=", 1)[0]
+        example = attrs.evolve(
+            base, num_blocks=num_blocks, description=f"{head}, num_blocks={num_blocks}"
+        )
+        return ServeExample(example=example, program=program, bounds=bounds)
+
+    return build()
+
+
+@attrs.frozen(kw_only=True)
+class ServeObservation:
+    """What serving one stream over the builder's configs showed.
+
+    Attributes:
+        example: the example served.
+        configs: the builder's config of each worker (empty when placement failed).
+        groups_source: ``builder`` or ``reference`` (the builder's groups broke a
+            grouping invariant, reported there).
+        violations: the violations of the step that broke an invariant (empty:
+            the stream ran clean), or ``None`` when nothing could be served.
+        reason: why nothing was served, when it was not.
+        calls: the guarded placement calls (the ``KV-CALL-*`` invariants read them).
+    """
+
+    example: ServeExample
+    configs: tuple[KVCacheConfig, ...]
+    groups_source: str
+    violations: tuple[Violation, ...] | None
+    reason: str | None = None
+    calls: tuple[CallResult, ...] = ()
+
+
+def observe_serve(ctx: Context, ex: ServeExample) -> ServeObservation:
+    """Place every worker's groups with the builder and serve the stream over them."""
+    config = attrs.evolve(ex.config, num_gpu_blocks_override=None)
+    groups, source = builder_or_reference_groups(ctx, config, ex.merged)
+    builder = ctx.factory()
+    configs: list[KVCacheConfig] = []
+    calls: list[CallResult] = []
+    for w, worker in enumerate(ex.workers):
+        projected = (
+            project_kv_cache_groups_to_worker(groups, worker)
+            if len(ex.workers) > 1
+            else list(groups)
+        )
+        result, _ = call_placement(ctx.guard, builder, config, projected, ex.example.num_blocks)
+        calls.append(result)
+        if not result.ok:
+            return ServeObservation(
+                example=ex,
+                configs=(),
+                groups_source=source,
+                violations=None,
+                reason=f"placement of worker {w} failed (see KV-CALL-* and KV-PLACE-*)",
+                calls=tuple(calls),
+            )
+        configs.append(result.value)
+    found = run_serving(
+        configs,
+        config.kv_cache_layout,
+        ctx.device,
+        program=ex.program,
+        layer_specs=[dict(w) for w in ex.workers],
+        bounds=ex.bounds,
+        max_bytes=ctx.max_alloc_bytes or MAX_BYTES,
+    )
+    return ServeObservation(
+        example=ex,
+        configs=tuple(configs),
+        groups_source=source,
+        violations=None if found is None else tuple(found),
+        reason=None
+        if found is not None
+        else (
+            "the configs cannot be served: views that cannot be built, groups that differ "
+            "across workers, or backings above the allocation cap (the static invariants "
+            "report the first two)"
+        ),
+        calls=tuple(calls),
+    )
+
+
+def _judge(invariant_id: str) -> Any:
+    def check(obs: ServeObservation) -> list[Violation] | Unjudged:
+        if obs.violations is None:
+            return Unjudged(obs.reason or "nothing was served")
+        return [v for v in obs.violations if v.invariant == invariant_id]
+
+    return check
+
+
+INVARIANTS = (
+    register(
+        Invariant(
+            id=ISOLATION,
+            title="under a request stream, every request reads back only its own KV",
+            anchor="serving-isolation",
+            scenarios=(SERVE,),
+            check=_judge(ISOLATION),
+        )
+    ),
+    register(
+        Invariant(
+            id=POOL,
+            title="a block ID has one holder; kernels write only blocks their request holds",
+            anchor="serving-pool",
+            scenarios=(SERVE,),
+            check=_judge(POOL),
+        )
+    ),
+)
