@@ -169,6 +169,20 @@ class TestHostPool:
         obs = _observe(ReferenceKVCacheConfigBuilder, "host", _hisparse_example(80, shared=True))
         assert by_id()["KV-HOST-HISPARSE-POOL"].check(obs) == []
 
+    def test_index_group_tensors_share_one_backing(self) -> None:
+        """A leader and a follower (two specs) get two host views of one 80-block backing."""
+        example = _hisparse_example(80)
+        leader = attrs.evolve(LATENT, is_index_group_leader=True)
+        worker = dict(example.workers[0])
+        worker["model.layers.0.self_attn.attn"] = leader
+        del worker["model.layers.1.self_attn.indexer.k_cache"]
+        obs = _observe(
+            ReferenceKVCacheConfigBuilder, "host", attrs.evolve(example, workers=(worker,))
+        )
+        placed = obs.placed.value
+        assert [t.size for t in placed.host_tensors] == [80 * 147_456, 80 * 147_456]
+        assert by_id()["KV-HOST-HISPARSE-POOL"].check(obs) == []
+
     def test_short_pool_is_caught(self) -> None:
         """One host block kept back: 79 of the 80 the setting holds."""
         import broken_builders
