@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Device check on a machine with an NVIDIA GPU: the allocation and device-invariant tests
-# on CUDA, then the KV-DEV-TAGS bandwidth benchmark.  Needs only PyPI.
+# Device check on a machine with an NVIDIA GPU: the allocation, device-invariant and
+# serving-simulation tests on CUDA, then the KV-DEV-TAGS bandwidth and the serving
+# simulation's throughput benchmarks.  Needs only PyPI.
 #
 #   scripts/gpu-check.sh                 # cuda (the current device)
 #   KVREF_TEST_DEVICE=cuda:1 scripts/gpu-check.sh
@@ -50,7 +51,10 @@ EOF
 
 step "tests on $DEVICE"
 KVREF_TEST_DEVICE="$DEVICE" timeout 600 "$PY" -m pytest -q \
-  tests/test_allocation.py tests/test_device.py
+  tests/test_allocation.py tests/test_device.py tests/test_serve.py
 
 step "KV-DEV-TAGS bandwidth on $DEVICE"
 timeout 300 "$PY" benchmarks/device.py --device "$DEVICE"
+
+step "serving simulation throughput on $DEVICE"
+timeout 300 "$PY" benchmarks/serve.py --device "$DEVICE"
