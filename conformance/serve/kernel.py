@@ -15,6 +15,8 @@ from fractions import Fraction
 import attrs
 import torch
 
+from conformance.serve.pool import Retention
+
 __all__ = [
     "MASK64",
     "LayerSlot",
@@ -63,7 +65,7 @@ class LayerSlot:
     view: torch.Tensor
     salt: int
     tokens_per_state: Fraction
-    declared: object
+    declared: Retention
     wide: torch.Tensor | None = None
 
     @property

@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from conformance.check.violations import Violation
+from conformance.serve.pool import PoolExhaustedError
 from conformance.serve.sim import Simulation
+from conformance.serve.worker import POOL
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig
 from kvref.specs import KVCacheSpec
@@ -116,7 +118,12 @@ class ServeProgram:
     def run(self, sim: Simulation) -> list[Violation]:
         """Replay the calls on ``sim`` and stop after the first step that breaks an invariant."""
         for op in self.ops:
-            found = op.apply(sim)
+            try:
+                found = op.apply(sim)
+            except PoolExhaustedError as exc:
+                # The scheduler checks before it allocates; running dry means the
+                # pool's accounting and the managers' disagree.
+                return [Violation(invariant=POOL, message=f"{op!r}: the pool ran dry: {exc}")]
             if found:
                 return found
         return []
