@@ -607,7 +607,14 @@ class TestSpecialisedFamilies:
         kinds: set[str] = set()
         dtypes: set[torch.dtype] = set()
 
-        @settings(database=None, deadline=None, max_examples=400, phases=[Phase.generate])
+        # Derandomized: the figure is about the default stream, not one lucky draw.
+        @settings(
+            database=None,
+            deadline=None,
+            max_examples=600,
+            phases=[Phase.generate],
+            derandomize=True,
+        )
         @given(cs.models())
         def collect(model: Model) -> None:
             for spec in model.specs.values():
