@@ -45,9 +45,19 @@ def size_bound(groups: Sequence[KVCacheGroupSpec]) -> int:
     return sum(aligned_page(s, alignment) for s in specs)
 
 
+#: Padding a legal plan may add to every block: rounding a block up to a page of
+#: the allocator (4 KiB, ROCm's 4096-byte rounding, up to 64 KiB pages) is legal,
+#: however small the layers' pages are (contract.md#placement-backing).
+BLOCK_PADDING_ALLOWANCE = 64 * 1024
+
+
 def absurd_size(size: int, num_blocks: int, bound: int) -> bool:
-    """Whether a backing is beyond any sane plan: over twice the no-aliasing bytes plus 1 MiB."""
-    return size > 2 * bound * num_blocks + 2**20
+    """Whether a backing is beyond any sane plan.
+
+    Sane: at most twice the no-aliasing bytes of a block plus a 64 KiB padding
+    allowance, per block, plus 1 MiB.
+    """
+    return size > num_blocks * (2 * bound + BLOCK_PADDING_ALLOWANCE) + 2**20
 
 
 def byte_count_problem(value: object) -> str | None:

@@ -44,7 +44,15 @@ __all__ = [
 CONTRACT = "docs/contract.md"
 
 #: The scenarios that observe the builder, in the order the runner runs them.
-SCENARIOS: tuple[str, ...] = ("grouping", "placement", "host", "core", "profiling", "device")
+SCENARIOS: tuple[str, ...] = (
+    "grouping",
+    "placement",
+    "host",
+    "core",
+    "profiling",
+    "device",
+    "processes",
+)
 
 #: The check modules, imported in this order; their registration order is the catalog's.
 _MODULES = (
@@ -53,6 +61,9 @@ _MODULES = (
     "conformance.check.placement",
     "conformance.check.host",
     "conformance.check.core",
+    "conformance.check.meaning",
+    "conformance.check.pitch",
+    "conformance.check.processes",
     "conformance.check.device_rows",
     "conformance.check.profiling",
     "conformance.check.hisparse",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from conformance.check.catalog import invariant
 from conformance.check.catalog import violation as _v
 from conformance.check.geometry import OracleError, request_need_bytes
+from conformance.check.need import request_need_from_layers
 from conformance.check.violations import Violation
 from conformance.run.observations import CoreObservation
 from kvref.errors import InsufficientMemoryError
@@ -181,6 +182,7 @@ def _core_admission(obs: CoreObservation) -> list[Violation] | None:
             )
         )
     config = obs.config.with_max_model_len(length)
+    layers = {name: spec for worker in obs.workers for name, spec in worker.items()}
     for w, (cfg, specs) in enumerate(zip(plan.configs, obs.workers, strict=False)):
         bpb = _bpb(cfg)
         if bpb == 0:
@@ -193,6 +195,11 @@ def _core_admission(obs: CoreObservation) -> list[Violation] | None:
             needed = request_need_bytes(config, plan.global_groups, bpb, worker_layers=specs)
         except OracleError:
             return out or None  # the contract gives no need for these specs: not judged
+        # What the layers themselves need: group specs that understate it are no excuse.
+        from_layers = request_need_from_layers(config, plan.global_groups, layers, bpb, specs)
+        if from_layers is None:
+            return out or None
+        needed = max(needed, from_layers)
         if needed > available - bpb:
             out.append(
                 _v(

@@ -6,7 +6,7 @@ from typing import Any
 
 from conformance.check import memory
 from conformance.check.bounds import tensor_problems
-from conformance.check.catalog import invariant
+from conformance.check.catalog import Unjudged, invariant
 from conformance.check.catalog import violation as _v
 from conformance.check.grouping import returned_groups as _groups
 from conformance.check.residency import host_layers as host_layers_of
@@ -145,3 +145,109 @@ def memory_host_layout() -> Any:
     from kvref.placement import HOST_LAYOUT
 
     return HOST_LAYOUT
+
+
+def _distinct(found: list[memory.Overlap]) -> list[memory.Overlap]:
+    # A layer placed twice overlapping itself is a coverage finding, not an alias.
+    return [ov for ov in found if ov.a.layer != ov.b.layer or ov.a.block != ov.b.block]
+
+
+def _beside_host(obs: Any) -> list[KVCacheConfig] | Unjudged | None:
+    """The configs with host tensors an observation placed at the block count asked for."""
+    if isinstance(obs, HostObservation):
+        got = _host_config(obs)
+        if got is None:
+            return None
+        candidates = {obs.num_blocks: got[1]}
+    else:
+        candidates = {n: c for n in obs.results if (c := obs.config_at(n)) is not None}
+    configs = [
+        c
+        for n, c in candidates.items()
+        if c.num_blocks == n and any(t.host_resident for t in c.kv_cache_tensors)
+    ]
+    return configs or Unjudged("no placement with host-resident tensors")
+
+
+@invariant(
+    "KV-HOST-DEVICE-SAFE",
+    "device pages placed beside host-resident groups stay in bounds and apart",
+    anchor="host-residency",
+    scenario=("placement", "host"),
+    requires=("host_resident",),
+    in_core=True,
+)
+def _host_device_safe(obs: Any) -> list[Violation] | Unjudged | None:
+    # The KV-PLACE memory checks judge placements without host tensors; this
+    # one judges those with them, wherever they are made (host scenario, Core).
+    configs = _beside_host(obs)
+    if not isinstance(configs, list):
+        return configs
+    out: list[Violation] = []
+    for config in configs:
+        out += _device_findings(config, obs.config.kv_cache_layout)
+    return out[:3]
+
+
+def _device_findings(config: KVCacheConfig, layout: Any) -> list[Violation]:
+    out = [
+        _v(
+            "KV-HOST-DEVICE-SAFE",
+            f"with host-resident groups, device tensor {o.page.tensor_index}'s page ends past "
+            f"its backing of {o.size} bytes",
+            layer=o.page.layer,
+            block=o.page.block,
+            byte_range=o.byte_range,
+        )
+        for o in memory.find_out_of_bounds(config, layout, limit=2)
+    ]
+    for kind, finder in (
+        ("block", memory.find_block_overlaps),
+        ("layer", memory.find_layer_overlaps),
+    ):
+        out += [
+            _v(
+                "KV-HOST-DEVICE-SAFE",
+                f"with host-resident groups, device page {ov.a.layer!r} block {ov.a.block} "
+                f"overlaps {ov.b.layer!r} block {ov.b.block} ({kind} overlap)",
+                layer=ov.a.layer,
+                block=ov.a.block,
+                byte_range=ov.byte_range,
+            )
+            for ov in _distinct(finder(config, layout, limit=16))[:2]
+        ]
+    return out
+
+
+@invariant(
+    "KV-HOST-NO-ALIAS",
+    "host pages of different host blocks, or of one group's layers in a block, never overlap",
+    anchor="host-residency",
+    scenario="host",
+    requires=("host_resident",),
+)
+def _host_no_alias(obs: HostObservation) -> list[Violation] | None:
+    got = _host_config(obs)
+    if got is None:
+        return None
+    _, config = got
+    if not any(t.host_resident for t in config.kv_cache_tensors):
+        return []
+    out = []
+    for kind, finder in (
+        ("block", memory.find_host_block_overlaps),
+        ("layer", memory.find_host_layer_overlaps),
+    ):
+        out += [
+            _v(
+                "KV-HOST-NO-ALIAS",
+                f"host page {ov.a.layer!r} block {ov.a.block} (tensor {ov.a.tensor_index}) "
+                f"overlaps {ov.b.layer!r} block {ov.b.block} (tensor {ov.b.tensor_index}) "
+                f"in the host pool ({kind} overlap)",
+                layer=ov.a.layer,
+                block=ov.a.block,
+                byte_range=ov.byte_range,
+            )
+            for ov in _distinct(finder(config, memory_host_layout(), limit=16))[:2]
+        ]
+    return out[:3]

@@ -94,7 +94,6 @@ def examples(
     scenario: str, models: st.SearchStrategy[kst.Model] | None = None
 ) -> st.SearchStrategy[Example]:
     """The examples of ``scenario``, drawn from ``models`` (default: the built-in families)."""
-
     @st.composite
     def build(draw: st.DrawFn) -> Example:
         chosen = models
@@ -122,7 +121,9 @@ def examples(
             # A model-declared grouping owns every layer's group, host residency
             # included (vLLM refuses it beside HiSparse): host examples have none.
             config = _host_config(draw, attrs.evolve(config, model_kv_cache_grouping=None), merged)
-        elif config.host_resident_layers:
+        elif config.host_resident_layers and scenario != "core":
+            # Core keeps the generator's host layers: its host exclusions (pool
+            # bytes, admission) are judged on the builder's own answers.
             config = attrs.evolve(config, host_resident_layers=frozenset(), host_pool_bytes=None)
         if not reference_accepts(config, workers):
             # Only problems the reference can plan are valid inputs for a builder.

@@ -1,0 +1,331 @@
+"""A twin process with another string-hash seed, to catch plans that follow set or dict order.
+
+vLLM plans in the engine-core process and again, for profiling, in every
+worker; each process has its own ``PYTHONHASHSEED``.  A builder that orders
+groups or layers by iterating a set of strings is deterministic inside one
+process and still disagrees across processes.  The kit starts one twin per run
+(lazily, at the first example of the ``processes`` scenario), with a hash seed
+that differs from its own, asks it the same questions and compares
+(contract.md#hook-purity).
+
+The twin imports the builder by its ``module:Class`` name, so builders that
+cannot be imported by name (classes defined inside functions) cannot be
+checked: their observation says so, and the invariant does not apply.
+
+Protocol: length-prefixed pickles on the twin's stdin and stdout; each request
+is ``(op, args)`` with ``op`` in ``group``/``place`` and each answer
+``("ok", value)`` or ``("error", text)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import attrs
+
+from conformance.run.guard import CallResult
+from conformance.run.scenarios import Context, builder_or_reference_groups, call_placement
+from kvref.config import PlanningConfig
+from kvref.records import KVCacheGroupSpec
+from kvref.specs import KVCacheSpec
+
+__all__ = ["ProcessObservation", "Twin", "observe_processes"]
+
+#: Seconds the twin may take to start (interpreter, kvref, torch, the builder's module).
+_START_SECONDS = 120.0
+
+#: Seconds the twin may take for one answer (at least; the run's hook deadline if longer).
+_CALL_SECONDS = 30.0
+
+#: Examples of a run the twin answers (every example of a default run); the rest of a
+#: longer run's examples are not judged, which bounds the twin's share of a thorough run.
+TWIN_EXAMPLES = 64
+
+_HEADER = struct.Struct("!Q")
+
+
+class TwinError(Exception):
+    """The twin could not answer (it failed to start, died, hung, or cannot pickle the input)."""
+
+
+def _send(stream: IO[bytes], value: Any) -> None:
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _read_exact(stream: IO[bytes], size: int) -> bytes:
+    chunks = []
+    while size:
+        chunk = stream.read(size)
+        if not chunk:
+            raise EOFError("the other side closed the pipe")
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def _receive(stream: IO[bytes]) -> Any:
+    (size,) = _HEADER.unpack(_read_exact(stream, _HEADER.size))
+    return pickle.loads(_read_exact(stream, size))
+
+
+def _other_hash_seed() -> str:
+    # PYTHONHASHSEED=0 turns randomisation off; a parent with randomisation
+    # (the default) then hashes strings differently for all but a 2**-64 chance.
+    mine = os.environ.get("PYTHONHASHSEED", "random")
+    return "1" if mine == "0" else "0"
+
+
+def load_builder(reference: str) -> Any:
+    """The builder class named ``module:Class`` (or ``/path/file.py:Class``)."""
+    module_name, _, qualname = reference.rpartition(":")
+    if module_name.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {module_name}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(module_name)
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class Twin:
+    """One twin process for one builder, with a string-hash seed unlike this process's."""
+
+    def __init__(self, reference: str, timeout: float) -> None:
+        self.reference = reference
+        self.timeout = timeout
+        self.hash_seed = _other_hash_seed()
+        self.broken: str | None = None
+        env = dict(os.environ, PYTHONHASHSEED=self.hash_seed)
+        # The builder's module must import there as here.
+        path = [p for p in sys.path if p and Path(p).is_dir()]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(Path.cwd()), *path]))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "conformance.run.twin", reference],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        self.started = False
+        self.asked = 0
+
+    def ask(self, op: str, *args: Any) -> Any:
+        """The twin's answer to one request.
+
+        Raises:
+            TwinError: the twin cannot answer; it answers no later request either.
+        """
+        if self.broken is not None:
+            raise TwinError(self.broken)
+        if not self.started:
+            # The first answer waits for the interpreter and the imports; the
+            # others get the hook deadline.
+            self.started = True
+            self._exchange(("ping", ()), _START_SECONDS)
+        # The twin is no judge of deadlines (KV-CALL-TIMEOUT is, here): a loaded
+        # machine must not make it give up on a builder that answers here.
+        return self._exchange((op, args), max(self.timeout, _CALL_SECONDS))
+
+    def _exchange(self, request: tuple[str, tuple[Any, ...]], wait: float) -> Any:
+        stdin, stdout = self.process.stdin, self.process.stdout
+        assert stdin is not None and stdout is not None
+        try:
+            payload = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # the input itself cannot travel (a local callable)
+            raise TwinError(f"the input cannot be sent to another process: {exc}") from None
+        try:
+            stdin.write(_HEADER.pack(len(payload)) + payload)
+            stdin.flush()
+            ready, _, _ = select.select([stdout], [], [], wait)
+            if not ready:
+                raise TwinError(f"the twin process gave no answer within {wait:.0f} s")
+            status, value = _receive(stdout)
+        except (OSError, EOFError, pickle.PickleError, TwinError) as exc:
+            self.broken = f"the twin process failed: {exc}"
+            self.close()
+            raise TwinError(self.broken) from None
+        if status == "unusable":
+            self.broken = str(value)
+            self.close()
+            raise TwinError(self.broken)
+        return status, value
+
+    def close(self) -> None:
+        """Stop the twin (it also stops when this process closes its pipe)."""
+        if self.process.poll() is None:
+            with contextlib.suppress(OSError):
+                assert self.process.stdin is not None
+                self.process.stdin.close()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+_TWINS: dict[int, Twin] = {}
+
+
+def _twin(ctx: Context, reference: str) -> Twin:
+    key = id(ctx.guard)
+    twin = _TWINS.get(key)
+    if twin is None or twin.reference != reference:
+        twin = _TWINS[key] = Twin(reference, ctx.guard.timeout)
+        # One twin per run: it goes when the run's guard goes.
+        weakref.finalize(ctx.guard, _close, key)
+    return twin
+
+
+def _close(key: int) -> None:
+    twin = _TWINS.pop(key, None)
+    if twin is not None:
+        twin.close()
+
+
+@attrs.frozen(kw_only=True)
+class ProcessObservation:
+    """One example answered here and in the twin process.
+
+    Attributes:
+        config, specs, num_blocks: the inputs.
+        grouping: this process's grouping call.
+        groups: the groups placed (the builder's when valid, else the reference's).
+        placement: this process's placement of ``groups`` at ``num_blocks``.
+        twin_grouping, twin_placement: the twin's ``(status, value)`` answers
+            (``None``: not asked).
+        unavailable: why the twin could not answer (``None``: it did).
+        hash_seed: the twin's ``PYTHONHASHSEED``.
+        skipped: why no call was made for this example (the twin's budget is spent).
+    """
+
+    config: PlanningConfig
+    specs: Mapping[str, KVCacheSpec]
+    num_blocks: int
+    grouping: CallResult
+    groups: tuple[KVCacheGroupSpec, ...]
+    placement: CallResult
+    twin_grouping: tuple[str, Any] | None = None
+    twin_placement: tuple[str, Any] | None = None
+    unavailable: str | None = None
+    hash_seed: str = ""
+    skipped: str | None = None
+
+
+def observe_processes(ctx: Context, example: Any) -> ProcessObservation:
+    """Group and place ``example`` here and in the twin process."""
+    from conformance.run.runner import builder_name
+    from conformance.run.scenarios import call_grouping
+
+    config = attrs.evolve(example.config, num_gpu_blocks_override=None)
+    specs = example.merged
+    twin = _TWINS.get(id(ctx.guard))
+    if twin is not None and twin.asked >= TWIN_EXAMPLES:
+        return ProcessObservation(
+            config=config,
+            specs=dict(specs),
+            num_blocks=example.num_blocks,
+            grouping=CallResult(hook="get_kv_cache_groups", not_called=True),
+            groups=(),
+            placement=CallResult(hook="get_kv_cache_config_from_groups", not_called=True),
+            skipped=f"the twin process answers the first {TWIN_EXAMPLES} examples of a run",
+        )
+    builder = ctx.factory()
+    grouping, _ = call_grouping(ctx.guard, builder, config, specs)
+    groups, _ = builder_or_reference_groups(ctx, config, specs)
+    placement, _ = call_placement(ctx.guard, ctx.factory(), config, groups, example.num_blocks)
+    base = {
+        "config": config,
+        "specs": dict(specs),
+        "num_blocks": example.num_blocks,
+        "grouping": grouping,
+        "groups": groups,
+        "placement": placement,
+    }
+    reference = builder_name(type(builder))
+    if reference is None:
+        return ProcessObservation(
+            **base, unavailable="the builder class cannot be imported by name in another process"
+        )
+    if ctx.guard.hung is not None:
+        return ProcessObservation(
+            **base, skipped="the builder hung earlier; it is not called again"
+        )
+    twin = _twin(ctx, reference)
+    twin.asked += 1
+    try:
+        there = twin.ask("group", config, dict(specs))
+        placed = twin.ask("place", config, list(groups), example.num_blocks)
+    except TwinError as exc:
+        return ProcessObservation(**base, unavailable=str(exc), hash_seed=twin.hash_seed)
+    return ProcessObservation(
+        **base, twin_grouping=there, twin_placement=placed, hash_seed=twin.hash_seed
+    )
+
+
+def _serve(reference: str, stdin: IO[bytes], stdout: IO[bytes]) -> None:
+    try:
+        cls = load_builder(reference)
+    except Exception as exc:  # the builder cannot be imported here: nothing to compare
+        with contextlib.suppress(EOFError):
+            _receive(stdin)
+            _send(stdout, ("unusable", f"the twin cannot import {reference}: {exc!r}"))
+        return
+    while True:
+        try:
+            op, args = _receive(stdin)
+        except EOFError:
+            return
+        if op == "ping":
+            import torch  # noqa: F401
+
+            import kvref.specs  # noqa: F401 - unpickling specs needs torch: load it now
+
+            _send(stdout, ("ok", None))
+            continue
+        try:
+            builder = cls() if isinstance(cls, type) else cls
+        except BaseException as exc:  # construction is KV-CALL-CONSTRUCT's, in this process
+            _send(stdout, ("construct-error", f"{type(exc).__name__}: {exc}"))
+            continue
+        try:
+            if op == "group":
+                answer: Sequence[Any] | Any = builder.get_kv_cache_groups(*args)
+            else:
+                answer = builder.get_kv_cache_config_from_groups(*args)
+            reply: tuple[str, Any] = ("ok", answer)
+            pickle.dumps(reply)
+        except BaseException as exc:  # the builder's own failure, reported as text
+            reply = ("error", f"{type(exc).__name__}: {exc}")
+        _send(stdout, reply)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the twin process: ``python -m conformance.run.twin module:Class``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    # Answers go on the real stdout; the builder's prints must not corrupt them.
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    sys.stdout = sys.stderr
+    _serve(args[0], sys.stdin.buffer, out)
+
+
+if __name__ == "__main__":
+    main()

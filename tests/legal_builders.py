@@ -1,0 +1,122 @@
+"""Legal builders that differ from the reference: the kit must keep passing them.
+
+Each one makes a choice the contract allows but the reference does not make,
+in the area of one class of issue 13, so a check that is stricter than the
+contract shows up as a false alarm here (tests/test_power.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from kvref import (
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    PlanningConfig,
+    ReferenceKVCacheConfigBuilder,
+)
+from kvref.errors import KVRefError
+from kvref.specs import KVCacheSpec
+
+__all__ = ["ALL", "AlwaysPromotes", "Padded4KiB", "SortedGroups", "SplitTensors"]
+
+
+class SplitTensors(ReferenceKVCacheConfigBuilder):
+    """One tensor per layer, device and host, wherever the layout allows it.
+
+    Classes 1, 2 and 5: every page keeps its bytes, but tensors, offsets and
+    the layer strides of one-layer tensors differ from the reference's, also
+    for the groups Core projects to a pipeline stage.  BHLNC interleaves the
+    heads of a tensor's layers, so its tensors stay whole.
+    """
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
+        tensors = []
+        for t in result.kv_cache_tensors:
+            if config.kv_cache_layout.name == "BHLNC" and not t.host_resident:
+                tensors.append(t)
+                continue
+            tensors += [
+                attrs.evolve(t, layers=[name], offset=t.offset + i * t.layer_stride)
+                for i, name in enumerate(t.layers)
+            ]
+        return attrs.evolve(result, kv_cache_tensors=tensors)
+
+
+class Padded4KiB(ReferenceKVCacheConfigBuilder):
+    """Rounds every block's device bytes up to a 4 KiB boundary.
+
+    Classes 5 and 7: the backing grows to ``round_up(bytes_per_block, 4096) x
+    num_blocks`` and block-outermost tensors step that many bytes per block;
+    pages and layer-outer strides stay where the contract puts them.  With few
+    small layers the padding dwarfs the pages, which is legal.
+    """
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
+        device = [t for t in result.kv_cache_tensors if not t.host_resident]
+        if not device:
+            return result
+        bpb = device[0].size // num_blocks
+        padded = -(-bpb // 4096) * 4096
+        outermost = config.kv_cache_layout.is_block_outermost
+        tensors = [
+            t
+            if t.host_resident
+            else attrs.evolve(
+                t,
+                size=padded * num_blocks,
+                block_stride=padded if outermost else t.block_stride,
+            )
+            for t in result.kv_cache_tensors
+        ]
+        return attrs.evolve(result, kv_cache_tensors=tensors)
+
+
+class AlwaysPromotes(ReferenceKVCacheConfigBuilder):
+    """Allocates sliding-window and chunked layers as full attention, as vLLM does without
+    the hybrid manager, keeping their windows; plain grouping where promotion fails.
+
+    Class 3: legal promotions change the spec kind and the memory a request
+    takes, never what the layer computes.
+    """
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> list[KVCacheGroupSpec]:
+        promoted = attrs.evolve(config, disable_hybrid_kv_cache_manager=True)
+        trial = dict(kv_cache_spec)
+        try:
+            groups = super().get_kv_cache_groups(promoted, trial)
+        except (KVRefError, ValueError, AssertionError):
+            return super().get_kv_cache_groups(config, kv_cache_spec)
+        return groups
+
+
+class SortedGroups(ReferenceKVCacheConfigBuilder):
+    """Orders the groups by their first layer's name (a deterministic order of its own).
+
+    Class 4: any order that does not follow string hashing is legal.
+    """
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> list[KVCacheGroupSpec]:
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        return sorted(groups, key=lambda g: g.layer_names[0])
+
+
+#: The legal counterparts, one or more per class of issue 13.
+ALL: tuple[type[ReferenceKVCacheConfigBuilder], ...] = (
+    SplitTensors,
+    Padded4KiB,
+    AlwaysPromotes,
+    SortedGroups,
+)
