@@ -70,7 +70,9 @@ class _Checked(KVCacheConfigBuilder):
         self.inner = inner
         self.verdicts = verdicts
         self.failed = failed
-        self.pool: CallResult | None = None
+        # Core asks one instance about every worker's groups before placing
+        # any of them: each placement is judged against the answer for its own groups.
+        self.pools: dict[tuple[tuple[str, ...], ...], CallResult] = {}
 
     def _record(self, found: Mapping[str, tuple[Violation, ...]]) -> None:
         for invariant, violations in found.items():
@@ -137,7 +139,7 @@ class _Checked(KVCacheConfigBuilder):
                 list(kv_cache_groups),
                 results,
                 num_blocks,
-                pool_bytes=self.pool if kv_cache_groups else None,
+                pool_bytes=self.pools.get(_groups_key(kv_cache_groups)),
                 mutations=mutations,
             )
         )
@@ -154,8 +156,12 @@ class _Checked(KVCacheConfigBuilder):
             validate=pool_validator,
         )
         declared: int | None = self._answer(result)
-        self.pool = result
+        self.pools[_groups_key(kv_cache_groups)] = result
         return declared
+
+
+def _groups_key(groups: Sequence[KVCacheGroupSpec]) -> tuple[tuple[str, ...], ...]:
+    return tuple(tuple(g.layer_names) for g in groups)
 
 
 def run_core(
