@@ -815,6 +815,8 @@ class PoolBytesCountHost(_Base):
         probe = super().get_kv_cache_config_from_groups(config, kv_cache_groups, 1)
         host = {t.size for t in probe.kv_cache_tensors if t.host_resident}
         device = max((t.size for t in probe.kv_cache_tensors if not t.host_resident), default=0)
+        if not device:
+            return None  # nothing on the device: let Core probe, as the reference does
         return int(device + sum(host) // (probe.host_num_blocks or 1))
 
 
@@ -898,7 +900,7 @@ class GuardedBlocks(_Placement):
         import math
 
         layer_outer = config.kv_cache_layout.name in ("LBHNC", "LBNHC")
-        if not layer_outer or config.host_resident_layers or config.hisparse is not None:
+        if not layer_outer or config.host_resident_layers or getattr(config, "hisparse", None):
             return result  # one bug: guards only where no host pool is involved
         guard = 16
         for g in result.kv_cache_groups:
