@@ -51,6 +51,7 @@ SCENARIOS: tuple[str, ...] = (
     "core",
     "profiling",
     "device",
+    "serve",
     "processes",
 )
 
@@ -67,6 +68,7 @@ _MODULES = (
     "conformance.check.device_rows",
     "conformance.check.profiling",
     "conformance.check.hisparse",
+    "conformance.serve.scenario",
 )
 
 

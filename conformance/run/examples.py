@@ -91,9 +91,17 @@ def _host_config(
 
 
 def examples(
-    scenario: str, models: st.SearchStrategy[kst.Model] | None = None
-) -> st.SearchStrategy[Example]:
-    """The examples of ``scenario``, drawn from ``models`` (default: the built-in families)."""
+    scenario: str, models: st.SearchStrategy[kst.Model] | None = None, profile: str = "ci"
+) -> st.SearchStrategy[Any]:
+    """The examples of ``scenario``, drawn from ``models`` (default: the built-in families).
+
+    ``profile`` sizes what grows with it (the request streams of ``serve``).
+    """
+    if scenario == "serve":
+        from conformance.serve.scenario import OPS_BY_PROFILE, serve_examples
+
+        return serve_examples(models, max_ops=OPS_BY_PROFILE[profile])
+
     @st.composite
     def build(draw: st.DrawFn) -> Example:
         chosen = models
@@ -104,7 +112,8 @@ def examples(
 
             chosen = hisparse_models()
         problem = draw(kst.planning_problems(models_strategy=chosen))
-        num_blocks = draw(kst.num_blocks())
+        # Spread over 1, small, odd, large and past-4-GiB backings of this model.
+        num_blocks = draw(kst.problem_num_blocks(problem))
         config = problem.config
         workers = tuple(problem.workers)
         extra = ""

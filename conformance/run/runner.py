@@ -365,7 +365,7 @@ class _Run:
             phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
         )
         @hypothesis.seed(self.options.seed)
-        @hypothesis.given(examples(scenario, models=self.models))
+        @hypothesis.given(examples(scenario, models=self.models, profile=self.options.profile))
         def run(ex: Example) -> None:
             nonlocal done
             self.drawn.setdefault(scenario, []).append(ex)
@@ -398,7 +398,7 @@ class _Run:
                 replayed = search(
                     inv,
                     scenario,
-                    examples(scenario, models=self.models),
+                    examples(scenario, models=self.models, profile=self.options.profile),
                     self.observe,
                     self.options.seed,
                     database=self._database(inv),
@@ -522,7 +522,7 @@ class _Run:
         found = search(
             inv,
             scenario,
-            examples(scenario, models=self.models),
+            examples(scenario, models=self.models, profile=self.options.profile),
             self.observe,
             self.options.seed,
             database=database,

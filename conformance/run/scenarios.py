@@ -425,3 +425,14 @@ def _observe_processes(ctx: Context, example: Any) -> Any:
 
 
 OBSERVERS["processes"] = _observe_processes
+
+
+def _observe_serve(ctx: Context, example: Any) -> Any:
+    """Serve a request stream over the builder's configs (:mod:`conformance.serve.scenario`)."""
+    # Imported here: the serve scenario itself builds on this module.
+    from conformance.serve.scenario import observe_serve
+
+    return observe_serve(ctx, example)
+
+
+OBSERVERS["serve"] = _observe_serve

@@ -116,7 +116,8 @@ def serve_examples(
 
     @st.composite
     def build(draw: st.DrawFn) -> ServeExample:
-        base = draw(examples(SERVE, models))
+        # A placement example: host layers stripped, the serving stream drawn on top.
+        base = draw(examples("placement", models))
         # Every worker's pages of one block, summed: at least what each block ID costs.
         per_block = sum(s.page_size_bytes for s in base.merged.values()) or 1
         fit = max(2, EXAMPLE_BYTES // per_block)
