@@ -142,7 +142,7 @@ def _host_sized(obs: HostObservation) -> list[Violation] | None:
 
 def memory_host_layout() -> Any:
     """The host pool's layout (always LBNHC, contract.md#host-residency)."""
-    from kvref.placement import HOST_LAYOUT
+    from kvref import HOST_LAYOUT
 
     return HOST_LAYOUT
 

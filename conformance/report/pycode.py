@@ -37,6 +37,9 @@ class PythonWriter:
             return str(value)
         if isinstance(value, enum.Enum):
             return f"{self._need(type(value))}.{value.name}"
+        return self._compound(value)
+
+    def _compound(self, value: Any) -> str:
         if attrs.has(type(value)):
             return self._record(
                 value, [(f.name, f.default, f.init) for f in attrs.fields(type(value))]

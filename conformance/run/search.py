@@ -34,12 +34,15 @@ class Namespaced(ExampleDatabase):
         self.prefix = prefix.encode()
 
     def save(self, key: bytes, value: bytes) -> None:
+        """Save under this corner's prefix."""
         self.inner.save(self.prefix + key, value)
 
     def fetch(self, key: bytes) -> Iterable[bytes]:
+        """Fetch from this corner."""
         return self.inner.fetch(self.prefix + key)
 
     def delete(self, key: bytes, value: bytes) -> None:
+        """Delete from this corner."""
         self.inner.delete(self.prefix + key, value)
 
 
