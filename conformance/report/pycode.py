@@ -47,6 +47,9 @@ class PythonWriter:
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = [(f.name, f.default, f.init) for f in dataclasses.fields(value)]
             return self._record(value, fields)
+        return self._container(value)
+
+    def _container(self, value: Any) -> str:
         if isinstance(value, Mapping):
             items = ", ".join(f"{self.expr(k)}: {self.expr(v)}" for k, v in value.items())
             return "{" + items + "}"
