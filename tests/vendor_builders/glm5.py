@@ -1,0 +1,207 @@
+"""A platform builder for GLM-5-style hybrids: linear-attention states on the sparse-MLA slots.
+
+A GLM-5-style model has three KDA linear-attention layers (``MambaSpec``,
+``mamba_type`` ``LINEAR``: ``model.layers.{i}.self_attn``) per indexed
+sparse-MLA layer, which keeps three caches (``model.layers.{i}.self_attn``
+plus ``.attn``, the MLA latent; ``.indexer.k_cache``, the indexer's key with
+``tokens_per_state`` > 1; ``.indexer.tail_cache``, the indexer's ring).
+An MTP draft layer, when speculating, carries the three sparse caches.
+
+This (fictional) platform recycles a block ID freed by one table for
+another without re-formatting it, so every table uses one grid: slot ``k``
+of a block starts at ``k * pitch`` in every group.  The sparse tuple of the
+``k``-th indexed layer (latent, then indexer key) sits at slot ``k`` of the
+sparse table, its tail ring at slot ``k`` of the ring table, and the KDA
+layers are dealt into groups as wide as the sparse table, KDA layer ``j`` of
+each group on slot ``j``: the state of one group lies on the MLA slots of
+another.  That is legal: a block ID belongs to one group at a time
+(contract.md#memory-safety, cross-group aliasing); inside one group no two
+slots overlap, because the pitch is the widest tuple or state page.
+
+Everything else is the reference's (``super()``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from kvref import (
+    CircularBufferSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    PlanningConfig,
+    ReferenceKVCacheConfigBuilder,
+    UniformTypeKVCacheSpecs,
+)
+from vendor_builders.deepseek_v4 import GRANULE, specialised
+from vendor_builders.slots import SlotPlan, pack, round_up, side_by_side
+
+__all__ = ["GLM5Builder", "parse_layer"]
+
+_LAYER = re.compile(
+    r"^(?P<stem>.+?\.(?P<index>\d+)\.self_attn)"
+    r"(?:\.(?P<role>attn|indexer\.k_cache|indexer\.tail_cache))?$"
+)
+#: The group kind of each role and the cache's rank inside its slot.
+_ROLES: dict[str, tuple[str, int]] = {
+    "state": ("kda", 0),
+    "attn": ("sparse", 0),
+    "indexer.k_cache": ("sparse", 1),
+    "indexer.tail_cache": ("ring", 0),
+}
+
+
+@dataclass(frozen=True)
+class GLMLayer:
+    """One cache of a GLM-5 decoder layer, as this builder reads its name and spec."""
+
+    name: str
+    index: int
+    draft: bool
+    role: str
+    spec: KVCacheSpec
+
+    @property
+    def kind(self) -> str:
+        """``kda``, ``sparse`` or ``ring``: the table the cache belongs to."""
+        return _ROLES[self.role][0]
+
+
+def _role_fits(role: str, spec: KVCacheSpec) -> bool:
+    if role == "state":
+        return isinstance(spec, MambaSpec) and spec.mamba_type == "LINEAR"
+    if role == "indexer.tail_cache":
+        return isinstance(spec, CircularBufferSpec)
+    # The latent stores every token; the indexer key compresses several into one state.
+    compressed = isinstance(spec, MLAAttentionSpec) and spec.tokens_per_state_value > 1
+    return isinstance(spec, MLAAttentionSpec) and compressed == (role == "indexer.k_cache")
+
+
+def parse_layer(name: str, spec: KVCacheSpec) -> GLMLayer | None:
+    """The GLM-5 cache ``name`` holds, or ``None`` when it is not one."""
+    match = _LAYER.match(name)
+    role = (match["role"] or "state") if match is not None else ""
+    if match is None or not _role_fits(role, spec):
+        return None
+    return GLMLayer(name=name, index=int(match["index"]), draft=spec.is_draft, role=role, spec=spec)
+
+
+def _order(layer: GLMLayer) -> tuple[bool, int, int]:
+    return layer.draft, layer.index, _ROLES[layer.role][1]
+
+
+class GLM5Builder(ReferenceKVCacheConfigBuilder):
+    """One slot grid for every table of a GLM-5-style model; the reference otherwise."""
+
+    # -- grouping ------------------------------------------------------------
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> list[KVCacheGroupSpec]:
+        """The sparse table, the ring table, then KDA groups as wide as the sparse table."""
+        layers = self._model_layers(config, kv_cache_spec)
+        if layers is None:
+            return super().get_kv_cache_groups(config, kv_cache_spec)
+        by_kind: dict[str, list[GLMLayer]] = {"sparse": [], "ring": [], "kda": []}
+        for layer in sorted(layers, key=_order):
+            by_kind[layer.kind].append(layer)
+        groups = [self._group(by_kind[kind]) for kind in ("sparse", "ring") if by_kind[kind]]
+        width = max(1, sum(1 for c in by_kind["sparse"] if c.role == "attn"))
+        # KDA layers of one spec share a table; a table never mixes state formats.
+        states: dict[KVCacheSpec, list[GLMLayer]] = {}
+        for layer in by_kind["kda"]:
+            states.setdefault(layer.spec, []).append(layer)
+        for same in states.values():
+            for first in range(0, len(same), width):
+                chunk = same[first : first + width]
+                names = [c.name for c in chunk]
+                groups.append(KVCacheGroupSpec(layer_names=names, kv_cache_spec=chunk[0].spec))
+        return groups
+
+    @staticmethod
+    def _group(layers: Sequence[GLMLayer]) -> KVCacheGroupSpec:
+        return KVCacheGroupSpec(
+            layer_names=[c.name for c in layers],
+            kv_cache_spec=UniformTypeKVCacheSpecs(kv_cache_specs={c.name: c.spec for c in layers}),
+        )
+
+    def _model_layers(
+        self, config: PlanningConfig, specs: Mapping[str, KVCacheSpec]
+    ) -> list[GLMLayer] | None:
+        if not specialised(config) or not specs:
+            return None
+        layers = [parse_layer(name, spec) for name, spec in specs.items()]
+        found = [layer for layer in layers if layer is not None]
+        if len(found) < len(layers):
+            return None
+        kinds = {layer.kind for layer in found}
+        blocks = {c.spec.block_size for c in found if c.kind == "sparse"}
+        if not {"kda", "sparse"} <= kinds or len(blocks) != 1:
+            return None  # a stage without both halves, or a sparse table of two block sizes
+        return found
+
+    # -- placement -----------------------------------------------------------
+    def get_kv_cache_config_from_groups(
+        self,
+        config: PlanningConfig,
+        kv_cache_groups: Sequence[KVCacheGroupSpec],
+        num_blocks: int,
+    ) -> KVCacheConfig:
+        """Every group on the one slot grid; all groups alias one backing."""
+        plan = self._slot_plan(config, kv_cache_groups)
+        if plan is None or type(num_blocks) is not int or num_blocks < 1:
+            # Not ours, or a block count the reference refuses with a typed error.
+            return super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
+        return KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=plan.tensors(num_blocks),
+            kv_cache_groups=list(kv_cache_groups),
+            prefix_cache_retention_interval=config.prefix_cache_retention_interval,
+        )
+
+    def _get_pool_bytes_per_block(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]
+    ) -> int | None:
+        """The grid's block stride; the reference's answer for groups it does not own."""
+        plan = self._slot_plan(config, kv_cache_groups)
+        if plan is None:
+            return super()._get_pool_bytes_per_block(config, kv_cache_groups)
+        return plan.bytes_per_block
+
+    def _slot_plan(
+        self, config: PlanningConfig, groups: Sequence[KVCacheGroupSpec]
+    ) -> SlotPlan | None:
+        """Slots of every group on one grid, or ``None`` when the groups are not this platform's."""
+        # Host-resident groups only come with host_resident_layers (not specialised).
+        if not specialised(config):
+            return None
+        tables: list[list[list[tuple[str, KVCacheSpec]]]] = []
+        for group in groups:
+            parsed = [parse_layer(n, group.layer_spec(n)) for n in group.layer_names]
+            layers = [p for p in parsed if p is not None]
+            if len(layers) < len(parsed) or len({p.kind for p in layers}) > 1:
+                return None
+            tables.append(self._slots(layers))
+        widths = [sum(s.page_size_bytes for _, s in slot) for table in tables for slot in table]
+        if not widths:
+            return None
+        pitch = round_up(max(widths), GRANULE)
+        placed = [
+            cache
+            for table in tables
+            for k, slot in enumerate(table)
+            for cache in side_by_side(slot, k * pitch)
+        ]
+        return pack(placed, granule=GRANULE)
+
+    @staticmethod
+    def _slots(layers: Sequence[GLMLayer]) -> list[list[tuple[str, KVCacheSpec]]]:
+        """A group's slots in grid order: one per decoder layer (latent and key share one)."""
+        slots: dict[tuple[bool, int], list[tuple[str, KVCacheSpec]]] = {}
+        for layer in sorted(layers, key=_order):
+            slots.setdefault((layer.draft, layer.index), []).append((layer.name, layer.spec))
+        return list(slots.values())

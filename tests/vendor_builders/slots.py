@@ -1,0 +1,155 @@
+"""Shared-tuple slots: the per-block byte arithmetic of the vendor builders.
+
+A *tuple* is the caches one decoder layer keeps in one block table (a
+compressed latent and its indexer key, say); a group's *slot* is the bytes
+one block ID of that group takes: its tuples side by side.  The builders
+only work in block-outermost layouts, where every device tensor steps the
+same bytes per block (the widest slot, rounded up to every alignment), so a
+slot's offsets are all the builder has to choose.
+
+Every cache gets a tensor of its own: the offsets inside a slot are the
+builder's, not a uniform layer stride.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from kvref import KVCacheGroupSpec, KVCacheSpec, KVCacheTensor
+
+__all__ = [
+    "CacheTuple",
+    "SlotPlan",
+    "lay_out",
+    "pack",
+    "round_up",
+    "side_by_side",
+    "tuples_by_stem",
+]
+
+
+def round_up(value: int, multiple: int) -> int:
+    """The smallest multiple of ``multiple`` that is at least ``value``."""
+    return -(-value // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class CacheTuple:
+    """The caches of one decoder layer in one group, in the order they sit in the slot.
+
+    Attributes:
+        stem: the decoder layer's name prefix (``model.layers.3.attn``).
+        index: its decoder-layer index (target layers first, by index).
+        draft: an MTP/draft layer, laid after the target's tuples.
+        members: ``(layer name, per-layer spec)`` in slot order.
+    """
+
+    stem: str
+    index: int
+    draft: bool
+    members: tuple[tuple[str, KVCacheSpec], ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tuple: its members' pages back to back."""
+        return sum(spec.page_size_bytes for _, spec in self.members)
+
+
+def tuples_by_stem(
+    group: KVCacheGroupSpec,
+    key: Mapping[str, tuple[str, int, bool, int]],
+) -> list[CacheTuple]:
+    """The group's own layers as tuples, target layers by index first, then drafts.
+
+    ``key[name]`` is ``(stem, index, draft, rank)``: the decoder layer a cache
+    belongs to and its rank inside the tuple.  Only the layers the group
+    names are placed (a pipeline worker's projected group may keep a wrapper
+    that lists every worker's layers).
+    """
+    by_stem: dict[str, list[tuple[int, str, KVCacheSpec]]] = {}
+    order: dict[str, tuple[bool, int]] = {}
+    for name in group.layer_names:
+        stem, index, draft, rank = key[name]
+        by_stem.setdefault(stem, []).append((rank, name, group.layer_spec(name)))
+        order[stem] = (draft, index)
+    out = []
+    for stem in sorted(by_stem, key=lambda s: (order[s], s)):
+        members = tuple((name, spec) for _, name, spec in sorted(by_stem[stem], key=lambda m: m[0]))
+        draft, index = order[stem]
+        out.append(CacheTuple(stem=stem, index=index, draft=draft, members=members))
+    return out
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """Where every cache sits inside its group's slot, and the bytes one block takes.
+
+    Attributes:
+        offsets: layer name to its byte offset inside a block.
+        pages: layer name to its page (the bytes it owns per block).
+        bytes_per_block: the block stride of every tensor.
+    """
+
+    offsets: Mapping[str, int]
+    pages: Mapping[str, int]
+    bytes_per_block: int
+
+    def tensors(self, num_blocks: int) -> list[KVCacheTensor]:
+        """One single-layer tensor per cache, all on one backing of ``bpb * num_blocks`` bytes."""
+        size = self.bytes_per_block * num_blocks
+        return [
+            KVCacheTensor(
+                size=size,
+                layers=(name,),
+                layer_stride=self.pages[name],
+                block_stride=self.bytes_per_block,
+                offset=offset,
+            )
+            for name, offset in self.offsets.items()
+        ]
+
+
+def pack(
+    placed: Iterable[tuple[str, int, KVCacheSpec]],
+    *,
+    granule: int = 1,
+) -> SlotPlan:
+    """A slot plan from ``(name, offset, spec)``: the block stride covers the farthest page.
+
+    The block stride is the farthest page end rounded up to ``granule`` and
+    to every layer's block-stride alignment, so every block of every tensor
+    starts where the kernels want it.
+    """
+    offsets: dict[str, int] = {}
+    pages: dict[str, int] = {}
+    end = 0
+    alignment = granule
+    for name, offset, spec in placed:
+        offsets[name] = offset
+        pages[name] = spec.page_size_bytes
+        end = max(end, offset + spec.page_size_bytes)
+        alignment = math.lcm(alignment, spec.get_block_stride_alignment())
+    return SlotPlan(offsets=offsets, pages=pages, bytes_per_block=round_up(end, alignment))
+
+
+def lay_out(tuples: Sequence[CacheTuple], start: int, pitch: int | None = None) -> list[int]:
+    """Start offsets of ``tuples`` laid back to back from ``start`` (or every ``pitch`` bytes)."""
+    starts = []
+    offset = start
+    for t in tuples:
+        starts.append(offset)
+        offset += t.nbytes if pitch is None else pitch
+    return starts
+
+
+def side_by_side(
+    members: Iterable[tuple[str, KVCacheSpec]], start: int
+) -> list[tuple[str, int, KVCacheSpec]]:
+    """``(name, offset, spec)`` of ``members`` placed back to back from ``start``."""
+    out = []
+    for name, spec in members:
+        out.append((name, start, spec))
+        start += spec.page_size_bytes
+    return out
