@@ -202,12 +202,36 @@ def _reply(status: str, payload: Any, changes: Any) -> bytes:
         return pickle.dumps(("raised", (problem, ""), ()))
 
 
-def _serve(conn: Any, target: Any, parent: int) -> None:
+def _start_reach(files: Sequence[str] | None) -> Any:
+    """Trace the builder's own files in this worker (reach is measured where the builder runs)."""
+    if not files:
+        return None
+    import coverage
+
+    inherited = coverage.Coverage.current()
+    if inherited is not None:
+        # A forked worker inherits the kit's tracer, whose data would stay here.
+        with contextlib.suppress(Exception):
+            inherited.stop()
+    cov = coverage.Coverage(data_file=None, include=list(files), branch=False, config_file=False)
+    cov.start()
+    return cov
+
+
+def _reach_lines(cov: Any) -> dict[str, list[int]]:
+    if cov is None:
+        return {}
+    data = cov.get_data()
+    return {f: sorted(data.lines(f) or ()) for f in data.measured_files()}
+
+
+def _serve(conn: Any, target: Any, parent: int, reach_files: Sequence[str] | None = None) -> None:
     """The worker's loop: make builders, run hooks, send back what happened."""
     with contextlib.suppress(ValueError):
         # Ctrl-C belongs to the kit, which writes the partial report.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_parent(parent)
+    cov = _start_reach(reach_files)
     instances: dict[int, Any] = {}
     builder: Any = None
     while True:
@@ -218,6 +242,9 @@ def _serve(conn: Any, target: Any, parent: int) -> None:
         for gone in dropped:
             instances.pop(gone, None)
         snapshot: _Snapshot | None = None
+        if op == "reach":
+            conn.send_bytes(_reply("ok", _reach_lines(cov), ()))
+            continue
         try:
             if builder is None:
                 builder = _resolve(target)
@@ -255,12 +282,16 @@ class _Worker:
         self.keys = itertools.count()
         self.dropped: list[int] = []
         self.deaths = 0
+        #: Files whose executed lines the worker records (reach), set before it starts.
+        self.reach_files: list[str] | None = None
+        #: Lines recorded by workers that have since been replaced.
+        self.reached: dict[str, set[int]] = {}
 
     def _start(self) -> None:
         parent_conn, child_conn = self.context.Pipe()
         process = self.context.Process(
             target=_serve,
-            args=(child_conn, self.target, os.getpid()),
+            args=(child_conn, self.target, os.getpid(), self.reach_files),
             name="kvref-isolate-worker",
             daemon=True,
         )
@@ -312,6 +343,18 @@ class _Worker:
             f"the builder's worker process died with exit code {code}{_signal_name(code or 0)} "
             f"while {what} ran"
         )
+
+    def reach_lines(self) -> dict[str, set[int]]:
+        """The builder's lines the workers executed (a worker that died took its own along)."""
+        # A worker still busy (a hook that hung holds the lock) is not asked.
+        idle = self.lock.acquire(blocking=False)
+        if idle:
+            self.lock.release()
+        if idle and self.process is not None and self.reach_files:
+            with contextlib.suppress(Exception):
+                for path, lines in self.request("reach", 0, "reach", ()).items():
+                    self.reached.setdefault(path, set()).update(lines)
+        return self.reached
 
     def close(self) -> None:
         """Stop the worker (a hook may still be running there: it is killed)."""
@@ -400,6 +443,8 @@ def isolated(
     namespace: dict[str, Any] = {
         "_kvref_worker": _Worker(builder, name, start_method),
         "kvref_unsupported": tuple(getattr(builder, "kvref_unsupported", ()) or ()),
+        # The importable name of the builder the proxy runs (the twin process imports it).
+        "kvref_name": name,
         "__doc__": f"{cls.__qualname__}, run in a worker process.",
     }
     core = getattr(builder, "kvref_core", None)

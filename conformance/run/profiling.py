@@ -79,10 +79,17 @@ def resolvable_qualname(builder: object, name: str | None) -> tuple[str | None, 
         resolved = resolve_builder_class(name, "builder")
     except BuilderResolutionError as exc:
         return None, f"{name!r} is not a qualname kvref's resolution accepts ({exc})"
+    if getattr(cls, "kvref_name", None) is not None:
+        # Resolution constructs the class in this process; an isolated run
+        # keeps every construction in the worker.
+        return None, (
+            "the builder runs isolated in a worker process, where the kit does not resolve "
+            "qualnames; run with --no-isolate to judge resolution"
+        )
     if resolved is not cls:
         return None, (
             f"{name!r} resolves to {resolved.__qualname__}, not the class under check "
-            f"({cls.__qualname__}: isolated or adapted)"
+            f"({cls.__qualname__}: adapted)"
         )
     return name, ""
 

@@ -103,6 +103,13 @@ class ReachMeter:
     files: Sequence[Path]
     min_reach: float | None = None
     _cov: Any = None
+    #: Lines executed elsewhere (an isolated run's worker process), by file.
+    remote: dict[str, set[int]] = attrs.field(factory=dict)
+
+    def add_lines(self, lines: dict[str, set[int]]) -> None:
+        """Count ``lines`` (file to executed line numbers) as reached too."""
+        for path, found in lines.items():
+            self.remote.setdefault(str(Path(path).resolve()), set()).update(found)
 
     @classmethod
     def for_builder(
@@ -157,7 +164,7 @@ class ReachMeter:
             # code inside functions says what the run reached.
             inside = set().union(*(body for _, body in functions)) if functions else set()
             statements = set(all_statements) & inside
-            missing = set(all_missing) & inside
+            missing = (set(all_missing) & inside) - self.remote.get(str(path), set())
             executed = statements - missing
             unreached = [
                 name for name, body in functions if body & statements and not body & executed

@@ -250,6 +250,9 @@ def check_builder(
 
         # The worker process ends with the proxy class, or with this process.
         builder = isolated(builder, options.builder)
+        if meter is not None:
+            # Reach is measured where the builder runs: in the worker.
+            builder._kvref_worker.reach_files = [str(f) for f in meter.files]
     _preflight(builder, guard)
     run = _Run(builder, options, guard, progress)
     run.models = _models_strategy(models, models_only)
@@ -260,6 +263,9 @@ def check_builder(
     finally:
         if meter is not None:
             meter.stop()
+            worker = getattr(builder, "_kvref_worker", None)
+            if worker is not None:
+                meter.add_lines(worker.reach_lines())
     report = run.report(selected, time.perf_counter() - started)
     if meter is not None:
         report = attrs.evolve(report, reach=meter.summary())
@@ -446,7 +452,7 @@ class _Run:
         if tally.judged:
             return make("xpass" if expected else "pass")
         if tally.not_applicable:
-            reason = f"not applicable on {self.options.device}: {tally.na_reason}"
+            reason = f"not applicable in this run: {tally.na_reason}"
             return make("not-applicable", reason=reason)
         if self.interrupted:
             reason = "the run was interrupted before an example judged it"
@@ -461,7 +467,7 @@ class _Run:
 
     def _failure(self, inv: Invariant, tally: _Tally) -> dict[str, Any]:
         """The shrunk counterexample of a failed invariant and how to reproduce it."""
-        assert tally.failure is not None  # noqa: S101 - the caller checked
+        assert tally.failure is not None
         scenario, failing = tally.failure
         minimal = failing
         if self.options.shrink and self.guard.hung is None and not self.interrupted:

@@ -260,7 +260,8 @@ def observe_processes(ctx: Context, example: Any) -> ProcessObservation:
         "groups": groups,
         "placement": placement,
     }
-    reference = builder_name(type(builder))
+    # An isolated run's proxy stands for the builder it names.
+    reference = getattr(type(builder), "kvref_name", None) or builder_name(type(builder))
     if reference is None:
         return ProcessObservation(
             **base, unavailable="the builder class cannot be imported by name in another process"
