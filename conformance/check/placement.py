@@ -42,7 +42,10 @@ def _configs(obs: PlacementObservation) -> dict[int, KVCacheConfig] | None:
 
 
 def _returned(obs: PlacementObservation) -> dict[int, KVCacheConfig]:
-    return {n: c for n in obs.results if (c := obs.config_at(n)) is not None}
+    # Raw: config_at hides configs whose byte counts no allocator takes.
+    return {
+        n: r.value for n, r in obs.results.items() if r.ok and isinstance(r.value, KVCacheConfig)
+    }
 
 
 def _honest_configs(obs: PlacementObservation) -> dict[int, KVCacheConfig] | None:

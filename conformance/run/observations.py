@@ -115,12 +115,21 @@ class PlacementObservation:
         return self.config.kv_cache_layout
 
     def config_at(self, num_blocks: int) -> KVCacheConfig | None:
-        """The returned config for ``num_blocks`` when that call succeeded."""
+        """The returned config for ``num_blocks`` when that call succeeded.
+
+        ``None`` too when a byte count in it is no int in [0, 2**63) (past the
+        records' validators): no check does arithmetic on such sizes or hands
+        them to torch; ``KV-PLACE-SIZE-BOUND`` reads the raw results and reports them.
+        """
+        from conformance.check.bounds import tensor_problems
+
         result = self.results.get(num_blocks)
         if result is None or not result.ok:
             return None
         value: Any = result.value
-        return value if isinstance(value, KVCacheConfig) else None
+        if not isinstance(value, KVCacheConfig) or tensor_problems(value):
+            return None
+        return value
 
 
 @attrs.frozen(kw_only=True)
