@@ -13,7 +13,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -32,6 +34,13 @@ from kvref import PlanningConfig, ReferenceKVCacheConfigBuilder
 from kvref.specs import FullAttentionSpec
 
 _TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    """A private working directory (pytest's work may be pruned by concurrent sessions)."""
+    with tempfile.TemporaryDirectory(prefix="kvref-containment-") as name:
+        yield Path(name)
 
 
 def _env() -> dict[str, str]:
@@ -90,12 +99,14 @@ def test_unconstructible_builder_is_a_usage_error(
     assert seconds < 30, seconds
 
 
-def test_thread_left_by_the_builder_does_not_keep_the_cli_alive(tmp_path: Path) -> None:
+@pytest.mark.parametrize("isolate", ["--isolate", "--no-isolate"])
+def test_thread_left_by_the_builder_does_not_keep_the_cli_alive(isolate: str, work: Path) -> None:
     """A non-daemon thread started in __init__: the CLI reports, exits, and does not wait."""
     started = time.perf_counter()
     done = _cli(
         [
             "hostile_builders:LeavesThread",
+            isolate,
             "--select",
             "KV-GROUP-PARTITION",
             "--max-examples",
@@ -104,7 +115,7 @@ def test_thread_left_by_the_builder_does_not_keep_the_cli_alive(tmp_path: Path) 
             "1",
             "--no-database",
         ],
-        tmp_path,
+        work,
         timeout=240,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
@@ -120,10 +131,10 @@ def test_thread_left_by_the_builder_does_not_keep_the_cli_alive(tmp_path: Path) 
     [("ExitsProcess", "exit code 3"), ("Segfaults", "exit code -11"), ("KilledByOOM", "-9")],
 )
 def test_isolate_reports_a_dying_worker_and_writes_the_report(
-    builder: str, code: str, tmp_path: Path
+    builder: str, code: str, work: Path
 ) -> None:
     """os._exit, SIGSEGV and SIGKILL in a hook: KV-CALL-RAISES fails, the JSON is written."""
-    out = tmp_path / "report.json"
+    out = work / "report.json"
     done = _cli(
         [
             f"hostile_builders:{builder}",
@@ -139,7 +150,7 @@ def test_isolate_reports_a_dying_worker_and_writes_the_report(
             "--json",
             str(out),
         ],
-        tmp_path,
+        work,
     )
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     data = json.loads(out.read_text())
@@ -153,9 +164,9 @@ def test_isolate_reports_a_dying_worker_and_writes_the_report(
     assert "--isolate" in raises["reproduce"]
 
 
-def test_without_isolation_os_exit_ends_the_run(tmp_path: Path) -> None:
+def test_without_isolation_os_exit_ends_the_run(work: Path) -> None:
     """The documented limit: in-process, os._exit cannot be contained (no report, its code)."""
-    out = tmp_path / "report.json"
+    out = work / "report.json"
     done = _cli(
         [
             "hostile_builders:ExitsProcess",
@@ -168,7 +179,7 @@ def test_without_isolation_os_exit_ends_the_run(tmp_path: Path) -> None:
             "--json",
             str(out),
         ],
-        tmp_path,
+        work,
     )
     assert done.returncode == 3
     assert not out.exists()
@@ -191,7 +202,7 @@ def test_isolate_keeps_patches_in_the_worker(builder: str) -> None:
     assert {inv.id: inv.check for inv in by_id().values()} == before
 
 
-def test_without_isolation_a_patch_forges_a_pass(tmp_path: Path) -> None:
+def test_without_isolation_a_patch_forges_a_pass(work: Path) -> None:
     """The documented limit, in a subprocess: in-process, a patched check can forge a pass."""
     done = _cli(
         [
@@ -204,7 +215,7 @@ def test_without_isolation_a_patch_forges_a_pass(tmp_path: Path) -> None:
             "--no-shrink",
             "--no-database",
         ],
-        tmp_path,
+        work,
     )
     assert done.returncode == 0, done.stdout[-2000:]
 

@@ -14,7 +14,9 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import broken_builders
@@ -28,6 +30,13 @@ from kvref import ReferenceKVCacheConfigBuilder
 
 _PAPER = ["KV-CALL", "KV-GROUP", "KV-PLACE", "KV-HOST", "KV-CORE"]
 _TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    """A private working directory (pytest's work may be pruned by concurrent sessions)."""
+    with tempfile.TemporaryDirectory(prefix="kvref-reproduce-") as name:
+        yield Path(name)
 
 
 def _env() -> dict[str, str]:
@@ -70,7 +79,7 @@ def _run_line(line: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("builder", broken_builders.ALL, ids=lambda b: b.__name__)
-def test_reproduce_line_fails_the_same_invariant(builder: type, tmp_path: Path) -> None:
+def test_reproduce_line_fails_the_same_invariant(builder: type, work: Path) -> None:
     """The meant invariant's printed reproduce line exits 1 with that invariant FAILED."""
     meant = builder.CAUGHT_BY
     report = _meta_run(builder)
@@ -80,19 +89,19 @@ def test_reproduce_line_fails_the_same_invariant(builder: type, tmp_path: Path) 
     assert f"--select {meant}" in line and "--seed 11" in line and "--timeout 0.5" in line
     assert line.split()[1] == f"broken_builders:{builder.__name__}"
     started = time.perf_counter()
-    done = _run_line(line, tmp_path)
+    done = _run_line(line, work)
     seconds = time.perf_counter() - started
     rows = dict(_ROW.findall(done.stdout))
     assert done.returncode == 1, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
-    assert rows == {meant: "FAIL"}, (rows, done.stdout[-2000:])
+    assert rows == {meant: "FAIL"}, (rows, done.stdout[-2000:], done.stderr[-2000:])
     assert f"[{meant}]" in done.stdout
     # Bounded: a reproduce line is something to rerun while debugging.
     assert seconds < 120, seconds
 
 
-def test_reproduce_line_names_a_main_builder_by_path(tmp_path: Path) -> None:
+def test_reproduce_line_names_a_main_builder_by_path(work: Path) -> None:
     """A builder defined in a script is named path.py:Class, and that line reproduces."""
-    script = tmp_path / "vendor_script.py"
+    script = work / "vendor_script.py"
     script.write_text(
         "import sys\n"
         "from broken_builders import DroppedLayer\n"
@@ -108,7 +117,7 @@ def test_reproduce_line_names_a_main_builder_by_path(tmp_path: Path) -> None:
     made = subprocess.run(
         [sys.executable, str(script)],
         check=False,
-        cwd=tmp_path,
+        cwd=work,
         env=env,
         capture_output=True,
         text=True,
@@ -117,7 +126,7 @@ def test_reproduce_line_names_a_main_builder_by_path(tmp_path: Path) -> None:
     assert made.returncode == 0, made.stderr[-2000:]
     line = made.stdout.strip().splitlines()[-1]
     assert f"{script.resolve()}:Mine" in line and "--timeout 2.5" in line and "--no-shrink" in line
-    done = _run_line(line, tmp_path)
+    done = _run_line(line, work)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert dict(_ROW.findall(done.stdout)) == {"KV-GROUP-PARTITION": "FAIL"}
 
@@ -134,10 +143,10 @@ def _report_json(builder: type, select: list[str], path: Path) -> Path:
 @pytest.mark.parametrize(
     "builder", [broken_builders.OutOfBoundsOffset, broken_builders.DroppedLayer]
 )
-def test_replay_from_json_shows_the_same_violations(builder: type, tmp_path: Path) -> None:
+def test_replay_from_json_shows_the_same_violations(builder: type, work: Path) -> None:
     """The JSON's counterexample, rebuilt as objects and observed again, breaks the invariant."""
     meant = builder.CAUGHT_BY
-    path = _report_json(builder, [meant], tmp_path / "report.json")
+    path = _report_json(builder, [meant], work / "report.json")
     data = json.loads(path.read_text())
     stored = next(r for r in data["results"] if r["id"] == meant)
     violations = conformance.reproduce(path, meant)
@@ -146,21 +155,21 @@ def test_replay_from_json_shows_the_same_violations(builder: type, tmp_path: Pat
     assert violations[0].message == stored["violations"][0]["message"]
 
 
-def test_replay_with_a_fixed_builder_holds(tmp_path: Path) -> None:
+def test_replay_with_a_fixed_builder_holds(work: Path) -> None:
     """Replaying against a fixed builder (here the reference) shows no violation."""
     meant = broken_builders.OutOfBoundsOffset.CAUGHT_BY
-    path = _report_json(broken_builders.OutOfBoundsOffset, [meant], tmp_path / "r.json")
+    path = _report_json(broken_builders.OutOfBoundsOffset, [meant], work / "r.json")
     assert conformance.reproduce(path, meant, builder=ReferenceKVCacheConfigBuilder) == []
 
 
-def test_replay_errors_name_what_is_missing(tmp_path: Path) -> None:
+def test_replay_errors_name_what_is_missing(work: Path) -> None:
     """A passing invariant, an unknown id and an unreadable file are clear ReplayErrors."""
-    path = _report_json(ReferenceKVCacheConfigBuilder, ["KV-GROUP-PARTITION"], tmp_path / "r.json")
+    path = _report_json(ReferenceKVCacheConfigBuilder, ["KV-GROUP-PARTITION"], work / "r.json")
     with pytest.raises(ReplayError, match="status 'pass'"):
         conformance.reproduce(path, "KV-GROUP-PARTITION")
     with pytest.raises(ReplayError, match="no result for invariant_id='KV-NOPE'"):
         conformance.reproduce(path, "KV-NOPE")
-    bad = tmp_path / "bad.json"
+    bad = work / "bad.json"
     bad.write_bytes(b"\xff\x00not json")
     with pytest.raises(ReplayError, match="not a readable JSON report"):
         conformance.reproduce(bad, "KV-GROUP-PARTITION")
