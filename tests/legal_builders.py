@@ -7,6 +7,7 @@ contract shows up as a false alarm here (tests/test_power.py).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -18,7 +19,7 @@ from kvref import (
     ReferenceKVCacheConfigBuilder,
 )
 from kvref.errors import KVRefError
-from kvref.specs import KVCacheSpec
+from kvref.specs import KVCacheSpec, iter_layer_specs
 
 __all__ = ["ALL", "AlwaysPromotes", "Padded4KiB", "SortedGroups", "SplitTensors"]
 
@@ -49,7 +50,7 @@ class SplitTensors(ReferenceKVCacheConfigBuilder):
 
 
 class Padded4KiB(ReferenceKVCacheConfigBuilder):
-    """Rounds every block's device bytes up to a 4 KiB boundary.
+    """Rounds every block's device bytes up to a 4 KiB boundary (and its alignments).
 
     Classes 5 and 7: the backing grows to ``round_up(bytes_per_block, 4096) x
     num_blocks`` and block-outermost tensors step that many bytes per block;
@@ -65,8 +66,14 @@ class Padded4KiB(ReferenceKVCacheConfigBuilder):
         if not device:
             return result
         bpb = device[0].size // num_blocks
-        padded = -(-bpb // 4096) * 4096
         outermost = config.kv_cache_layout.is_block_outermost
+        # Block-outermost blocks step the whole block: keep every layer's alignment too.
+        unit = 4096
+        if outermost:
+            for g in kv_cache_groups:
+                for spec in iter_layer_specs(g.kv_cache_spec):
+                    unit = math.lcm(unit, spec.get_block_stride_alignment())
+        padded = -(-bpb // unit) * unit
         tensors = [
             t
             if t.host_resident

@@ -124,3 +124,24 @@ def test_pitch_catches_mla_padding_ignored(layout: str) -> None:
         dense = attrs.evolve(dense, layer_stride=mla.real_page_size_bytes * 3)
     broken = attrs.evolve(placed, kv_cache_tensors=[dense])
     assert pitch_findings(broken, layout)
+
+
+# -- class 7: legal padding is not absurd ---------------------------------------------------
+
+
+def test_size_bound_allows_4kib_padding_of_small_layers() -> None:
+    """A 4 KiB-padded block of one 64-byte layer passes; 2**60 bytes stay absurd."""
+    from conformance.check.bounds import absurd_size, size_bound
+
+    small = FullAttentionSpec(block_size=1, num_kv_heads=1, head_size=16, dtype="float16")
+    assert small.page_size_bytes == 64
+    groups = [KVCacheGroupSpec(layer_names=["f0"], kv_cache_spec=small)]
+    placed = legal_builders.Padded4KiB().get_kv_cache_config_from_groups(
+        PlanningConfig(kv_cache_layout="BLHNC"), groups, 4096
+    )
+    size = placed.kv_cache_tensors[0].size
+    bound = size_bound(groups)
+    assert size == 4096 * 4096
+    assert size > 2 * bound * 4096 + 2**20  # the bound before issue 13 called this absurd
+    assert not absurd_size(size, 4096, bound)
+    assert absurd_size(2**60, 4096, bound)

@@ -11,7 +11,7 @@ from conformance.check.violations import Violation
 from conformance.run.guard import CallResult
 from conformance.run.observations import GroupingObservation
 from kvref.records import KVCacheGroupSpec
-from kvref.specs import MambaSpec, UniformTypeKVCacheSpecs
+from kvref.specs import KVCacheSpec, MambaSpec, UniformTypeKVCacheSpecs
 
 
 def returned_groups(result: CallResult) -> list[KVCacheGroupSpec] | None:
@@ -187,9 +187,10 @@ def _layer_spec_kept(obs: GroupingObservation) -> list[Violation] | None:
                         f"page {spec.page_size_bytes} B is smaller than the layer's state page "
                         f"of {given.page_size_bytes} B"
                     )
-            elif spec.page_size_bytes * given.block_size < given.page_size_bytes * spec.block_size:
+            elif _content_per_token_shrinks(given, spec):
                 # Block sizes may change (unification scales them, promotion takes the
-                # full layers'), but never the bytes each token keeps.
+                # full layers'), but never the bytes each token keeps.  Padding is no
+                # content: promotion rescales the unpadded page (contract.md#grouping-group-specs).
                 problems.append(
                     f"page {spec.page_size_bytes} B for {spec.block_size} tokens keeps fewer "
                     f"bytes per token than the layer's {given.page_size_bytes} B for "
@@ -214,6 +215,20 @@ def _layer_spec_kept(obs: GroupingObservation) -> list[Violation] | None:
                     )
                 )
     return out
+
+
+def _content_per_token_shrinks(given: KVCacheSpec, kept: KVCacheSpec) -> bool:
+    """Whether ``kept`` stores fewer content bytes per token than ``given`` (kit's page formula).
+
+    A padded page never holds less than its content, and padding carries no
+    token, so the comparison is of the dense pages (``H * S * C``) per token.
+    """
+    from conformance.check.pitch import layer_page
+
+    mine, theirs = layer_page(given), layer_page(kept)
+    if mine is None or theirs is None:
+        return kept.page_size_bytes * given.block_size < given.page_size_bytes * kept.block_size
+    return theirs.dense * given.block_size < mine.dense * kept.block_size
 
 
 @invariant(
