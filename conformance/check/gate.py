@@ -89,3 +89,17 @@ def judge_placement(
         empty=answer,
     )
     return judge("placement", obs)
+
+
+def judge_pool_bytes(
+    config: PlanningConfig,
+    groups: Sequence[KVCacheGroupSpec],
+    placed: CallResult,
+    num_blocks: int,
+    pool_bytes: CallResult,
+) -> dict[str, tuple[Violation, ...]]:
+    """``KV-PLACE-POOL-BYTES`` on one placement next to host-resident groups."""
+    found = judge_placement(
+        config, groups, {num_blocks: placed}, num_blocks, pool_bytes=pool_bytes, mutations=()
+    )
+    return {k: v for k, v in found.items() if k == "KV-PLACE-POOL-BYTES"}

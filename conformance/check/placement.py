@@ -30,7 +30,7 @@ from conformance.check.geometry import (
     typed_view_misfits,
 )
 from conformance.check.violations import Violation
-from conformance.run.observations import PlacementObservation
+from conformance.run.observations import HostObservation, PlacementObservation
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import UniformTypeKVCacheSpecs
 
@@ -295,10 +295,14 @@ def _backing_size(obs: PlacementObservation) -> list[Violation] | None:
     "KV-PLACE-POOL-BYTES",
     "_get_pool_bytes_per_block matches the device bytes placed",
     anchor="pool-bytes-hook",
-    scenario="placement",
+    # The host scenario judges it next to host-resident groups (from hook_verdicts).
+    scenario=("placement", "host"),
     in_core=True,
 )
-def _pool_bytes(obs: PlacementObservation) -> list[Violation] | Unjudged | None:
+def _pool_bytes(obs: PlacementObservation | HostObservation) -> list[Violation] | Unjudged | None:
+    if isinstance(obs, HostObservation):
+        found = obs.pool_verdicts.get("KV-PLACE-POOL-BYTES")
+        return Unjudged("no placement with an answer to judge") if found is None else list(found)
     if obs.pool_bytes is None:
         return Unjudged("no groups: Core never asks _get_pool_bytes_per_block about none")
     if not obs.pool_bytes.ok:
@@ -527,13 +531,14 @@ def _typed_views(obs: PlacementObservation) -> list[Violation] | None:
     in_core=True,
 )
 def _block_stride(obs: PlacementObservation) -> list[Violation] | Unjudged | None:
-    if not obs.layout.is_block_outermost:
-        return Unjudged("a layer-outer layout: no whole-block step to check")
-    if obs.declared_pool_bytes is not None:
-        return Unjudged("several device allocations declared: no single block step")
     configs = _configs(obs)
     if configs is None:
         return None
+    if not obs.layout.is_block_outermost:
+        # Nothing to step over whole blocks: the rule cannot apply to this layout.
+        return Unjudged("a layer-outer layout has no whole-block step", applicable=False)
+    if obs.declared_pool_bytes is not None:
+        return _own_backing_steps(obs, configs)
     sizes = {n: _device_size(c) for n, c in configs.items()}
     counts = sorted(sizes)
     if len(counts) < 2 or any(v is None for v in sizes.values()):
@@ -554,6 +559,28 @@ def _block_stride(obs: PlacementObservation) -> list[Violation] | Unjudged | Non
             for i, t in enumerate(c.device_tensors)
             if t.block_stride != bpb
         ]
+    return out[:3]
+
+
+def _own_backing_steps(
+    obs: PlacementObservation, configs: dict[int, KVCacheConfig]
+) -> list[Violation] | None:
+    """With several device allocations declared, each tensor steps a block of its own backing."""
+    out = []
+    for n, c in configs.items():
+        for i, t in enumerate(c.device_tensors):
+            if t.size % n:
+                return None  # not a whole number of blocks: KV-PLACE-POOL-BYTES's finding
+            if t.block_stride != t.size // n:
+                out.append(
+                    _v(
+                        "KV-PLACE-BLOCK-STRIDE",
+                        f"in block-outermost {obs.layout.name} tensor {i} must step its backing "
+                        f"of {t.size} bytes divided by {n} blocks = {t.size // n} bytes per "
+                        f"block; it steps {t.block_stride}",
+                        layer=t.layers[0] if t.layers else None,
+                    )
+                )
     return out[:3]
 
 

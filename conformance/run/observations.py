@@ -145,6 +145,9 @@ class HostObservation:
         num_blocks: the device block count asked for.
         device: the torch device of the run's device checks.
         max_alloc_bytes: cap of one allocation of the device checks (``None``: the default).
+        pool_bytes: ``_get_pool_bytes_per_block`` asked about the groups, host ones included.
+        pool_verdicts: ``KV-PLACE-POOL-BYTES``'s verdict on this placement (host
+            groups never count in the answer), when it was judged.
     """
 
     config: PlanningConfig
@@ -155,6 +158,8 @@ class HostObservation:
     num_blocks: int
     device: str = "cpu"
     max_alloc_bytes: int | None = None
+    pool_bytes: CallResult | None = None
+    pool_verdicts: Mapping[str, tuple[Violation, ...]] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)

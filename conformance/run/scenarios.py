@@ -350,10 +350,18 @@ def observe_host(
     """Group and place a model whose config keeps some layers on the host."""
     builder = ctx.factory()
     groups_result, _ = call_grouping(ctx.guard, builder, config, specs)
-    placed = device_only = None
+    placed = device_only = pool = None
+    verdicts: dict[str, Any] = {}
     if valid_groups(config, specs, groups_result):
         groups = list(groups_result.value)
         placed, _ = call_placement(ctx.guard, builder, config, groups, num_blocks)
+        pool = call_pool_bytes(ctx.guard, builder, config, groups) if groups else None
+        if placed.ok and pool is not None and pool.ok:
+            from conformance.check.gate import judge_pool_bytes
+
+            # Core asks about every group, host ones included: its answer
+            # must count the device bytes alone.
+            verdicts = judge_pool_bytes(config, groups, placed, num_blocks, pool)
         device_groups = [g for g in groups if not g.host_resident]
         if config.hisparse is None:
             # HiSparse's placement needs its source group (it sizes the host
@@ -368,6 +376,8 @@ def observe_host(
         num_blocks=num_blocks,
         device=ctx.device,
         max_alloc_bytes=ctx.max_alloc_bytes,
+        pool_bytes=pool,
+        pool_verdicts=verdicts,
     )
 
 
