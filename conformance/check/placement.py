@@ -291,18 +291,22 @@ def _backing_size(obs: PlacementObservation) -> list[Violation] | None:
     return out
 
 
+def _pool_bytes_beside_host(obs: HostObservation) -> list[Violation] | Unjudged:
+    found = obs.pool_verdicts.get("KV-PLACE-POOL-BYTES")
+    return Unjudged("no placement with an answer to judge") if found is None else list(found)
+
+
 @invariant(
     "KV-PLACE-POOL-BYTES",
     "_get_pool_bytes_per_block matches the device bytes placed",
     anchor="pool-bytes-hook",
-    # The host scenario judges it next to host-resident groups (from hook_verdicts).
+    # The host scenario judges it next to host-resident groups (pool_verdicts).
     scenario=("placement", "host"),
     in_core=True,
 )
 def _pool_bytes(obs: PlacementObservation | HostObservation) -> list[Violation] | Unjudged | None:
     if isinstance(obs, HostObservation):
-        found = obs.pool_verdicts.get("KV-PLACE-POOL-BYTES")
-        return Unjudged("no placement with an answer to judge") if found is None else list(found)
+        return _pool_bytes_beside_host(obs)
     if obs.pool_bytes is None:
         return Unjudged("no groups: Core never asks _get_pool_bytes_per_block about none")
     if not obs.pool_bytes.ok:
