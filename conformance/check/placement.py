@@ -316,6 +316,10 @@ def _pool_bytes(obs: PlacementObservation | HostObservation) -> list[Violation] 
         # "None: Core probes" is always a legal answer; the probe needs one
         # backing size, which KV-PLACE-SINGLE-BACKING judges.
         return []
+    return _declared_matches(obs, declared)
+
+
+def _declared_matches(obs: PlacementObservation, declared: int) -> list[Violation] | None:
     if declared == 0 and any(not g.host_resident and g.layer_names for g in obs.groups):
         return [
             _v(
