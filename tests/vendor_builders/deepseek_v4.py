@@ -45,11 +45,13 @@ from kvref import (
     UniformTypeKVCacheSpecs,
 )
 from vendor_builders.slots import (
+    GRANULE,
     CacheTuple,
     SlotPlan,
     lay_out,
     pack,
     side_by_side,
+    specialised,
     tuples_by_stem,
 )
 
@@ -69,8 +71,6 @@ _ROLES: dict[str, tuple[int, str]] = {
     "indexer.compressor.state_cache": (1, "state"),
 }
 _TABLES = ("compressed", "window", "state")
-#: The platform's DMA granule: every block starts on it.
-GRANULE = 512
 
 
 @dataclass(frozen=True)
@@ -116,17 +116,6 @@ def parse_layer(name: str, spec: KVCacheSpec) -> CacheLayer | None:
         draft=spec.is_draft,
         role=role,
         spec=spec,
-    )
-
-
-def specialised(config: PlanningConfig) -> bool:
-    """Whether the platform's tuple layout applies to ``config`` at all."""
-    return (
-        config.kv_cache_layout.is_block_outermost
-        and not config.host_resident_layers
-        and config.hisparse is None
-        and config.model_kv_cache_grouping is None
-        and not config.disable_hybrid_kv_cache_manager
     )
 
 

@@ -9,14 +9,17 @@ An MTP draft layer, when speculating, carries the three sparse caches.
 
 This (fictional) platform recycles a block ID freed by one table for
 another without re-formatting it, so every table uses one grid: slot ``k``
-of a block starts at ``k * pitch`` in every group.  The sparse tuple of the
-``k``-th indexed layer (latent, then indexer key) sits at slot ``k`` of the
-sparse table, its tail ring at slot ``k`` of the ring table, and the KDA
-layers are dealt into groups as wide as the sparse table, KDA layer ``j`` of
-each group on slot ``j``: the state of one group lies on the MLA slots of
-another.  That is legal: a block ID belongs to one group at a time
+of a block starts at the same byte in every group, and is as wide as the
+widest ``k``-th entry of any table.  The sparse tuple of the ``k``-th indexed
+layer (latent, then indexer key) sits at slot ``k`` of the sparse table, its
+tail ring at slot ``k`` of the ring table, and the KDA layers are dealt into
+groups as wide as the sparse table, KDA layer ``j`` of each group on slot
+``j``: the state of one group lies on the MLA slots of another.  That is
+legal: a block ID belongs to one group at a time
 (contract.md#memory-safety, cross-group aliasing); inside one group no two
-slots overlap, because the pitch is the widest tuple or state page.
+slots overlap, because each slot is as wide as anything placed on it.  A
+block is never wider than all the caches' pages together (the grid shares,
+it does not pad to the widest page; contract.md#placement-backing).
 
 Everything else is the reference's (``super()``).
 """
@@ -38,8 +41,7 @@ from kvref import (
     ReferenceKVCacheConfigBuilder,
     UniformTypeKVCacheSpecs,
 )
-from vendor_builders.deepseek_v4 import GRANULE, specialised
-from vendor_builders.slots import SlotPlan, pack, round_up, side_by_side
+from vendor_builders.slots import GRANULE, SlotPlan, pack, round_up, side_by_side, specialised
 
 __all__ = ["GLM5Builder", "parse_layer"]
 
@@ -186,15 +188,19 @@ class GLM5Builder(ReferenceKVCacheConfigBuilder):
             if len(layers) < len(parsed) or len({p.kind for p in layers}) > 1:
                 return None
             tables.append(self._slots(layers))
-        widths = [sum(s.page_size_bytes for _, s in slot) for table in tables for slot in table]
-        if not widths:
+        slots = max((len(table) for table in tables), default=0)
+        if not slots:
             return None
-        pitch = round_up(max(widths), GRANULE)
+        # Slot k is as wide as the widest k-th entry of any table.
+        starts = [0]
+        for k in range(slots):
+            width = max(sum(s.page_size_bytes for _, s in t[k]) for t in tables if k < len(t))
+            starts.append(starts[-1] + round_up(width, GRANULE))
         placed = [
             cache
             for table in tables
             for k, slot in enumerate(table)
-            for cache in side_by_side(slot, k * pitch)
+            for cache in side_by_side(slot, starts[k])
         ]
         return pack(placed, granule=GRANULE)
 

@@ -31,8 +31,15 @@ from kvref import (
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
 )
-from vendor_builders.deepseek_v4 import GRANULE, specialised
-from vendor_builders.slots import SlotPlan, lay_out, pack, side_by_side, tuples_by_stem
+from vendor_builders.slots import (
+    GRANULE,
+    SlotPlan,
+    lay_out,
+    pack,
+    side_by_side,
+    specialised,
+    tuples_by_stem,
+)
 
 __all__ = ["HydraBuilder", "hydra_key"]
 

@@ -17,17 +17,22 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from kvref import KVCacheGroupSpec, KVCacheSpec, KVCacheTensor
+from kvref import KVCacheGroupSpec, KVCacheSpec, KVCacheTensor, PlanningConfig
 
 __all__ = [
+    "GRANULE",
     "CacheTuple",
     "SlotPlan",
     "lay_out",
     "pack",
     "round_up",
     "side_by_side",
+    "specialised",
     "tuples_by_stem",
 ]
+
+#: The platform's DMA granule: every block starts on it.
+GRANULE = 512
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -134,13 +139,13 @@ def pack(
     return SlotPlan(offsets=offsets, pages=pages, bytes_per_block=round_up(end, alignment))
 
 
-def lay_out(tuples: Sequence[CacheTuple], start: int, pitch: int | None = None) -> list[int]:
-    """Start offsets of ``tuples`` laid back to back from ``start`` (or every ``pitch`` bytes)."""
+def lay_out(tuples: Sequence[CacheTuple], start: int) -> list[int]:
+    """Start offsets of ``tuples`` laid back to back from ``start``."""
     starts = []
     offset = start
     for t in tuples:
         starts.append(offset)
-        offset += t.nbytes if pitch is None else pitch
+        offset += t.nbytes
     return starts
 
 
@@ -153,3 +158,19 @@ def side_by_side(
         out.append((name, start, spec))
         start += spec.page_size_bytes
     return out
+
+
+def specialised(config: PlanningConfig) -> bool:
+    """Whether the platform's slot layouts apply to ``config`` at all.
+
+    They need a block-outermost layout; host residency, HiSparse, a
+    model-declared grouping and the hybrid manager switched off are left to
+    the reference.
+    """
+    return (
+        config.kv_cache_layout.is_block_outermost
+        and not config.host_resident_layers
+        and config.hisparse is None
+        and config.model_kv_cache_grouping is None
+        and not config.disable_hybrid_kv_cache_manager
+    )
