@@ -19,10 +19,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import broken_builders
 import pytest
 
 import conformance
+from conformance.report.model import InvariantResult
 from conformance.report.render import write_json
 from conformance.run.replay import ReplayError
 from conformance.run.runner import check_builder
@@ -34,7 +36,7 @@ _TESTS = Path(__file__).resolve().parent
 
 @pytest.fixture
 def work() -> Iterator[Path]:
-    """A private working directory (pytest's work may be pruned by concurrent sessions)."""
+    """A private working directory (pytest's tmp_path may be pruned by concurrent sessions)."""
     with tempfile.TemporaryDirectory(prefix="kvref-reproduce-") as name:
         yield Path(name)
 
@@ -60,43 +62,116 @@ def _meta_run(builder: type) -> conformance.Report:
     )
 
 
-def _run_line(line: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Run a printed reproduce line as a shell would, with this environment's kit."""
+def _command(line: str) -> list[str]:
+    """A printed reproduce line as argv, with this environment's kvref-conformance."""
     words = shlex.split(line)
     assert words[0] == "kvref-conformance", line
     script = Path(sys.executable).with_name("kvref-conformance")
     command = [str(script)] if script.exists() else [sys.executable, "-m", "conformance.cli"]
-    env = _env()
+    return command + words[1:]
+
+
+def _run_line(line: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run a printed reproduce line as a shell would."""
     return subprocess.run(
-        command + words[1:],
+        _command(line),
         check=False,
         cwd=cwd,
-        env=env,
+        env=_env(),
         capture_output=True,
         text=True,
         timeout=300,
     )
 
 
+@attrs.define
+class _Rerun:
+    """One builder's meta-run failure and the rerun of its reproduce line."""
+
+    failure: InvariantResult
+    process: subprocess.Popen[bytes] | None = None
+    out: Path | None = None
+    started: float = 0.0
+    seconds: float = 0.0
+    returncode: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+
+    def finish(self) -> None:
+        assert self.process is not None and self.out is not None
+        self.returncode = self.process.wait(timeout=300)
+        self.ended()
+        self.stdout = self.out.with_suffix(".out").read_text()
+        self.stderr = self.out.with_suffix(".err").read_text()
+
+    def ended(self) -> None:
+        # Noted when first seen done (the fixture looks between meta-runs).
+        if not self.seconds and self.process is not None and self.process.poll() is not None:
+            self.seconds = time.perf_counter() - self.started
+
+
+_SELF = "test_reproduce_line_fails_the_same_invariant"
+
+
+@pytest.fixture(scope="module")
+def reruns(request: pytest.FixtureRequest) -> Iterator[dict[str, _Rerun]]:
+    """Meta-runs in this process, each line rerun in a subprocess alongside the next meta-run.
+
+    Only the builders this session selected are run.  The two overlap so the
+    check takes about the meta-tests' own time on two cores.
+    """
+    wanted = [
+        item.callspec.params["builder"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == _SELF and hasattr(item, "callspec")
+    ]
+    done: dict[str, _Rerun] = {}
+    with tempfile.TemporaryDirectory(prefix="kvref-reproduce-") as root:
+        for builder in wanted:
+            report = _meta_run(builder)
+            for earlier in done.values():
+                earlier.ended()
+            rerun = _Rerun(failure=report.result(builder.CAUGHT_BY))
+            done[builder.__name__] = rerun
+            if rerun.failure.reproduce is None:
+                continue
+            while (
+                sum(r.process is not None and r.process.poll() is None for r in done.values()) > 0
+            ):
+                time.sleep(0.05)
+            for earlier in done.values():
+                earlier.ended()
+            rerun.out = Path(root) / builder.__name__
+            rerun.started = time.perf_counter()
+            with (
+                open(rerun.out.with_suffix(".out"), "wb") as out,
+                open(rerun.out.with_suffix(".err"), "wb") as err,
+            ):
+                rerun.process = subprocess.Popen(
+                    _command(rerun.failure.reproduce), cwd=root, env=_env(), stdout=out, stderr=err
+                )
+        for rerun in done.values():
+            if rerun.process is not None:
+                rerun.finish()
+        yield done
+
+
 @pytest.mark.parametrize("builder", broken_builders.ALL, ids=lambda b: b.__name__)
-def test_reproduce_line_fails_the_same_invariant(builder: type, work: Path) -> None:
+def test_reproduce_line_fails_the_same_invariant(builder: type, reruns: dict[str, _Rerun]) -> None:
     """The meant invariant's printed reproduce line exits 1 with that invariant FAILED."""
     meant = builder.CAUGHT_BY
-    report = _meta_run(builder)
-    failure = next(r for r in report.results if r.id == meant)
+    rerun = reruns[builder.__name__]
+    failure = rerun.failure
     assert failure.status == "fail" and failure.reproduce, failure
     line = failure.reproduce
     assert f"--select {meant}" in line and "--seed 11" in line and "--timeout 0.5" in line
     assert line.split()[1] == f"broken_builders:{builder.__name__}"
-    started = time.perf_counter()
-    done = _run_line(line, work)
-    seconds = time.perf_counter() - started
-    rows = dict(_ROW.findall(done.stdout))
-    assert done.returncode == 1, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
-    assert rows == {meant: "FAIL"}, (rows, done.stdout[-2000:], done.stderr[-2000:])
-    assert f"[{meant}]" in done.stdout
+    rows = dict(_ROW.findall(rerun.stdout))
+    assert rerun.returncode == 1, (rerun.returncode, rerun.stdout[-2000:], rerun.stderr[-2000:])
+    assert rows == {meant: "FAIL"}, (rows, rerun.stdout[-2000:], rerun.stderr[-2000:])
+    assert f"[{meant}]" in rerun.stdout
     # Bounded: a reproduce line is something to rerun while debugging.
-    assert seconds < 120, seconds
+    assert rerun.seconds < 120, rerun.seconds
 
 
 def test_reproduce_line_names_a_main_builder_by_path(work: Path) -> None:
