@@ -445,6 +445,8 @@ def isolated(
         "kvref_unsupported": tuple(getattr(builder, "kvref_unsupported", ()) or ()),
         # The importable name of the builder the proxy runs (the twin process imports it).
         "kvref_name": name,
+        # The class it runs, for attribution through super().
+        "kvref_target": cls,
         "__doc__": f"{cls.__qualname__}, run in a worker process.",
     }
     core = getattr(builder, "kvref_core", None)

@@ -127,6 +127,7 @@ def parent_builder(builder: object) -> type[KVCacheConfigBuilder] | None:
     from kvref.builder import ReferenceKVCacheConfigBuilder
 
     cls = builder if isinstance(builder, type) else type(builder)
+    cls = getattr(cls, "kvref_target", cls)  # an isolated run's proxy stands for its class
     if cls is not ReferenceKVCacheConfigBuilder and issubclass(cls, ReferenceKVCacheConfigBuilder):
         return ReferenceKVCacheConfigBuilder
     native = getattr(cls, "native_cls", None)
