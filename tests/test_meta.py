@@ -41,14 +41,16 @@ class TestBrokenBuildersAreCaught:
         report = check_builder(
             builder,
             select=_PAPER,
-            max_examples=25,
+            max_examples=builder.EXAMPLES,
             seed=11,
             timeout=0.5,
             shrink=builder is not broken_builders.Hangs,
         )
         meant = builder.CAUGHT_BY
         assert meant in report.failed_ids, report.failed_ids
-        assert report.failed_ids == {meant}, report.failed_ids
+        # Only the meant invariant, and those the builder declares see the same
+        # bug from another side (each with its reason in broken_builders.py).
+        assert report.failed_ids <= {meant} | builder.ALSO, report.failed_ids
         failure = next(r for r in report.failures if r.id == meant)
         assert failure.violations and failure.counterexample
         assert failure.reproduce and meant in failure.reproduce

@@ -418,17 +418,18 @@ def serve_wired(monkeypatch: pytest.MonkeyPatch) -> Any:
     for inv in scenario.INVARIANTS:
         catalog_module.register(inv)
     scenario_names = runner.SCENARIOS  # type: ignore[attr-defined]
-    monkeypatch.setattr(runner, "SCENARIOS", (*scenario_names, scenario.SERVE))
+    if scenario.SERVE not in scenario_names:
+        monkeypatch.setattr(runner, "SCENARIOS", (*scenario_names, scenario.SERVE))
     monkeypatch.setitem(scenarios.OBSERVERS, scenario.SERVE, scenario.observe_serve)
     plain = runner.examples  # type: ignore[attr-defined]
     chosen: list[Any] = [None]
 
-    def examples(name: str, models: Any = None) -> Any:
+    def examples(name: str, models: Any = None, profile: str = "ci") -> Any:
         if chosen[0] is not None:
             models = chosen[0]
         if name == scenario.SERVE:
             return scenario.serve_examples(models)
-        return plain(name, models=models)
+        return plain(name, models=models, profile=profile)
 
     monkeypatch.setattr(runner, "examples", examples)
 

@@ -28,7 +28,7 @@ from typing import Any
 from conformance.check.bounds import named_layer_specs
 from conformance.check.catalog import invariant
 from conformance.check.catalog import violation as _v
-from conformance.check.grouping import returned_groups
+from conformance.check.grouping import _layer_spec_kept, returned_groups
 from conformance.check.violations import Violation
 from conformance.run.observations import GroupingObservation
 from kvref.specs import (
@@ -205,10 +205,13 @@ def _spec_meaning(obs: GroupingObservation) -> list[Violation] | None:
     if groups is None:
         return None
     out = []
+    # A layer whose page shrinks or whose stored (H, C) changes is
+    # KV-GROUP-LAYER-SPEC's finding; its other meaning is judged with it fixed.
+    shrunk = {v.layer for v in _layer_spec_kept(obs) or ()}
     for i, g in enumerate(groups):
         for name, kept in named_layer_specs(g):
             given = obs.specs.get(name)
-            if given is None:
+            if given is None or name in shrunk:
                 continue  # a foreign name is KV-GROUP-UNKNOWN-LAYER's finding
             changes = meaning_changes(given, kept)
             if changes:

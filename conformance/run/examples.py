@@ -101,6 +101,13 @@ def examples(
         from conformance.serve.scenario import OPS_BY_PROFILE, serve_examples
 
         return serve_examples(models, max_ops=OPS_BY_PROFILE[profile])
+    return problem_examples(scenario, models)
+
+
+def problem_examples(
+    scenario: str, models: st.SearchStrategy[kst.Model] | None = None
+) -> st.SearchStrategy[Example]:
+    """The planning-problem part of ``scenario``'s examples (what ``serve`` builds on)."""
 
     @st.composite
     def build(draw: st.DrawFn) -> Example:
@@ -112,8 +119,12 @@ def examples(
 
             chosen = hisparse_models()
         problem = draw(kst.planning_problems(models_strategy=chosen))
-        # Spread over 1, small, odd, large and past-4-GiB backings of this model.
-        num_blocks = draw(kst.problem_num_blocks(problem))
+        # Spread over 1, small, odd, large and past-4-GiB backings of this model
+        # (serving sizes its own pool).
+        if scenario == "serve":
+            num_blocks = draw(kst.num_blocks())
+        else:
+            num_blocks = draw(kst.problem_num_blocks(problem))
         config = problem.config
         workers = tuple(problem.workers)
         extra = ""

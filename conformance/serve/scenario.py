@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from conformance.check.catalog import Invariant, Unjudged, register
 from conformance.check.violations import Violation
 from conformance.generate import strategies as kst
-from conformance.run.examples import Example, examples
+from conformance.run.examples import Example, problem_examples
 from conformance.run.guard import CallResult
 from conformance.run.scenarios import Context, builder_or_reference_groups, call_placement
 from conformance.serve.checks import MAX_BYTES, ServeBounds, bounds_for, run_serving
@@ -116,8 +116,7 @@ def serve_examples(
 
     @st.composite
     def build(draw: st.DrawFn) -> ServeExample:
-        # A placement example: host layers stripped, the serving stream drawn on top.
-        base = draw(examples("placement", models))
+        base = draw(problem_examples(SERVE, models))
         # Every worker's pages of one block, summed: at least what each block ID costs.
         per_block = sum(s.page_size_bytes for s in base.merged.values()) or 1
         fit = max(2, EXAMPLE_BYTES // per_block)
