@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kvref._math import cdiv
+from conformance.check.geometry import cdiv
 from kvref.config import PlanningConfig
 from kvref.specs import (
     ChunkedLocalAttentionSpec,

@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 from hypothesis import strategies as st
 
+from conformance.check.geometry import cdiv
 from conformance.generate.estimate import blocks_per_request, promotion_succeeds, worker_estimate
 from conformance.generate.families import models
 from conformance.generate.families.extras import apply_model_extras
@@ -20,7 +21,6 @@ from conformance.generate.specs import (
     MAX_NUM_BATCHED_TOKENS,
     rarely,
 )
-from kvref._math import cdiv
 from kvref.config import PlanningConfig
 from kvref.specs import CrossAttentionSpec, KVCacheSpec, MambaSpec
 

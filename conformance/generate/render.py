@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 import torch
 
-from kvref._math import round_up
+from conformance.check.geometry import round_up
 from kvref.config import PlanningConfig
 from kvref.layout import KVCacheLayout
 from kvref.specs import (

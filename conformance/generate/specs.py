@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from kvref._math import round_up
+from conformance.check.geometry import round_up
 from kvref.specs import (
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from conformance.check.geometry import cdiv, round_up
 from conformance.generate.estimate import worker_estimate
 from conformance.generate.records import Model, PlanningProblem
 from conformance.generate.specs import ATTENTION, attention_kwargs
-from kvref._math import cdiv, round_up
 from kvref.config import PlanningConfig
 from kvref.layout import KVCacheLayout
 from kvref.specs import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec

@@ -13,6 +13,7 @@ import attrs
 import torch
 from hypothesis import strategies as st
 
+from conformance.check.geometry import cdiv
 from conformance.generate.records import Model
 from conformance.generate.specs import (
     ATTENTION,
@@ -32,7 +33,6 @@ from conformance.generate.specs import (
     sliding_window_mla_specs,
     sliding_window_specs,
 )
-from kvref._math import cdiv
 from kvref.specs import (
     ChunkedLocalAttentionSpec,
     CrossAttentionSpec,

@@ -30,8 +30,8 @@ import attrs
 import hypothesis
 from hypothesis import strategies as st
 
+from conformance.check.geometry import cdiv, round_up
 from conformance.generate.records import Model
-from kvref._math import cdiv, round_up
 from kvref.config import HiSparseConfig, PlanningConfig
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheGroupSpec

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from conformance.check.geometry import round_up
 from conformance.generate.families.extras import ExtendedModel, ModelExtras
 from conformance.generate.records import Model
 from conformance.generate.specs import rarely
-from kvref._math import round_up
 from kvref.config import HiSparseConfig
 from kvref.specs import KVCacheSpec, MLAAttentionSpec
 

@@ -15,9 +15,9 @@ from collections.abc import Callable
 import torch
 from hypothesis import strategies as st
 
+from conformance.check.geometry import cdiv
 from conformance.generate.records import Model
 from conformance.generate.specs import rarely
-from kvref._math import cdiv
 from kvref.specs import FullAttentionSpec, KVCacheSpec, MambaSpec, dtype_size
 
 __all__ = ["jamba_models", "nemotron_h_models", "qwen3_next_models"]

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from conformance.check.geometry import cdiv, round_up
 from conformance.generate.records import Model
 from conformance.generate.specs import rarely
-from kvref._math import cdiv, round_up
 from kvref.specs import (
     CircularBufferSpec,
     KVCacheSpec,
