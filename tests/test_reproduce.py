@@ -55,7 +55,7 @@ def _meta_run(builder: type) -> conformance.Report:
     return check_builder(
         builder,
         select=_PAPER,
-        max_examples=25,
+        max_examples=builder.EXAMPLES,
         seed=11,
         timeout=0.5,
         shrink=builder is not broken_builders.Hangs,
@@ -156,7 +156,23 @@ def reruns(request: pytest.FixtureRequest) -> Iterator[dict[str, _Rerun]]:
         yield done
 
 
-@pytest.mark.parametrize("builder", broken_builders.ALL, ids=lambda b: b.__name__)
+#: Reproduced in the default run; every other broken builder's line under `-m slow`.
+_DEFAULT = (
+    broken_builders.DroppedLayer,
+    broken_builders.OverlappingBlocks,
+    broken_builders.Hangs,
+    broken_builders.HostSizedByDeviceBlocks,
+)
+
+
+@pytest.mark.parametrize(
+    "builder",
+    [
+        pytest.param(b, marks=() if b in _DEFAULT else pytest.mark.slow)
+        for b in broken_builders.ALL
+    ],
+    ids=lambda b: b.__name__,
+)
 def test_reproduce_line_fails_the_same_invariant(builder: type, reruns: dict[str, _Rerun]) -> None:
     """The meant invariant's printed reproduce line exits 1 with that invariant FAILED."""
     meant = builder.CAUGHT_BY
