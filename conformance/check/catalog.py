@@ -19,6 +19,7 @@ returns an :data:`Outcome`:
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -125,10 +126,12 @@ class Invariant:
 
 
 _REGISTRY: dict[str, Invariant] = {}
+#: Where each id was declared: (its module, its place among that module's declarations).
+_DECLARED: dict[str, tuple[str, int]] = {}
 
 
-def register(inv: Invariant) -> Invariant:
-    """Add ``inv`` to the catalog.
+def register(inv: Invariant, *, module: str | None = None) -> Invariant:
+    """Add ``inv`` to the catalog (``module``: the declaring module; default: the caller's).
 
     Raises:
         ValueError: another invariant has the same id.
@@ -136,6 +139,11 @@ def register(inv: Invariant) -> Invariant:
     known = _REGISTRY.get(inv.id)
     if known is not None and known.check is not inv.check:
         raise ValueError(f"invariant id {inv.id!r} is declared twice")
+    if module is None:
+        module = str(sys._getframe(1).f_globals.get("__name__", ""))
+    if inv.id not in _DECLARED:
+        place = sum(1 for m, _ in _DECLARED.values() if m == module)
+        _DECLARED[inv.id] = (module, place)
     _REGISTRY[inv.id] = inv
     return inv
 
@@ -159,14 +167,15 @@ def invariant(
 
     def declare(fn: _F) -> _F:
         register(
-            Invariant(
+            module=fn.__module__,
+            inv=Invariant(
                 id=id,
                 title=title,
                 anchor=anchor,
                 scenarios=(*scenarios, "core", "profiling") if in_core else scenarios,
                 check=judged_in_core(id, fn) if in_core else fn,
                 requires=frozenset(requires),
-            )
+            ),
         )
         return fn
 
@@ -188,10 +197,19 @@ def judged_in_core(invariant_id: str, check: Check) -> Check:
 
 
 def catalog() -> tuple[Invariant, ...]:
-    """Every invariant, in catalog order."""
+    """Every invariant, in catalog order: by declaring module, then by declaration.
+
+    The order does not depend on which check module happened to be imported first.
+    """
     for module in _MODULES:
         importlib.import_module(module)
-    return tuple(_REGISTRY.values())
+    rank = {m: i for i, m in enumerate(_MODULES)}
+
+    def key(inv: Invariant) -> tuple[int, int]:
+        module, place = _DECLARED.get(inv.id, ("", 0))
+        return (rank.get(module, len(rank)), place)
+
+    return tuple(sorted(_REGISTRY.values(), key=key))
 
 
 def by_id() -> dict[str, Invariant]:
