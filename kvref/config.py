@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from kvref.specs import KVCacheSpec
 
 __all__ = [
+    "DRAFTLESS_METHODS",
+    "EAGLE_METHODS",
+    "SPECULATIVE_METHODS",
     "GroupingHook",
     "HiSparseConfig",
     "PlanningConfig",
@@ -27,6 +30,16 @@ __all__ = [
 ]
 
 _MAMBA_CACHE_MODES = ("none", "align", "all")
+
+#: Speculative methods whose drafter reads the target's hidden states: vLLM's
+#: ``use_eagle()`` (DFlash and DSpark, which size their lookahead otherwise,
+#: are not modelled).  They drop the trailing prefix-cache block.
+EAGLE_METHODS = ("eagle", "eagle3", "mtp")
+#: Speculative methods without a draft model, hence without draft KV cache layers.
+DRAFTLESS_METHODS = ("ngram", "suffix")
+#: The speculative methods a :class:`PlanningConfig` describes (vLLM's
+#: ``SpeculativeConfig.method`` names, after vLLM maps ``deepseek_mtp`` & co. to ``mtp``).
+SPECULATIVE_METHODS = (*EAGLE_METHODS, "draft_model", *DRAFTLESS_METHODS)
 
 
 def _int_check(minimum: int, *, optional: bool = False, owner: str = "PlanningConfig") -> Any:
@@ -61,6 +74,14 @@ def _layers(value: object) -> frozenset[str]:
                 f"PlanningConfig.host_resident_layers contains {name!r}, which is not a str"
             )
     return frozenset(value)
+
+
+def _speculative_method(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and value not in SPECULATIVE_METHODS:
+        raise ConfigError(
+            f"PlanningConfig.speculative_method={value!r} must be None or one of "
+            f"{SPECULATIVE_METHODS}"
+        )
 
 
 def _layout(value: object) -> KVCacheLayout:
@@ -195,7 +216,22 @@ class PlanningConfig:
             platform names none (see :func:`kvref.get_kv_cache_config_builder`).
         model_kv_cache_grouping: a model-declared grouping (vLLM
             ``SupportsKVCacheGrouping``) the reference builder uses instead of
-            its own grouping.
+            its own grouping; it owns every layer's group, so it cannot be
+            combined with ``host_resident_layers`` (as vLLM refuses it beside
+            HiSparse, its only source of host residency).
+        num_hidden_layers: the target's decoder-layer count, layers without a
+            KV cache included (vLLM ``hf_config.num_hidden_layers``); ``None``:
+            not described.  Planning never reads it; builders may.
+        num_draft_layers: draft decoder layers (MTP modules, vLLM
+            ``num_nextn_predict_layers``; or the EAGLE / draft model's layers).
+        speculative_method: vLLM's ``SpeculativeConfig.method``, one of
+            :data:`SPECULATIVE_METHODS`, or ``None`` (no speculative config).
+        num_speculative_tokens: vLLM's ``num_speculative_tokens`` (0 without a method).
+
+    With a speculative method the config must be one vLLM could derive:
+    ``num_prefill_lookahead_tokens`` is :attr:`derived_prefill_lookahead`
+    and the EAGLE block drop needs an EAGLE-style method (``None`` keeps the
+    figures free, as before these fields existed).
     """
 
     max_model_len: int = attrs.field(default=8192, validator=_int_check(1))
@@ -228,6 +264,12 @@ class PlanningConfig:
     model_kv_cache_grouping: GroupingHook | None = attrs.field(
         default=None, validator=_grouping_hook
     )
+    num_hidden_layers: int | None = attrs.field(
+        default=None, validator=_int_check(1, optional=True)
+    )
+    num_draft_layers: int = attrs.field(default=0, validator=_int_check(0))
+    speculative_method: str | None = attrs.field(default=None, validator=_speculative_method)
+    num_speculative_tokens: int = attrs.field(default=0, validator=_int_check(0))
 
     def __attrs_post_init__(self) -> None:
         if self.hisparse is not None and self.host_resident_layers:
@@ -236,6 +278,77 @@ class PlanningConfig:
                 "cannot be combined with PlanningConfig.hisparse: HiSparse decides which "
                 "layers live on the host"
             )
+        if self.model_kv_cache_grouping is not None and self.host_resident_layers:
+            # The declared grouping decides every group, host residency included:
+            # the reference would otherwise silently drop the host layers.
+            raise ConfigError(
+                f"PlanningConfig.host_resident_layers={sorted(self.host_resident_layers)} "
+                "cannot be combined with PlanningConfig.model_kv_cache_grouping="
+                f"{self.model_kv_cache_grouping!r}: a model-declared grouping owns every "
+                "layer's group (vLLM refuses it beside HiSparse); mark host groups in the "
+                "declared grouping instead"
+            )
+        self._check_speculation()
+
+    def _check_speculation(self) -> None:
+        method, tokens = self.speculative_method, self.num_speculative_tokens
+        if method is None:
+            if tokens:
+                raise ConfigError(
+                    f"PlanningConfig.num_speculative_tokens={tokens} needs a "
+                    "PlanningConfig.speculative_method (it is None)"
+                )
+            return
+        if tokens < 1:
+            raise ConfigError(
+                f"PlanningConfig.num_speculative_tokens={tokens} must be >= 1 with "
+                f"PlanningConfig.speculative_method={method!r}"
+            )
+        if method in DRAFTLESS_METHODS and self.num_draft_layers:
+            raise ConfigError(
+                f"PlanningConfig.num_draft_layers={self.num_draft_layers} must be 0 with "
+                f"PlanningConfig.speculative_method={method!r}, which has no draft model"
+            )
+        if self.eagle_block_drop and method not in EAGLE_METHODS:
+            raise ConfigError(
+                f"PlanningConfig.eagle_block_drop=True needs an EAGLE-style "
+                f"speculative_method {EAGLE_METHODS}, not {method!r}"
+            )
+        query = 1 + tokens
+        if self.hisparse is not None and self.hisparse.max_decode_query_len != query:
+            # vLLM's max_decode_query_len: a verification request of 1 + k tokens.
+            raise ConfigError(
+                f"HiSparseConfig.max_decode_query_len={self.hisparse.max_decode_query_len} "
+                f"must be {query} (1 + PlanningConfig.num_speculative_tokens) with "
+                f"PlanningConfig.speculative_method={method!r}"
+            )
+        derived = self.derived_prefill_lookahead
+        if derived is not None and self.num_prefill_lookahead_tokens != derived:
+            raise ConfigError(
+                f"PlanningConfig.num_prefill_lookahead_tokens={self.num_prefill_lookahead_tokens} "
+                f"must be {derived}, what vLLM derives for speculative_method={method!r} with "
+                f"num_speculative_tokens={tokens} and num_draft_layers={self.num_draft_layers}"
+            )
+
+    @property
+    def derived_prefill_lookahead(self) -> int | None:
+        """The prefill lookahead vLLM derives from the speculative config (``None``: no method).
+
+        EAGLE-style drafters read the next token (1); a chain of several MTP
+        modules reads ``num_speculative_tokens`` ahead (vLLM
+        ``use_multi_module_mtp``: ``min(num_nextn_predict_layers,
+        num_speculative_tokens) > 1``, the layer count defaulting to 1);
+        other methods read nothing ahead (0).
+        """
+        method = self.speculative_method
+        if method is None:
+            return None
+        if method not in EAGLE_METHODS:
+            return 0
+        modules = self.num_draft_layers or 1
+        if method == "mtp" and min(modules, self.num_speculative_tokens) > 1:
+            return self.num_speculative_tokens
+        return 1
 
     @property
     def concurrent_batches(self) -> int:
