@@ -39,7 +39,12 @@ EAGLE_METHODS = ("eagle", "eagle3", "mtp")
 DRAFTLESS_METHODS = ("ngram", "suffix")
 #: The speculative methods a :class:`PlanningConfig` describes (vLLM's
 #: ``SpeculativeConfig.method`` names, after vLLM maps ``deepseek_mtp`` & co. to ``mtp``).
-SPECULATIVE_METHODS = (*EAGLE_METHODS, "draft_model", *DRAFTLESS_METHODS)
+SPECULATIVE_METHODS = (
+    *EAGLE_METHODS,
+    "draft_model",
+    "extract_hidden_states",
+    *DRAFTLESS_METHODS,
+)
 
 
 def _int_check(minimum: int, *, optional: bool = False, owner: str = "PlanningConfig") -> Any:

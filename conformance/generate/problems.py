@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 from conformance.check.geometry import cdiv
 from conformance.generate.estimate import blocks_per_request, promotion_succeeds, worker_estimate
 from conformance.generate.families import models
-from conformance.generate.families.extras import apply_model_extras
+from conformance.generate.families.drafts import speculation
+from conformance.generate.families.extras import ExtendedModel, apply_model_extras
 from conformance.generate.layouts import as_specs, layouts_for
-from conformance.generate.pipeline import pipeline_splits
+from conformance.generate.pipeline import decoder_layers, pipeline_splits
 from conformance.generate.records import Model, PlanningProblem
 from conformance.generate.specs import (
     AUTO_FIT_MAX_MODEL_LENS,
@@ -80,14 +81,15 @@ def _planning_configs(
             lengths = fitting or [min(lengths)]
     config = base.with_max_model_len(draw(st.sampled_from(lengths)))
 
-    changes: dict[str, Any] = {}
+    changes: dict[str, Any] = _model_fields(model)
     if any(isinstance(s, CrossAttentionSpec) for s in values) and draw(st.booleans()):
         changes["max_num_encoder_input_tokens"] = 1500  # Whisper's encoder length
     if any(s.is_draft for s in values):
-        # EAGLE: lookahead 1 (so no extra retained tokens) and the block drop.
-        changes["num_prefill_lookahead_tokens"] = 1
+        # The lookahead vLLM derives (1, or the chain of several MTP modules)
+        # and the block drop the EAGLE-style methods may switch off.
+        changes["num_prefill_lookahead_tokens"] = _derived_lookahead(changes)
         changes["eagle_block_drop"] = draw(st.booleans())
-    elif rarely(draw):
+    elif rarely(draw) and changes["speculative_method"] is None:
         changes["num_prefill_lookahead_tokens"] = draw(st.sampled_from([2, 4]))  # MTP
     if rarely(draw) and promotion_succeeds(values):
         changes["disable_hybrid_kv_cache_manager"] = True
@@ -100,9 +102,35 @@ def _planning_configs(
         changes["num_gpu_blocks_override"] = draw(
             st.one_of(st.integers(enough, cap), st.integers(1, min(16, cap)))
         )
-    if len(values) >= 2 and rarely(draw):
+    # A model-declared grouping owns every layer's group, host residency included.
+    declared = isinstance(model, ExtendedModel) and model.extras.kv_cache_grouping is not None
+    if len(values) >= 2 and rarely(draw) and not declared:
         changes.update(draw(_host_resident(specs, config)))
     return attrs.evolve(config, **changes) if changes else config
+
+
+def _model_fields(model: Model | Mapping[str, KVCacheSpec]) -> dict[str, Any]:
+    """The config fields that describe ``model`` (decoder layers, drafts, speculation)."""
+    hidden = decoder_layers(model).num_hidden_layers
+    spec = speculation(model)
+    return {
+        "num_hidden_layers": hidden or None,
+        "num_draft_layers": spec.num_draft_layers,
+        "speculative_method": spec.method,
+        "num_speculative_tokens": spec.num_speculative_tokens,
+    }
+
+
+def _derived_lookahead(fields: Mapping[str, Any]) -> int:
+    """The prefill lookahead vLLM derives for a model with draft layers.
+
+    EAGLE-style drafters read the next token; a chain of several MTP modules
+    (``min(modules, tokens) > 1``) reads ``num_speculative_tokens`` ahead.
+    """
+    tokens = fields["num_speculative_tokens"]
+    if fields["speculative_method"] == "mtp" and min(fields["num_draft_layers"], tokens) > 1:
+        return int(tokens)
+    return 1
 
 
 @st.composite
@@ -144,8 +172,12 @@ def planning_configs(
     most ``max_memory_bytes`` worth of blocks), MTP lookahead,
     ``disable_hybrid_kv_cache_manager`` (only when promotion gives one
     group) and host-resident layers (a proper subset of one spec's layers,
-    with a host pool of at least one request).  The Mamba
-    cache mode is the model's; draft layers turn on EAGLE's lookahead.
+    with a host pool of at least one request; never beside a model-declared
+    grouping).  The Mamba cache mode is the model's; the config describes
+    the model (``num_hidden_layers``, ``num_draft_layers`` and the
+    speculative method and tokens of
+    :func:`~conformance.generate.families.drafts.speculation`), and draft
+    layers turn on the lookahead vLLM derives for that method.
     Never a config that asks for DCP, TP replication or HiSparse.
     """
     return _planning_configs(model, pipeline_parallel_size, max_memory_bytes)

@@ -3,11 +3,15 @@
 vLLM plans a draft model's KV cache layers with the target's (the draft's
 specs carry ``is_draft``); its layers continue the target's numbering
 (EAGLE's ``start_layer_id``, DeepSeek's MTP at ``num_hidden_layers``).
+
+:func:`speculation` says which speculative config serves a model: the one a
+:class:`SpeculativeModel` declares, else one inferred from its layers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -16,9 +20,103 @@ from hypothesis import strategies as st
 
 from conformance.generate.records import Model
 from conformance.generate.specs import ATTENTION
-from kvref.specs import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec, SlidingWindowSpec
+from kvref.config import SPECULATIVE_METHODS
+from kvref.extra_specs import HiddenStateCacheSpec
+from kvref.specs import (
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
 
-__all__ = ["draft_models"]
+__all__ = ["Speculation", "SpeculativeModel", "draft_models", "speculation"]
+
+# The first integer component of a layer name is its decoder-layer index.
+_INDEX = re.compile(r"^(.*?)(\d+)(?=\.|$)")
+
+
+def _method(inst: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if value not in SPECULATIVE_METHODS:
+        raise ValueError(
+            f"SpeculativeModel.speculative_method={value!r} must be one of {SPECULATIVE_METHODS}"
+        )
+
+
+def _tokens(inst: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"SpeculativeModel.num_speculative_tokens={value!r} must be an int >= 1")
+
+
+@attrs.frozen(repr=False)
+class SpeculativeModel(Model):
+    """A :class:`~conformance.generate.records.Model` that says how it is speculated.
+
+    Attributes:
+        speculative_method: vLLM's ``SpeculativeConfig.method`` (``mtp``, ``eagle``, ...).
+        num_speculative_tokens: vLLM's ``num_speculative_tokens`` (>= 1).
+    """
+
+    speculative_method: str = attrs.field(kw_only=True, validator=_method)
+    num_speculative_tokens: int = attrs.field(kw_only=True, validator=_tokens)
+
+
+@attrs.frozen
+class Speculation:
+    """The speculative config a model is served with (see :func:`speculation`).
+
+    Attributes:
+        method: vLLM's method, ``None`` without speculative decoding.
+        num_draft_layers: the draft's decoder layers (MTP modules, EAGLE heads).
+        num_speculative_tokens: 0 without a method.
+    """
+
+    method: str | None
+    num_draft_layers: int
+    num_speculative_tokens: int
+
+
+def _draft_layer_count(specs: Mapping[str, KVCacheSpec]) -> int:
+    """Draft decoder layers: the distinct ``prefix + index`` of ``is_draft`` layers.
+
+    A draft decoder layer can own several caches (``model.layers.7.attn`` and
+    ``model.layers.7.attn.indexer.k_cache``); a name without an index counts alone.
+    """
+    keys = set()
+    for name, spec in specs.items():
+        if spec.is_draft:
+            match = _INDEX.match(name)
+            keys.add(match[0] if match is not None else name)
+    return len(keys)
+
+
+def speculation(model: Model | Mapping[str, KVCacheSpec]) -> Speculation:
+    """How ``model`` is speculated: declared by a :class:`SpeculativeModel`, else inferred.
+
+    Inferred from the layers: draft (``is_draft``) layers are MTP modules when
+    a draft name says ``mtp`` or a draft layer is MLA (an MTP module repeats
+    the target's decoder layer, and EAGLE heads are Llama-style attention),
+    else an EAGLE head; a ``HiddenStateCacheSpec`` layer is vLLM's
+    ``extract_hidden_states``.  Speculative tokens: the Mamba layers'
+    ``num_speculative_blocks`` (vLLM sizes them by it), else one per draft
+    layer (at least one).
+    """
+    specs = model.specs if isinstance(model, Model) else model
+    drafts = _draft_layer_count(specs)
+    if isinstance(model, SpeculativeModel):
+        return Speculation(model.speculative_method, drafts, model.num_speculative_tokens)
+    blocks = [s.num_speculative_blocks for s in specs.values() if isinstance(s, MambaSpec)]
+    tokens = max([*blocks, drafts, 1])
+    draft_specs = {n: s for n, s in specs.items() if s.is_draft}
+    if draft_specs:
+        mtp = any("mtp" in n for n in draft_specs) or any(
+            isinstance(s, MLAAttentionSpec) for s in draft_specs.values()
+        )
+        return Speculation("mtp" if mtp else "eagle", drafts, tokens)
+    if any(isinstance(s, HiddenStateCacheSpec) for s in specs.values()):
+        return Speculation("extract_hidden_states", 0, 1)
+    return Speculation(None, 0, 0)
+
 
 _TARGETS = ("llama", "gpt_oss", "deepseek_v3")
 
@@ -62,11 +160,15 @@ def _draft_models(draw: st.DrawFn, max_layers: int) -> Model:
         )
     for k in range(drafts):
         specs[ATTENTION.format(layers + k)] = draft
-    return Model(
+    return SpeculativeModel(
         specs,
         f"{kind} + {method.upper()} ({drafts} draft layer{'s' if drafts > 1 else ''}): "
         f"{layers} target layers",
         num_hidden_layers=layers,
+        speculative_method=method,
+        # One token per MTP module (a chain of modules when there are several);
+        # EAGLE heads run autoregressively, three tokens as commonly served.
+        num_speculative_tokens=drafts if method == "mtp" else 3,
     )
 
 
