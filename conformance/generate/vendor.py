@@ -6,8 +6,8 @@
   callable returning any form listed here, a list of fixed models or a
   dict of them (``name -> model``); a model is a :class:`Model` or a
   ``layer name -> spec`` mapping whose specs are kvref specs or vLLM
-  0.33.0 specs (converted through :mod:`kvref.interop.vllm`, vendor
-  subclasses through their nearest vLLM class);
+  0.33.0 specs (converted through :mod:`kvref.interop.vllm`; a vendor
+  subclass keeps its own class, planned as its nearest vLLM kind);
 - a path to a JSON file in the ``kvref-models/1`` format (a dump of one
   real worker's specs; docs/vendors.md, "Your own models", gives the
   snippet that writes it from a running engine);
@@ -23,7 +23,6 @@ budgets, overrides, block counts and host-resident subsets come from
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
 import re
@@ -87,31 +86,21 @@ def _is_vllm_spec(value: object) -> bool:
 
 
 def _from_vllm(where: str, spec: Any) -> KVCacheSpec:
-    """Convert a vLLM spec (or a vendor subclass, through its nearest vLLM class)."""
+    """Convert a vLLM spec; a vendor subclass keeps its class (a kvref stand-in of it).
+
+    The stand-in plans as its nearest vLLM kind and reaches a vLLM-native
+    builder as a fresh instance of the vendor's own class
+    (:mod:`kvref.interop.vllm_vendor`).
+    """
     from kvref.interop import vllm as iv
 
     kvi = iv.vllm_modules().kvi
-    base = next(
-        (c for c in type(spec).__mro__ if getattr(kvi, c.__name__, None) is c),
-        None,
-    )
-    if base is None:
+    if not any(getattr(kvi, c.__name__, None) is c for c in type(spec).__mro__):
         raise VendorModelError(f"{where}: {type(spec).__qualname__} is no vLLM KV cache spec")
-    native = spec
-    if base is not type(spec):
-        fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(base) if f.init}
-        native = base(**fields)
     try:
-        converted = iv.layer_spec_from_vllm(native)
-    except (KVRefError, ValueError) as exc:
+        return iv.layer_spec_from_vllm(spec)
+    except (KVRefError, ValueError, iv.VLLMOutputError) as exc:
         raise VendorModelError(f"{where}: {spec!r:.200} does not convert: {exc}") from exc
-    page = getattr(spec, "page_size_bytes", None)
-    if isinstance(page, int) and page != converted.page_size_bytes:
-        raise VendorModelError(
-            f"{where}: {type(spec).__qualname__} has a {page}-byte page, but its vLLM base "
-            f"{base.__name__} gives {converted.page_size_bytes}; the kit cannot model the subclass"
-        )
-    return converted
 
 
 def _layer_spec(where: str, value: object) -> KVCacheSpec:

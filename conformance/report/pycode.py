@@ -13,6 +13,8 @@ from typing import Any
 
 import attrs
 
+from kvref.interop.vllm_vendor import vendor_origin
+
 __all__ = ["PythonWriter", "to_python"]
 
 
@@ -22,8 +24,8 @@ class PythonWriter:
     def __init__(self) -> None:
         self.imports: dict[str, set[str]] = {}
 
-    def _need(self, cls: type) -> str:
-        module, name = cls.__module__, cls.__qualname__
+    def _need(self, cls: Any) -> str:
+        module, name = str(cls.__module__), str(cls.__qualname__)
         root = name.split(".")[0]
         self.imports.setdefault(module, set()).add(root)
         return name
@@ -40,6 +42,12 @@ class PythonWriter:
         return self._compound(value)
 
     def _compound(self, value: Any) -> str:
+        if vendor_origin(value) is not None:
+            # A stand-in for a vendor's vLLM spec subclass is not importable:
+            # rebuild it from the vendor's own class (importable where it runs).
+            from kvref.interop.vllm_convert import spec_from_vllm, spec_to_vllm
+
+            return f"{self._need(spec_from_vllm)}({self._compound(spec_to_vllm(value))})"
         if attrs.has(type(value)):
             return self._record(
                 value, [(f.name, f.default, f.init) for f in attrs.fields(type(value))]

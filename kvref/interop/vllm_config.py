@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copy
+import dataclasses
 import functools
 import importlib
 import json
@@ -30,7 +31,9 @@ __all__ = ["hisparse_patches", "to_vllm_config"]
 
 # A tiny Llama config: planning never looks at the model, but ModelConfig
 # needs a loadable one.  max_position_embeddings is large so that any
-# max_model_len kvref plans for is below the derived length.
+# max_model_len kvref plans for is below the derived length.  The layer
+# counts a builder may read are set per PlanningConfig (see _describe_model);
+# these two layers stand only for a config that describes none.
 _TINY_MODEL = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -181,12 +184,16 @@ def _template(config: PlanningConfig) -> Any:
     par.tensor_parallel_size = config.tensor_parallel_size
     par.decode_context_parallel_size = config.decode_context_parallel_size
 
+    _describe_model(vcfg, config)
     pins: dict[str, Any] = {}
     if vcfg.max_concurrent_batches != config.concurrent_batches:
         pins["_kvref_concurrent_batches"] = config.concurrent_batches
     if vcfg.num_prefill_lookahead_tokens != config.num_prefill_lookahead_tokens:
         pins["_kvref_lookahead"] = config.num_prefill_lookahead_tokens
-    if config.eagle_block_drop:
+    if config.speculative_method is not None:
+        # vLLM derives the batches in flight and the lookahead from it: pinned.
+        pins["speculative_config"] = _speculative_config(vcfg, config)
+    elif config.eagle_block_drop:
         pins["_kvref_eagle_block_drop"] = True
     if pins:
         # Pin every figure once the class is swapped: vLLM derives them from
@@ -207,6 +214,94 @@ def _template(config: PlanningConfig) -> Any:
     return vcfg
 
 
+def _set_layers(model_config: Any, num_hidden_layers: int) -> None:
+    """Give a ``ModelConfig`` ``num_hidden_layers`` decoder layers, as vLLM reads them."""
+    for hf in {id(c): c for c in (model_config.hf_config, model_config.hf_text_config)}.values():
+        hf.num_hidden_layers = num_hidden_layers
+    # get_total_num_hidden_layers (and so get_num_layers and the PP indices)
+    # reads the architecture config, derived once at construction.
+    model_config.model_arch_config.total_num_hidden_layers = num_hidden_layers
+
+
+def _describe_model(vcfg: Any, config: PlanningConfig) -> None:
+    """The target's decoder layers and, for MTP, its ``num_nextn_predict_layers``."""
+    model = vcfg.model_config
+    if config.num_hidden_layers is not None:
+        _set_layers(model, config.num_hidden_layers)
+    if config.speculative_method == "mtp" and config.num_draft_layers:
+        # The MTP modules ship in the target's checkpoint (DeepSeek's field).
+        for hf in {id(c): c for c in (model.hf_config, model.hf_text_config)}.values():
+            hf.num_nextn_predict_layers = config.num_draft_layers
+
+
+def _draft_model_config(vcfg: Any, config: PlanningConfig) -> Any:
+    """The draft's ``ModelConfig``: the target's, with the draft's layer counts.
+
+    vLLM loads it from the draft checkpoint (EAGLE heads, a draft model) or
+    from the target's with an MTP override, whose hf config keeps the
+    target's ``num_hidden_layers`` (where the MTP layers start) and whose
+    architecture counts ``num_nextn_predict_layers`` layers.
+    """
+    draft = copy.deepcopy(vcfg.model_config)
+    layers = config.num_draft_layers or 1
+    if config.speculative_method == "mtp":
+        for hf in {id(c): c for c in (draft.hf_config, draft.hf_text_config)}.values():
+            hf.num_nextn_predict_layers = layers
+            hf.n_predict = layers
+        draft.model_arch_config.total_num_hidden_layers = layers
+    else:
+        _set_layers(draft, layers)
+    return draft
+
+
+@functools.lru_cache(maxsize=1)
+def _speculative_fields() -> tuple[type[Any], dict[str, Any]]:
+    """VLLM's ``SpeculativeConfig`` and its fields' defaults."""
+    cls: type[Any] = importlib.import_module("vllm.config.speculative").SpeculativeConfig
+    defaults: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):
+        default = field.default
+        if default is not dataclasses.MISSING:
+            # Pydantic fields keep their default on a FieldInfo.
+            defaults[field.name] = getattr(default, "default", default)
+        elif field.default_factory is not dataclasses.MISSING:
+            defaults[field.name] = field.default_factory
+    return cls, defaults
+
+
+def _speculative_config(vcfg: Any, config: PlanningConfig) -> Any:
+    """A vLLM ``SpeculativeConfig`` for ``config``'s method, tokens and draft layers.
+
+    vLLM builds one by loading the draft checkpoint; kvref has none, so the
+    instance is made without ``__init__`` and given the fields it would
+    have: its own methods (``use_eagle``, ``use_eagle_block_drop``,
+    ``use_multi_module_mtp``, ...) then answer as vLLM's do.
+    """
+    cls, defaults = _speculative_fields()
+    spec: Any = object.__new__(cls)
+    for name, default in defaults.items():
+        value = default() if callable(default) and not isinstance(default, type) else default
+        object.__setattr__(spec, name, value)
+    method = config.speculative_method
+    values: dict[str, Any] = {
+        "method": method,
+        "num_speculative_tokens": config.num_speculative_tokens,
+        # kvref's switch is the block drop itself; vLLM's switches it off.
+        "disable_eagle_block_drop": not config.eagle_block_drop,
+        "target_model_config": vcfg.model_config,
+        "target_parallel_config": vcfg.parallel_config,
+    }
+    if method in ("ngram", "suffix", "extract_hidden_states"):
+        values["model"] = method
+    else:
+        values["model"] = vcfg.model_config.model
+        values["draft_model_config"] = _draft_model_config(vcfg, config)
+        values["draft_parallel_config"] = vcfg.parallel_config
+    for name, value in values.items():
+        object.__setattr__(spec, name, value)
+    return spec
+
+
 def to_vllm_config(config: PlanningConfig) -> Any:
     """A fresh ``VllmConfig`` that plans as ``config`` does.
 
@@ -220,6 +315,13 @@ def to_vllm_config(config: PlanningConfig) -> Any:
     ``original_max_model_len = -1`` for auto-fit, and
     ``max_in_flight_tokens``, the prefill lookahead and the EAGLE block drop
     equal to kvref's (pinned where vLLM would derive another value).
+
+    The model is described as ``config`` describes it: ``hf_config``
+    (and ``get_total_num_hidden_layers``) with ``num_hidden_layers``
+    decoder layers, ``num_nextn_predict_layers`` with MTP, and with a
+    speculative method a ``SpeculativeConfig`` of that method, token count
+    and EAGLE block drop whose ``draft_model_config`` has the draft's layer
+    count.  A config that describes no layers keeps a two-layer model.
 
     With :attr:`~kvref.config.PlanningConfig.hisparse` set, the copy has
     vLLM's ``hisparse_config``, a ``HiSparseConnector`` with ``host_pool_gib``

@@ -10,7 +10,11 @@ attrs classes share field names; enums are matched by member name):
 - per-layer specs of every kvref kind (:mod:`kvref.specs`) and
   :class:`~kvref.specs.UniformTypeKVCacheSpecs`;
 - :class:`~kvref.records.KVCacheGroupSpec`, :class:`~kvref.records.KVCacheTensor`
-  and :class:`~kvref.records.KVCacheConfig`.
+  and :class:`~kvref.records.KVCacheConfig`;
+- a vendor's own subclass of a vLLM spec class: kvref keeps it as a
+  stand-in subclass of the nearest kvref kind (:mod:`kvref.interop.vllm_vendor`),
+  which converts back to a fresh instance of the vendor's class, never to
+  its vLLM base.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import attrs
 
 from kvref.errors import KVRefError, UnsupportedError
 from kvref.extra_specs import HiddenStateCacheSpec, HiSparseHotSpec, HiSparseResidentSpec
+from kvref.interop.vllm_vendor import VendorOrigin, vendor_origin, vendor_spec_class
 from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from kvref.specs import (
     ChunkedLocalAttentionSpec,
@@ -258,6 +263,9 @@ def spec_to_vllm(spec: GroupKVCacheSpec) -> Any:
         return vllm_modules().kvi.UniformTypeKVCacheSpecs(
             block_size=spec.block_size, kv_cache_specs=layers
         )
+    origin = vendor_origin(spec)
+    if origin is not None:
+        return _vendor_to_vllm(spec, origin)
     key = (spec, spec.is_draft)
     cached = _TO_VLLM_CACHE.get(key)
     if cached is not None:
@@ -278,6 +286,61 @@ def spec_to_vllm(spec: GroupKVCacheSpec) -> Any:
         raise UnsupportedError(f"vLLM refuses {spec!r}: {exc}") from exc
     if len(_TO_VLLM_CACHE) < _CACHE_LIMIT:
         _TO_VLLM_CACHE[key] = converted
+    return converted
+
+
+def _vendor_to_vllm(spec: KVCacheSpec, origin: VendorOrigin) -> Any:
+    """A fresh instance of the vendor's own class (never cached: a builder gets its own copy)."""
+    kwargs = {
+        f.name: _value_to_vllm(f.name, getattr(spec, f.name))
+        for f in attrs.fields(origin.kind)
+        if f.init
+    }
+    kwargs.update(origin.extra)
+    try:
+        return origin.vendor_cls(**kwargs)
+    except (ValueError, AssertionError, TypeError) as exc:
+        raise UnsupportedError(
+            f"{origin.vendor_cls.__qualname__} refuses the fields of {spec!r:.200}: {exc}"
+        ) from exc
+
+
+def _vendor_base(vendor_cls: type[Any]) -> tuple[Any, type[KVCacheSpec]] | None:
+    """The nearest vLLM spec class of a subclass that kvref models, and its kvref kind."""
+    kvi = vllm_modules().kvi
+    for base in vendor_cls.__mro__[1:]:
+        kind = _KVREF_KINDS.get(base.__name__)
+        if kind is not None and getattr(kvi, base.__name__, None) is base:
+            return base, kind
+    return None
+
+
+def _vendor_from_vllm(spec: Any) -> KVCacheSpec | None:
+    """The kvref stand-in of a vendor subclass instance (``None``: not one kvref models)."""
+    found = _vendor_base(type(spec)) if dataclasses.is_dataclass(spec) else None
+    if found is None:
+        return None
+    base, kind = found
+    names = [f.name for f in dataclasses.fields(base) if f.init]
+    extra = tuple(
+        (f.name, getattr(spec, f.name))
+        for f in dataclasses.fields(spec)
+        if f.init and f.name not in names
+    )
+    try:
+        plain = spec_from_vllm(base(**{n: getattr(spec, n) for n in names}))
+        stand_in = vendor_spec_class(kind, type(spec), extra)
+        converted: KVCacheSpec = stand_in(
+            **{f.name: getattr(plain, f.name) for f in attrs.fields(kind) if f.init}
+        )
+    except (KVRefError, ValueError, AssertionError, TypeError) as exc:
+        raise VLLMOutputError(f"cannot convert {spec!r:.200} to kvref: {exc}") from exc
+    page = getattr(spec, "page_size_bytes", None)
+    if isinstance(page, int) and page != converted.page_size_bytes:
+        raise VLLMOutputError(
+            f"{type(spec).__qualname__} has a {page}-byte page, but its vLLM base "
+            f"{base.__name__} gives {converted.page_size_bytes}; kvref cannot model the subclass"
+        )
     return converted
 
 
@@ -309,9 +372,15 @@ def spec_from_vllm(spec: Any) -> GroupKVCacheSpec:
         return cached
     cls = _KVREF_KINDS.get(type(spec).__name__)
     if cls is None or type(spec) is not getattr(kvi, type(spec).__name__, None):
-        raise VLLMOutputError(
-            f"vLLM spec class {type(spec).__qualname__} has no kvref counterpart: {spec!r:.200}"
-        )
+        vendor = _vendor_from_vllm(spec)
+        if vendor is None:
+            raise VLLMOutputError(
+                f"vLLM spec class {type(spec).__qualname__} has no kvref counterpart: "
+                f"{spec!r:.200}"
+            )
+        if key is not None and len(_FROM_VLLM_CACHE) < _CACHE_LIMIT:
+            _FROM_VLLM_CACHE[key] = vendor
+        return vendor
     names = {f.name for f in attrs.fields(cls)}
     kwargs: dict[str, Any] = {}
     for field in dataclasses.fields(spec):
