@@ -26,7 +26,7 @@ class PythonWriter:
 
     def _need(self, cls: Any) -> str:
         module, name = str(cls.__module__), str(cls.__qualname__)
-        root = name.split(".")[0]
+        root = name.split(".", maxsplit=1)[0]
         self.imports.setdefault(module, set()).add(root)
         return name
 
