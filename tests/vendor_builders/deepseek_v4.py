@@ -35,12 +35,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kvref import (
-    KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
     MLAAttentionSpec,
     PlanningConfig,
-    ReferenceKVCacheConfigBuilder,
     SlidingWindowMLASpec,
     UniformTypeKVCacheSpecs,
 )
@@ -48,6 +46,7 @@ from vendor_builders.slots import (
     GRANULE,
     CacheTuple,
     SlotPlan,
+    SlotPlanBuilder,
     lay_out,
     pack,
     side_by_side,
@@ -119,7 +118,7 @@ def parse_layer(name: str, spec: KVCacheSpec) -> CacheLayer | None:
     )
 
 
-class DeepSeekV4Builder(ReferenceKVCacheConfigBuilder):
+class DeepSeekV4Builder(SlotPlanBuilder):
     """Shared-tuple grouping and placement for DeepSeek-V4-style models; the reference otherwise."""
 
     # -- grouping ------------------------------------------------------------
@@ -163,34 +162,7 @@ class DeepSeekV4Builder(ReferenceKVCacheConfigBuilder):
         # A window-only model has nothing compressed to pack.
         return found if any(layer.role == "latent" for layer in found) else None
 
-    # -- placement -----------------------------------------------------------
-    def get_kv_cache_config_from_groups(
-        self,
-        config: PlanningConfig,
-        kv_cache_groups: Sequence[KVCacheGroupSpec],
-        num_blocks: int,
-    ) -> KVCacheConfig:
-        """Every group's tuples in one slot per block; all groups alias one backing."""
-        plan = self._slot_plan(config, kv_cache_groups)
-        if plan is None or type(num_blocks) is not int or num_blocks < 1:
-            # Not ours, or a block count the reference refuses with a typed error.
-            return super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
-        return KVCacheConfig(
-            num_blocks=num_blocks,
-            kv_cache_tensors=plan.tensors(num_blocks),
-            kv_cache_groups=list(kv_cache_groups),
-            prefix_cache_retention_interval=config.prefix_cache_retention_interval,
-        )
-
-    def _get_pool_bytes_per_block(
-        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]
-    ) -> int | None:
-        """The slot plan's block stride; the reference's answer for groups it does not own."""
-        plan = self._slot_plan(config, kv_cache_groups)
-        if plan is None:
-            return super()._get_pool_bytes_per_block(config, kv_cache_groups)
-        return plan.bytes_per_block
-
+    # -- placement (the hooks are SlotPlanBuilder's) ---------------------------
     def _slot_plan(
         self, config: PlanningConfig, groups: Sequence[KVCacheGroupSpec]
     ) -> SlotPlan | None:

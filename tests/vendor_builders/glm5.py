@@ -32,16 +32,22 @@ from dataclasses import dataclass
 
 from kvref import (
     CircularBufferSpec,
-    KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
     PlanningConfig,
-    ReferenceKVCacheConfigBuilder,
     UniformTypeKVCacheSpecs,
 )
-from vendor_builders.slots import GRANULE, SlotPlan, pack, round_up, side_by_side, specialised
+from vendor_builders.slots import (
+    GRANULE,
+    SlotPlan,
+    SlotPlanBuilder,
+    pack,
+    round_up,
+    side_by_side,
+    specialised,
+)
 
 __all__ = ["GLM5Builder", "parse_layer"]
 
@@ -97,7 +103,7 @@ def _order(layer: GLMLayer) -> tuple[bool, int, int]:
     return layer.draft, layer.index, _ROLES[layer.role][1]
 
 
-class GLM5Builder(ReferenceKVCacheConfigBuilder):
+class GLM5Builder(SlotPlanBuilder):
     """One slot grid for every table of a GLM-5-style model; the reference otherwise."""
 
     # -- grouping ------------------------------------------------------------
@@ -146,34 +152,7 @@ class GLM5Builder(ReferenceKVCacheConfigBuilder):
             return None  # a stage without both halves, or a sparse table of two block sizes
         return found
 
-    # -- placement -----------------------------------------------------------
-    def get_kv_cache_config_from_groups(
-        self,
-        config: PlanningConfig,
-        kv_cache_groups: Sequence[KVCacheGroupSpec],
-        num_blocks: int,
-    ) -> KVCacheConfig:
-        """Every group on the one slot grid; all groups alias one backing."""
-        plan = self._slot_plan(config, kv_cache_groups)
-        if plan is None or type(num_blocks) is not int or num_blocks < 1:
-            # Not ours, or a block count the reference refuses with a typed error.
-            return super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
-        return KVCacheConfig(
-            num_blocks=num_blocks,
-            kv_cache_tensors=plan.tensors(num_blocks),
-            kv_cache_groups=list(kv_cache_groups),
-            prefix_cache_retention_interval=config.prefix_cache_retention_interval,
-        )
-
-    def _get_pool_bytes_per_block(
-        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]
-    ) -> int | None:
-        """The grid's block stride; the reference's answer for groups it does not own."""
-        plan = self._slot_plan(config, kv_cache_groups)
-        if plan is None:
-            return super()._get_pool_bytes_per_block(config, kv_cache_groups)
-        return plan.bytes_per_block
-
+    # -- placement (the hooks are SlotPlanBuilder's) ---------------------------
     def _slot_plan(
         self, config: PlanningConfig, groups: Sequence[KVCacheGroupSpec]
     ) -> SlotPlan | None:

@@ -14,15 +14,24 @@ builder's, not a uniform layer stride.
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from kvref import KVCacheGroupSpec, KVCacheSpec, KVCacheTensor, PlanningConfig
+from kvref import (
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    KVCacheTensor,
+    PlanningConfig,
+    ReferenceKVCacheConfigBuilder,
+)
 
 __all__ = [
     "GRANULE",
     "CacheTuple",
     "SlotPlan",
+    "SlotPlanBuilder",
     "lay_out",
     "pack",
     "round_up",
@@ -174,3 +183,45 @@ def specialised(config: PlanningConfig) -> bool:
         and config.model_kv_cache_grouping is None
         and not config.disable_hybrid_kv_cache_manager
     )
+
+
+class SlotPlanBuilder(ReferenceKVCacheConfigBuilder):
+    """The placement hooks of a builder that lays the groups it owns out as a :class:`SlotPlan`.
+
+    A subclass says, in :meth:`_slot_plan`, where each cache sits in a block
+    of the groups it owns; everything else (and a block count the reference
+    refuses with a typed error) is the reference's.
+    """
+
+    @abstractmethod
+    def _slot_plan(
+        self, config: PlanningConfig, groups: Sequence[KVCacheGroupSpec]
+    ) -> SlotPlan | None:
+        """Offsets of every cache, or ``None`` when the groups are not this platform's."""
+
+    def get_kv_cache_config_from_groups(
+        self,
+        config: PlanningConfig,
+        kv_cache_groups: Sequence[KVCacheGroupSpec],
+        num_blocks: int,
+    ) -> KVCacheConfig:
+        """Every group on the builder's slot plan; all groups alias one backing."""
+        plan = self._slot_plan(config, kv_cache_groups)
+        if plan is None or type(num_blocks) is not int or num_blocks < 1:
+            # Not ours, or a block count the reference refuses with a typed error.
+            return super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
+        return KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=plan.tensors(num_blocks),
+            kv_cache_groups=list(kv_cache_groups),
+            prefix_cache_retention_interval=config.prefix_cache_retention_interval,
+        )
+
+    def _get_pool_bytes_per_block(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]
+    ) -> int | None:
+        """The slot plan's block stride; the reference's answer for groups it does not own."""
+        plan = self._slot_plan(config, kv_cache_groups)
+        if plan is None:
+            return super()._get_pool_bytes_per_block(config, kv_cache_groups)
+        return plan.bytes_per_block
