@@ -369,10 +369,10 @@ class TestPlanningConfigs:
             assert config.host_pool_bytes
 
     def test_minimal_config_is_default(self) -> None:
-        """The minimal config for a plain model is vLLM's default config."""
+        """The minimal config for a plain model is vLLM's default config, describing the model."""
         model = Model(dict.fromkeys(["l0", "l1"], PLAIN))
         config = find(cs.planning_configs(model), lambda c: True, settings=MINIMAL)
-        assert config == PlanningConfig()
+        assert config == PlanningConfig(num_hidden_layers=2)
 
     def test_promotion_rule(self) -> None:
         """Promotion is allowed for full + one window, not for two windows or Mamba + full."""

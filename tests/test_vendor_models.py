@@ -124,7 +124,7 @@ class TestInputForms:
 
     @pytest.mark.skipif(not is_vllm_available(), reason="vLLM 0.33.0 is not installed")
     def test_vllm_native_specs_and_subclasses(self) -> None:
-        """vLLM specs convert; a vendor subclass converts through its nearest vLLM class."""
+        """vLLM specs convert; a vendor subclass keeps its class, planned as its nearest kind."""
         import dataclasses
 
         from kvref.interop import vllm as iv
@@ -138,7 +138,9 @@ class TestInputForms:
         native = iv.spec_to_vllm(MLA)
         fields = {f.name: getattr(native, f.name) for f in dataclasses.fields(native) if f.init}
         (model,) = fixed_models([{"a.layers.0.x": native, "a.layers.1.x": AcmeMLASpec(**fields)}])
-        assert list(model.specs.values()) == [MLA, MLA]
+        plain, vendor = model.specs.values()
+        assert plain == MLA and type(vendor).__name__ == "AcmeMLASpec"
+        assert isinstance(vendor, type(MLA)) and vendor.page_size_bytes == MLA.page_size_bytes
 
 
 class TestErrors:
