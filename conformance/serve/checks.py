@@ -16,7 +16,9 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from conformance.check.geometry import page_bytes
 from conformance.check.violations import Violation
+from conformance.check.worker import planned_device_bytes, planned_host_bytes
 from conformance.serve.machine import ServeProgram, random_program
 from conformance.serve.sim import ISOLATION, POOL, Simulation
 from kvref.errors import KVRefError
@@ -71,10 +73,12 @@ def bounds_for(specs: Mapping[str, KVCacheSpec]) -> ServeBounds:
     Capped by :data:`BYTE_BUDGET` of KV per request and 4096 tokens.
     """
     blocks = [s.block_size for s in specs.values()] or [16]
+    # Pages from the kit's own geometry; a spec with a per-block state (Mamba's
+    # ``tokens_per_state=-1``) costs nothing per token.
     per_token = sum(
-        s.page_size_bytes // max(1, s.block_size)
+        page_bytes(s) // max(1, s.block_size)
         for s in specs.values()
-        if s.tokens_per_state_value > 0
+        if getattr(s, "tokens_per_state", 1) > 0
     )
     # Long enough to cross blocks and, where a window or chunk frees some, to free them.
     windows = [
@@ -141,7 +145,7 @@ def run_serving(
     specs: list[Mapping[str, KVCacheSpec]] | None = None
     if layer_specs is not None:
         specs = [layer_specs] if isinstance(layer_specs, Mapping) else list(layer_specs)
-    total = sum(c.device_size + sum({t.size for t in c.host_tensors}) for c in configs)
+    total = sum(planned_device_bytes(c) + planned_host_bytes(c) for c in configs)
     if total > max_bytes:
         return None
     limits = bounds or serve_bounds(configs[0])

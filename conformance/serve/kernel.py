@@ -5,7 +5,7 @@ was computed from (the tokens up to it) mixed with a per-layer salt.  Two
 requests only share tags where they share a prefix, which is exactly where
 vLLM lets them share blocks.  A tag is written as its 8 little-endian bytes,
 repeated over the state's ``H * C`` bytes, through the layer's view from
-:func:`kvref.allocate_kv_cache`.
+:func:`conformance.check.worker.allocate_kv_cache`.
 """
 
 from __future__ import annotations

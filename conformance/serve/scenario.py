@@ -15,13 +15,14 @@ examples of ``"serve"``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 from hypothesis import strategies as st
 
 from conformance.check.catalog import Invariant, Unjudged, register
+from conformance.check.geometry import page_bytes
 from conformance.check.violations import Violation
 from conformance.generate import strategies as kst
 from conformance.run.examples import Example, problem_examples
@@ -30,9 +31,8 @@ from conformance.run.scenarios import Context, builder_or_reference_groups, call
 from conformance.serve.checks import MAX_BYTES, ServeBounds, bounds_for, run_serving
 from conformance.serve.machine import ServeProgram, programs
 from conformance.serve.worker import ISOLATION, POOL
-from kvref.planning import project_kv_cache_groups_to_worker
-from kvref.records import KVCacheConfig
-from kvref.specs import KVCacheSpec
+from kvref.records import KVCacheConfig, KVCacheGroupSpec
+from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
 
 __all__ = [
     "INVARIANTS",
@@ -118,7 +118,7 @@ def serve_examples(
     def build(draw: st.DrawFn) -> ServeExample:
         base = draw(problem_examples(SERVE, models))
         # Every worker's pages of one block, summed: at least what each block ID costs.
-        per_block = sum(s.page_size_bytes for s in base.merged.values()) or 1
+        per_block = sum(page_bytes(s) for s in base.merged.values()) or 1
         fit = max(2, EXAMPLE_BYTES // per_block)
         num_blocks = draw(st.integers(min(POOL_BLOCKS[0], fit), min(POOL_BLOCKS[1], fit)))
         bounds = bounds_for(base.merged)
@@ -157,6 +157,30 @@ class ServeObservation:
     calls: tuple[CallResult, ...] = ()
 
 
+def worker_groups(
+    groups: Sequence[KVCacheGroupSpec], worker: Mapping[str, KVCacheSpec]
+) -> list[KVCacheGroupSpec]:
+    """The groups Core hands one pipeline stage's builder (contract.md#core-flow).
+
+    Each group keeps the stage's layers, in order; a uniform-type wrapper keeps
+    the specs of those layers.  A wrapper none of whose layers is on the stage
+    stays whole but names no layer: block IDs are global, so the group still
+    counts, yet nothing of it is placed on this stage.
+    """
+    projected: list[KVCacheGroupSpec] = []
+    for group in groups:
+        names = [n for n in group.layer_names if n in worker]
+        if len(names) == len(group.layer_names):
+            projected.append(group)
+            continue
+        spec = group.kv_cache_spec
+        if names and isinstance(spec, UniformTypeKVCacheSpecs):
+            kept = {n: spec.kv_cache_specs[n] for n in names}
+            spec = UniformTypeKVCacheSpecs(kv_cache_specs=kept)
+        projected.append(attrs.evolve(group, layer_names=names, kv_cache_spec=spec))
+    return projected
+
+
 def observe_serve(ctx: Context, ex: ServeExample) -> ServeObservation:
     """Place every worker's groups with the builder and serve the stream over them."""
     config = attrs.evolve(ex.config, num_gpu_blocks_override=None)
@@ -165,11 +189,7 @@ def observe_serve(ctx: Context, ex: ServeExample) -> ServeObservation:
     configs: list[KVCacheConfig] = []
     calls: list[CallResult] = []
     for w, worker in enumerate(ex.workers):
-        projected = (
-            project_kv_cache_groups_to_worker(groups, worker)
-            if len(ex.workers) > 1
-            else list(groups)
-        )
+        projected = worker_groups(groups, worker) if len(ex.workers) > 1 else list(groups)
         result, _ = call_placement(ctx.guard, builder, config, projected, ex.example.num_blocks)
         calls.append(result)
         if not result.ok:

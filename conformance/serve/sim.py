@@ -28,6 +28,7 @@ import attrs
 import torch
 
 from conformance.check.violations import Violation
+from conformance.check.worker import WorkerAllocation
 from conformance.serve.kernel import mix64
 from conformance.serve.pool import (
     NULL_BLOCK,
@@ -36,7 +37,6 @@ from conformance.serve.pool import (
     scheduler_block_size,
 )
 from conformance.serve.worker import ISOLATION, POOL, Layers
-from kvref.allocation import KVCacheAllocation
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig
 from kvref.specs import KVCacheSpec
@@ -86,8 +86,8 @@ class Simulation:
         max_tokens: tokens after which a request is finished by length.
 
     Raises:
-        kvref.errors.PlacementError, kvref.errors.LayoutError: a config whose
-            views cannot be built (the static invariants report those).
+        conformance.check.worker.WorkerError, kvref.errors.KVRefError: a config
+            whose views cannot be built (the static invariants report those).
         ValueError: no config, or a worker whose groups differ in number.
     """
 
@@ -187,7 +187,7 @@ class Simulation:
     # -- scheduling --------------------------------------------------------------------
 
     @property
-    def allocations(self) -> list[KVCacheAllocation]:
+    def allocations(self) -> list[WorkerAllocation]:
         """Every worker's allocation."""
         return self.layers.allocations
 

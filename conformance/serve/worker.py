@@ -7,6 +7,11 @@ layer, from the group's block size), slot ``s % S_G``; the flat slot
 the layer's view.  Layers that share a group and a page geometry share one
 address computation per step; each then costs one write or one readback.
 What a layer reads is decided by the model's own spec for it.
+
+Every worker's KV cache is allocated and viewed by the kit's own model of a
+worker (:func:`conformance.check.worker.allocate_kv_cache`), never by kvref's
+allocation code: kvref provides the record types only, so a plan is served
+through the views the contract gives it (contract.md#views-and-strides).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import attrs
 import torch
 
 from conformance.check.violations import Violation
+from conformance.check.worker import WorkerAllocation, allocate_kv_cache
 from conformance.serve.kernel import (
     LayerSlot,
     mix64,
@@ -28,7 +34,6 @@ from conformance.serve.kernel import (
     write_states,
 )
 from conformance.serve.pool import NULL_BLOCK, GroupManager, Retention, retention_of, token_states
-from kvref.allocation import KVCacheAllocation, allocate_kv_cache
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig
 from kvref.specs import KVCacheSpec
@@ -103,15 +108,29 @@ class _Plan:
 
 
 def _tps(spec: KVCacheSpec) -> Fraction:
-    value = spec.tokens_per_state_value
+    # From the field itself: attention and Mamba specs carry ``tokens_per_state``
+    # (Mamba's -1 is one state per block); every other kind stores one per token.
+    value = getattr(spec, "tokens_per_state", 1)
     return Fraction(value) if value > 0 else Fraction(spec.block_size)
+
+
+def _byte_views(alloc: WorkerAllocation) -> dict[str, torch.Tensor]:
+    """Each viewed layer's raw ``(N, H, S, C)`` bytes; raw-page layers have none."""
+    views: dict[str, torch.Tensor] = {}
+    for geometry, raw in zip(alloc.geometries, alloc.tensor_views, strict=True):
+        if geometry.page is None or not geometry.page.layer_views:
+            continue
+        for index, name in enumerate(geometry.tensor.layers):
+            views[name] = raw[index]
+    return views
 
 
 class Layers:
     """Every worker's allocation and layer views, grouped by geometry.
 
     Raises:
-        kvref.errors.PlacementError, kvref.errors.LayoutError: views that cannot be built.
+        conformance.check.worker.WorkerError: views that cannot be built.
+        kvref.errors.KVRefError: a layer the config's groups cannot give a spec for.
     """
 
     def __init__(
@@ -123,20 +142,20 @@ class Layers:
         managers: Sequence[GroupManager],
     ) -> None:
         self.managers = managers
-        self.allocations: list[KVCacheAllocation] = []
+        self.allocations: list[WorkerAllocation] = []
         self.by_geometry: dict[Geometry, list[LayerSlot]] = {}
         self.state_writes: dict[tuple[Geometry, int], dict[int, int]] = {}
         count = 0
         for w, cfg in enumerate(configs):
             alloc = allocate_kv_cache(cfg, device, layout=layout)
             self.allocations.append(alloc)
+            views = _byte_views(alloc)
             declared = layer_specs[w] if layer_specs is not None else {}
             for gid, group in enumerate(cfg.kv_cache_groups):
                 for name, spec in group.layer_specs():
-                    view = alloc.views.get(name)
-                    if view is None or not getattr(spec, "has_layer_views", True):
+                    raw = views.get(name)
+                    if raw is None or not getattr(spec, "has_layer_views", True):
                         continue
-                    raw = view.view(torch.uint8)
                     tps = _tps(spec)
                     geometry = Geometry(
                         group_id=gid,
