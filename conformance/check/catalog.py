@@ -61,6 +61,8 @@ _MODULES = (
     "conformance.check.calls",
     "conformance.check.grouping",
     "conformance.check.placement",
+    "conformance.check.placement_safety",
+    "conformance.check.placement_views",
     "conformance.check.host",
     "conformance.check.core",
     "conformance.check.meaning",

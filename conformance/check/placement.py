@@ -1,11 +1,18 @@
-"""Placement invariants: ``get_kv_cache_config_from_groups`` lays out every page safely."""
+"""Placement invariants: what ``get_kv_cache_config_from_groups`` returns is the plan asked for.
+
+The request (block count, groups echoed), the tensors (every device layer
+once, one spec per tensor), the backing (one size, linear in the block
+count, within bounds, matching ``_get_pool_bytes_per_block``), the empty
+plan and the hook's purity.  The same configs' memory safety is
+:mod:`conformance.check.placement_safety`'s, their views and strides
+:mod:`conformance.check.placement_views`' (the helpers here serve both).
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
 
-from conformance.check import memory
 from conformance.check.bounds import (
     BLOCK_PADDING_ALLOWANCE,
     absurd_size,
@@ -21,21 +28,14 @@ from conformance.check.catalog import (
     register,
 )
 from conformance.check.catalog import violation as _v
-from conformance.check.geometry import (
-    OracleError,
-    block_stride_alignment,
-    dtype_bytes,
-    layout_strides,
-    page_geometry,
-    typed_view_misfits,
-)
 from conformance.check.violations import Violation
 from conformance.run.observations import HostObservation, PlacementObservation
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import UniformTypeKVCacheSpecs
 
 
-def _configs(obs: PlacementObservation) -> dict[int, KVCacheConfig] | None:
+def placed_configs(obs: PlacementObservation) -> dict[int, KVCacheConfig] | None:
+    """The configs returned, by block count, less those whose sizes no allocator takes."""
     # A config with sizes no allocator takes is KV-PLACE-SIZE-BOUND's alone to judge.
     out = {n: c for n, c in _returned(obs).items() if not tensor_problems(c)}
     return out or None
@@ -48,9 +48,9 @@ def _returned(obs: PlacementObservation) -> dict[int, KVCacheConfig]:
     }
 
 
-def _honest_configs(obs: PlacementObservation) -> dict[int, KVCacheConfig] | None:
+def honest_configs(obs: PlacementObservation) -> dict[int, KVCacheConfig] | None:
     """Configs whose num_blocks is the one asked for (else KV-PLACE-NUM-BLOCKS reports)."""
-    configs = _configs(obs)
+    configs = placed_configs(obs)
     if configs is None:
         return None
     return {n: c for n, c in configs.items() if c.num_blocks == n} or None
@@ -64,7 +64,7 @@ def _honest_configs(obs: PlacementObservation) -> dict[int, KVCacheConfig] | Non
     in_core=True,
 )
 def _num_blocks(obs: PlacementObservation) -> list[Violation] | None:
-    configs = _configs(obs)
+    configs = placed_configs(obs)
     if configs is None:
         return None
     if not obs.groups:
@@ -84,7 +84,7 @@ def _num_blocks(obs: PlacementObservation) -> list[Violation] | None:
     in_core=True,
 )
 def _groups_echoed(obs: PlacementObservation) -> list[Violation] | None:
-    configs = _configs(obs)
+    configs = placed_configs(obs)
     if configs is None:
         return None
     out = []
@@ -100,11 +100,13 @@ def _groups_echoed(obs: PlacementObservation) -> list[Violation] | None:
     return out[:1]
 
 
-def _group_of(groups: Sequence[KVCacheGroupSpec]) -> dict[str, int]:
+def group_index(groups: Sequence[KVCacheGroupSpec]) -> dict[str, int]:
+    """The index of the group holding each layer name."""
     return {n: i for i, g in enumerate(groups) for n in g.layer_names}
 
 
-def _placement(id_: str, title: str, anchor: str, check: Check) -> None:
+def register_placement(id_: str, title: str, anchor: str, check: Check, *, module: str) -> None:
+    """Declare a placement invariant Core's flow judges too (``module``: where it is written)."""
     register(
         Invariant(
             id=id_,
@@ -112,7 +114,8 @@ def _placement(id_: str, title: str, anchor: str, check: Check) -> None:
             anchor=anchor,
             scenarios=("placement", "core"),
             check=judged_in_core(id_, check),
-        )
+        ),
+        module=module,
     )
 
 
@@ -125,12 +128,12 @@ def _coverage(kind: str) -> Check:
     }[kind]
 
     def check(obs: PlacementObservation) -> list[Violation] | None:
-        configs = _configs(obs)
+        configs = placed_configs(obs)
         if configs is None:
             return None
         out: list[Violation] = []
         for n, c in configs.items():
-            owner = _group_of(obs.groups)
+            owner = group_index(obs.groups)
             device_layers = {
                 name for g in obs.groups if not g.host_resident for name in g.layer_names
             }
@@ -155,7 +158,7 @@ def _coverage(kind: str) -> Check:
                     specs_here = {
                         obs.groups[owner[name]].layer_spec(name)
                         for name in known
-                        if _has_spec(obs.groups[owner[name]], name)
+                        if has_spec(obs.groups[owner[name]], name)
                     }
                     if len(groups_here) > 1 or len(specs_here) > 1:
                         out.append(
@@ -188,33 +191,38 @@ def _coverage(kind: str) -> Check:
     return check
 
 
-_placement(
+register_placement(
     "KV-PLACE-LAYER-ONCE",
     "no device layer is in two device tensors",
     "placement-tensors",
     _coverage("once"),
+    module=__name__,
 )
-_placement(
+register_placement(
     "KV-PLACE-LAYER-MISSING",
     "every device layer is in a device tensor",
     "placement-tensors",
     _coverage("missing"),
+    module=__name__,
 )
-_placement(
+register_placement(
     "KV-PLACE-UNKNOWN-LAYER",
     "device tensors hold only layers of device groups",
     "placement-tensors",
     _coverage("unknown"),
+    module=__name__,
 )
-_placement(
+register_placement(
     "KV-PLACE-TENSOR-ONE-SPEC",
     "a tensor's layers share one group and one per-layer spec",
     "placement-tensors",
     _coverage("one-spec"),
+    module=__name__,
 )
 
 
-def _has_spec(group: KVCacheGroupSpec, name: str) -> bool:
+def has_spec(group: KVCacheGroupSpec, name: str) -> bool:
+    """Whether ``group`` has a spec for layer ``name`` (a uniform-type group may lack one)."""
     spec = group.kv_cache_spec
     return not isinstance(spec, UniformTypeKVCacheSpecs) or name in spec.kv_cache_specs
 
@@ -232,7 +240,7 @@ def _single_backing(obs: PlacementObservation) -> list[Violation] | Unjudged | N
     if obs.declared_pool_bytes is not None:
         # A declared number allows several device allocations; KV-PLACE-POOL-BYTES judges it.
         return []
-    configs = _configs(obs)
+    configs = placed_configs(obs)
     if configs is None:
         return None
     out = []
@@ -249,7 +257,8 @@ def _single_backing(obs: PlacementObservation) -> list[Violation] | Unjudged | N
     return out
 
 
-def _device_size(config: KVCacheConfig) -> int | None:
+def device_size(config: KVCacheConfig) -> int | None:
+    """The one size of the device tensors, or ``None`` when they name several."""
     sizes = {t.size for t in config.device_tensors}
     return sizes.pop() if len(sizes) == 1 else None
 
@@ -269,16 +278,16 @@ def _absurd(obs: PlacementObservation, configs: dict[int, KVCacheConfig]) -> boo
     in_core=True,
 )
 def _backing_size(obs: PlacementObservation) -> list[Violation] | None:
-    configs = _configs(obs)
+    configs = placed_configs(obs)
     if configs is None or 1 not in configs or _absurd(obs, configs):
         # An absurd size is KV-PLACE-SIZE-BOUND's finding.
         return None
-    bpb = _device_size(configs[1])
+    bpb = device_size(configs[1])
     if bpb is None:
         return None
     out = []
     for n, c in configs.items():
-        size = _device_size(c)
+        size = device_size(c)
         if size is not None and size != bpb * n:
             out.append(
                 _v(
@@ -328,7 +337,7 @@ def _declared_matches(obs: PlacementObservation, declared: int) -> list[Violatio
                 "Core divides the memory by it",
             )
         ]
-    configs = _configs(obs)
+    configs = placed_configs(obs)
     if configs is None:
         return None
     out = []
@@ -403,236 +412,6 @@ def _attention_free(obs: PlacementObservation) -> list[Violation] | None:
             )
         ]
     return []
-
-
-def _memory_check(kind: str) -> Check:
-    invariant = {
-        "bounds": "KV-PLACE-IN-BOUNDS",
-        "blocks": "KV-PLACE-NO-BLOCK-ALIAS",
-        "layers": "KV-PLACE-NO-LAYER-OVERLAP",
-    }[kind]
-
-    def check(obs: PlacementObservation) -> list[Violation] | None:
-        configs = _honest_configs(obs)
-        if configs is None:
-            return None
-        out: list[Violation] = []
-        for n, c in sorted(configs.items()):
-            if any(t.host_resident for t in c.kv_cache_tensors):
-                continue  # device pages beside host groups are KV-HOST-DEVICE-SAFE's
-            if kind == "bounds":
-                out += [
-                    _v(
-                        invariant,
-                        f"at {n} blocks tensor {o.page.tensor_index}'s page ends past the backing "
-                        f"of {o.size} bytes",
-                        layer=o.page.layer,
-                        block=o.page.block,
-                        byte_range=o.byte_range,
-                    )
-                    for o in memory.find_out_of_bounds(c, obs.layout, limit=3)
-                ]
-            else:
-                finder = (
-                    memory.find_block_overlaps if kind == "blocks" else memory.find_layer_overlaps
-                )
-                # A layer placed twice overlapping itself is KV-PLACE-LAYER-ONCE's finding.
-                found = [
-                    ov
-                    for ov in finder(c, obs.layout, limit=64)
-                    if ov.a.layer != ov.b.layer or ov.a.block != ov.b.block
-                ]
-                out += [
-                    _v(
-                        invariant,
-                        f"at {n} blocks {ov.a.layer!r} block {ov.a.block} (tensor "
-                        f"{ov.a.tensor_index}) overlaps {ov.b.layer!r} block {ov.b.block} (tensor "
-                        f"{ov.b.tensor_index})",
-                        layer=ov.a.layer,
-                        block=ov.a.block,
-                        byte_range=ov.byte_range,
-                    )
-                    for ov in found[:3]
-                ]
-            if out:
-                break
-        return out
-
-    return check
-
-
-_placement(
-    "KV-PLACE-IN-BOUNDS",
-    "every page lies inside its backing",
-    "memory-safety",
-    _memory_check("bounds"),
-)
-_placement(
-    "KV-PLACE-NO-BLOCK-ALIAS",
-    "pages of different block IDs never overlap",
-    "memory-safety",
-    _memory_check("blocks"),
-)
-_placement(
-    "KV-PLACE-NO-LAYER-OVERLAP",
-    "layers of one group never overlap within a block",
-    "memory-safety",
-    _memory_check("layers"),
-)
-
-
-@invariant(
-    "KV-PLACE-TYPED-VIEWS",
-    "offsets and strides allow views in the spec's dtype",
-    anchor="views-and-strides",
-    scenario="placement",
-    in_core=True,
-)
-def _typed_views(obs: PlacementObservation) -> list[Violation] | None:
-    configs = _configs(obs)
-    if configs is None:
-        return None
-    out = []
-    for n, c in configs.items():
-        owner = _group_of(c.kv_cache_groups)
-        for t in c.device_tensors:
-            name = t.layers[0] if t.layers else None
-            if (
-                name is None
-                or name not in owner
-                or not _has_spec(c.kv_cache_groups[owner[name]], name)
-            ):
-                continue
-            spec = c.kv_cache_groups[owner[name]].layer_spec(name)
-            try:
-                page = page_geometry(spec)
-                strides = layout_strides(
-                    spec,
-                    n,
-                    len(t.layers),
-                    obs.layout,
-                    pinned=(t.layer_stride, t.block_stride, None, None, None),
-                )
-            except OracleError:
-                continue
-            bad = typed_view_misfits(t.offset, len(t.layers), strides, page)
-            if bad and page.dtype is not None:
-                dtype, size = page.dtype, dtype_bytes(page.dtype)
-                out.append(
-                    _v(
-                        "KV-PLACE-TYPED-VIEWS",
-                        f"at {n} blocks {bad} are not multiples of sizeof({dtype}) = {size}, so "
-                        f"the worker cannot view the tensor as {dtype}",
-                        layer=name,
-                    )
-                )
-        if out:
-            break
-    return out[:3]
-
-
-@invariant(
-    "KV-PLACE-BLOCK-STRIDE",
-    "block-outermost tensors step one whole block per block",
-    anchor="views-and-strides",
-    scenario="placement",
-    in_core=True,
-)
-def _block_stride(obs: PlacementObservation) -> list[Violation] | Unjudged | None:
-    configs = _configs(obs)
-    if configs is None:
-        return None
-    if not obs.layout.is_block_outermost:
-        # Nothing to step over whole blocks: the rule cannot apply to this layout.
-        return Unjudged("a layer-outer layout has no whole-block step", applicable=False)
-    if obs.declared_pool_bytes is not None:
-        return _own_backing_steps(obs, configs)
-    sizes = {n: _device_size(c) for n, c in configs.items()}
-    counts = sorted(sizes)
-    if len(counts) < 2 or any(v is None for v in sizes.values()):
-        return None
-    low, high = counts[0], counts[-1]
-    bpb = ((sizes[high] or 0) - (sizes[low] or 0)) // (high - low)
-    if any(sizes[n] != bpb * n for n in counts):
-        return None  # sizes that are not linear are KV-PLACE-BACKING-SIZE's finding
-    out = []
-    for n, c in configs.items():
-        out += [
-            _v(
-                "KV-PLACE-BLOCK-STRIDE",
-                f"in block-outermost {obs.layout.name} every tensor must step {bpb} bytes per "
-                f"block (the backing divided by {n} blocks); tensor {i} steps {t.block_stride}",
-                layer=t.layers[0] if t.layers else None,
-            )
-            for i, t in enumerate(c.device_tensors)
-            if t.block_stride != bpb
-        ]
-    return out[:3]
-
-
-def _own_backing_steps(
-    obs: PlacementObservation, configs: dict[int, KVCacheConfig]
-) -> list[Violation] | None:
-    """With several device allocations declared, each tensor steps a block of its own backing."""
-    out = []
-    for n, c in configs.items():
-        for i, t in enumerate(c.device_tensors):
-            if t.size % n:
-                return None  # not a whole number of blocks: KV-PLACE-POOL-BYTES's finding
-            if t.block_stride != t.size // n:
-                out.append(
-                    _v(
-                        "KV-PLACE-BLOCK-STRIDE",
-                        f"in block-outermost {obs.layout.name} tensor {i} must step its backing "
-                        f"of {t.size} bytes divided by {n} blocks = {t.size // n} bytes per "
-                        f"block; it steps {t.block_stride}",
-                        layer=t.layers[0] if t.layers else None,
-                    )
-                )
-    return out[:3]
-
-
-@invariant(
-    "KV-PLACE-ALIGNMENT",
-    "block strides honour every layer's block_stride_alignment",
-    anchor="views-and-strides",
-    scenario="placement",
-    in_core=True,
-)
-def _alignment(obs: PlacementObservation) -> list[Violation] | None:
-    configs = _honest_configs(obs)
-    if configs is None:
-        return None
-    out: list[Violation] = []
-    for n, c in sorted(configs.items()):
-        owner = _group_of(c.kv_cache_groups)
-        for i, t in enumerate(c.device_tensors):
-            for name in t.layers:
-                group = owner.get(name)
-                if group is None or not _has_spec(c.kv_cache_groups[group], name):
-                    continue
-                spec = c.kv_cache_groups[group].layer_spec(name)
-                try:
-                    alignment = block_stride_alignment(spec)
-                except OracleError:
-                    continue
-                # Backends ask for block strides in multiples of this
-                # (contract.md#views-and-strides); in block-outermost layouts only the
-                # block is aligned.
-                if alignment > 1 and t.block_stride % alignment:
-                    out.append(
-                        _v(
-                            "KV-PLACE-ALIGNMENT",
-                            f"at {n} blocks tensor {i} steps {t.block_stride} bytes per block, "
-                            f"not a multiple of the layer's block_stride_alignment of "
-                            f"{alignment} bytes",
-                            layer=name,
-                        )
-                    )
-                    break
-        if out:
-            break
-    return out[:3]
 
 
 @invariant(

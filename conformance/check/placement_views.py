@@ -1,0 +1,184 @@
+"""Invariants of views and strides (contract.md#views-and-strides).
+
+A worker can view every placed layer in its spec's dtype, block-outermost
+tensors step one whole block per block, and block strides honour every
+layer's ``block_stride_alignment``; the geometry is the kit's own
+(:mod:`conformance.check.geometry`).
+"""
+
+from __future__ import annotations
+
+from conformance.check.catalog import Unjudged, invariant
+from conformance.check.catalog import violation as _v
+from conformance.check.geometry import (
+    OracleError,
+    block_stride_alignment,
+    dtype_bytes,
+    layout_strides,
+    page_geometry,
+    typed_view_misfits,
+)
+from conformance.check.placement import (
+    device_size,
+    group_index,
+    has_spec,
+    honest_configs,
+    placed_configs,
+)
+from conformance.check.violations import Violation
+from conformance.run.observations import PlacementObservation
+from kvref.records import KVCacheConfig
+
+
+@invariant(
+    "KV-PLACE-TYPED-VIEWS",
+    "offsets and strides allow views in the spec's dtype",
+    anchor="views-and-strides",
+    scenario="placement",
+    in_core=True,
+)
+def _typed_views(obs: PlacementObservation) -> list[Violation] | None:
+    configs = placed_configs(obs)
+    if configs is None:
+        return None
+    out = []
+    for n, c in configs.items():
+        owner = group_index(c.kv_cache_groups)
+        for t in c.device_tensors:
+            name = t.layers[0] if t.layers else None
+            if (
+                name is None
+                or name not in owner
+                or not has_spec(c.kv_cache_groups[owner[name]], name)
+            ):
+                continue
+            spec = c.kv_cache_groups[owner[name]].layer_spec(name)
+            try:
+                page = page_geometry(spec)
+                strides = layout_strides(
+                    spec,
+                    n,
+                    len(t.layers),
+                    obs.layout,
+                    pinned=(t.layer_stride, t.block_stride, None, None, None),
+                )
+            except OracleError:
+                continue
+            bad = typed_view_misfits(t.offset, len(t.layers), strides, page)
+            if bad and page.dtype is not None:
+                dtype, size = page.dtype, dtype_bytes(page.dtype)
+                out.append(
+                    _v(
+                        "KV-PLACE-TYPED-VIEWS",
+                        f"at {n} blocks {bad} are not multiples of sizeof({dtype}) = {size}, so "
+                        f"the worker cannot view the tensor as {dtype}",
+                        layer=name,
+                    )
+                )
+        if out:
+            break
+    return out[:3]
+
+
+@invariant(
+    "KV-PLACE-BLOCK-STRIDE",
+    "block-outermost tensors step one whole block per block",
+    anchor="views-and-strides",
+    scenario="placement",
+    in_core=True,
+)
+def _block_stride(obs: PlacementObservation) -> list[Violation] | Unjudged | None:
+    configs = placed_configs(obs)
+    if configs is None:
+        return None
+    if not obs.layout.is_block_outermost:
+        # Nothing to step over whole blocks: the rule cannot apply to this layout.
+        return Unjudged("a layer-outer layout has no whole-block step", applicable=False)
+    if obs.declared_pool_bytes is not None:
+        return _own_backing_steps(obs, configs)
+    sizes = {n: device_size(c) for n, c in configs.items()}
+    counts = sorted(sizes)
+    if len(counts) < 2 or any(v is None for v in sizes.values()):
+        return None
+    low, high = counts[0], counts[-1]
+    bpb = ((sizes[high] or 0) - (sizes[low] or 0)) // (high - low)
+    if any(sizes[n] != bpb * n for n in counts):
+        return None  # sizes that are not linear are KV-PLACE-BACKING-SIZE's finding
+    out = []
+    for n, c in configs.items():
+        out += [
+            _v(
+                "KV-PLACE-BLOCK-STRIDE",
+                f"in block-outermost {obs.layout.name} every tensor must step {bpb} bytes per "
+                f"block (the backing divided by {n} blocks); tensor {i} steps {t.block_stride}",
+                layer=t.layers[0] if t.layers else None,
+            )
+            for i, t in enumerate(c.device_tensors)
+            if t.block_stride != bpb
+        ]
+    return out[:3]
+
+
+def _own_backing_steps(
+    obs: PlacementObservation, configs: dict[int, KVCacheConfig]
+) -> list[Violation] | None:
+    """With several device allocations declared, each tensor steps a block of its own backing."""
+    out = []
+    for n, c in configs.items():
+        for i, t in enumerate(c.device_tensors):
+            if t.size % n:
+                return None  # not a whole number of blocks: KV-PLACE-POOL-BYTES's finding
+            if t.block_stride != t.size // n:
+                out.append(
+                    _v(
+                        "KV-PLACE-BLOCK-STRIDE",
+                        f"in block-outermost {obs.layout.name} tensor {i} must step its backing "
+                        f"of {t.size} bytes divided by {n} blocks = {t.size // n} bytes per "
+                        f"block; it steps {t.block_stride}",
+                        layer=t.layers[0] if t.layers else None,
+                    )
+                )
+    return out[:3]
+
+
+@invariant(
+    "KV-PLACE-ALIGNMENT",
+    "block strides honour every layer's block_stride_alignment",
+    anchor="views-and-strides",
+    scenario="placement",
+    in_core=True,
+)
+def _alignment(obs: PlacementObservation) -> list[Violation] | None:
+    configs = honest_configs(obs)
+    if configs is None:
+        return None
+    out: list[Violation] = []
+    for n, c in sorted(configs.items()):
+        owner = group_index(c.kv_cache_groups)
+        for i, t in enumerate(c.device_tensors):
+            for name in t.layers:
+                group = owner.get(name)
+                if group is None or not has_spec(c.kv_cache_groups[group], name):
+                    continue
+                spec = c.kv_cache_groups[group].layer_spec(name)
+                try:
+                    alignment = block_stride_alignment(spec)
+                except OracleError:
+                    continue
+                # Backends ask for block strides in multiples of this
+                # (contract.md#views-and-strides); in block-outermost layouts only the
+                # block is aligned.
+                if alignment > 1 and t.block_stride % alignment:
+                    out.append(
+                        _v(
+                            "KV-PLACE-ALIGNMENT",
+                            f"at {n} blocks tensor {i} steps {t.block_stride} bytes per block, "
+                            f"not a multiple of the layer's block_stride_alignment of "
+                            f"{alignment} bytes",
+                            layer=name,
+                        )
+                    )
+                    break
+        if out:
+            break
+    return out[:3]
