@@ -170,6 +170,8 @@ class PageGeometry:
         page: bytes the layer owns per block: the padded page, else the dense page.
         layer_views: whether a worker views the layer as ``(N, H, S, C)`` (else raw bytes).
         dtype: what a worker reinterprets the bytes as (``None``: raw bytes).
+        dense: the page without padding: ``H * S * C``, except Mamba's, which leaves
+            ``num_heads`` out (its ``S * C``).
 
     """
 
@@ -180,6 +182,9 @@ class PageGeometry:
     page: int
     layer_views: bool
     dtype: torch.dtype | None
+    dense: int = attrs.field(
+        default=attrs.Factory(lambda g: g.heads * g.states * g.content, takes_self=True)
+    )
 
     @property
     def footprint(self) -> int:
@@ -231,7 +236,7 @@ def _page_at(spec: KVCacheSpec, block_size: int, padded: int | None) -> PageGeom
         )
         # One state per block; num_heads shapes the view but is not part of the page.
         page = content if padded is None else padded
-        return PageGeometry(spec.num_heads, 1, content, padded, page, True, None)
+        return PageGeometry(spec.num_heads, 1, content, padded, page, True, None, dense=content)
     if isinstance(spec, AttentionSpec):
         return _attention_page(spec, block_size, padded)
     raise OracleError(f"the contract gives no page formula for {type(spec).__name__}")

@@ -16,107 +16,51 @@ is fixed by the layout and the layer's (padded, aligned) page
 - ``BHLNC``: layers of one head are ``S * C`` apart.
 
 A stride is judged only where it is used: the block stride with two or more
-blocks, the layer stride with two or more layers in the tensor.  The page is
-computed here from the spec's fields (the MLA ``alignment`` padding included),
-never read from the spec's own page properties.
+blocks, the layer stride with two or more layers in the tensor.  Pages and
+alignments are the kit's own oracle's (:mod:`conformance.check.geometry`),
+computed from the spec's fields, never read from the spec's page properties.
 """
 
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 
 from conformance.check.catalog import invariant
 from conformance.check.catalog import violation as _v
+from conformance.check.geometry import (
+    OracleError,
+    PageGeometry,
+    aligned_page,
+    block_stride_alignment,
+    page_geometry,
+    round_up,
+)
 from conformance.check.violations import Violation
 from conformance.run.observations import PlacementObservation
 from kvref.records import KVCacheConfig, KVCacheTensor
-from kvref.specs import AttentionSpec, KVCacheSpec, MambaSpec, MultipleOf, UniformTypeKVCacheSpecs
+from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
 
-__all__ = ["Page", "layer_page", "pitch_findings"]
+__all__ = ["layer_page", "pitch_findings"]
 
 
-class Page:
-    """A layer's page as the contract defines it: ``H`` heads of ``S`` states of ``C`` bytes.
+def layer_page(spec: KVCacheSpec) -> PageGeometry | None:
+    """The kit's page of ``spec``; ``None`` for pages without views or without a formula.
 
-    Attributes:
-        heads, states, content: ``H``, ``S`` and ``C``.
-        padded: the padded page, or ``None``.
+    Raw pages without layer views (HiSparse) have no pitch to judge.
     """
-
-    __slots__ = ("content", "heads", "padded", "states")
-
-    def __init__(self, heads: int, states: int, content: int, padded: int | None) -> None:
-        self.heads, self.states, self.content, self.padded = heads, states, content, padded
-
-    @property
-    def dense(self) -> int:
-        """``H * S * C``: the bytes a kernel reads."""
-        return self.heads * self.states * self.content
-
-    @property
-    def size(self) -> int:
-        """The page a block holds: the padded page when set, else the dense page."""
-        return self.padded if self.padded is not None else self.dense
-
-
-def _itemsize(dtype: object) -> int:
-    import torch
-
-    assert isinstance(dtype, torch.dtype)
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def _attention_page(spec: AttentionSpec, block_size: int) -> Page:
-    heads = spec.num_head_slots if spec.num_head_slots is not None else spec.num_kv_heads
-    tps = spec.tokens_per_state
-    states = int(Fraction(block_size) // Fraction(tps)) if tps > 0 else 1
-    if spec.state_content_bytes is not None:
-        content = spec.state_content_bytes
-    else:
-        content = (spec.head_size + (spec.head_size_v or 0)) * _itemsize(spec.dtype)
-    padded = spec.page_size_padded
-    alignment = getattr(spec, "alignment", None)
-    if alignment:
-        # MLA kinds pad an unaligned page to their alignment (contract.md#spec-kinds).
-        dense = heads * states * content
-        rounded = -(-dense // alignment) * alignment
-        if rounded != dense:
-            padded = rounded
-    return Page(heads, states, content, padded)
-
-
-def layer_page(spec: KVCacheSpec, block_size: int | None = None) -> Page | None:
-    """The page of ``spec`` at ``block_size`` tokens (default: its own); ``None``: no views."""
-    bs = spec.block_size if block_size is None else block_size
-    if isinstance(spec, AttentionSpec):
-        return _attention_page(spec, bs)
-    if isinstance(spec, MambaSpec):
-        content = sum(
-            math.prod(shape) * _itemsize(dtype)
-            for shape, dtype in zip(spec.shapes, spec.dtypes, strict=True)
-        )
-        return Page(1, 1, content, spec.page_size_padded)
-    return None  # raw pages without layer views (HiSparse) have no pitch to judge
+    try:
+        page = page_geometry(spec)
+    except OracleError:
+        return None
+    return page if page.layer_views else None
 
 
 def _alignment(spec: KVCacheSpec) -> int | None:
-    """Byte alignment of the block stride (contract.md#spec-fields), from the spec's fields."""
-    align = spec.block_stride_alignment
-    if align is None:
-        return 1
-    if isinstance(align, int):
-        return align
-    assert isinstance(align, MultipleOf)
-    kernel = math.gcd(align.n, spec.block_size)
-    if kernel == spec.block_size:
-        return 1
-    page = layer_page(spec, kernel)
-    return None if page is None else page.size
-
-
-def _round_up(x: int, a: int) -> int:
-    return -(-x // a) * a
+    """Byte alignment of the block stride (contract.md#spec-fields); ``None``: no formula."""
+    try:
+        return block_stride_alignment(spec)
+    except OracleError:
+        return None
 
 
 def _common_pitch(config: KVCacheConfig) -> int | None:
@@ -139,14 +83,14 @@ def _common_pitch(config: KVCacheConfig) -> int | None:
             spec = _named_spec(group.kv_cache_spec, name)
             page = None if spec is None else layer_page(spec)
             align = None if spec is None else _alignment(spec)
-            if page is None or align is None:
+            if spec is None or page is None or align is None:
                 return None
-            pages.append(page.size)
+            pages.append(page.page)
             aligns.append(align)
-            pitches.add(_round_up(page.size, align))
+            pitches.add(aligned_page(spec, align))
     if populated <= 1 or len(pitches) <= 1:
         return None
-    return _round_up(max(pages), math.lcm(*aligns))
+    return round_up(max(pages), math.lcm(*aligns))
 
 
 def _named_spec(spec: KVCacheSpec | UniformTypeKVCacheSpecs, name: str) -> KVCacheSpec | None:
@@ -164,10 +108,10 @@ def _expected(spec: KVCacheSpec, layout: str, common: int | None) -> tuple[str, 
         align = _alignment(spec)
         if align is None:
             return None
-        return "block_stride", common if common is not None else _round_up(page.size, align)
+        return "block_stride", common if common is not None else aligned_page(spec, align)
     fixed = {
-        "BLHNC": ("layer_stride", page.size),
-        "BLNHC": ("layer_stride", page.size),
+        "BLHNC": ("layer_stride", page.page),
+        "BLNHC": ("layer_stride", page.page),
         "LHBNC": ("block_stride", page.states * page.content),
         "BHLNC": ("layer_stride", page.states * page.content),
     }
