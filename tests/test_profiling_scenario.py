@@ -224,3 +224,71 @@ class TestBrokenBuilders:
 
         outcome = _judge(Local, _two_workers(1, 1), "KV-CALL-FRESH")
         assert isinstance(outcome, Unjudged) and not outcome.applicable
+
+
+class CountsConstructions(ReferenceKVCacheConfigBuilder):
+    """Legal: counts its constructions per process (shows where resolution constructs)."""
+
+    made = 0
+
+    def __init__(self) -> None:
+        type(self).made += 1
+
+
+class TestIsolatedResolution:
+    """Under ``--isolate`` (the CLI default) resolution runs in the builder's worker process."""
+
+    @staticmethod
+    def _observe(builder: type, name: str) -> Any:
+        from conformance.run.isolate import isolated
+
+        proxy = isolated(builder, name)
+        try:
+            obs = observe(_ctx_named(proxy, name), "profiling", _two_workers(1, 1))
+            return obs, by_id()["KV-CALL-FRESH"].check(obs)
+        finally:
+            proxy.close()
+
+    def test_shared_instance_is_not_fresh(self) -> None:
+        """One object handed out by every resolution in the worker breaks KV-CALL-FRESH."""
+        import broken_builders
+
+        _, found = self._observe(broken_builders.SharedInstance, "broken_builders:SharedInstance")
+        assert isinstance(found, list) and found, found
+        assert "same object" in found[0].message
+
+    def test_reference_passes_and_the_kit_constructs_nothing(self) -> None:
+        """Distinct instances of the named class, each made in the worker, never in the kit."""
+        before = CountsConstructions.made
+        obs, found = self._observe(
+            CountsConstructions, "test_profiling_scenario:CountsConstructions"
+        )
+        assert found == []
+        assert len({r.identity for r in obs.resolutions}) == len(obs.resolutions) == 3
+        assert all(r.is_named_class for r in obs.resolutions)
+        assert CountsConstructions.made == before
+        assert obs.again is not None and obs.again.value == obs.calls[0].value
+
+    @pytest.mark.parametrize(
+        ("builder", "status"),
+        [("SharedInstance", "fail"), ("ReferenceKVCacheConfigBuilder", "pass")],
+    )
+    def test_an_isolated_run_judges_it(self, builder: str, status: str) -> None:
+        """``check_builder(isolate=True)`` judges KV-CALL-FRESH instead of leaving it N/A."""
+        import broken_builders
+
+        cls = getattr(broken_builders, builder, ReferenceKVCacheConfigBuilder)
+        report = check_builder(
+            cls, select=["KV-CALL-FRESH"], max_examples=5, seed=3, isolate=True, shrink=False
+        )
+        result = next(r for r in report.results if r.id == "KV-CALL-FRESH")
+        assert result.status == status, result
+
+
+def _ctx_named(builder: Any, name: str) -> Context:
+    guard = Guard(10.0)
+    qualname, note = resolvable_qualname(builder, name)
+    assert qualname == name, note
+    return Context(
+        factory=make_factory(builder, guard), guard=guard, qualname=qualname, qualname_note=note
+    )

@@ -39,7 +39,7 @@ from kvref.config import PlanningConfig
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
 
-__all__ = ["IsolatedBuilder", "IsolationError", "WorkerDiedError", "isolated"]
+__all__ = ["IsolatedBuilder", "IsolationError", "Resolved", "WorkerDiedError", "isolated"]
 
 
 class WorkerDiedError(RuntimeError):
@@ -184,6 +184,26 @@ def _construct(target: Any) -> Any:
         return target
 
 
+def _resolve_named(qualname: str, config: PlanningConfig) -> tuple[Any, tuple[Any, ...]]:
+    """Resolve ``qualname`` as vLLM's ``get_kv_cache_config_builder`` does, in this process.
+
+    Returns the object resolution made and what the kit records of it:
+    ``(id, type name, is an instance of the named class, is a builder)``.
+    """
+    from kvref.resolution import get_kv_cache_config_builder, resolve_builder_class
+
+    made = get_kv_cache_config_builder(attrs.evolve(config, platform_builder_cls=qualname))
+    named = resolve_builder_class(qualname, "builder")
+    kind = type(made)
+    facts = (
+        id(made),
+        f"{kind.__module__}.{kind.__qualname__}",
+        isinstance(made, named),
+        isinstance(made, KVCacheConfigBuilder),
+    )
+    return made, facts
+
+
 def _reply(status: str, payload: Any, changes: Any) -> bytes:
     try:
         data = pickle.dumps((status, payload, changes))
@@ -251,6 +271,10 @@ def _serve(conn: Any, target: Any, parent: int, reach_files: Sequence[str] | Non
             if op == "new":
                 instances[key] = _construct(builder)
                 reply = _reply("ok", None, ())
+            elif op == "resolve":
+                # The platform names the class; resolution constructs it here, never in the kit.
+                instances[key], facts = _resolve_named(*args)
+                reply = _reply("ok", facts, ())
             else:
                 snapshot = _Snapshot(args)
                 value = getattr(instances[key], hook)(*args)
@@ -367,10 +391,30 @@ class _Worker:
         process.join(5)
 
 
+@attrs.frozen(kw_only=True)
+class Resolved:
+    """What resolving a qualname inside the worker process gave.
+
+    Attributes:
+        identity: identifies the object resolution returned, among the objects
+            the worker holds (never 0).
+        type_name: the qualified name of that object's class.
+        is_named_class: whether it is an instance of the class the qualname names.
+        is_builder: whether it is a :class:`~kvref.builder.KVCacheConfigBuilder`.
+    """
+
+    identity: int
+    type_name: str
+    is_named_class: bool
+    is_builder: bool
+
+
 class IsolatedBuilder(KVCacheConfigBuilder):
     """A builder whose hooks run in its class's worker process (see :func:`isolated`)."""
 
     _kvref_worker: _Worker
+    #: ``(qualname, config)`` for a builder made by resolution in the worker.
+    _resolution: tuple[str, PlanningConfig] | None = None
 
     def __init__(self) -> None:
         worker = type(self)._kvref_worker
@@ -378,12 +422,51 @@ class IsolatedBuilder(KVCacheConfigBuilder):
         self._generation = -1
         self._made()
 
+    @classmethod
+    def resolve_in_worker(
+        cls, qualname: str, config: PlanningConfig
+    ) -> tuple[IsolatedBuilder, Resolved]:
+        """A builder that resolving ``qualname`` made in the worker, as vLLM resolves it.
+
+        The worker runs kvref's ``get_kv_cache_config_builder`` with ``qualname``
+        as the platform's choice: class lookup and construction both happen
+        there.  The returned proxy's hooks run on the object resolution
+        returned, whatever it is.
+
+        Raises:
+            Exception: what resolution raised in the worker (a construction failure).
+            WorkerDiedError: the worker died while resolving.
+        """
+        made = cls.__new__(cls)
+        made._key = next(cls._kvref_worker.keys)
+        made._resolution = (qualname, config)
+        return made, made._resolve_here(made._resolution)
+
+    def _resolve_here(self, resolution: tuple[str, PlanningConfig]) -> Resolved:
+        worker = type(self)._kvref_worker
+        identity, type_name, named, is_builder = worker.request(
+            "resolve", self._key, "__init__", resolution
+        )
+        self._generation = worker.generation
+        return Resolved(
+            # Ids are unique among a worker's live objects; the generation keeps a
+            # restarted worker's ids apart from its predecessor's.
+            identity=(worker.generation << 64) | identity,
+            type_name=type_name,
+            is_named_class=named,
+            is_builder=is_builder,
+        )
+
     def _made(self) -> None:
         worker = type(self)._kvref_worker
-        if self._generation != worker.generation or worker.process is None:
-            # A worker that died took this builder with it: build it again in the new one.
-            worker.request("new", self._key, "__init__", ())
-            self._generation = worker.generation
+        if self._generation == worker.generation and worker.process is not None:
+            return
+        # A worker that died took this builder with it: build it again in the new one.
+        if self._resolution is not None:
+            self._resolve_here(self._resolution)
+            return
+        worker.request("new", self._key, "__init__", ())
+        self._generation = worker.generation
 
     def __del__(self) -> None:
         worker = getattr(type(self), "_kvref_worker", None)

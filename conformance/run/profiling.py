@@ -16,11 +16,15 @@ assumes it sees every worker's layers is caught by the grouping or
 placement invariant it breaks, with the worker named.  When the builder
 has a qualname a platform could name, the builders come from
 ``kvref.get_kv_cache_config_builder`` with that qualname as the platform's
-choice, and what resolution gave is recorded for ``KV-CALL-FRESH``.
+choice, and what resolution gave is recorded for ``KV-CALL-FRESH``.  A
+builder run isolated (``--isolate``) is resolved inside its worker process
+(:meth:`conformance.run.isolate.IsolatedBuilder.resolve_in_worker`), so its
+construction never runs in the kit's process.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,6 +33,7 @@ from hypothesis import strategies as st
 
 from conformance.check.violations import Violation
 from conformance.run.guard import CallResult
+from conformance.run.isolate import IsolatedBuilder
 from conformance.run.observations import ProfilingObservation, Resolution
 from conformance.run.scenarios import (
     ConstructionFailedError,
@@ -63,34 +68,40 @@ def profiling_block_count(max_num_reqs: int, max_cudagraph_capture_size: int) ->
     return min(max_num_reqs, max_cudagraph_capture_size) or 1
 
 
+#: Isolated proxies by the qualname their run resolves (see :func:`resolvable_qualname`).
+_ISOLATED: weakref.WeakValueDictionary[str, type[Any]] = weakref.WeakValueDictionary()
+
+
 def resolvable_qualname(builder: object, name: str | None) -> tuple[str | None, str]:
     """``(qualname, note)``: the name a platform could give for ``builder``, or why there is none.
 
     The name qualifies when kvref's resolution maps it to the very class under
-    check (a builder run isolated, wrapped from vLLM or named by a file path
-    does not: resolution would build another class).
+    check (a builder wrapped from vLLM or named by a file path does not:
+    resolution would build another class).  For a builder run isolated, the
+    class it runs is compared, and the proxy is remembered under the name so
+    that the profiling scenario resolves inside its worker process: the
+    latest run to ask decides, one run per qualname at a time.
     """
     from kvref.resolution import BuilderResolutionError, resolve_builder_class
 
     if name is None:
         return None, "the builder was given as an object without an importable qualname"
     cls = builder if isinstance(builder, type) else type(builder)
+    proxy = cls if issubclass(cls, IsolatedBuilder) else None
+    checked = getattr(cls, "kvref_target", cls) if proxy is not None else cls
+    _ISOLATED.pop(name, None)
+    # Finding the class imports its module only; nothing of the builder is constructed.
     try:
         resolved = resolve_builder_class(name, "builder")
     except BuilderResolutionError as exc:
         return None, f"{name!r} is not a qualname kvref's resolution accepts ({exc})"
-    if getattr(cls, "kvref_name", None) is not None:
-        # Resolution constructs the class in this process; an isolated run
-        # keeps every construction in the worker.
-        return None, (
-            "the builder runs isolated in a worker process, where the kit does not resolve "
-            "qualnames; run with --no-isolate to judge resolution"
-        )
-    if resolved is not cls:
+    if resolved is not checked:
         return None, (
             f"{name!r} resolves to {resolved.__qualname__}, not the class under check "
-            f"({cls.__qualname__}: adapted)"
+            f"({checked.__qualname__}: adapted)"
         )
+    if proxy is not None:
+        _ISOLATED[name] = proxy
     return name, ""
 
 
@@ -98,12 +109,17 @@ def _resolve(ctx: Context, qualname: str, config: PlanningConfig) -> tuple[Resol
     """Resolve ``qualname`` as the platform's builder once (the object too, to keep it alive).
 
     Resolution instantiates the class: a construction that fails is
-    ``KV-CALL-CONSTRUCT``'s finding, as with every other fresh builder.
+    ``KV-CALL-CONSTRUCT``'s finding, as with every other fresh builder.  An
+    isolated builder's resolution runs in its worker process.
 
     Raises:
         ConstructionFailedError: constructing the resolved class failed.
     """
     from kvref.resolution import get_kv_cache_config_builder, resolve_builder_class
+
+    proxy = _ISOLATED.get(qualname)
+    if proxy is not None:
+        return _resolve_isolated(ctx, proxy, qualname, config)
 
     def resolve() -> KVCacheConfigBuilder:
         return get_kv_cache_config_builder(attrs.evolve(config, platform_builder_cls=qualname))
@@ -122,6 +138,23 @@ def _resolve(ctx: Context, qualname: str, config: PlanningConfig) -> tuple[Resol
         is_named_class=isinstance(made, named),
     )
     return resolution, made
+
+
+def _resolve_isolated(
+    ctx: Context, proxy: type[Any], qualname: str, config: PlanningConfig
+) -> tuple[Resolution, Any]:
+    """:func:`_resolve` inside an isolated builder's worker; hooks go to what it made there."""
+    result = ctx.guard.call("__init__", proxy.resolve_in_worker, qualname, config)
+    if result.not_called:
+        return Resolution(identity=0, type_name="", is_named_class=True), ctx.factory()
+    if not result.ok:
+        raise ConstructionFailedError(result)
+    made, facts = result.value
+    resolution = Resolution(
+        identity=facts.identity, type_name=facts.type_name, is_named_class=facts.is_named_class
+    )
+    # Not a builder: its hooks cannot be called, as in-process (the factory stands in).
+    return resolution, made if facts.is_builder else ctx.factory()
 
 
 def _on_worker(violations: Mapping[str, tuple[Violation, ...]], worker: int) -> dict[str, Any]:
