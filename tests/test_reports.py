@@ -252,3 +252,30 @@ class TestXfailFiles:
                 max_examples=1,
                 seed=1,
             )
+
+
+class TestCounterexampleSource:
+    """Counterexamples as Python: the source rebuilds the objects it shows."""
+
+    def test_fractional_tokens_per_state_round_trips(self) -> None:
+        """A spec whose tokens_per_state is a Fraction comes back equal, its import included."""
+        from fractions import Fraction
+
+        import torch
+
+        from conformance.report.pycode import to_python
+        from kvref.specs import MLAAttentionSpec
+
+        spec = MLAAttentionSpec(
+            block_size=64,
+            num_kv_heads=1,
+            head_size=128,
+            dtype=torch.uint8,
+            tokens_per_state=Fraction(3, 2),
+        )
+        source = to_python({"spec": spec})
+        assert "from fractions import Fraction" in source
+        namespace: dict[str, Any] = {}
+        exec(compile(source, "<counterexample>", "exec"), namespace)
+        assert namespace["spec"] == spec
+        assert namespace["spec"].tokens_per_state == Fraction(3, 2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import fractions
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +40,9 @@ class PythonWriter:
             return str(value)
         if isinstance(value, enum.Enum):
             return f"{self._need(type(value))}.{value.name}"
+        if isinstance(value, fractions.Fraction):
+            # A fractional tokens_per_state: repr() alone would need an import.
+            return f"{self._need(fractions.Fraction)}({value.numerator}, {value.denominator})"
         return self._compound(value)
 
     def _compound(self, value: Any) -> str:
