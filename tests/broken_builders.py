@@ -294,8 +294,11 @@ class OverlappingBlocks(_Placement):
 
     CAUGHT_BY = "KV-PLACE-NO-BLOCK-ALIAS"
     #: The overlap comes from a block stride the layout does not fix; placed beside host groups it
-    #: is the same overlap there.
-    ALSO = frozenset({"KV-PLACE-PAGE-PITCH", "KV-HOST-DEVICE-SAFE", "KV-HOST-NO-ALIAS"})
+    #: is the same overlap there; half an aligned layer's stride is no longer a multiple of its
+    #: block_stride_alignment.
+    ALSO = frozenset(
+        {"KV-PLACE-PAGE-PITCH", "KV-HOST-DEVICE-SAFE", "KV-HOST-NO-ALIAS", "KV-PLACE-ALIGNMENT"}
+    )
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         if config.kv_cache_layout.is_block_outermost or num_blocks < 2:

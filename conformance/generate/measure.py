@@ -16,9 +16,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import hypothesis
-from hypothesis import HealthCheck, settings
-
 from conformance.generate.coverage import coverage
 
 __all__ = ["draw_examples", "main", "summarise"]
@@ -35,25 +32,19 @@ _HEADLINE = (
 )
 
 
-def draw_examples(scenario: str, seed: int, max_examples: int, models: Any = None) -> list[Any]:
-    """The examples a run with ``seed`` draws for ``scenario`` (same settings as the runner)."""
-    from conformance.run.examples import examples
+def draw_examples(scenario: str, seed: int, max_examples: int) -> list[Any]:
+    """The examples a run with ``seed`` draws for ``scenario`` (the runner's own deal)."""
+    from conformance.run.strata import draw, run_strata
 
     drawn: list[Any] = []
-
-    @settings(
-        max_examples=max_examples,
-        deadline=None,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-        phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
+    draw(
+        scenario,
+        run_strata(None, only=False),
+        max_examples,
+        seed,
+        "ci",
+        lambda _stratum, ex: drawn.append(ex),
     )
-    @hypothesis.seed(seed)
-    @hypothesis.given(examples(scenario, models=models))
-    def collect(ex: Any) -> None:
-        drawn.append(ex)
-
-    collect()
     return drawn
 
 

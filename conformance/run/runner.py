@@ -19,7 +19,6 @@ from typing import Any
 
 import attrs
 import hypothesis
-from hypothesis import HealthCheck, settings
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from conformance.check.catalog import SCENARIOS, Invariant, Unjudged, catalog
@@ -32,6 +31,7 @@ from conformance.run.profiling import resolvable_qualname
 from conformance.run.reach import ReachError, ReachMeter
 from conformance.run.scenarios import ConstructionFailedError, Context, make_factory, observe
 from conformance.run.search import Namespaced, search
+from conformance.run.strata import Stratum, draw, run_strata, stratum_seed
 from kvref.builder import KVCacheConfigBuilder
 
 __all__ = [
@@ -63,8 +63,18 @@ class _Tally:
     na_reason: str | None = None
     failure: tuple[str, Example] | None = None
     found: tuple[Any, ...] = ()
+    #: The stratum whose run drew the failure (its own strategy shrinks it).
+    stratum: Stratum | None = None
 
-    def add(self, outcome: Any, scenario: str, example: Example, *, primary: bool) -> None:
+    def add(
+        self,
+        outcome: Any,
+        scenario: str,
+        example: Example,
+        *,
+        primary: bool,
+        stratum: Stratum | None = None,
+    ) -> None:
         if outcome is None or isinstance(outcome, Unjudged):
             if isinstance(outcome, Unjudged) and not outcome.applicable:
                 self.not_applicable += 1
@@ -79,6 +89,7 @@ class _Tally:
         if outcome and self.failure is None:
             self.failure = (scenario, example)
             self.found = tuple(outcome)
+            self.stratum = stratum
 
 
 def select_invariants(
@@ -256,7 +267,7 @@ def check_builder(
             builder._kvref_worker.reach_files = [str(f) for f in meter.files]
     _preflight(builder, guard)
     run = _Run(builder, options, guard, progress)
-    run.models = _models_strategy(models, models_only)
+    run.strata = _strata(models, models_only)
     if meter is not None:
         meter.start()
     try:
@@ -293,13 +304,16 @@ def _reach_meter(
         raise OptionError(str(exc)) from None
 
 
-def _models_strategy(models: object | None, models_only: bool) -> Any:
-    from conformance.generate.vendor import VendorModelError, models_for_run
+def _strata(models: object | None, models_only: bool) -> tuple[Stratum, ...]:
+    from conformance.generate.vendor import VendorModelError, load_models, models_for_run
 
     try:
-        return models_for_run(models, models_only=models_only)
+        # Checked as every front end checks it (the same errors, before any work).
+        models_for_run(models, models_only=models_only)
+        vendor = None if models is None else load_models(models)
     except VendorModelError as exc:
         raise OptionError(str(exc)) from None
+    return run_strata(vendor, only=models_only)
 
 
 class _Run:
@@ -331,9 +345,10 @@ class _Run:
         self.tallies: dict[str, _Tally] = {}
         self.skipped: dict[str, str] = {}
         self.interrupted = False
-        # The vendor's models (None: the built-in families) and what each scenario drew.
-        self.models: Any = None
+        # Where the examples come from (strata.py) and what each scenario drew.
+        self.strata: tuple[Stratum, ...] = run_strata(None, only=False)
         self.drawn: dict[str, list[Example]] = {}
+        self.empty: dict[str, list[str]] = {}
 
     def observe(self, scenario: str, example: Example) -> Any:
         return observe(self.ctx, scenario, example)
@@ -364,56 +379,75 @@ class _Run:
     ) -> None:
         done = done_before
 
-        @settings(
-            max_examples=self.options.max_examples,
-            deadline=None,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-            phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
-        )
-        @hypothesis.seed(self.options.seed)
-        @hypothesis.given(examples(scenario, models=self.models, profile=self.options.profile))
-        def run(ex: Example) -> None:
+        def judge(stratum: Stratum, ex: Example) -> None:
             nonlocal done
             self.drawn.setdefault(scenario, []).append(ex)
             obs = self.observe(scenario, ex)
             for inv in checks:
                 self.tallies[inv.id].add(
-                    _judge(inv, obs), scenario, ex, primary=scenario == inv.scenario
+                    _judge(inv, obs),
+                    scenario,
+                    ex,
+                    primary=scenario == inv.scenario,
+                    stratum=stratum,
                 )
             done += 1
             if self.progress is not None:
                 self.progress(scenario, min(done, total), total)
 
-        run()
+        self.empty[scenario] = draw(
+            scenario,
+            self.strata,
+            self.options.max_examples,
+            self.options.seed,
+            self.options.profile,
+            judge,
+        )
 
-    def _database(self, inv: Invariant) -> ExampleDatabase | None:
+    def _database(self, inv: Invariant, stratum: Stratum) -> ExampleDatabase | None:
         if self.options.database is None:
             return None
         store = DirectoryBasedExampleDatabase(self.options.database)
-        return Namespaced(store, f"{self.options.builder}|{inv.id}|")
+        return Namespaced(store, f"{self.options.builder}|{inv.id}|", stratum=stratum.name)
+
+    def _search(
+        self,
+        inv: Invariant,
+        scenario: str,
+        stratum: Stratum,
+        phases: Sequence[hypothesis.Phase],
+        failing: Example | None = None,
+    ) -> Example | None:
+        return search(
+            inv,
+            scenario,
+            examples(scenario, models=stratum.models, profile=self.options.profile),
+            self.observe,
+            stratum_seed(self.options.seed, scenario, stratum.name),
+            database=self._database(inv, stratum),
+            phases=phases,
+            failing=failing,
+        )
 
     def _replay(self, active: Sequence[Invariant]) -> None:
         if self.options.database is None or self.guard.hung is not None:
             return
+        store = DirectoryBasedExampleDatabase(self.options.database)
         # Counterexamples saved by earlier runs fail again first, whatever the seed.
         for inv in active:
             tally = self.tallies[inv.id]
             if tally.failure is not None or inv.id.startswith("KV-CALL"):
                 continue
+            saved = Namespaced(store, f"{self.options.builder}|{inv.id}|").strata()
             for scenario in inv.scenarios:
-                replayed = search(
-                    inv,
-                    scenario,
-                    examples(scenario, models=self.models, profile=self.options.profile),
-                    self.observe,
-                    self.options.seed,
-                    database=self._database(inv),
-                    phases=[hypothesis.Phase.reuse],
-                )
-                if replayed is not None:
-                    tally.failure = (scenario, replayed)
-                    tally.judged += 1
+                for stratum in (s for s in self.strata if s.name in saved):
+                    replayed = self._search(inv, scenario, stratum, [hypothesis.Phase.reuse])
+                    if replayed is not None:
+                        tally.failure = (scenario, replayed)
+                        tally.stratum = stratum
+                        tally.judged += 1
+                        break
+                if tally.failure is not None:
                     break
 
     def report(self, selected: Sequence[Invariant], seconds: float) -> Report:
@@ -427,9 +461,15 @@ class _Run:
             results=tuple(results),
             seconds=seconds,
             options=self.options.as_dict(),
-            coverage={s: coverage(exs) for s, exs in self.drawn.items()},
+            coverage={s: self._coverage(s) for s in self.drawn.keys() | self.empty.keys()},
             interrupted=self.interrupted,
         )
+
+    def _coverage(self, scenario: str) -> dict[str, Any]:
+        covered = coverage(self.drawn.get(scenario, []))
+        if self.empty.get(scenario):
+            covered["no_valid_examples"] = sorted(self.empty[scenario])
+        return covered
 
     def _result(self, inv: Invariant) -> InvariantResult:
         tally = self.tallies.get(inv.id, _Tally())
@@ -473,7 +513,7 @@ class _Run:
         minimal = failing
         if self.options.shrink and self.guard.hung is None and not self.interrupted:
             try:
-                minimal = self._shrink(inv, scenario, failing)
+                minimal = self._shrink(inv, scenario, failing, tally.stratum or self.strata[0])
             except KeyboardInterrupt:
                 self.interrupted = True
         outcome = _judge(inv, self.observe(scenario, minimal))
@@ -519,23 +559,14 @@ class _Run:
             "counterexample: inherited, not introduced by this builder"
         )
 
-    def _shrink(self, inv: Invariant, scenario: str, failing: Example) -> Example:
+    def _shrink(self, inv: Invariant, scenario: str, failing: Example, stratum: Stratum) -> Example:
         if inv.id == "KV-CALL-TIMEOUT":
             return failing
         phases = [hypothesis.Phase.generate, hypothesis.Phase.shrink]
-        database = self._database(inv)
-        if database is not None:
+        if self.options.database is not None:
             phases.insert(0, hypothesis.Phase.reuse)
-        found = search(
-            inv,
-            scenario,
-            examples(scenario, models=self.models, profile=self.options.profile),
-            self.observe,
-            self.options.seed,
-            database=database,
-            phases=phases,
-            failing=failing,
-        )
+        # The stratum that drew the failure shrinks it: its strategy can draw it again.
+        found = self._search(inv, scenario, stratum, phases, failing)
         return found or failing
 
 

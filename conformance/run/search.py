@@ -17,6 +17,9 @@ from conformance.run.examples import Example
 
 __all__ = ["Namespaced", "fails", "search"]
 
+#: The key under which a corner lists its strata that saved something.
+_STRATA = b"\x00strata"
+
 #: Observes one example in a scenario (the runner binds the builder and the guard).
 Observer = Callable[[str, Example], Any]
 
@@ -28,14 +31,24 @@ class Namespaced(ExampleDatabase):
     give them one key; the prefix keeps their counterexamples apart.
     """
 
-    def __init__(self, inner: ExampleDatabase, prefix: str) -> None:
+    def __init__(self, inner: ExampleDatabase, prefix: str, *, stratum: str | None = None) -> None:
         super().__init__()
         self.inner = inner
-        self.prefix = prefix.encode()
+        self.base = prefix.encode()
+        self.stratum = stratum
+        # Each stratum (conformance.run.strata) draws with its own strategy, so a
+        # saved choice sequence replays only under the stratum that saved it.
+        self.prefix = self.base + (b"" if stratum is None else stratum.encode() + b"|")
+
+    def strata(self) -> set[str]:
+        """The strata that saved counterexamples in this corner."""
+        return {raw.decode() for raw in self.inner.fetch(self.base + _STRATA)}
 
     def save(self, key: bytes, value: bytes) -> None:
-        """Save under this corner's prefix."""
+        """Save under this corner's prefix, and note the stratum for the replay."""
         self.inner.save(self.prefix + key, value)
+        if self.stratum is not None:
+            self.inner.save(self.base + _STRATA, self.stratum.encode())
 
     def fetch(self, key: bytes) -> Iterable[bytes]:
         """Fetch from this corner."""

@@ -1,0 +1,169 @@
+"""How a scenario's examples are dealt over the model families (strata).
+
+One Hypothesis run of 50 examples over twenty families misses some family
+at most seeds, and repeats near-duplicates of what it drew first: a vendor
+builder's DeepSeek-V4 branch would run at one seed and not at the next, so
+its reach and its verdicts would depend on luck.  Each scenario therefore
+deals its examples over strata, each drawn by its own Hypothesis run:
+
+- every built-in family gets an equal share (the seed picks which families
+  get the remainder, so that successive seeds cover them all when there are
+  fewer examples than families);
+- the vendor's models, when given, get half of the examples first (all of
+  them with ``--models-only``).
+
+A Hypothesis run starts from its simplest example.  For a built-in family
+that is the same tiny model at every seed, so the family strata skip it;
+for the vendor's models it is the model as the vendor gave it, which is
+kept.  The whole deal is a function of the seed, the scenario and the
+example count, so a reproduce line replays it exactly.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import hypothesis
+import hypothesis.errors
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from conformance.generate.records import Model
+from conformance.run.examples import Example, examples
+
+__all__ = ["VENDOR_SHARE", "Stratum", "deal", "draw", "run_strata", "stratum_seed"]
+
+#: Share of a scenario's examples dealt to the vendor's models when they are
+#: mixed with the built-in families.
+VENDOR_SHARE = 0.5
+
+
+@attrs.frozen
+class Stratum:
+    """One source of models with its own Hypothesis run.
+
+    Attributes:
+        name: the family, or ``vendor``.
+        models: the models it draws.
+        share: the fraction of the scenario's examples it gets first (``0``:
+            an equal part of what the shares leave).
+        skip_simplest: skip the run's first, simplest example (module docstring).
+        not_in: scenarios it can draw no valid example for.
+    """
+
+    name: str
+    models: st.SearchStrategy[Model] = attrs.field(eq=False)
+    share: float = 0.0
+    skip_simplest: bool = True
+    not_in: frozenset[str] = frozenset()
+
+
+#: Families that cannot serve a scenario: an attention-free model has no
+#: layer to keep on the host.
+_NOT_IN: dict[str, frozenset[str]] = {"attention_free": frozenset({"host"})}
+
+
+def run_strata(vendor: st.SearchStrategy[Model] | None, *, only: bool) -> tuple[Stratum, ...]:
+    """The strata of a run.
+
+    Args:
+        vendor: the vendor's models (``None``: none given).
+        only: generate from the vendor's models alone.
+    """
+    from conformance.generate.families import DEFAULT_FAMILIES, family_strategy
+
+    own = () if vendor is None else (Stratum("vendor", vendor, VENDOR_SHARE, False),)
+    if only:
+        return tuple(attrs.evolve(s, share=1.0) for s in own)
+    families = (
+        Stratum(name, family_strategy(name), not_in=_NOT_IN.get(name, frozenset()))
+        for name in DEFAULT_FAMILIES
+    )
+    return (*own, *families)
+
+
+def deal(
+    strata: Sequence[Stratum], total: int, seed: int, scenario: str
+) -> list[tuple[Stratum, int]]:
+    """How many examples each stratum draws: every count >= 1, summing to ``total``.
+
+    The strata with a share take it first (at least one example); the others
+    split the rest equally, the seed choosing which of them get one more.
+    """
+    strata = [s for s in strata if scenario not in s.not_in]
+    counts = {s.name: 0 for s in strata}
+    left = total
+    for stratum in strata:
+        if stratum.share:
+            take = min(left, max(1, int(total * stratum.share)))
+            counts[stratum.name] = take
+            left -= take
+    equal = [s for s in strata if not s.share]
+    if equal:
+        base, extra = divmod(left, len(equal))
+        lucky = list(equal)
+        random.Random(f"{seed}/{scenario}").shuffle(lucky)
+        for rank, stratum in enumerate(lucky):
+            counts[stratum.name] = base + (rank < extra)
+    return [(s, counts[s.name]) for s in strata if counts[s.name]]
+
+
+def stratum_seed(seed: int, scenario: str, stratum: str) -> int:
+    """The Hypothesis seed of one stratum's run."""
+    return (seed + zlib.crc32(f"{scenario}/{stratum}".encode())) % 2**32
+
+
+def draw(
+    scenario: str,
+    strata: Sequence[Stratum],
+    total: int,
+    seed: int,
+    profile: str,
+    body: Callable[[Stratum, Example], Any],
+) -> list[str]:
+    """Run ``body`` on every example of ``scenario``, stratum by stratum.
+
+    Returns the strata that could draw no valid example for ``scenario``
+    (an attention-free model has nothing to keep on the host, say): the
+    report lists them, since their share of examples judged nothing.
+    """
+    empty: list[str] = []
+    for stratum, count in deal(strata, total, seed, scenario):
+        try:
+            _one_run(scenario, stratum, count, seed, profile, body)
+        except hypothesis.errors.Unsatisfiable:
+            empty.append(stratum.name)
+    return empty
+
+
+def _one_run(
+    scenario: str,
+    stratum: Stratum,
+    count: int,
+    seed: int,
+    profile: str,
+    body: Callable[[Stratum, Example], Any],
+) -> None:
+    skip_first = [stratum.skip_simplest]
+
+    @settings(
+        max_examples=count,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
+    )
+    @hypothesis.seed(stratum_seed(seed, scenario, stratum.name))
+    @hypothesis.given(examples(scenario, models=stratum.models, profile=profile))
+    def run(ex: Example) -> None:
+        if skip_first[0]:
+            # The family's simplest model: the same at every seed (module docstring).
+            skip_first[0] = False
+            hypothesis.reject()
+        body(stratum, ex)
+
+    run()

@@ -1,0 +1,106 @@
+"""How each scenario's examples are dealt over the model families (conformance/run/strata.py)."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from hypothesis import strategies as st
+
+from conformance.generate.coverage import family_of
+from conformance.generate.families import DEFAULT_FAMILIES
+from conformance.generate.measure import draw_examples
+from conformance.run.runner import check_builder
+from conformance.run.strata import VENDOR_SHARE, Stratum, deal, draw, run_strata
+from kvref import ReferenceKVCacheConfigBuilder
+
+BUILTIN = run_strata(None, only=False)
+
+
+def _counts(dealt: list[tuple[Stratum, int]]) -> dict[str, int]:
+    return {s.name: n for s, n in dealt}
+
+
+class TestDeal:
+    """The deal: every family once when the count allows, the rest mixed."""
+
+    @pytest.mark.parametrize("total", [1, 5, len(DEFAULT_FAMILIES), 50, 500])
+    def test_sums_to_the_example_count(self, total: int) -> None:
+        """Every example is dealt exactly once, none twice."""
+        counts = _counts(deal(BUILTIN, total, seed=3, scenario="placement"))
+        assert sum(counts.values()) == total
+        assert all(n > 0 for n in counts.values())
+
+    def test_equal_shares(self) -> None:
+        """Fifty examples over the families: each gets the same count, give or take one."""
+        counts = _counts(deal(BUILTIN, 50, seed=1, scenario="grouping"))
+        assert set(counts) == set(DEFAULT_FAMILIES)
+        base = 50 // len(DEFAULT_FAMILIES)
+        assert set(counts.values()) <= {base, base + 1}
+
+    def test_fewer_examples_than_families_rotate_with_the_seed(self) -> None:
+        """Five examples go to five families; over seeds every family gets its turn."""
+        seen: set[str] = set()
+        for seed in range(40):
+            counts = _counts(deal(BUILTIN, 5, seed=seed, scenario="core"))
+            assert sum(counts.values()) == 5 and set(counts.values()) == {1}
+            seen |= set(counts)
+        assert seen == set(DEFAULT_FAMILIES)
+
+    def test_the_deal_is_a_function_of_seed_and_scenario(self) -> None:
+        """A reproduce line (same seed, same count) gets the same deal."""
+        first = _counts(deal(BUILTIN, 7, seed=12, scenario="host"))
+        assert first == _counts(deal(BUILTIN, 7, seed=12, scenario="host"))
+
+    def test_vendor_models_get_their_share_first(self) -> None:
+        """Mixed in, the vendor's models get half the examples before the families."""
+        vendor = st.just(None)  # the deal never draws: any strategy stands in
+        strata = run_strata(vendor, only=False)  # type: ignore[arg-type]
+        counts = _counts(deal(strata, 40, seed=1, scenario="placement"))
+        assert counts["vendor"] == int(40 * VENDOR_SHARE)
+        assert sum(counts.values()) == 40
+        counts = _counts(deal(strata, 1, seed=1, scenario="placement"))
+        assert counts == {"vendor": 1}
+
+    def test_vendor_models_alone(self) -> None:
+        """``--models-only`` draws every example from the vendor's models, simplest first."""
+        vendor = st.just(None)
+        strata = run_strata(vendor, only=True)  # type: ignore[arg-type]
+        assert [(s.name, s.skip_simplest) for s in strata] == [("vendor", False)]
+        assert _counts(deal(strata, 9, seed=1, scenario="core")) == {"vendor": 9}
+
+
+class TestDrawn:
+    """What the strata draw."""
+
+    def test_every_family_at_every_seed(self) -> None:
+        """One family count's worth of examples meets every default family, whatever the seed."""
+        for seed in (1, 2):
+            drawn = draw_examples("grouping", seed, len(DEFAULT_FAMILIES))
+            families = {family_of(ex.description) for ex in drawn}
+            assert families == set(DEFAULT_FAMILIES), seed
+
+    def test_a_family_with_no_valid_example_is_named(self) -> None:
+        """A stratum that can draw no valid example is named, not counted as examples."""
+        attention_free = [attrs.evolve(s, not_in=frozenset()) for s in BUILTIN]
+        attention_free = [s for s in attention_free if s.name == "attention_free"]
+        drawn: list[object] = []
+        empty = draw("host", attention_free, 1, 1, "ci", lambda _s, ex: drawn.append(ex))
+        assert empty == ["attention_free"] and not drawn
+
+    def test_families_that_cannot_serve_a_scenario_get_no_examples(self) -> None:
+        """An attention-free model has nothing to keep on the host: its share goes elsewhere."""
+        counts = _counts(deal(BUILTIN, 50, seed=1, scenario="host"))
+        assert "attention_free" not in counts and sum(counts.values()) == 50
+
+    def test_run_reports_every_family(self) -> None:
+        """The report's coverage shows every family the scenario can use."""
+        report = check_builder(
+            ReferenceKVCacheConfigBuilder,
+            select=["KV-HOST-DEVICE-SAFE"],
+            max_examples=len(DEFAULT_FAMILIES),
+            seed=5,
+        )
+        host = report.coverage["host"]
+        assert "no_valid_examples" not in host
+        assert set(host["families"]) == set(DEFAULT_FAMILIES) - {"attention_free"}
+        assert report.ok, report.failures
