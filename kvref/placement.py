@@ -47,7 +47,6 @@ __all__ = [
 ]
 
 
-
 def _layer_stride1(spec: KVCacheSpec) -> int:
     # round_up(page, alignment), memoised on the frozen spec.
     return spec.block_stride

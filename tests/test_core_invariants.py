@@ -62,18 +62,14 @@ def _run(
     ctx = Context(
         factory=make_factory(ReferenceKVCacheConfigBuilder, guard), guard=guard, core=core
     )
-    return observe_core(
-        ctx, config, workers, memory
-    )
+    return observe_core(ctx, config, workers, memory)
 
 
 def _failed(obs: Any) -> set[str]:
     return {
         i
         for i, inv in by_id().items()
-        if inv.scenario == "core"
-        and (found := inv.check(obs))
-        and not isinstance(found, Unjudged)
+        if inv.scenario == "core" and (found := inv.check(obs)) and not isinstance(found, Unjudged)
     }
 
 

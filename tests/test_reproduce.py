@@ -167,10 +167,7 @@ _DEFAULT = (
 
 @pytest.mark.parametrize(
     "builder",
-    [
-        pytest.param(b, marks=() if b in _DEFAULT else pytest.mark.slow)
-        for b in broken_builders.ALL
-    ],
+    [pytest.param(b, marks=() if b in _DEFAULT else pytest.mark.slow) for b in broken_builders.ALL],
     ids=lambda b: b.__name__,
 )
 def test_reproduce_line_fails_the_same_invariant(builder: type, reruns: dict[str, _Rerun]) -> None:

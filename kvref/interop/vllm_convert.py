@@ -375,8 +375,7 @@ def spec_from_vllm(spec: Any) -> GroupKVCacheSpec:
         vendor = _vendor_from_vllm(spec)
         if vendor is None:
             raise VLLMOutputError(
-                f"vLLM spec class {type(spec).__qualname__} has no kvref counterpart: "
-                f"{spec!r:.200}"
+                f"vLLM spec class {type(spec).__qualname__} has no kvref counterpart: {spec!r:.200}"
             )
         if key is not None and len(_FROM_VLLM_CACHE) < _CACHE_LIMIT:
             _FROM_VLLM_CACHE[key] = vendor
