@@ -8,6 +8,9 @@ from typing import Any
 
 import pytest
 import torch
+
+pytest.importorskip("vllm.v1.core.kv_cache_planning")
+
 from _vendor_specs import AcmeMLASpec, RecordingBuilder
 
 from conformance.generate.vendor import fixed_models
