@@ -235,6 +235,33 @@ def test_isolated_worker_restarts_after_it_dies() -> None:
         proxy.close()
 
 
+def test_reach_never_waits_on_an_unanswering_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asking for reach at the end of a run (after Ctrl-C too) gives up on a silent worker."""
+    import signal
+    import threading
+
+    import kvref.builder
+    from conformance.run import isolate
+
+    monkeypatch.setattr(isolate, "_REACH_SECONDS", 0.5)
+    proxy = isolated(ReferenceKVCacheConfigBuilder)
+    worker = proxy._kvref_worker
+    worker.reach_files = [kvref.builder.__file__]
+    try:
+        proxy()  # starts the worker
+        pid = worker.process.pid
+        os.kill(pid, signal.SIGSTOP)  # alive, idle, and never answers
+        done = threading.Event()
+        asker = threading.Thread(target=lambda: (worker.reach_lines(), done.set()), daemon=True)
+        asker.start()
+        assert done.wait(20), "reach_lines waited on a worker that does not answer"
+        assert worker.process is None  # let go: its late answer would answer the next request
+        # The next builder gets a fresh worker.
+        assert proxy().get_kv_cache_groups(PlanningConfig(), _specs(2))
+    finally:
+        proxy.close()
+
+
 def test_isolated_spawned_worker_answers_like_the_builder() -> None:
     """Where fork is unavailable the worker is spawned and imports the builder by name."""
     proxy = isolated(

@@ -155,6 +155,9 @@ def _apply(args: Any, changes: Sequence[tuple[int, list[_Ref]]]) -> None:
 
 # -- the worker process ------------------------------------------------------------
 
+#: Seconds an idle worker may take to report the lines it executed.
+_REACH_SECONDS = 30.0
+
 
 def _watch_parent(parent: int) -> None:
     # A worker stuck in a hook never reads its pipe again: leave with the kit.
@@ -328,18 +331,38 @@ class _Worker:
     def request(self, op: str, key: int, hook: str, args: tuple[Any, ...]) -> Any:
         """Run ``op`` in the worker; returns the answer or raises what the builder raised."""
         with self.lock:
-            if self.process is None:
-                self._start()
-            dropped, self.dropped = self.dropped, []
-            try:
-                message = pickle.dumps((op, key, hook, args, dropped))
-            except Exception as exc:
-                raise IsolationError(f"the arguments of {hook} do not pickle: {exc}") from exc
-            try:
-                self.conn.send_bytes(message)
-                data = self.conn.recv_bytes()
-            except (EOFError, OSError):
-                raise self._died(hook) from None
+            data = self._exchange(op, key, hook, args)
+        return self._answer(hook, args, data)
+
+    def _exchange(
+        self, op: str, key: int, hook: str, args: tuple[Any, ...], wait: float | None = None
+    ) -> bytes:
+        """Send one request and read its answer; the caller holds :attr:`lock`.
+
+        Raises:
+            IsolationError: the arguments do not pickle, or no answer came within ``wait``
+                seconds (the worker is then stopped: its late answer would answer the
+                next request).
+            WorkerDiedError: the worker died.
+        """
+        if self.process is None:
+            self._start()
+        dropped, self.dropped = self.dropped, []
+        try:
+            message = pickle.dumps((op, key, hook, args, dropped))
+        except Exception as exc:
+            raise IsolationError(f"the arguments of {hook} do not pickle: {exc}") from exc
+        try:
+            self.conn.send_bytes(message)
+            if wait is not None and not self.conn.poll(wait):
+                self.close()
+                raise IsolationError(f"the worker gave no answer to {op!r} within {wait:.0f} s")
+            data: bytes = self.conn.recv_bytes()
+        except (EOFError, OSError):
+            raise self._died(hook) from None
+        return data
+
+    def _answer(self, hook: str, args: tuple[Any, ...], data: bytes) -> Any:
         try:
             status, payload, changes = pickle.loads(data)
         except Exception as exc:
@@ -370,14 +393,19 @@ class _Worker:
 
     def reach_lines(self) -> dict[str, set[int]]:
         """The builder's lines the workers executed (a worker that died took its own along)."""
-        # A worker still busy (a hook that hung holds the lock) is not asked.
-        idle = self.lock.acquire(blocking=False)
-        if idle:
+        # A worker still busy is not asked: a hook that hung holds the lock, and so
+        # may one that Ctrl-C left running.  The lock stays held while asking, so no
+        # hook of such a thread slips in between and makes this wait for it.
+        if not self.lock.acquire(blocking=False):
+            return self.reached
+        try:
+            if self.process is not None and self.reach_files:
+                with contextlib.suppress(Exception):
+                    data = self._exchange("reach", 0, "reach", (), wait=_REACH_SECONDS)
+                    for path, lines in self._answer("reach", (), data).items():
+                        self.reached.setdefault(path, set()).update(lines)
+        finally:
             self.lock.release()
-        if idle and self.process is not None and self.reach_files:
-            with contextlib.suppress(Exception):
-                for path, lines in self.request("reach", 0, "reach", ()).items():
-                    self.reached.setdefault(path, set()).update(lines)
         return self.reached
 
     def close(self) -> None:
