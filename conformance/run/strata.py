@@ -12,11 +12,13 @@ deals its examples over strata, each drawn by its own Hypothesis run:
 - the vendor's models, when given, get half of the examples first (all of
   them with ``--models-only``).
 
-A Hypothesis run starts from its simplest example.  For a built-in family
-that is the same tiny model at every seed, so the family strata skip it;
-for the vendor's models it is the model as the vendor gave it, which is
-kept.  The whole deal is a function of the seed, the scenario and the
-example count, so a reproduce line replays it exactly.
+A Hypothesis run starts from its simplest example, a family's smallest
+model with roomy memory: the same at every seed.  Only the scenario's first
+stratum keeps it (a plan every invariant of a small run can judge, as one
+Hypothesis run would start); the others skip it, so that their examples are
+random draws.  The vendor's models are always kept as given.  The whole deal
+is a function of the seed, the scenario and the example count, so a
+reproduce line replays it exactly.
 """
 
 from __future__ import annotations
@@ -51,14 +53,12 @@ class Stratum:
         models: the models it draws.
         share: the fraction of the scenario's examples it gets first (``0``:
             an equal part of what the shares leave).
-        skip_simplest: skip the run's first, simplest example (module docstring).
         not_in: scenarios it can draw no valid example for.
     """
 
     name: str
     models: st.SearchStrategy[Model] = attrs.field(eq=False)
     share: float = 0.0
-    skip_simplest: bool = True
     not_in: frozenset[str] = frozenset()
 
 
@@ -76,7 +76,7 @@ def run_strata(vendor: st.SearchStrategy[Model] | None, *, only: bool) -> tuple[
     """
     from conformance.generate.families import DEFAULT_FAMILIES, family_strategy
 
-    own = () if vendor is None else (Stratum("vendor", vendor, VENDOR_SHARE, False),)
+    own = () if vendor is None else (Stratum("vendor", vendor, VENDOR_SHARE),)
     if only:
         return tuple(attrs.evolve(s, share=1.0) for s in own)
     families = (
@@ -132,9 +132,10 @@ def draw(
     report lists them, since their share of examples judged nothing.
     """
     empty: list[str] = []
-    for stratum, count in deal(strata, total, seed, scenario):
+    for index, (stratum, count) in enumerate(deal(strata, total, seed, scenario)):
+        skip = index > 0 and stratum.name != "vendor"
         try:
-            _one_run(scenario, stratum, count, seed, profile, body)
+            _one_run(scenario, stratum, count, seed, profile, body, skip_simplest=skip)
         except hypothesis.errors.Unsatisfiable:
             empty.append(stratum.name)
     return empty
@@ -147,8 +148,10 @@ def _one_run(
     seed: int,
     profile: str,
     body: Callable[[Stratum, Example], Any],
+    *,
+    skip_simplest: bool,
 ) -> None:
-    skip_first = [stratum.skip_simplest]
+    skip = [skip_simplest]
 
     @settings(
         max_examples=count,
@@ -160,9 +163,9 @@ def _one_run(
     @hypothesis.seed(stratum_seed(seed, scenario, stratum.name))
     @hypothesis.given(examples(scenario, models=stratum.models, profile=profile))
     def run(ex: Example) -> None:
-        if skip_first[0]:
-            # The family's simplest model: the same at every seed (module docstring).
-            skip_first[0] = False
+        if skip[0]:
+            # The family's simplest model (module docstring).
+            skip[0] = False
             hypothesis.reject()
         body(stratum, ex)
 
