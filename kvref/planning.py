@@ -426,74 +426,14 @@ def plan_kv_cache(
     check = [mem - bpb if on else mem for mem, bpb, on in zip(effective, bpbs, active, strict=True)]
 
     if config.auto_fit_max_model_len and any(active):
-        fitted = min(
-            _estimate_max_model_len(worker_builder, config, projected[w], bpbs[w], check[w])
-            for w in range(len(projected))
-            if active[w]
-        )
-        if fitted <= 0:
-            worst = min((w for w in range(len(projected)) if active[w]), key=lambda w: check[w])
-            one_token = config.with_max_model_len(1)
-            raise InsufficientMemoryError(
-                f"cannot auto-fit max_model_len: not even one token fits in "
-                f"{round(check[worst] / _GIB, 2)} GiB on worker {worst}",
-                max_model_len=1,
-                needed_bytes=max_memory_usage_bytes_from_groups(
-                    one_token, projected[worst], bpbs[worst]
-                ),
-                available_bytes=max(check[worst], 0),
-                estimated_max_model_len=0,
-            )
-        if fitted < config.max_model_len:
-            config = config.with_max_model_len(fitted)
-
-    needed = [
-        max_memory_usage_bytes_from_groups(config, g, bpb) if on else 0
-        for g, bpb, on in zip(projected, bpbs, active, strict=True)
+        config = _auto_fit(worker_builder, config, projected, bpbs, check, active)
+    needed = _admit(worker_builder, config, projected, bpbs, memory, check, active)
+    before_min: list[int | None] = [
+        1 if not groups else (effective[w] // bpbs[w] if active[w] else None)
+        for w, groups in enumerate(projected)
     ]
-    for w in range(len(projected)):
-        if not active[w]:
-            continue
-        if check[w] <= 0:
-            raise InsufficientMemoryError(
-                f"no available memory for the cache blocks on worker {w} "
-                f"(available_memory={memory[w]}, one block takes {bpbs[w]} bytes); "
-                "increase gpu_memory_utilization",
-                max_model_len=config.max_model_len,
-                needed_bytes=needed[w],
-                available_bytes=max(check[w], 0),
-                estimated_max_model_len=0,
-            )
-        if needed[w] > check[w]:
-            estimated = _estimate_max_model_len(
-                worker_builder, config, projected[w], bpbs[w], check[w]
-            )
-            raise _insufficient(config, needed[w], check[w], estimated)
-
-    before_min: list[int | None] = []
-    configs: list[KVCacheConfig] = []
-    for w, groups in enumerate(projected):
-        if not groups:
-            blocks: int | None = 1
-        elif active[w]:
-            blocks = effective[w] // bpbs[w]
-        else:
-            blocks = None
-        before_min.append(blocks)
-    known = [b for b in before_min if b is not None]
-    if not known:
-        raise PlanningError("no worker holds a KV cache layer, but the global groups are not empty")
-    for w, groups in enumerate(projected):
-        own = before_min[w]
-        requested = own if own is not None else min(known)
-        configs.append(worker_builder.get_kv_cache_config_from_groups(config, groups, requested))
+    configs = _place_workers(worker_builder, config, projected, before_min)
     target = min(c.num_blocks for c in configs)
-    configs = [
-        c
-        if c.num_blocks == target
-        else worker_builder.get_kv_cache_config_from_groups(config, c.kv_cache_groups, target)
-        for c in configs
-    ]
     finished = []
     for c in configs:
         layer_specs = [s for g in c.kv_cache_groups for _, s in g.layer_specs()]
@@ -522,6 +462,97 @@ def plan_kv_cache(
         max_model_len=config.max_model_len,
         num_blocks=target,
     )
+
+
+def _auto_fit(
+    builder: KVCacheConfigBuilder,
+    config: PlanningConfig,
+    projected: Sequence[Sequence[KVCacheGroupSpec]],
+    bpbs: Sequence[int],
+    check: Sequence[int],
+    active: Sequence[bool],
+) -> PlanningConfig:
+    """The config with the longest ``max_model_len`` every active worker fits (auto-fit)."""
+    fitted = min(
+        _estimate_max_model_len(builder, config, projected[w], bpbs[w], check[w])
+        for w in range(len(projected))
+        if active[w]
+    )
+    if fitted <= 0:
+        worst = min((w for w in range(len(projected)) if active[w]), key=lambda w: check[w])
+        one_token = config.with_max_model_len(1)
+        raise InsufficientMemoryError(
+            f"cannot auto-fit max_model_len: not even one token fits in "
+            f"{round(check[worst] / _GIB, 2)} GiB on worker {worst}",
+            max_model_len=1,
+            needed_bytes=max_memory_usage_bytes_from_groups(
+                one_token, projected[worst], bpbs[worst]
+            ),
+            available_bytes=max(check[worst], 0),
+            estimated_max_model_len=0,
+        )
+    return config.with_max_model_len(fitted) if fitted < config.max_model_len else config
+
+
+def _admit(
+    builder: KVCacheConfigBuilder,
+    config: PlanningConfig,
+    projected: Sequence[Sequence[KVCacheGroupSpec]],
+    bpbs: Sequence[int],
+    memory: Sequence[int],
+    check: Sequence[int],
+    active: Sequence[bool],
+) -> list[int]:
+    """Each worker's need for one request; raises when a worker cannot hold it."""
+    needed = [
+        max_memory_usage_bytes_from_groups(config, g, bpb) if on else 0
+        for g, bpb, on in zip(projected, bpbs, active, strict=True)
+    ]
+    for w in range(len(projected)):
+        if not active[w]:
+            continue
+        if check[w] <= 0:
+            raise InsufficientMemoryError(
+                f"no available memory for the cache blocks on worker {w} "
+                f"(available_memory={memory[w]}, one block takes {bpbs[w]} bytes); "
+                "increase gpu_memory_utilization",
+                max_model_len=config.max_model_len,
+                needed_bytes=needed[w],
+                available_bytes=max(check[w], 0),
+                estimated_max_model_len=0,
+            )
+        if needed[w] > check[w]:
+            estimated = _estimate_max_model_len(builder, config, projected[w], bpbs[w], check[w])
+            raise _insufficient(config, needed[w], check[w], estimated)
+    return needed
+
+
+def _place_workers(
+    builder: KVCacheConfigBuilder,
+    config: PlanningConfig,
+    projected: Sequence[Sequence[KVCacheGroupSpec]],
+    before_min: Sequence[int | None],
+) -> list[KVCacheConfig]:
+    """Every worker's config, placed again at the smallest block count where they differ.
+
+    A worker without an active group (``None``) takes the others' smallest count.
+    """
+    known = [b for b in before_min if b is not None]
+    if not known:
+        raise PlanningError("no worker holds a KV cache layer, but the global groups are not empty")
+    configs = [
+        builder.get_kv_cache_config_from_groups(
+            config, groups, own if own is not None else min(known)
+        )
+        for own, groups in zip(before_min, projected, strict=True)
+    ]
+    target = min(c.num_blocks for c in configs)
+    return [
+        c
+        if c.num_blocks == target
+        else builder.get_kv_cache_config_from_groups(config, c.kv_cache_groups, target)
+        for c in configs
+    ]
 
 
 def get_kv_cache_configs(
