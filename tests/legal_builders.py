@@ -55,7 +55,10 @@ class Padded4KiB(ReferenceKVCacheConfigBuilder):
     Classes 5 and 7: the backing grows to ``round_up(bytes_per_block, 4096) x
     num_blocks`` and block-outermost tensors step that many bytes per block;
     pages and layer-outer strides stay where the contract puts them.  With few
-    small layers the padding dwarfs the pages, which is legal.
+    small layers the padding dwarfs the pages, which is legal.  Not under
+    HiSparse: there Core budgets the pure bytes per block instead of probing
+    placement (contract.md#hisparse), so a padded backing would overrun the
+    memory Core admitted, which KV-CORE-MEMORY reports.
     """
 
     def get_kv_cache_config_from_groups(
@@ -63,7 +66,7 @@ class Padded4KiB(ReferenceKVCacheConfigBuilder):
     ) -> KVCacheConfig:
         result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
         device = [t for t in result.kv_cache_tensors if not t.host_resident]
-        if not device:
+        if not device or config.hisparse is not None:
             return result
         bpb = device[0].size // num_blocks
         outermost = config.kv_cache_layout.is_block_outermost
