@@ -9,7 +9,9 @@ partial report is still printed and written), so a vendor's CI can gate on it.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import sys
 import threading
 import time
@@ -375,16 +377,24 @@ def _reach(args: argparse.Namespace) -> bool | list[str]:
 
 
 def entry() -> None:
-    """Console-script entry: exit with :func:`main`'s status, whatever threads a builder left."""
+    """Console-script entry: exit with :func:`main`'s status, whatever threads a builder left.
+
+    ``kill -USR1 <pid>`` prints every thread's stack to stderr (the run goes
+    on): what a builder, or the kit, is waiting on when a run seems stuck.
+    """
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     status = main()
     sys.stdout.flush()
     sys.stderr.flush()
-    if any(
+    if status == 130 or any(
         t.is_alive() and not t.daemon
         for t in threading.enumerate()
         if t is not threading.main_thread()
     ):
-        # A builder started a non-daemon thread; the run is over, so do not wait for it.
+        # A builder started a non-daemon thread, or Ctrl-C cut a hook call short
+        # (Python 3.11 then marks its running thread stopped); the run is over and
+        # reported, so wait for nothing at interpreter exit.
         os._exit(status)
     sys.exit(status)
 

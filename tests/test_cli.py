@@ -444,13 +444,14 @@ class TestFirstContact:
     @pytest.mark.parametrize(
         "isolate",
         [
-            "--no-isolate",
-            # Timed out once (no exit within 120 s after SIGINT) in a run from a
-            # fresh clone and passed in three others; kept under -m slow until
-            # that hang is understood.  Seen once more in 23 runs of this test
-            # (after the --no-isolate case, on a loaded machine; what held on was
-            # not recorded, which the test now reports); none in 37 interrupts of
-            # the same command 0-70 s into the run, bytecode caches cold or warm.
+            # Both cases have timed out once each (no exit within 120 s after
+            # SIGINT, the kit itself still running): --isolate once in a
+            # fresh-clone run and once in 23 runs on a loaded machine, --no-isolate
+            # once in a fresh-clone run (2026-11-30); none in 37 direct interrupts
+            # 0-70 s into the run nor in ten runs at load 2.  Kept under -m slow
+            # until the hang is understood; on a timeout the test now prints the
+            # kit's thread stacks (SIGUSR1, see cli.entry).
+            pytest.param("--no-isolate", marks=pytest.mark.slow),
             pytest.param("--isolate", marks=pytest.mark.slow),
         ],
     )
@@ -499,8 +500,15 @@ class TestFirstContact:
                 text=True,
                 check=False,
             ).stdout
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGUSR1)  # the kit prints its thread stacks
+                time.sleep(2)
             os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"no end within 120 s of SIGINT; the kit is {kit}; its group:\n{group}")
+            _, stacks = proc.communicate()
+            pytest.fail(
+                f"no end within 120 s of SIGINT; the kit is {kit}; its group:\n{group}\n"
+                f"its stderr, thread stacks last:\n{stacks[-6000:]}"
+            )
         assert proc.returncode == 130, err
         assert "Traceback" not in err
         assert "INTERRUPTED" in out and "KV-GROUP-PARTITION" in out
@@ -510,6 +518,33 @@ class TestFirstContact:
         assert data["interrupted"] is True and data["ok"] is False
         assert any(r["status"] == "inconclusive" for r in data["results"])
         assert ET.parse(tmp_path / "r.xml").getroot().tag == "testsuites"
+
+
+def test_sigusr1_prints_the_thread_stacks(tmp_path: Path) -> None:
+    """``kill -USR1`` shows where a seemingly stuck run waits, and the run goes on."""
+    proc = subprocess.Popen(
+        [str(SCRIPT), "--no-isolate", "verdict_builders:Slow", "--seed", "1", "--no-database"],
+        cwd=tmp_path,
+        env=_env(PYTHONPATH=str(TESTS)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stderr is not None
+    try:
+        started = time.monotonic()
+        line = proc.stderr.readline()
+        while line and "examples" not in line and time.monotonic() - started < 120:
+            line = proc.stderr.readline()
+        assert "examples" in line, line
+        os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(1)
+        assert proc.poll() is None  # the dump does not end the run
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+    assert "Current thread" in err and "check_builder" in err, err[-3000:]
 
 
 def _screen(written: str) -> str:
