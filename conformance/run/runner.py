@@ -305,11 +305,10 @@ def _reach_meter(
 
 
 def _strata(models: object | None, models_only: bool) -> tuple[Stratum, ...]:
-    from conformance.generate.vendor import VendorModelError, load_models, models_for_run
+    # models_only without models was refused by RunOptions.validate already.
+    from conformance.generate.vendor import VendorModelError, load_models
 
     try:
-        # Checked as every front end checks it (the same errors, before any work).
-        models_for_run(models, models_only=models_only)
         vendor = None if models is None else load_models(models)
     except VendorModelError as exc:
         raise OptionError(str(exc)) from None

@@ -54,11 +54,14 @@ class Stratum:
         share: the fraction of the scenario's examples it gets first (``0``:
             an equal part of what the shares leave).
         not_in: scenarios it can draw no valid example for.
+        keep_simplest: keep the run's simplest example in every scenario (the
+            vendor's models as given).
     """
 
     name: str
     models: st.SearchStrategy[Model] = attrs.field(eq=False)
     share: float = 0.0
+    keep_simplest: bool = False
     not_in: frozenset[str] = frozenset()
 
 
@@ -76,7 +79,7 @@ def run_strata(vendor: st.SearchStrategy[Model] | None, *, only: bool) -> tuple[
     """
     from conformance.generate.families import DEFAULT_FAMILIES, family_strategy
 
-    own = () if vendor is None else (Stratum("vendor", vendor, VENDOR_SHARE),)
+    own = () if vendor is None else (Stratum("vendor", vendor, VENDOR_SHARE, keep_simplest=True),)
     if only:
         return tuple(attrs.evolve(s, share=1.0) for s in own)
     families = (
@@ -133,7 +136,7 @@ def draw(
     """
     empty: list[str] = []
     for index, (stratum, count) in enumerate(deal(strata, total, seed, scenario)):
-        skip = index > 0 and stratum.name != "vendor"
+        skip = index > 0 and not stratum.keep_simplest
         try:
             _one_run(scenario, stratum, count, seed, profile, body, skip_simplest=skip)
         except hypothesis.errors.Unsatisfiable:
