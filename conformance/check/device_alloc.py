@@ -107,7 +107,7 @@ def check_device_alloc(
         notes.append(f"{target} has no memory counter: the growth by {planned} B was not measured")
     before = read() if read is not None else 0
     try:
-        buffer, _, _ = allocate_backings(config, target, include_host=False)
+        buffer, _, _ = allocate_backings(config, target, include_host=False, zeroed=False)
     except (KVRefError, WorkerError) as error:
         no_backing = Violation(
             invariant=KV_DEV_ALLOC, worker=worker, message=f"no backing: {error}"
@@ -247,7 +247,9 @@ def check_device_host(
     host_where = "cpu" if budget.host_ok else "meta"
     before = read() if read is not None and measured else 0
     try:
-        device_buffer, host_buffers, _ = allocate_backings(config, where, host_device=host_where)
+        device_buffer, host_buffers, _ = allocate_backings(
+            config, where, host_device=host_where, zeroed=False
+        )
     except (KVRefError, WorkerError) as error:
         notes.append(f"the backings were not allocated: {error}")
         return device_result(KV_DEV_HOST, violations, notes, measured=False)

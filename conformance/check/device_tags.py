@@ -386,7 +386,8 @@ def check_device_tags(
     if not (budget.device_ok and budget.host_ok):
         return device_result(KV_DEV_TAGS, [], budget.notes, measured=False)
     try:
-        allocation = allocate_kv_cache(config, target, layout=layout)
+        # Every byte read back is written first, so zeroing would only cost time.
+        allocation = allocate_kv_cache(config, target, layout=layout, zeroed=False)
     except (KVRefError, WorkerError) as error:
         note = f"not checked: the config cannot be allocated ({error}); see KV-DEV-VIEWS"
         return device_result(KV_DEV_TAGS, [], [note], measured=False)

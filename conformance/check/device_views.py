@@ -109,7 +109,7 @@ def check_device_views(
         notes.append("views were built on meta where the cap forbade a real allocation")
     try:
         allocation = allocate_kv_cache(
-            config, where, layout=layout, pin_host=False, host_device=host_where
+            config, where, layout=layout, pin_host=False, host_device=host_where, zeroed=False
         )
     except (KVRefError, WorkerError) as error:
         # Size mismatches and repeated layers are other invariants' faults; say why we stopped.

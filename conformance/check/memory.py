@@ -34,6 +34,8 @@ How (``P`` = number of runs, i.e. pages times runs per page):
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import numpy as np
 
@@ -55,6 +57,7 @@ from conformance.check.footprint import (
 )
 from conformance.check.footprint_families import large_config_overlaps
 from conformance.check.footprint_sweep import (
+    Runs,
     enumerate_runs,
     run_dtype,
     self_overlaps,
@@ -116,6 +119,57 @@ class MemoryReport:
         return not (self.out_of_bounds or self.block_overlaps or self.layer_overlaps)
 
 
+#: Runs of a config kept for the next check of the same config (6 int64 arrays
+#: each: 48 MB at this count).
+_KEEP_RUNS = 1_000_000
+#: Configs whose analysis is kept: one placement observation's configs.
+_KEEP_CONFIGS = 4
+
+
+@attrs.define(eq=False)
+class _Analysed:
+    """A config's footprint geometry, and its enumerated runs once asked for."""
+
+    geometries: list[TensorGeometry]
+    problems: list[Problem]
+    runs: Runs | None = None
+
+    def all_runs(self, dtype: Any, *, keep: bool) -> Runs:
+        if self.runs is not None:
+            return self.runs
+        runs = enumerate_runs(
+            self.geometries,
+            dtype,
+            [np.arange(g.num_blocks, dtype=np.int64) for g in self.geometries],
+            [np.arange(g.num_layers, dtype=np.int64) for g in self.geometries],
+        )
+        if keep:
+            self.runs = runs
+        return runs
+
+
+# P2, P3 and P4 are separate invariants judged one after another on the same
+# config, and laying out and enumerating its pages is most of what each costs:
+# the last few configs' analyses are kept, by identity (an entry holds its
+# config, so the id cannot be reused while it is kept).
+_RECENT: dict[tuple[int, str, bool, int], tuple[KVCacheConfig, _Analysed]] = {}
+
+
+def _analysed(
+    config: KVCacheConfig, layout: KVCacheLayout | str, host: bool, page_cap: int
+) -> _Analysed:
+    key = (id(config), KVCacheLayout.parse(layout).value, host, page_cap)
+    hit = _RECENT.get(key)
+    if hit is not None and hit[0] is config:
+        return hit[1]
+    geometries, problems = tensor_geometries(config, layout, host=host, max_runs=page_cap)
+    analysed = _Analysed(geometries, problems)
+    _RECENT[key] = (config, analysed)
+    while len(_RECENT) > _KEEP_CONFIGS:
+        del _RECENT[next(iter(_RECENT))]
+    return analysed
+
+
 def check_memory(
     config: KVCacheConfig,
     layout: KVCacheLayout | str,
@@ -136,7 +190,8 @@ def check_memory(
     # Pages are folded analytically, so only hostile shapes need many runs per
     # page; the floor keeps tiny budgets (used in tests) from skipping tensors.
     page_cap = max(budget, MIN_PAGE_RUNS)
-    geometries, problems = tensor_geometries(config, layout, host=host, max_runs=page_cap)
+    analysed = _analysed(config, layout, host, page_cap)
+    geometries, problems = analysed.geometries, analysed.problems
     by_index = {g.tensor_index: g for g in geometries}
     total = sum(g.num_pages * len(g.runs.starts) for g in geometries)
     oob = out_of_bounds(geometries, limit) if "P2" in properties else []
@@ -147,12 +202,7 @@ def check_memory(
     if want3 or want4:
         dtype = run_dtype(geometries)
         if total <= budget:
-            runs = enumerate_runs(
-                geometries,
-                dtype,
-                [np.arange(g.num_blocks, dtype=np.int64) for g in geometries],
-                [np.arange(g.num_layers, dtype=np.int64) for g in geometries],
-            )
+            runs = analysed.all_runs(dtype, keep=total <= _KEEP_RUNS)
             if want3:
                 p3 = sweep_blocks(by_index, runs, limit)
             if want4:

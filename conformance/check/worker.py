@@ -16,7 +16,7 @@ memory it does not own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 import attrs
@@ -319,13 +319,15 @@ def _pinning_possible(device: torch.device) -> bool:
     return current is not None and current.type == device.type
 
 
-def _host_buffer(size: int, host: torch.device, pin: bool) -> tuple[torch.Tensor, bool]:
+def _host_buffer(
+    size: int, host: torch.device, pin: bool, make: Callable[..., torch.Tensor]
+) -> tuple[torch.Tensor, bool]:
     if pin:
         try:
-            return torch.zeros(size, dtype=torch.uint8, pin_memory=True), True
+            return make(size, dtype=torch.uint8, pin_memory=True), True
         except RuntimeError:
             pass  # an unpinned pool is slower, not wrong
-    return torch.zeros(size, dtype=torch.uint8, device=host), False
+    return make(size, dtype=torch.uint8, device=host), False
 
 
 def allocate_backings(
@@ -335,20 +337,26 @@ def allocate_backings(
     pin_host: bool | None = None,
     host_device: str | torch.device = "cpu",
     include_host: bool = True,
+    zeroed: bool = True,
 ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...], bool]:
-    """Allocate the zeroed backings of a plan, without views.
+    """Allocate the backings of a plan, without views.
 
     Returns ``(device_buffer, host_buffers, host_pinned)``: the device buffer
     (``None`` without device tensors), one host buffer per distinct host size
     in order of first appearance, and whether all of those are pinned.
+
+    ``zeroed=False`` leaves the bytes as the allocator hands them out: for a
+    caller that reads nothing it did not write first.  Zeroing is most of
+    what a large CPU allocation costs, since it touches every page.
 
     Raises:
         WorkerError: device tensors disagree on ``size``.
         RuntimeError: ``pin_host=True`` and this process cannot pin memory.
     """
     target = torch.device(device)
+    make = torch.zeros if zeroed else torch.empty
     size = _single_size([t for t in config.kv_cache_tensors if not t.host_resident])
-    device_buffer = None if size is None else torch.zeros(size, dtype=torch.uint8, device=target)
+    device_buffer = None if size is None else make(size, dtype=torch.uint8, device=target)
     if not include_host:
         return device_buffer, (), False
     host = torch.device(host_device)
@@ -358,9 +366,9 @@ def allocate_backings(
     buffers: list[torch.Tensor] = []
     for host_size in sizes:
         if pin and pin_host:
-            buffers.append(torch.zeros(host_size, dtype=torch.uint8, pin_memory=True))
+            buffers.append(make(host_size, dtype=torch.uint8, pin_memory=True))
             continue
-        buffer, pinned = _host_buffer(host_size, host, pin)
+        buffer, pinned = _host_buffer(host_size, host, pin, make)
         pin = pin and pinned
         buffers.append(buffer)
     return device_buffer, tuple(buffers), pin
@@ -376,7 +384,8 @@ class WorkerAllocation:
     Attributes:
         device: where ``device_buffer`` lives.
         layout: the layout of the device tensors.
-        device_buffer: the zeroed ``uint8`` device backing (``None`` without device tensors).
+        device_buffer: the ``uint8`` device backing (``None`` without device tensors);
+            zeroed unless allocated with ``zeroed=False``.
         host_buffers: host backings, one per distinct host size.
         host_pinned: whether the host backings are pinned.
         views: layer name to its view ``(N, H, S, C / sizeof(dtype))`` in the layer's dtype
@@ -460,6 +469,7 @@ def allocate_kv_cache(
     layout: KVCacheLayout | str | None = None,
     pin_host: bool | None = None,
     host_device: str | torch.device = "cpu",
+    zeroed: bool = True,
 ) -> WorkerAllocation:
     """Allocate a plan's backings on ``device`` and view every layer, as a worker does.
 
@@ -471,6 +481,8 @@ def allocate_kv_cache(
         layout: layout of the device tensors; default the config's, else LBNHC.
         pin_host: pin host backings (``None``: when ``device`` is this process's accelerator).
         host_device: where host backings go (``"meta"`` only to check shapes).
+        zeroed: zero the backings (``False``: only for a caller that reads
+            nothing it did not write first).
 
     Raises:
         WorkerError: device sizes differ, a layer is in two tensors or in no
@@ -483,7 +495,7 @@ def allocate_kv_cache(
     geometries = tensor_geometries(config, chosen)
     _validate(geometries)
     device_buffer, host_buffers, pinned = allocate_backings(
-        config, target, pin_host=pin_host, host_device=host_device
+        config, target, pin_host=pin_host, host_device=host_device, zeroed=zeroed
     )
     host_index = {int(buffer.numel()): i for i, buffer in enumerate(host_buffers)}
     backing_of: list[int] = []

@@ -325,25 +325,32 @@ def mamba_specs(
     ``max_page_bytes`` (except a 1-head state that is larger by itself) and
     never a mode outside vLLM's three.
     """
+    # Decorated once, at import: a composite made per call costs a source parse.
+    return _mamba_spec(block_size, mamba_cache_mode, max_page_bytes, edge)
 
-    @st.composite
-    def build(draw: st.DrawFn) -> MambaSpec:
-        shapes, dtypes_, mamba_type = draw(mamba_state(max_bytes=max_page_bytes))
-        real = sum(math.prod(s) * dtype_size(d) for s, d in zip(shapes, dtypes_, strict=True))
-        mode = mamba_cache_mode or draw(st.sampled_from(["none", "align", "all"]))
-        padded = None
-        extras = [e for e in (16, 4096, real // 4) if round_up(real + e, 16) <= max_page_bytes]
-        if edge and rarely(draw) and extras:
-            padded = round_up(real + draw(st.sampled_from(extras)), 16)
-        spec_blocks = draw(st.integers(1, 2)) if edge and rarely(draw) else 0
-        return MambaSpec(
-            block_size=block_size if block_size is not None else draw(block_sizes()),
-            shapes=shapes,
-            dtypes=dtypes_,
-            page_size_padded=padded,
-            mamba_type=mamba_type,
-            mamba_cache_mode=mode,
-            num_speculative_blocks=spec_blocks,
-        )
 
-    return build()
+@st.composite
+def _mamba_spec(
+    draw: st.DrawFn,
+    block_size: int | None,
+    mamba_cache_mode: str | None,
+    max_page_bytes: int,
+    edge: bool,
+) -> MambaSpec:
+    shapes, dtypes_, mamba_type = draw(mamba_state(max_bytes=max_page_bytes))
+    real = sum(math.prod(s) * dtype_size(d) for s, d in zip(shapes, dtypes_, strict=True))
+    mode = mamba_cache_mode or draw(st.sampled_from(["none", "align", "all"]))
+    padded = None
+    extras = [e for e in (16, 4096, real // 4) if round_up(real + e, 16) <= max_page_bytes]
+    if edge and rarely(draw) and extras:
+        padded = round_up(real + draw(st.sampled_from(extras)), 16)
+    spec_blocks = draw(st.integers(1, 2)) if edge and rarely(draw) else 0
+    return MambaSpec(
+        block_size=block_size if block_size is not None else draw(block_sizes()),
+        shapes=shapes,
+        dtypes=dtypes_,
+        page_size_padded=padded,
+        mamba_type=mamba_type,
+        mamba_cache_mode=mode,
+        num_speculative_blocks=spec_blocks,
+    )

@@ -10,7 +10,6 @@ same invariant that catches it in the placement scenario.
 
 from __future__ import annotations
 
-import copy
 import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import attrs
 
 from conformance.check.violations import Violation
-from conformance.run.guard import CallResult
+from conformance.run.guard import CallResult, deep_copy
 from conformance.run.observations import CoreObservation
 from conformance.run.scenarios import (
     ConstructionFailedError,
@@ -109,8 +108,8 @@ class _Checked(KVCacheConfigBuilder):
     ) -> KVCacheConfig:
         from conformance.check.gate import judge_placement
 
-        given = [copy.deepcopy(g) for g in kv_cache_groups]
-        pristine = copy.deepcopy(given)
+        given = [deep_copy(g) for g in kv_cache_groups]
+        pristine = deep_copy(given)
         result = _direct(
             "get_kv_cache_config_from_groups",
             self.inner.get_kv_cache_config_from_groups,
@@ -127,7 +126,7 @@ class _Checked(KVCacheConfigBuilder):
                 "get_kv_cache_config_from_groups",
                 self.inner.get_kv_cache_config_from_groups,
                 config,
-                [copy.deepcopy(g) for g in kv_cache_groups],
+                [deep_copy(g) for g in kv_cache_groups],
                 1,
                 validate=config_validator,
             )
@@ -152,7 +151,7 @@ class _Checked(KVCacheConfigBuilder):
             "_get_pool_bytes_per_block",
             self.inner._get_pool_bytes_per_block,
             config,
-            [copy.deepcopy(g) for g in kv_cache_groups],
+            [deep_copy(g) for g in kv_cache_groups],
             validate=pool_validator,
         )
         declared: int | None = self._answer(result)

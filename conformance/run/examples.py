@@ -108,64 +108,67 @@ def problem_examples(
     scenario: str, models: st.SearchStrategy[kst.Model] | None = None
 ) -> st.SearchStrategy[Example]:
     """The planning-problem part of ``scenario``'s examples (what ``serve`` builds on)."""
+    # Decorated once, at import: a composite made per call costs a source parse.
+    return _problem_example(scenario, models)
 
-    @st.composite
-    def build(draw: st.DrawFn) -> Example:
-        chosen = models
-        if scenario == "host" and models is None and draw(st.booleans()):
-            # Half the host examples are HiSparse-served models: their host
-            # pool is HiSparse's, which the host invariants judge too.
-            from conformance.generate.families.hisparse import hisparse_models
 
-            chosen = hisparse_models()
-        problem = draw(kst.planning_problems(models_strategy=chosen))
-        # Spread over 1, small, odd, large and past-4-GiB backings of this model
-        # (serving sizes its own pool).
-        if scenario == "serve":
-            num_blocks = draw(kst.num_blocks())
-        else:
-            num_blocks = draw(kst.problem_num_blocks(problem))
-        config = problem.config
-        workers = tuple(problem.workers)
-        extra = ""
-        if scenario == "profiling":
-            from conformance.run.profiling import profiling_block_count, profiling_sizes
+@st.composite
+def _problem_example(
+    draw: st.DrawFn, scenario: str, models: st.SearchStrategy[kst.Model] | None
+) -> Example:
+    chosen = models
+    if scenario == "host" and models is None and draw(st.booleans()):
+        # Half the host examples are HiSparse-served models: their host
+        # pool is HiSparse's, which the host invariants judge too.
+        from conformance.generate.families.hisparse import hisparse_models
 
-            reqs, capture = draw(profiling_sizes())
-            num_blocks = profiling_block_count(reqs, capture)
-            extra = f", max_num_reqs={reqs}, max_cudagraph_capture_size={capture}"
-        if scenario == "host" and config.hisparse is None:
-            merged: dict[str, KVCacheSpec] = {}
-            for w in workers:
-                merged.update(w)
-            # A model-declared grouping owns every layer's group, host residency
-            # included (vLLM refuses it beside HiSparse): host examples have none.
-            config = _host_config(draw, attrs.evolve(config, model_kv_cache_grouping=None), merged)
-        elif config.host_resident_layers and scenario != "core":
-            # Core keeps the generator's host layers: its host exclusions (pool
-            # bytes, admission) are judged on the builder's own answers.
-            config = attrs.evolve(config, host_resident_layers=frozenset(), host_pool_bytes=None)
-        if not reference_accepts(config, workers):
-            # Only problems the reference can plan are valid inputs for a builder.
-            hypothesis.reject()
-        if scenario == "profiling" and not all(reference_accepts(config, (w,)) for w in workers):
-            # The profiling path plans each worker alone.
-            hypothesis.reject()
-        description = f"{problem!r}, num_blocks={num_blocks}{extra}"
-        if scenario == "host":
-            description += (
-                f", host_resident_layers={sorted(config.host_resident_layers)}, "
-                f"host_pool_bytes={config.host_pool_bytes}"
-            )
-        return Example(
-            config=config,
-            workers=workers,
-            available_memory=tuple(problem.available_memory),
-            num_blocks=num_blocks,
-            description=description,
+        chosen = hisparse_models()
+    problem = draw(kst.planning_problems(models_strategy=chosen))
+    # Spread over 1, small, odd, large and past-4-GiB backings of this model
+    # (serving sizes its own pool).
+    if scenario == "serve":
+        num_blocks = draw(kst.num_blocks())
+    else:
+        num_blocks = draw(kst.problem_num_blocks(problem))
+    config = problem.config
+    workers = tuple(problem.workers)
+    extra = ""
+    if scenario == "profiling":
+        from conformance.run.profiling import profiling_block_count, profiling_sizes
+
+        reqs, capture = draw(profiling_sizes())
+        num_blocks = profiling_block_count(reqs, capture)
+        extra = f", max_num_reqs={reqs}, max_cudagraph_capture_size={capture}"
+    if scenario == "host" and config.hisparse is None:
+        merged: dict[str, KVCacheSpec] = {}
+        for w in workers:
+            merged.update(w)
+        # A model-declared grouping owns every layer's group, host residency
+        # included (vLLM refuses it beside HiSparse): host examples have none.
+        config = _host_config(draw, attrs.evolve(config, model_kv_cache_grouping=None), merged)
+    elif config.host_resident_layers and scenario != "core":
+        # Core keeps the generator's host layers: its host exclusions (pool
+        # bytes, admission) are judged on the builder's own answers.
+        config = attrs.evolve(config, host_resident_layers=frozenset(), host_pool_bytes=None)
+    if not reference_accepts(config, workers):
+        # Only problems the reference can plan are valid inputs for a builder.
+        hypothesis.reject()
+    if scenario == "profiling" and not all(reference_accepts(config, (w,)) for w in workers):
+        # The profiling path plans each worker alone.
+        hypothesis.reject()
+    description = f"{problem!r}, num_blocks={num_blocks}{extra}"
+    if scenario == "host":
+        description += (
+            f", host_resident_layers={sorted(config.host_resident_layers)}, "
+            f"host_pool_bytes={config.host_pool_bytes}"
         )
-
-    return build()
+    return Example(
+        config=config,
+        workers=workers,
+        available_memory=tuple(problem.available_memory),
+        num_blocks=num_blocks,
+        description=description,
+    )
 
 
 def reference_accepts(config: PlanningConfig, workers: Sequence[Mapping[str, KVCacheSpec]]) -> bool:

@@ -9,6 +9,7 @@ once is not called again (its thread cannot be killed), so the kit never hangs.
 from __future__ import annotations
 
 import copy
+import pickle
 import threading
 import time
 import traceback
@@ -17,7 +18,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["CallResult", "Guard", "snapshot_differs"]
+__all__ = ["CallResult", "Guard", "deep_copy", "snapshot_differs"]
 
 
 @attrs.frozen(kw_only=True)
@@ -139,5 +140,13 @@ def snapshot_differs(before: Any, after: Any) -> bool:
 
 
 def deep_copy(value: Any) -> Any:
-    """A deep copy that tolerates objects torch dtypes and attrs records hold."""
-    return copy.deepcopy(value)
+    """A deep copy of the kit's inputs to a builder, sharing preserved as ``copy.deepcopy`` does.
+
+    A pickle round trip copies the spec and group records about twice as fast
+    as ``copy.deepcopy``; what does not pickle (a class defined in a function)
+    is deep-copied.
+    """
+    try:
+        return pickle.loads(pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+    except Exception:
+        return copy.deepcopy(value)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import multiprocessing
+import operator
 import os
 import pickle
 import signal
@@ -29,7 +30,7 @@ import time
 import traceback
 import types
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -69,6 +70,40 @@ def _signal_name(code: int) -> str:
 _Ref = tuple[str, Any]
 
 
+#: Per attrs class, a function giving its field values (``None``: not an attrs class).
+_FIELD_VALUES: dict[type, Callable[[Any], list[Any]] | None] = {}
+
+
+def _field_values(cls: type) -> Callable[[Any], list[Any]] | None:
+    # Every builder call walks its arguments twice: reading fields through one
+    # attrgetter per class is several times faster than attrs.fields and getattr.
+    try:
+        return _FIELD_VALUES[cls]
+    except KeyError:
+        pass
+    getter: Callable[[Any], list[Any]] | None = None
+    if attrs.has(cls):
+        names = [f.name for f in attrs.fields(cls)]
+        many = operator.attrgetter(*names) if names else None
+
+        def getter(obj: Any) -> list[Any]:
+            if many is None:
+                return []
+            try:
+                got = many(obj)
+            except AttributeError:
+                # A field left unset (a hostile object): read what is there.
+                return [getattr(obj, n, None) for n in names]
+            return list(got) if len(names) > 1 else [got]
+
+    _FIELD_VALUES[cls] = getter
+    return getter
+
+
+#: Types whose objects are never walked, skipped without a lookup.
+_LEAVES = frozenset({int, str, float, bool, bytes, type(None)})
+
+
 def _children(obj: Any) -> list[Any] | None:
     """The contents of a walked object (``None``: a leaf, not walked)."""
     if isinstance(obj, dict):
@@ -77,41 +112,55 @@ def _children(obj: Any) -> list[Any] | None:
         return list(obj)
     if isinstance(obj, types.MappingProxyType):
         return [v for kv in obj.items() for v in kv]
-    if attrs.has(type(obj)):
-        return [getattr(obj, f.name, None) for f in attrs.fields(type(obj))]
-    return None
+    values = _field_values(type(obj))
+    return None if values is None else values(obj)
 
 
 def _walk(root: Any) -> list[Any]:
     """Every walked object reachable from ``root``, each once, in a fixed order."""
+    return _walk_with_children(root)[0]
+
+
+def _walk_with_children(root: Any) -> tuple[list[Any], list[list[Any]]]:
+    """:func:`_walk`, and the contents of each walked object as found."""
     seen: set[int] = set()
     order: list[Any] = []
+    contents: list[list[Any]] = []
     stack = [root]
     while stack:
         obj = stack.pop()
+        if id(obj) in seen:
+            continue
         children = _children(obj)
-        if children is None or id(obj) in seen:
+        if children is None:
             continue
         seen.add(id(obj))
         order.append(obj)
-        stack.extend(reversed(children))
-    return order
+        contents.append(children)
+        stack.extend(c for c in reversed(children) if type(c) not in _LEAVES)
+    return order, contents
 
 
 def _mutable_state(obj: Any) -> list[Any] | None:
     """What a builder can change in place: list items, dict items, attrs fields."""
-    if isinstance(obj, (dict, list)) or attrs.has(type(obj)):
+    if isinstance(obj, (dict, list)) or _field_values(type(obj)) is not None:
         return _children(obj)
     return None
+
+
+def _is_mutable(obj: Any) -> bool:
+    return isinstance(obj, (dict, list)) or _field_values(type(obj)) is not None
 
 
 class _Snapshot:
     """The arguments' walked objects and their contents before a call (worker side)."""
 
     def __init__(self, args: Any) -> None:
-        self.objects = _walk(args)
+        self.objects, contents = _walk_with_children(args)
         self.index = {id(o): i for i, o in enumerate(self.objects)}
-        self.before = [_mutable_state(o) for o in self.objects]
+        self.before = [
+            c if _is_mutable(o) else None for o, c in zip(self.objects, contents, strict=True)
+        ]
 
     def _encode(self, value: Any) -> _Ref:
         i = self.index.get(id(value))
@@ -124,9 +173,7 @@ class _Snapshot:
             if before is None:
                 continue
             after = _mutable_state(obj) or []
-            same = len(after) == len(before) and all(
-                a is b for a, b in zip(after, before, strict=True)
-            )
+            same = len(after) == len(before) and all(map(operator.is_, after, before))
             if not same:
                 out.append((i, [self._encode(v) for v in after]))
         return out
@@ -236,9 +283,22 @@ def _start_reach(files: Sequence[str] | None) -> Any:
         # A forked worker inherits the kit's tracer, whose data would stay here.
         with contextlib.suppress(Exception):
             inherited.stop()
-    cov = coverage.Coverage(data_file=None, include=list(files), branch=False, config_file=False)
+    # Started only around the builder's own code (see _traced): the worker's
+    # bookkeeping is neither reach nor worth tracing.
+    return coverage.Coverage(data_file=None, include=list(files), branch=False, config_file=False)
+
+
+@contextlib.contextmanager
+def _traced(cov: Any) -> Iterator[None]:
+    """Trace what runs inside (the builder's code) when reach is measured."""
+    if cov is None:
+        yield
+        return
     cov.start()
-    return cov
+    try:
+        yield
+    finally:
+        cov.stop()
 
 
 def _reach_lines(cov: Any) -> dict[str, list[int]]:
@@ -270,17 +330,22 @@ def _serve(conn: Any, target: Any, parent: int, reach_files: Sequence[str] | Non
             continue
         try:
             if builder is None:
-                builder = _resolve(target)
+                with _traced(cov):
+                    builder = _resolve(target)
             if op == "new":
-                instances[key] = _construct(builder)
+                with _traced(cov):
+                    instances[key] = _construct(builder)
                 reply = _reply("ok", None, ())
             elif op == "resolve":
                 # The platform names the class; resolution constructs it here, never in the kit.
-                instances[key], facts = _resolve_named(*args)
+                with _traced(cov):
+                    instances[key], facts = _resolve_named(*args)
                 reply = _reply("ok", facts, ())
             else:
                 snapshot = _Snapshot(args)
-                value = getattr(instances[key], hook)(*args)
+                method = getattr(instances[key], hook)
+                with _traced(cov):
+                    value = method(*args)
                 reply = _reply("ok", value, snapshot.changes())
         except BaseException as exc:  # the builder's, even SystemExit: report, keep serving
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:])

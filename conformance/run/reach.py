@@ -130,8 +130,12 @@ class ReachMeter:
         files = [_module_file(m) for m in modules] if modules else builder_modules(builder)
         return cls(files=files, min_reach=min_reach)
 
-    def start(self) -> None:
-        """Start tracing the threads that call the builder from now on."""
+    def start(self, *, trace_here: bool = True) -> None:
+        """Start tracing the threads that call the builder from now on.
+
+        ``trace_here=False`` traces nothing in this process: the builder runs
+        elsewhere (an isolated worker) and its lines arrive by :meth:`add_lines`.
+        """
         import coverage
 
         self._cov = coverage.Coverage(
@@ -140,6 +144,8 @@ class ReachMeter:
             branch=False,
             config_file=False,
         )
+        if not trace_here:
+            return
         self._cov.start()
         # Builders run only in the guard's threads (coverage traces every new
         # thread); the kit's own work in this thread (generation, the memory

@@ -269,7 +269,9 @@ def check_builder(
     run = _Run(builder, options, guard, progress)
     run.strata = _strata(models, models_only)
     if meter is not None:
-        meter.start()
+        # Isolated, the builder's code runs only in its worker, which traces it;
+        # tracing this process's threads too would cost time and find nothing.
+        meter.start(trace_here=not isolate)
     try:
         run.execute(selected)
     finally:
@@ -365,6 +367,10 @@ class _Run:
         plan = [(s, [inv for inv in active if s in inv.scenarios]) for s in SCENARIOS]
         plan = [(s, checks) for s, checks in plan if checks]
         total = len(plan) * self.options.max_examples
+        if any(s == "processes" for s, _ in plan):
+            from conformance.run.twin import prestart
+
+            prestart(self.ctx, self.builder)
         try:
             for index, (scenario, checks) in enumerate(plan):
                 self._scenario(scenario, checks, index * self.options.max_examples, total)

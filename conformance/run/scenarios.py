@@ -8,13 +8,12 @@ catalog to judge.  :data:`OBSERVERS` maps scenario names to observers.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from conformance.run.guard import CallResult, Guard
+from conformance.run.guard import CallResult, Guard, deep_copy
 from conformance.run.observations import (
     ConstructFailure,
     CoreObservation,
@@ -133,7 +132,7 @@ class Context:
 
 def fresh_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
     """A new dict whose every layer has its own deep-copied spec object."""
-    return {name: copy.deepcopy(spec) for name, spec in specs.items()}
+    return {name: deep_copy(spec) for name, spec in specs.items()}
 
 
 def _spec_changes(where: str, given: Any, pristine: Any) -> list[str]:
@@ -188,7 +187,7 @@ def call_grouping(
     """
     given = fresh_specs(specs)
     objects = dict(given)
-    pristine = {name: copy.deepcopy(spec) for name, spec in given.items()}
+    pristine = {name: deep_copy(spec) for name, spec in given.items()}
     result = guard.call(
         "get_kv_cache_groups", builder.get_kv_cache_groups, config, given, validate=groups_validator
     )
@@ -208,9 +207,9 @@ def call_placement(
     num_blocks: int,
 ) -> tuple[CallResult, tuple[str, ...]]:
     """Place fresh copies of ``groups``; returns the call and how it mutated its input."""
-    given = [copy.deepcopy(g) for g in groups]
+    given = [deep_copy(g) for g in groups]
     objects = list(given)
-    pristine = copy.deepcopy(objects)
+    pristine = deep_copy(objects)
     result = guard.call(
         "get_kv_cache_config_from_groups",
         builder.get_kv_cache_config_from_groups,
@@ -243,7 +242,7 @@ def call_pool_bytes(
         "_get_pool_bytes_per_block",
         builder._get_pool_bytes_per_block,
         config,
-        [copy.deepcopy(g) for g in groups],
+        [deep_copy(g) for g in groups],
         validate=pool_validator,
     )
 

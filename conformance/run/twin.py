@@ -188,11 +188,30 @@ _TWINS: dict[int, Twin] = {}
 def _twin(ctx: Context, reference: str) -> Twin:
     key = id(ctx.guard)
     twin = _TWINS.get(key)
-    if twin is None or twin.reference != reference:
+    if twin is not None and twin.reference != reference:
+        twin.close()
+        twin = None
+    if twin is None:
         twin = _TWINS[key] = Twin(reference, ctx.guard.timeout)
         # One twin per run: it goes when the run's guard goes.
         weakref.finalize(ctx.guard, _close, key)
     return twin
+
+
+def twin_reference(builder: object) -> str | None:
+    """The ``module:Class`` a twin process imports to run ``builder`` (``None``: none)."""
+    from conformance.run.runner import builder_name
+
+    cls = builder if isinstance(builder, type) else type(builder)
+    # An isolated run's proxy stands for the builder it names.
+    return getattr(cls, "kvref_name", None) or builder_name(cls)
+
+
+def prestart(ctx: Context, builder: object) -> None:
+    """Start the run's twin process now, so its interpreter starts while other scenarios run."""
+    reference = twin_reference(builder)
+    if reference is not None:
+        _twin(ctx, reference)
 
 
 def _close(key: int) -> None:
@@ -232,7 +251,6 @@ class ProcessObservation:
 
 def observe_processes(ctx: Context, example: Any) -> ProcessObservation:
     """Group and place ``example`` here and in the twin process."""
-    from conformance.run.runner import builder_name
     from conformance.run.scenarios import call_grouping
 
     config = attrs.evolve(example.config, num_gpu_blocks_override=None)
@@ -260,8 +278,7 @@ def observe_processes(ctx: Context, example: Any) -> ProcessObservation:
         "groups": groups,
         "placement": placement,
     }
-    # An isolated run's proxy stands for the builder it names.
-    reference = getattr(type(builder), "kvref_name", None) or builder_name(type(builder))
+    reference = twin_reference(builder)
     if reference is None:
         return ProcessObservation(
             **base, unavailable="the builder class cannot be imported by name in another process"

@@ -113,25 +113,28 @@ def serve_examples(
     would pass :data:`EXAMPLE_BYTES`; never a pool without room beyond the
     null block.  Streams shrink to fewer, shorter requests.
     """
+    # Decorated once, at import: a composite made per call costs a source parse.
+    return _serve_example(models, max_ops)
 
-    @st.composite
-    def build(draw: st.DrawFn) -> ServeExample:
-        base = draw(problem_examples(SERVE, models))
-        # Every worker's pages of one block, summed: at least what each block ID costs.
-        per_block = sum(page_bytes(s) for s in base.merged.values()) or 1
-        fit = max(2, EXAMPLE_BYTES // per_block)
-        num_blocks = draw(st.integers(min(POOL_BLOCKS[0], fit), min(POOL_BLOCKS[1], fit)))
-        bounds = bounds_for(base.merged)
-        program = draw(
-            programs(max_prompt=bounds.max_prompt, max_ops=max_ops, max_encoder=bounds.max_encoder)
-        )
-        head = base.description.rsplit(", num_blocks=", 1)[0]
-        example = attrs.evolve(
-            base, num_blocks=num_blocks, description=f"{head}, num_blocks={num_blocks}"
-        )
-        return ServeExample(example=example, program=program, bounds=bounds)
 
-    return build()
+@st.composite
+def _serve_example(
+    draw: st.DrawFn, models: st.SearchStrategy[kst.Model] | None, max_ops: int
+) -> ServeExample:
+    base = draw(problem_examples(SERVE, models))
+    # Every worker's pages of one block, summed: at least what each block ID costs.
+    per_block = sum(page_bytes(s) for s in base.merged.values()) or 1
+    fit = max(2, EXAMPLE_BYTES // per_block)
+    num_blocks = draw(st.integers(min(POOL_BLOCKS[0], fit), min(POOL_BLOCKS[1], fit)))
+    bounds = bounds_for(base.merged)
+    program = draw(
+        programs(max_prompt=bounds.max_prompt, max_ops=max_ops, max_encoder=bounds.max_encoder)
+    )
+    head = base.description.rsplit(", num_blocks=", 1)[0]
+    example = attrs.evolve(
+        base, num_blocks=num_blocks, description=f"{head}, num_blocks={num_blocks}"
+    )
+    return ServeExample(example=example, program=program, bounds=bounds)
 
 
 @attrs.frozen(kw_only=True)
