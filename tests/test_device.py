@@ -39,6 +39,7 @@ from conformance.check.device import (
     device_memory_counter,
     verify_tags,
 )
+from conformance.check.worker import allocate_backings, drop_scratch
 from kvref.allocation import allocate_kv_cache
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
@@ -354,6 +355,43 @@ class TestDevTags:
             assert not torch.equal(a, allocation.views["a"].view(torch.int16)[1:].cpu())
         assert not torch.equal(a, b)
         assert not torch.equal(a[0], a[1])
+
+    def test_reused_backing_changes_no_verdict(self) -> None:
+        """On the CPU the tag check reuses one unzeroed backing: earlier tags never leak.
+
+        Broken and sound configs alternate over the same buffer; each keeps its
+        own verdict, with the same pages named every time.
+        """
+        if torch.device(TEST_DEVICE).type != "cpu":
+            pytest.skip("the reused backing is the CPU's")
+        try:
+            first = check_device_tags(overlapping_layers(), TEST_DEVICE).violations
+            for sound in SOUND.values():
+                assert check_device_tags(sound(), TEST_DEVICE).ok
+                again = check_device_tags(overlapping_layers(), TEST_DEVICE).violations
+                assert [(v.layer, v.block) for v in again] == [(v.layer, v.block) for v in first]
+            zero = check_device_tags(zero_block_stride(), TEST_DEVICE).violations
+            assert [(v.layer, v.block) for v in zero] == [("Z", 1), ("Z", 2)]
+        finally:
+            drop_scratch()
+
+    def test_scratch_backing_is_reused_and_dropped(self) -> None:
+        """``scratch=True`` hands out one CPU buffer until it is dropped; never when zeroing."""
+        config = worked_example(KVCacheLayout.LBNHC)
+        try:
+            a, _, _ = allocate_backings(config, "cpu", zeroed=False, scratch=True)
+            b, _, _ = allocate_backings(config, "cpu", zeroed=False, scratch=True)
+            assert a is not None and b is not None
+            assert a.data_ptr() == b.data_ptr() and b.numel() == config.kv_cache_tensors[0].size
+            zeroed, _, _ = allocate_backings(config, "cpu", scratch=True)
+            assert zeroed is not None and zeroed.data_ptr() != a.data_ptr()
+            assert int(zeroed.count_nonzero()) == 0
+            drop_scratch()
+            # ``a`` still holds the dropped buffer, so a new one cannot sit at its address.
+            c, _, _ = allocate_backings(config, "cpu", zeroed=False, scratch=True)
+            assert c is not None and c.data_ptr() != a.data_ptr()
+        finally:
+            drop_scratch()
 
     def test_meta_not_measured(self) -> None:
         """meta has no data to read back: not measured, no verdict."""

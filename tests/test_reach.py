@@ -75,6 +75,36 @@ class TestMeasure:
         assert kv["unreached_functions"] == [] and kv["percent"] == 100.0
 
 
+class TestWhereReachIsMeasured:
+    """Isolated, reach is what ran as the builder: in its worker, not the kit's Core around it."""
+
+    @staticmethod
+    def _planning_lines(isolate: bool) -> int:
+        report = check_builder(
+            ReferenceKVCacheConfigBuilder,
+            select=["KV-CORE-SAME-BLOCKS"],
+            max_examples=4,
+            seed=1,
+            reach=True,
+            database=None,
+            isolate=isolate,
+        )
+        assert report.reach is not None
+        (planning,) = [
+            m for m in report.reach["modules"] if m["path"].endswith("kvref/planning.py")
+        ]
+        executed: int = planning["executed"]
+        return executed
+
+    def test_core_flow_is_not_the_builders_reach_when_isolated(self) -> None:
+        """kvref's Core flow runs in the kit's process around the hooks: not counted isolated."""
+        assert self._planning_lines(isolate=True) == 0
+
+    def test_threads_that_call_the_builder_are_traced_in_process(self) -> None:
+        """In process, the guard's threads run Core and the hooks together: both are counted."""
+        assert self._planning_lines(isolate=False) > 0
+
+
 class TestMinReach:
     """--min-reach fails the run below the threshold and not above it."""
 

@@ -386,8 +386,9 @@ def check_device_tags(
     if not (budget.device_ok and budget.host_ok):
         return device_result(KV_DEV_TAGS, [], budget.notes, measured=False)
     try:
-        # Every byte read back is written first, so zeroing would only cost time.
-        allocation = allocate_kv_cache(config, target, layout=layout, zeroed=False)
+        # Every byte read back is written first, so zeroing would only cost time,
+        # and every view is bounded by the planned size, so a reused buffer serves.
+        allocation = allocate_kv_cache(config, target, layout=layout, zeroed=False, scratch=True)
     except (KVRefError, WorkerError) as error:
         note = f"not checked: the config cannot be allocated ({error}); see KV-DEV-VIEWS"
         return device_result(KV_DEV_TAGS, [], [note], measured=False)

@@ -44,6 +44,7 @@ __all__ = [
     "WorkerError",
     "allocate_backings",
     "allocate_kv_cache",
+    "drop_scratch",
     "planned_device_bytes",
     "planned_host_bytes",
     "resolve_layout",
@@ -330,6 +331,24 @@ def _host_buffer(
     return make(size, dtype=torch.uint8, device=host), False
 
 
+#: The reused CPU device backing of ``scratch`` allocations (at most one buffer).
+_SCRATCH: list[torch.Tensor] = []
+
+
+def _scratch_backing(size: int) -> torch.Tensor:
+    # A fresh CPU buffer of this size costs a page fault per 4 KiB page on first
+    # touch, which is most of what writing it costs; a reused one is warm.
+    if not _SCRATCH or _SCRATCH[0].numel() < size:
+        _SCRATCH.clear()  # free the smaller buffer before taking the larger one
+        _SCRATCH.append(torch.empty(size, dtype=torch.uint8))
+    return _SCRATCH[0][:size]
+
+
+def drop_scratch() -> None:
+    """Free the reused CPU backing of ``scratch=True`` allocations (if any)."""
+    _SCRATCH.clear()
+
+
 def allocate_backings(
     config: KVCacheConfig,
     device: str | torch.device,
@@ -338,6 +357,7 @@ def allocate_backings(
     host_device: str | torch.device = "cpu",
     include_host: bool = True,
     zeroed: bool = True,
+    scratch: bool = False,
 ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...], bool]:
     """Allocate the backings of a plan, without views.
 
@@ -348,6 +368,10 @@ def allocate_backings(
     ``zeroed=False`` leaves the bytes as the allocator hands them out: for a
     caller that reads nothing it did not write first.  Zeroing is most of
     what a large CPU allocation costs, since it touches every page.
+    ``scratch=True`` (with ``zeroed=False``) takes a CPU device backing from
+    one buffer reused from call to call (freed by :func:`drop_scratch`):
+    only for a caller that also addresses nothing past the planned size,
+    since torch bounds views by the larger buffer.
 
     Raises:
         WorkerError: device tensors disagree on ``size``.
@@ -356,7 +380,12 @@ def allocate_backings(
     target = torch.device(device)
     make = torch.zeros if zeroed else torch.empty
     size = _single_size([t for t in config.kv_cache_tensors if not t.host_resident])
-    device_buffer = None if size is None else make(size, dtype=torch.uint8, device=target)
+    if size is None:
+        device_buffer = None
+    elif scratch and not zeroed and target.type == "cpu":
+        device_buffer = _scratch_backing(size)
+    else:
+        device_buffer = make(size, dtype=torch.uint8, device=target)
     if not include_host:
         return device_buffer, (), False
     host = torch.device(host_device)
@@ -470,6 +499,7 @@ def allocate_kv_cache(
     pin_host: bool | None = None,
     host_device: str | torch.device = "cpu",
     zeroed: bool = True,
+    scratch: bool = False,
 ) -> WorkerAllocation:
     """Allocate a plan's backings on ``device`` and view every layer, as a worker does.
 
@@ -483,6 +513,9 @@ def allocate_kv_cache(
         host_device: where host backings go (``"meta"`` only to check shapes).
         zeroed: zero the backings (``False``: only for a caller that reads
             nothing it did not write first).
+        scratch: take a CPU device backing from a reused buffer (see
+            :func:`allocate_backings`); safe here, where every view is
+            checked against the planned size first.
 
     Raises:
         WorkerError: device sizes differ, a layer is in two tensors or in no
@@ -495,7 +528,7 @@ def allocate_kv_cache(
     geometries = tensor_geometries(config, chosen)
     _validate(geometries)
     device_buffer, host_buffers, pinned = allocate_backings(
-        config, target, pin_host=pin_host, host_device=host_device, zeroed=zeroed
+        config, target, pin_host=pin_host, host_device=host_device, zeroed=zeroed, scratch=scratch
     )
     host_index = {int(buffer.numel()): i for i, buffer in enumerate(host_buffers)}
     backing_of: list[int] = []

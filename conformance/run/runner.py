@@ -371,9 +371,15 @@ class _Run:
             from conformance.run.twin import prestart
 
             prestart(self.ctx, self.builder)
+        from conformance.check.worker import drop_scratch
+
         try:
             for index, (scenario, checks) in enumerate(plan):
-                self._scenario(scenario, checks, index * self.options.max_examples, total)
+                try:
+                    self._scenario(scenario, checks, index * self.options.max_examples, total)
+                finally:
+                    # The tag check's reused backing is for one scenario's examples.
+                    drop_scratch()
             self._replay(active)
         except KeyboardInterrupt:
             # Ctrl-C: report what was found so far; the rest is inconclusive.
