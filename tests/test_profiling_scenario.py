@@ -14,7 +14,11 @@ from conformance.check.catalog import Unjudged, by_id, catalog
 from conformance.run.examples import Example, examples
 from conformance.run.guard import Guard
 from conformance.run.observations import ConstructFailure, ProfilingObservation
-from conformance.run.profiling import profiling_block_count, resolvable_qualname
+from conformance.run.profiling import (
+    isolated_resolver,
+    profiling_block_count,
+    resolvable_qualname,
+)
 from conformance.run.runner import builder_name, check_builder
 from conformance.run.scenarios import Context, make_factory, observe
 from kvref import ReferenceKVCacheConfigBuilder
@@ -290,5 +294,9 @@ def _ctx_named(builder: Any, name: str) -> Context:
     qualname, note = resolvable_qualname(builder, name)
     assert qualname == name, note
     return Context(
-        factory=make_factory(builder, guard), guard=guard, qualname=qualname, qualname_note=note
+        factory=make_factory(builder, guard),
+        guard=guard,
+        qualname=qualname,
+        qualname_note=note,
+        resolver=isolated_resolver(builder),
     )

@@ -24,7 +24,6 @@ construction never runs in the kit's process.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -49,6 +48,7 @@ __all__ = [
     "observe_profiling",
     "profiling_block_count",
     "profiling_sizes",
+    "isolated_resolver",
     "resolvable_qualname",
 ]
 
@@ -68,28 +68,22 @@ def profiling_block_count(max_num_reqs: int, max_cudagraph_capture_size: int) ->
     return min(max_num_reqs, max_cudagraph_capture_size) or 1
 
 
-#: Isolated proxies by the qualname their run resolves (see :func:`resolvable_qualname`).
-_ISOLATED: weakref.WeakValueDictionary[str, type[Any]] = weakref.WeakValueDictionary()
-
-
 def resolvable_qualname(builder: object, name: str | None) -> tuple[str | None, str]:
     """``(qualname, note)``: the name a platform could give for ``builder``, or why there is none.
 
     The name qualifies when kvref's resolution maps it to the very class under
     check (a builder wrapped from vLLM or named by a file path does not:
     resolution would build another class).  For a builder run isolated, the
-    class it runs is compared, and the proxy is remembered under the name so
-    that the profiling scenario resolves inside its worker process: the
-    latest run to ask decides, one run per qualname at a time.
+    class its worker runs is compared (:func:`isolated_resolver` gives the
+    proxy that resolves there).
     """
     from kvref.resolution import BuilderResolutionError, resolve_builder_class
 
     if name is None:
         return None, "the builder was given as an object without an importable qualname"
     cls = builder if isinstance(builder, type) else type(builder)
-    proxy = cls if issubclass(cls, IsolatedBuilder) else None
+    proxy = isolated_resolver(builder)
     checked = getattr(cls, "kvref_target", cls) if proxy is not None else cls
-    _ISOLATED.pop(name, None)
     # Finding the class imports its module only; nothing of the builder is constructed.
     try:
         resolved = resolve_builder_class(name, "builder")
@@ -100,9 +94,13 @@ def resolvable_qualname(builder: object, name: str | None) -> tuple[str | None, 
             f"{name!r} resolves to {resolved.__qualname__}, not the class under check "
             f"({checked.__qualname__}: adapted)"
         )
-    if proxy is not None:
-        _ISOLATED[name] = proxy
     return name, ""
+
+
+def isolated_resolver(builder: object) -> type[IsolatedBuilder] | None:
+    """The isolated proxy class of ``builder``, whose worker resolves qualnames (``None``: none)."""
+    cls = builder if isinstance(builder, type) else type(builder)
+    return cls if issubclass(cls, IsolatedBuilder) else None
 
 
 def _resolve(ctx: Context, qualname: str, config: PlanningConfig) -> tuple[Resolution, Any]:
@@ -117,7 +115,7 @@ def _resolve(ctx: Context, qualname: str, config: PlanningConfig) -> tuple[Resol
     """
     from kvref.resolution import get_kv_cache_config_builder, resolve_builder_class
 
-    proxy = _ISOLATED.get(qualname)
+    proxy = ctx.resolver
     if proxy is not None:
         return _resolve_isolated(ctx, proxy, qualname, config)
 

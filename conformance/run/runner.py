@@ -27,7 +27,7 @@ from conformance.report.model import InvariantResult, Report
 from conformance.run.examples import Example, examples
 from conformance.run.guard import Guard
 from conformance.run.options import PROFILES, OptionError, RunOptions
-from conformance.run.profiling import resolvable_qualname
+from conformance.run.profiling import isolated_resolver, resolvable_qualname
 from conformance.run.reach import ReachError, ReachMeter
 from conformance.run.scenarios import ConstructionFailedError, Context, make_factory, observe
 from conformance.run.search import Namespaced, search
@@ -61,10 +61,10 @@ class _Tally:
     not_applicable: int = 0
     reason: str | None = None
     na_reason: str | None = None
-    failure: tuple[str, Example] | None = None
+    #: The first failing example: its scenario, and the stratum whose run drew
+    #: it (that stratum's strategy shrinks it).
+    failure: tuple[str, Example, Stratum] | None = None
     found: tuple[Any, ...] = ()
-    #: The stratum whose run drew the failure (its own strategy shrinks it).
-    stratum: Stratum | None = None
 
     def add(
         self,
@@ -73,7 +73,7 @@ class _Tally:
         example: Example,
         *,
         primary: bool,
-        stratum: Stratum | None = None,
+        stratum: Stratum,
     ) -> None:
         if outcome is None or isinstance(outcome, Unjudged):
             if isinstance(outcome, Unjudged) and not outcome.applicable:
@@ -87,9 +87,8 @@ class _Tally:
             return
         self.judged += 1
         if outcome and self.failure is None:
-            self.failure = (scenario, example)
+            self.failure = (scenario, example, stratum)
             self.found = tuple(outcome)
-            self.stratum = stratum
 
 
 def select_invariants(
@@ -342,6 +341,7 @@ class _Run:
             core=getattr(builder, "kvref_core", None),
             qualname=qualname,
             qualname_note=note,
+            resolver=None if qualname is None else isolated_resolver(builder),
         )
         self.tallies: dict[str, _Tally] = {}
         self.skipped: dict[str, str] = {}
@@ -454,8 +454,7 @@ class _Run:
                 for stratum in (s for s in self.strata if s.name in saved):
                     replayed = self._search(inv, scenario, stratum, [hypothesis.Phase.reuse])
                     if replayed is not None:
-                        tally.failure = (scenario, replayed)
-                        tally.stratum = stratum
+                        tally.failure = (scenario, replayed, stratum)
                         tally.judged += 1
                         break
                 if tally.failure is not None:
@@ -519,12 +518,13 @@ class _Run:
 
     def _failure(self, inv: Invariant, tally: _Tally) -> dict[str, Any]:
         """The shrunk counterexample of a failed invariant and how to reproduce it."""
-        assert tally.failure is not None
-        scenario, failing = tally.failure
+        if tally.failure is None:
+            raise ValueError(f"{inv.id} has no failure to report")
+        scenario, failing, stratum = tally.failure
         minimal = failing
         if self.options.shrink and self.guard.hung is None and not self.interrupted:
             try:
-                minimal = self._shrink(inv, scenario, failing, tally.stratum or self.strata[0])
+                minimal = self._shrink(inv, scenario, failing, stratum)
             except KeyboardInterrupt:
                 self.interrupted = True
         outcome = _judge(inv, self.observe(scenario, minimal))
@@ -558,6 +558,8 @@ class _Run:
             core=getattr(parent, "kvref_core", None),
             qualname=qualname,
             qualname_note=note,
+            # The parent runs in this process, so resolution does too.
+            resolver=None,
         )
         try:
             broken = _judge(inv, observe(ctx, scenario, example))

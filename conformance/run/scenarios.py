@@ -116,6 +116,8 @@ class Context:
         qualname: the builder's qualname when kvref's resolution gives the class
             under check (the profiling scenario then resolves builders by it).
         qualname_note: why there is no such qualname, when there is none.
+        resolver: the isolated proxy class whose worker process resolves
+            ``qualname`` (``None``: resolution runs in this process).
     """
 
     factory: BuilderFactory
@@ -125,6 +127,7 @@ class Context:
     core: Callable[..., Any] | None = None
     qualname: str | None = None
     qualname_note: str = "the builder was given without a qualname"
+    resolver: type[Any] | None = None
 
 
 # -- fresh inputs and mutation reports -------------------------------------------
