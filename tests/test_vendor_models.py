@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from conformance.cli import main as cli_main
 from conformance.generate import strategies as cs
+from conformance.generate.families.drafts import Speculation, SpeculativeModel, speculation
 from conformance.generate.pipeline import decoder_layers
 from conformance.generate.records import Model
 from conformance.generate.vendor import (
@@ -83,6 +84,29 @@ class TestInputForms:
         assert isinstance(latent, MLAAttentionSpec)
         assert latent.tokens_per_state == 4
         assert model.specs["model.layers.2.mtp_block.attn.swa_cache"].is_draft
+
+    def test_json_declares_speculation(self, tmp_path: Path) -> None:
+        """A dump may say how the model is served speculatively; without it, it is inferred."""
+        (inferred,) = read_json(DSV4)
+        assert speculation(inferred) == Speculation("mtp", 1, 1)
+        data = json.loads(DSV4.read_text())
+        data["models"][0].update(speculative_method="mtp", num_speculative_tokens=3)
+        path = tmp_path / "spec.json"
+        path.write_text(json.dumps(data))
+        (declared,) = read_json(path)
+        assert isinstance(declared, SpeculativeModel)
+        assert declared.num_hidden_layers == 2 and declared.family == "vendor"
+        assert speculation(declared) == Speculation("mtp", 1, 3)
+
+    def test_python_model_keeps_its_speculation(self) -> None:
+        """A SpeculativeModel given as a Python object is served as it declares."""
+        (model,) = read_json(DSV4)
+        declared = SpeculativeModel(
+            model.specs, "acme", speculative_method="mtp", num_speculative_tokens=2
+        )
+        drawn = find(load_models([declared]), lambda m: True, settings=OCCURS)
+        assert isinstance(drawn, SpeculativeModel)
+        assert speculation(drawn) == Speculation("mtp", 1, 2)
 
     def test_json_path_as_str_and_path(self) -> None:
         """A path (str or Path) loads the file's models."""
@@ -184,6 +208,24 @@ class TestErrors:
             (lambda d: _layer(d).update(page_size_bytes=1), "page_size_bytes=1"),
             (lambda d: _layer(d).update(block_size=-1), "block_size=-1"),
             (lambda d: d["models"][0].update(num_hidden_layers=0), "num_hidden_layers=0"),
+            (
+                lambda d: d["models"][0].update(speculative_method="mtp"),
+                "speculative_method='mtp' and num_speculative_tokens=None go together",
+            ),
+            (
+                lambda d: d["models"][0].update(num_speculative_tokens=2),
+                "speculative_method=None and num_speculative_tokens=2 go together",
+            ),
+            (
+                lambda d: d["models"][0].update(
+                    speculative_method="teleport", num_speculative_tokens=1
+                ),
+                r"models\[0\]: SpeculativeModel.speculative_method='teleport' must be one of",
+            ),
+            (
+                lambda d: d["models"][0].update(speculative_method="mtp", num_speculative_tokens=0),
+                "num_speculative_tokens=0 must be an int >= 1",
+            ),
         ],
     )
     def test_bad_json(self, tmp_path: Path, mutate: Any, match: str) -> None:

@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
 from conformance.generate.families import models as builtin_models
+from conformance.generate.families.drafts import SpeculativeModel
 from conformance.generate.pipeline import decoder_layers
 from conformance.generate.records import Model
 from kvref import extra_specs
@@ -132,7 +133,33 @@ def _as_model(where: str, value: object, name: str = "") -> Model:
             raise VendorModelError(f"{where}: layer name {layer!r} must be a non-empty str")
         layers[layer] = _layer_spec(f"{where}[{layer!r}]", spec)
     text = f"vendor: {description or where}"
-    return Model(layers, text, family="vendor", num_hidden_layers=hidden)
+    model = Model(layers, text, family="vendor", num_hidden_layers=hidden)
+    if isinstance(value, SpeculativeModel):
+        # The speculation it declares is served as declared, never inferred again.
+        return _speculative(where, model, value.speculative_method, value.num_speculative_tokens)
+    return model
+
+
+def _speculative(where: str, model: Model, method: object, tokens: object) -> Model:
+    """``model`` served with speculative ``method`` and ``tokens`` (both ``None``: as it is)."""
+    if method is None and tokens is None:
+        return model
+    if method is None or tokens is None:
+        raise VendorModelError(
+            f"{where}: speculative_method={method!r} and num_speculative_tokens={tokens!r} "
+            "go together (give both or neither)"
+        )
+    try:
+        return SpeculativeModel(
+            model.specs,
+            model.description,
+            family=model.family,
+            num_hidden_layers=model.num_hidden_layers,
+            speculative_method=method,  # type: ignore[arg-type]  # validated by the class
+            num_speculative_tokens=tokens,  # type: ignore[arg-type]
+        )
+    except ValueError as exc:
+        raise VendorModelError(f"{where}: {exc}") from None
 
 
 def fixed_models(value: object, where: str = "models") -> list[Model]:
@@ -237,7 +264,9 @@ def read_json(path: str | Path) -> list[Model]:
             for name, spec in raw["layers"].items()
         }
         name = str(raw.get("name") or f"{Path(path).name}[{i}]")
-        out.append(attrs.evolve(_as_model(at, layers, name), num_hidden_layers=hidden))
+        model = attrs.evolve(_as_model(at, layers, name), num_hidden_layers=hidden)
+        method, tokens = raw.get("speculative_method"), raw.get("num_speculative_tokens")
+        out.append(_speculative(at, model, method, tokens))
     return out
 
 
