@@ -226,6 +226,13 @@ class TestErrors:
                 lambda d: d["models"][0].update(speculative_method="mtp", num_speculative_tokens=0),
                 "num_speculative_tokens=0 must be an int >= 1",
             ),
+            (
+                # The dump has an MTP draft layer; n-gram speculation has no draft model.
+                lambda d: d["models"][0].update(
+                    speculative_method="ngram", num_speculative_tokens=2
+                ),
+                "num_draft_layers=1 must be 0 with PlanningConfig.speculative_method='ngram'",
+            ),
         ],
     )
     def test_bad_json(self, tmp_path: Path, mutate: Any, match: str) -> None:

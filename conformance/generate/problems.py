@@ -109,6 +109,19 @@ def _planning_configs(
     return attrs.evolve(config, **changes) if changes else config
 
 
+def model_config_fields(model: Model | Mapping[str, KVCacheSpec]) -> dict[str, Any]:
+    """The config fields every problem of ``model`` carries: decoder layers, drafts, speculation.
+
+    With draft layers this includes the prefill lookahead vLLM derives, so
+    ``PlanningConfig(**model_config_fields(model))`` is valid exactly when
+    the model's speculation is one vLLM would serve.
+    """
+    fields = _model_fields(model)
+    if any(s.is_draft for s in as_specs(model).values()):
+        fields["num_prefill_lookahead_tokens"] = _derived_lookahead(fields)
+    return fields
+
+
 def _model_fields(model: Model | Mapping[str, KVCacheSpec]) -> dict[str, Any]:
     """The config fields that describe ``model`` (decoder layers, drafts, speculation)."""
     hidden = decoder_layers(model).num_hidden_layers

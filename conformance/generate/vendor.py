@@ -38,10 +38,12 @@ from hypothesis.errors import NoSuchExample
 from conformance.generate.families import models as builtin_models
 from conformance.generate.families.drafts import SpeculativeModel
 from conformance.generate.pipeline import decoder_layers
+from conformance.generate.problems import model_config_fields
 from conformance.generate.records import Model
 from kvref import extra_specs
 from kvref import specs as kvref_specs
-from kvref.errors import KVRefError
+from kvref.config import PlanningConfig
+from kvref.errors import ConfigError, KVRefError
 from kvref.specs import KVCacheSpec, MultipleOf
 
 __all__ = [
@@ -150,7 +152,7 @@ def _speculative(where: str, model: Model, method: object, tokens: object) -> Mo
             "go together (give both or neither)"
         )
     try:
-        return SpeculativeModel(
+        declared = SpeculativeModel(
             model.specs,
             model.description,
             family=model.family,
@@ -158,8 +160,11 @@ def _speculative(where: str, model: Model, method: object, tokens: object) -> Mo
             speculative_method=method,  # type: ignore[arg-type]  # validated by the class
             num_speculative_tokens=tokens,  # type: ignore[arg-type]
         )
-    except ValueError as exc:
+        # Refused here, before any run, rather than by every problem drawn from it.
+        PlanningConfig(**model_config_fields(declared))
+    except (ValueError, ConfigError) as exc:
         raise VendorModelError(f"{where}: {exc}") from None
+    return declared
 
 
 def fixed_models(value: object, where: str = "models") -> list[Model]:
