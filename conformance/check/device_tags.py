@@ -363,7 +363,10 @@ def check_device_tags(
     """KV-DEV-TAGS: a tag written to every (layer, block) page reads back intact.
 
     Allocates the config on ``device``, runs :func:`verify_tags` and frees
-    everything.  Not measured on ``meta`` (no data), above the cap, or when
+    everything, except that on the CPU the device backing comes from one
+    buffer reused from check to check, kept until
+    :func:`conformance.check.worker.drop_scratch` (the kit's run drops it
+    after each scenario).  Not measured on ``meta`` (no data), above the cap, or when
     the views cannot be built (KV-DEV-VIEWS reports why).
 
     Args:
