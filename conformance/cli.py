@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 __all__ = ["main"]
 
@@ -170,6 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return 0 if exc.code == 0 else 2
+    previous = _catch_ctrl_c()
+    unraisable = sys.unraisablehook
+    if previous is not None:
+        sys.unraisablehook = _quiet_dropped_ctrl_c(unraisable)
     try:
         return _run(args)
     except _UsageError as exc:
@@ -180,6 +184,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         # run in progress is stopped by the runner, which keeps what it found.
         print("kvref-conformance: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+        sys.unraisablehook = unraisable
+
+
+def _on_ctrl_c(signum: int, frame: object) -> None:
+    from conformance.run.guard import note_interrupt
+
+    # Raised where the signal lands; if Python drops it there (a gc callback),
+    # the kit raises it again at its next call into the builder.
+    note_interrupt()
+    raise KeyboardInterrupt
+
+
+def _quiet_dropped_ctrl_c(previous: Callable[[Any], object]) -> Callable[[Any], None]:
+    """An unraisable-exception hook that keeps quiet about a dropped Ctrl-C.
+
+    Python reports an exception it cannot raise (in a gc callback or a
+    ``__del__``) as "Exception ignored in ...": for Ctrl-C that is no error,
+    since the kit raises it again (see :func:`_on_ctrl_c`).
+    """
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            return
+        previous(unraisable)
+
+    return hook
+
+
+def _catch_ctrl_c() -> Any:
+    """Install :func:`_on_ctrl_c` for SIGINT; returns the handler it replaced (``None``: none)."""
+    from conformance.run.guard import clear_interrupt
+
+    clear_interrupt()
+    if threading.current_thread() is not threading.main_thread():
+        return None  # only the main thread may set handlers
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return None  # Ctrl-C ignored (a background job) or handled by whoever embeds us
+    return signal.signal(signal.SIGINT, _on_ctrl_c)
 
 
 def _list() -> int:

@@ -18,7 +18,44 @@ from typing import Any
 
 import attrs
 
-__all__ = ["CallResult", "Guard", "deep_copy", "snapshot_differs"]
+__all__ = [
+    "CallResult",
+    "Guard",
+    "clear_interrupt",
+    "deep_copy",
+    "note_interrupt",
+    "raise_if_interrupted",
+    "snapshot_differs",
+]
+
+# Python drops an exception raised in a gc callback or a __del__ (it only prints
+# "Exception ignored in ..."), and Hypothesis keeps a gc callback: a Ctrl-C whose
+# handler ran there was lost and the run went on.  The CLI's handler also sets
+# this flag, and the kit raises the interrupt again at its next call into the
+# builder.
+_INTERRUPTED = threading.Event()
+
+
+def note_interrupt() -> None:
+    """Remember a Ctrl-C (the CLI's SIGINT handler calls it before raising)."""
+    _INTERRUPTED.set()
+
+
+def clear_interrupt() -> None:
+    """Forget a Ctrl-C that was handled (the run stopped and keeps what it found)."""
+    _INTERRUPTED.clear()
+
+
+def raise_if_interrupted() -> None:
+    """Raise ``KeyboardInterrupt`` once for a Ctrl-C that no handler has seen yet.
+
+    Raises:
+        KeyboardInterrupt: :func:`note_interrupt` ran since the last
+            :func:`clear_interrupt`.
+    """
+    if _INTERRUPTED.is_set():
+        _INTERRUPTED.clear()
+        raise KeyboardInterrupt
 
 
 @attrs.frozen(kw_only=True)
@@ -90,6 +127,7 @@ class Guard:
             validate: a further check of the result; returns what is wrong, or ``None``.
             timeout: this call's deadline, when it is not the guard's per-call one.
         """
+        raise_if_interrupted()
         if self.hung is not None:
             return CallResult(hook=hook, timed_out=True, not_called=True)
         self.calls += 1
@@ -107,6 +145,7 @@ class Guard:
         thread.start()
         thread.join(self.timeout if timeout is None else timeout)
         seconds = time.perf_counter() - start
+        raise_if_interrupted()
         if thread.is_alive():
             self.hung = hook
             return CallResult(hook=hook, timed_out=True, seconds=seconds)

@@ -25,7 +25,7 @@ from conformance.check.catalog import SCENARIOS, Invariant, Unjudged, catalog
 from conformance.generate.coverage import coverage
 from conformance.report.model import InvariantResult, Report
 from conformance.run.examples import Example, examples
-from conformance.run.guard import Guard
+from conformance.run.guard import Guard, clear_interrupt
 from conformance.run.options import PROFILES, OptionError, RunOptions
 from conformance.run.profiling import isolated_resolver, resolvable_qualname
 from conformance.run.reach import ReachError, ReachMeter
@@ -383,6 +383,7 @@ class _Run:
             self._replay(active)
         except KeyboardInterrupt:
             # Ctrl-C: report what was found so far; the rest is inconclusive.
+            clear_interrupt()
             self.interrupted = True
 
     def _scenario(
@@ -526,6 +527,7 @@ class _Run:
             try:
                 minimal = self._shrink(inv, scenario, failing, stratum)
             except KeyboardInterrupt:
+                clear_interrupt()
                 self.interrupted = True
         outcome = _judge(inv, self.observe(scenario, minimal))
         if not outcome or isinstance(outcome, Unjudged):
