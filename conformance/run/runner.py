@@ -279,7 +279,13 @@ def check_builder(
             worker = getattr(builder, "_kvref_worker", None)
             if worker is not None:
                 meter.add_lines(worker.reach_lines())
-    report = run.report(selected, time.perf_counter() - started)
+    try:
+        report = run.report(selected, time.perf_counter() - started)
+    finally:
+        from conformance.run.twin import close_twin
+
+        # The run's twin process ends with the run, not whenever its guard is collected.
+        close_twin(run.ctx)
     if meter is not None:
         report = attrs.evolve(report, reach=meter.summary())
     return report

@@ -41,7 +41,7 @@ from kvref.config import PlanningConfig
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
 
-__all__ = ["ProcessObservation", "Twin", "observe_processes"]
+__all__ = ["ProcessObservation", "Twin", "close_twin", "observe_processes", "prestart"]
 
 #: Seconds the twin may take to start (interpreter, kvref, torch, the builder's module).
 _START_SECONDS = 120.0
@@ -212,6 +212,11 @@ def prestart(ctx: Context, builder: object) -> None:
     reference = twin_reference(builder)
     if reference is not None:
         _twin(ctx, reference)
+
+
+def close_twin(ctx: Context) -> None:
+    """Stop the twin process of the run ``ctx`` belongs to, if it has one."""
+    _close(id(ctx.guard))
 
 
 def _close(key: int) -> None:
