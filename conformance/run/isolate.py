@@ -141,15 +141,14 @@ def _walk_with_children(root: Any) -> tuple[list[Any], list[list[Any]]]:
     return order, contents
 
 
+def _is_mutable(obj: Any) -> bool:
+    """Whether a builder can change ``obj`` in place: a list, a dict, an attrs object."""
+    return isinstance(obj, (dict, list)) or _field_values(type(obj)) is not None
+
+
 def _mutable_state(obj: Any) -> list[Any] | None:
     """What a builder can change in place: list items, dict items, attrs fields."""
-    if isinstance(obj, (dict, list)) or _field_values(type(obj)) is not None:
-        return _children(obj)
-    return None
-
-
-def _is_mutable(obj: Any) -> bool:
-    return isinstance(obj, (dict, list)) or _field_values(type(obj)) is not None
+    return _children(obj) if _is_mutable(obj) else None
 
 
 class _Snapshot:
