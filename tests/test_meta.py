@@ -41,16 +41,6 @@ SHRUNK = frozenset(
 )
 
 
-def _timeout(builder: type) -> float:
-    """The per-call deadline: short for the builder that hangs, generous for the rest.
-
-    A tight deadline for every builder made honest calls time out on a cold or
-    loaded machine (a fresh-clone CI run failed GroupsNotEchoed that way, H2 and
-    H4 saw it under load), which reads as a second, unmeant failure.
-    """
-    return 0.5 if builder.CAUGHT_BY == "KV-CALL-TIMEOUT" else 5.0
-
-
 def meta_selection(builder: type) -> list[str]:
     """The paper invariants, without the twin-process check unless it is the one meant.
 
@@ -75,7 +65,7 @@ class TestBrokenBuildersAreCaught:
             select=meta_selection(builder),
             max_examples=builder.EXAMPLES,
             seed=11,
-            timeout=_timeout(builder),
+            timeout=broken_builders.meta_timeout(builder),
             shrink=builder in SHRUNK,
         )
         meant = builder.CAUGHT_BY

@@ -50,11 +50,6 @@ def _env() -> dict[str, str]:
 _ROW = re.compile(r"^(KV-[A-Z0-9-]+)\s+(FAIL|PASS|INCONCLUSIVE|N/A|SKIP|XFAIL|XPASS)\b", re.M)
 
 
-def _timeout(builder: type) -> float:
-    """tests/test_meta.py's per-call deadline: short only for the builder that hangs."""
-    return 0.5 if builder is broken_builders.Hangs else 5.0
-
-
 def _meta_run(builder: type) -> conformance.Report:
     """The run of tests/test_meta.py, with the same options."""
     return check_builder(
@@ -62,7 +57,7 @@ def _meta_run(builder: type) -> conformance.Report:
         select=_PAPER,
         max_examples=builder.EXAMPLES,
         seed=11,
-        timeout=_timeout(builder),
+        timeout=broken_builders.meta_timeout(builder),
         shrink=builder is not broken_builders.Hangs,
     )
 
@@ -183,7 +178,7 @@ def test_reproduce_line_fails_the_same_invariant(builder: type, reruns: dict[str
     assert failure.status == "fail" and failure.reproduce, failure
     line = failure.reproduce
     assert f"--select {meant}" in line and "--seed 11" in line
-    assert f"--timeout {_timeout(builder):g}" in line
+    assert f"--timeout {broken_builders.meta_timeout(builder):g}" in line
     assert line.split()[1] == f"broken_builders:{builder.__name__}"
     rows = dict(_ROW.findall(rerun.stdout))
     assert rerun.returncode == 1, (rerun.returncode, rerun.stdout[-2000:], rerun.stderr[-2000:])
