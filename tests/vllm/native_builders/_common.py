@@ -1,0 +1,148 @@
+"""Gates and per-block arithmetic shared by the vLLM-native platform builders.
+
+A platform's own layouts only make sense where its kernels run them, so each
+builder first asks :func:`plain_engine`: a block-outermost layout (every
+tensor steps one whole block per block, so a builder chooses only byte
+offsets inside a block), the hybrid KV cache manager on (with it off vLLM
+promotes local layers to full attention and the per-kind tables are gone), no
+HiSparse (it owns grouping and a host pool) and no model-declared grouping
+(the model then owns its groups, ``SupportsKVCacheGrouping``).  Everything
+else goes to vLLM's default builder.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from vllm.config import VllmConfig
+from vllm.v1.kv_cache_interface import (
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    KVCacheTensor,
+    UniformTypeKVCacheSpecs,
+)
+
+__all__ = [
+    "SlotPlan",
+    "layer_spec",
+    "layer_specs",
+    "pack",
+    "plain_engine",
+    "round_down",
+    "round_up",
+    "slot_config",
+    "usable_block_count",
+]
+
+
+def round_up(value: int, multiple: int) -> int:
+    """The smallest multiple of ``multiple`` that is at least ``value``."""
+    return -(-value // multiple) * multiple
+
+
+def round_down(value: int, multiple: int) -> int:
+    """The largest multiple of ``multiple`` that is at most ``value``."""
+    return value // multiple * multiple
+
+
+def plain_engine(vllm_config: VllmConfig) -> bool:
+    """Whether the platform's own layouts apply to this engine at all (see the module doc)."""
+    layout = vllm_config.cache_config.get_resolved_kv_cache_layout()
+    return (
+        layout.is_block_outermost
+        and not vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
+        and vllm_config.attention_config.hisparse_config is None
+        and not vllm_config.model_config.supports_kv_cache_grouping
+    )
+
+
+def layer_spec(group: KVCacheGroupSpec, name: str) -> KVCacheSpec:
+    """The per-layer spec of ``name`` in ``group`` (a plain group spec is every layer's)."""
+    spec = group.kv_cache_spec
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        return spec.kv_cache_specs[name]
+    return spec
+
+
+def layer_specs(group: KVCacheGroupSpec) -> list[tuple[str, KVCacheSpec]]:
+    """``(name, per-layer spec)`` of the layers the group names, in its order.
+
+    Only the names count: a pipeline worker's projection of a uniform-type
+    group may keep a wrapper that still lists other workers' layers.
+    """
+    return [(name, layer_spec(group, name)) for name in group.layer_names]
+
+
+def usable_block_count(num_blocks: object) -> bool:
+    """Whether ``num_blocks`` is a block count a platform placement answers itself.
+
+    Anything else (not an int, or under one block) is left to vLLM's default,
+    whose answer (or error) for it is the one Core expects.
+    """
+    return type(num_blocks) is int and num_blocks >= 1
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """Where every cache sits inside a block, and the bytes one block takes.
+
+    Attributes:
+        offsets: layer name to its byte offset inside a block.
+        pages: layer name to its page (the bytes it owns per block).
+        bytes_per_block: the block stride of every tensor.
+    """
+
+    offsets: Mapping[str, int]
+    pages: Mapping[str, int]
+    bytes_per_block: int
+
+    def tensors(self, num_blocks: int) -> list[KVCacheTensor]:
+        """One single-layer tensor per cache, all on one backing of ``num_blocks`` blocks."""
+        size = self.bytes_per_block * num_blocks
+        return [
+            KVCacheTensor(
+                size=size,
+                layers=[name],
+                layer_stride=self.pages[name],
+                block_stride=self.bytes_per_block,
+                offset=offset,
+            )
+            for name, offset in self.offsets.items()
+        ]
+
+
+def pack(placed: Iterable[tuple[str, int, KVCacheSpec]], *, granule: int) -> SlotPlan:
+    """A slot plan from ``(name, offset, spec)``: the block covers the farthest page.
+
+    The block stride is the farthest page end rounded up to ``granule`` and
+    to every layer's ``block_stride_alignment``, so every block of every
+    tensor starts where the platform's DMA engine and the kernels want it.
+    """
+    offsets: dict[str, int] = {}
+    pages: dict[str, int] = {}
+    end = 0
+    alignment = granule
+    for name, offset, spec in placed:
+        offsets[name] = offset
+        pages[name] = spec.page_size_bytes
+        end = max(end, offset + spec.page_size_bytes)
+        alignment = math.lcm(alignment, spec.get_block_stride_alignment())
+    return SlotPlan(offsets=offsets, pages=pages, bytes_per_block=round_up(end, alignment))
+
+
+def slot_config(
+    vllm_config: VllmConfig,
+    groups: Sequence[KVCacheGroupSpec],
+    tensors: list[KVCacheTensor],
+    num_blocks: int,
+) -> KVCacheConfig:
+    """The ``KVCacheConfig`` of a platform placement: exactly ``num_blocks``, the groups echoed."""
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=tensors,
+        kv_cache_groups=list(groups),
+        prefix_cache_retention_interval=vllm_config.cache_config.prefix_cache_retention_interval,
+    )
