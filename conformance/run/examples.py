@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from conformance.generate import strategies as kst
 from conformance.report.pycode import to_python
+from conformance.run.limits import NO_LIMITS, Limits
 from kvref.config import PlanningConfig
 from kvref.specs import KVCacheSpec
 
@@ -91,30 +92,37 @@ def _host_config(
 
 
 def examples(
-    scenario: str, models: st.SearchStrategy[kst.Model] | None = None, profile: str = "ci"
+    scenario: str,
+    models: st.SearchStrategy[kst.Model] | None = None,
+    profile: str = "ci",
+    limits: Limits = NO_LIMITS,
 ) -> st.SearchStrategy[Any]:
     """The examples of ``scenario``, drawn from ``models`` (default: the built-in families).
 
-    ``profile`` sizes what grows with it (the request streams of ``serve``).
+    ``profile`` sizes what grows with it (the request streams of ``serve``);
+    ``limits`` says what the builder cannot be given (never drawn for it).
     """
     if scenario == "serve":
         from conformance.serve.scenario import OPS_BY_PROFILE, serve_examples
 
         return serve_examples(models, max_ops=OPS_BY_PROFILE[profile])
-    return problem_examples(scenario, models)
+    return problem_examples(scenario, models, limits)
 
 
 def problem_examples(
-    scenario: str, models: st.SearchStrategy[kst.Model] | None = None
+    scenario: str, models: st.SearchStrategy[kst.Model] | None = None, limits: Limits = NO_LIMITS
 ) -> st.SearchStrategy[Example]:
     """The planning-problem part of ``scenario``'s examples (what ``serve`` builds on)."""
     # Decorated once, at import: a composite made per call costs a source parse.
-    return _problem_example(scenario, models)
+    return _problem_example(scenario, models, limits)
 
 
 @st.composite
 def _problem_example(
-    draw: st.DrawFn, scenario: str, models: st.SearchStrategy[kst.Model] | None
+    draw: st.DrawFn,
+    scenario: str,
+    models: st.SearchStrategy[kst.Model] | None,
+    limits: Limits,
 ) -> Example:
     chosen = models
     if scenario == "host" and models is None and draw(st.booleans()):
@@ -140,6 +148,8 @@ def _problem_example(
         num_blocks = profiling_block_count(reqs, capture)
         extra = f", max_num_reqs={reqs}, max_cudagraph_capture_size={capture}"
     if scenario == "host" and config.hisparse is None:
+        if not limits.draws_generic_host():
+            hypothesis.reject()  # a vendor model without HiSparse: nothing to keep on the host
         merged: dict[str, KVCacheSpec] = {}
         for w in workers:
             merged.update(w)
@@ -150,6 +160,7 @@ def _problem_example(
         # Core keeps the generator's host layers: its host exclusions (pool
         # bytes, admission) are judged on the builder's own answers.
         config = attrs.evolve(config, host_resident_layers=frozenset(), host_pool_bytes=None)
+    config = limits.fit(config)
     if not reference_accepts(config, workers):
         # Only problems the reference can plan are valid inputs for a builder.
         hypothesis.reject()

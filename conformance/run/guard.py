@@ -18,6 +18,8 @@ from typing import Any
 
 import attrs
 
+from conformance.errors import KitError
+
 __all__ = [
     "CallResult",
     "Guard",
@@ -151,6 +153,10 @@ class Guard:
             return CallResult(hook=hook, timed_out=True, seconds=seconds)
         if "error" in box:
             exc = box["error"]
+            if isinstance(exc, KitError):
+                # The kit's own code failed inside the call (the vLLM adapter
+                # converting the kit's input): no verdict on the builder.
+                raise exc
             return CallResult(
                 hook=hook,
                 error=f"{type(exc).__name__}: {exc}",

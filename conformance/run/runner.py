@@ -24,8 +24,9 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 from conformance.check.catalog import SCENARIOS, Invariant, Unjudged, catalog
 from conformance.generate.coverage import coverage
 from conformance.report.model import InvariantResult, Report
-from conformance.run.examples import Example, examples
+from conformance.run.examples import Example
 from conformance.run.guard import Guard, clear_interrupt
+from conformance.run.limits import CAPABILITIES, Limits
 from conformance.run.options import PROFILES, OptionError, RunOptions
 from conformance.run.profiling import isolated_resolver, resolvable_qualname
 from conformance.run.reach import ReachError, ReachMeter
@@ -151,11 +152,6 @@ def parent_builder(builder: object) -> type[KVCacheConfigBuilder] | None:
     return None
 
 
-def _capabilities(builder: object, unsupported: Iterable[str]) -> frozenset[str]:
-    declared = getattr(builder, "kvref_unsupported", ()) or ()
-    return frozenset(declared) | frozenset(unsupported)
-
-
 def _preflight(builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder], guard: Guard) -> None:
     """Construct the builder once; a class that cannot be built at all is a usage error."""
     if not isinstance(builder, type):
@@ -246,7 +242,9 @@ def check_builder(
         models_only=models_only,
     )
     invariants = catalog()
-    options.validate(capabilities={c for inv in invariants for c in inv.requires})
+    options.validate(
+        capabilities={c for inv in invariants for c in inv.requires} | set(CAPABILITIES)
+    )
     selected = select_invariants(invariants, options.select)
     known = {inv.id for inv in invariants}
     for entry in options.xfail:
@@ -266,7 +264,7 @@ def check_builder(
             builder._kvref_worker.reach_files = [str(f) for f in meter.files]
     _preflight(builder, guard)
     run = _Run(builder, options, guard, progress)
-    run.strata = _strata(models, models_only)
+    run.strata = _strata(models, models_only, run.limits)
     if meter is not None:
         # Isolated, the builder's code runs only in its worker, which traces it;
         # tracing this process's threads too would cost time and find nothing.
@@ -311,7 +309,7 @@ def _reach_meter(
         raise OptionError(str(exc)) from None
 
 
-def _strata(models: object | None, models_only: bool) -> tuple[Stratum, ...]:
+def _strata(models: object | None, models_only: bool, limits: Limits) -> tuple[Stratum, ...]:
     # models_only without models was refused by RunOptions.validate already.
     from conformance.generate.vendor import VendorModelError, load_models
 
@@ -319,7 +317,7 @@ def _strata(models: object | None, models_only: bool) -> tuple[Stratum, ...]:
         vendor = None if models is None else load_models(models)
     except VendorModelError as exc:
         raise OptionError(str(exc)) from None
-    return run_strata(vendor, only=models_only)
+    return run_strata(vendor, only=models_only, limits=limits)
 
 
 class _Run:
@@ -349,11 +347,12 @@ class _Run:
             qualname_note=note,
             resolver=None if qualname is None else isolated_resolver(builder),
         )
+        self.limits = Limits.of(builder, options.unsupported)
         self.tallies: dict[str, _Tally] = {}
         self.skipped: dict[str, str] = {}
         self.interrupted = False
         # Where the examples come from (strata.py) and what each scenario drew.
-        self.strata: tuple[Stratum, ...] = run_strata(None, only=False)
+        self.strata: tuple[Stratum, ...] = run_strata(None, only=False, limits=self.limits)
         self.drawn: dict[str, list[Example]] = {}
         self.empty: dict[str, list[str]] = {}
 
@@ -361,9 +360,8 @@ class _Run:
         return observe(self.ctx, scenario, example)
 
     def execute(self, selected: Sequence[Invariant]) -> None:
-        lacking = _capabilities(self.builder, self.options.unsupported)
         for inv in selected:
-            missing = inv.requires & lacking
+            missing = inv.requires & self.limits.lacking
             if missing:
                 self.skipped[inv.id] = (
                     f"the builder declares no support for {', '.join(sorted(missing))}"
@@ -439,7 +437,7 @@ class _Run:
         return search(
             inv,
             scenario,
-            examples(scenario, models=stratum.models, profile=self.options.profile),
+            stratum.examples(scenario, self.options.profile),
             self.observe,
             stratum_seed(self.options.seed, scenario, stratum.name),
             database=self._database(inv, stratum),

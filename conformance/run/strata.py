@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 
 from conformance.generate.records import Model
 from conformance.run.examples import Example, examples
+from conformance.run.limits import NO_LIMITS, Limits
 
 __all__ = ["VENDOR_SHARE", "Stratum", "deal", "draw", "run_strata", "stratum_seed"]
 
@@ -56,6 +57,7 @@ class Stratum:
         not_in: scenarios it can draw no valid example for.
         keep_simplest: keep the run's simplest example in every scenario (the
             vendor's models as given).
+        limits: what the run's builder cannot be given (its examples leave it out).
     """
 
     name: str
@@ -63,6 +65,11 @@ class Stratum:
     share: float = 0.0
     keep_simplest: bool = False
     not_in: frozenset[str] = frozenset()
+    limits: Limits = NO_LIMITS
+
+    def examples(self, scenario: str, profile: str) -> st.SearchStrategy[Example]:
+        """This stratum's examples of ``scenario``, fit to the builder's limits."""
+        return examples(scenario, models=self.models, profile=profile, limits=self.limits)
 
 
 #: Families that cannot serve a scenario: an attention-free model has no
@@ -70,20 +77,36 @@ class Stratum:
 _NOT_IN: dict[str, frozenset[str]] = {"attention_free": frozenset({"host"})}
 
 
-def run_strata(vendor: st.SearchStrategy[Model] | None, *, only: bool) -> tuple[Stratum, ...]:
+def run_strata(
+    vendor: st.SearchStrategy[Model] | None, *, only: bool, limits: Limits = NO_LIMITS
+) -> tuple[Stratum, ...]:
     """The strata of a run.
 
     Args:
         vendor: the vendor's models (``None``: none given).
         only: generate from the vendor's models alone.
+        limits: what the builder cannot be given: a family that could serve a
+            scenario only with such inputs does not serve it.
     """
-    from conformance.generate.families import DEFAULT_FAMILIES, family_strategy
+    from conformance.generate.families import DEFAULT_FAMILIES, HISPARSE_FAMILIES, family_strategy
 
-    own = () if vendor is None else (Stratum("vendor", vendor, VENDOR_SHARE, keep_simplest=True),)
+    own = (
+        ()
+        if vendor is None
+        else (Stratum("vendor", vendor, VENDOR_SHARE, keep_simplest=True, limits=limits),)
+    )
     if only:
         return tuple(attrs.evolve(s, share=1.0) for s in own)
+
+    def not_in(name: str) -> frozenset[str]:
+        excluded = _NOT_IN.get(name, frozenset())
+        if not limits.draws_generic_host() and name not in HISPARSE_FAMILIES:
+            # Outside HiSparse a host example needs generic host residency.
+            excluded |= {"host"}
+        return excluded
+
     families = (
-        Stratum(name, family_strategy(name), not_in=_NOT_IN.get(name, frozenset()))
+        Stratum(name, family_strategy(name), not_in=not_in(name), limits=limits)
         for name in DEFAULT_FAMILIES
     )
     return (*own, *families)
@@ -164,7 +187,7 @@ def _one_run(
         phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
     )
     @hypothesis.seed(stratum_seed(seed, scenario, stratum.name))
-    @hypothesis.given(examples(scenario, models=stratum.models, profile=profile))
+    @hypothesis.given(stratum.examples(scenario, profile))
     def run(ex: Example) -> None:
         if skip[0]:
             # The family's simplest model (module docstring).

@@ -8,20 +8,23 @@ process and still disagrees across processes.  The kit starts one twin per run
 that differs from its own, asks it the same questions and compares
 (contract.md#hook-purity).
 
-The twin imports the builder by its ``module:Class`` name, so builders that
-cannot be imported by name (classes defined inside functions) cannot be
-checked: their observation says so, and the invariant does not apply.
+The twin loads the builder by its ``module:Class`` name exactly as the kit
+does (:func:`conformance.run.adapters.load_builder`: a vLLM-native builder
+comes wrapped in the vLLM adapter, so it gets a real ``VllmConfig`` there as
+here).  Builders that cannot be imported by name (classes defined inside
+functions) cannot be checked: their observation says so, and the invariant
+does not apply.  A failure of the kit's own code in the twin (the adapter,
+the protocol) is a :class:`~conformance.errors.KitError`, never a verdict.
 
 Protocol: length-prefixed pickles on the twin's stdin and stdout; each request
 is ``(op, args)`` with ``op`` in ``group``/``place`` and each answer
-``("ok", value)`` or ``("error", text)``.
+``("ok", value)``, ``("error", text)`` (the builder's failure) or
+``("kit-error", text)`` (the kit's own).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
 import os
 import pickle
 import select
@@ -89,23 +92,6 @@ def _other_hash_seed() -> str:
     return "1" if mine == "0" else "0"
 
 
-def load_builder(reference: str) -> Any:
-    """The builder class named ``module:Class`` (or ``/path/file.py:Class``)."""
-    module_name, _, qualname = reference.rpartition(":")
-    if module_name.endswith(".py"):
-        spec = importlib.util.spec_from_file_location(Path(module_name).stem, module_name)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {module_name}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(module_name)
-    obj: Any = module
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 class Twin:
     """One twin process for one builder, with a string-hash seed unlike this process's."""
 
@@ -167,6 +153,10 @@ class Twin:
             self.broken = str(value)
             self.close()
             raise TwinError(self.broken)
+        if status == "kit-error":
+            from conformance.errors import KitError
+
+            raise KitError("twin process", str(value))
         return status, value
 
     def close(self) -> None:
@@ -203,8 +193,12 @@ def twin_reference(builder: object) -> str | None:
     from conformance.run.runner import builder_name
 
     cls = builder if isinstance(builder, type) else type(builder)
-    # An isolated run's proxy stands for the builder it names.
-    return getattr(cls, "kvref_name", None) or builder_name(cls)
+    # An isolated run's proxy stands for the builder it names; the vLLM
+    # adapter for the native class it wraps (the twin wraps it again).
+    named = getattr(cls, "kvref_name", None)
+    if named:
+        return str(named)
+    return builder_name(getattr(cls, "native_cls", cls))
 
 
 def prestart(ctx: Context, builder: object) -> None:
@@ -305,6 +299,9 @@ def observe_processes(ctx: Context, example: Any) -> ProcessObservation:
 
 
 def _serve(reference: str, stdin: IO[bytes], stdout: IO[bytes]) -> None:
+    from conformance.errors import KitError
+    from conformance.run.adapters import load_builder
+
     try:
         cls = load_builder(reference)
     except Exception as exc:  # the builder cannot be imported here: nothing to compare
@@ -336,6 +333,8 @@ def _serve(reference: str, stdin: IO[bytes], stdout: IO[bytes]) -> None:
                 answer = builder.get_kv_cache_config_from_groups(*args)
             reply: tuple[str, Any] = ("ok", answer)
             pickle.dumps(reply)
+        except KitError as exc:
+            reply = ("kit-error", f"{exc}\n{exc.detail}")
         except BaseException as exc:  # the builder's own failure, reported as text
             reply = ("error", f"{type(exc).__name__}: {exc}")
         _send(stdout, reply)

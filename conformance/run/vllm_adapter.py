@@ -13,9 +13,15 @@ vLLM is imported only when a builder is wrapped: importing this module does not 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+import copy
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
+import attrs
+
+from conformance.errors import kit_side
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.interop import vllm as iv
@@ -39,13 +45,15 @@ class VLLMBuilderAdapter(KVCacheConfigBuilder):
         native_cls: the wrapped vLLM builder class.
         kvref_core: vLLM's Core flow with ``native_cls`` installed (see
             :func:`wrap_vllm_builder`).
-        kvref_unsupported: capabilities the kit must not check; vLLM keeps
-            groups on the host only under HiSparse, which kvref does not model.
+        kvref_unsupported: inputs the kit must not draw (conformance.run.limits):
+            vLLM 0.33.0 keeps groups on the host only as HiSparse's source
+            storage, so no example names host-resident layers outside HiSparse;
+            the host invariants are judged on HiSparse's host pools.
     """
 
     native_cls: ClassVar[type[Any]]
     kvref_core: ClassVar[CoreFlow]
-    kvref_unsupported: ClassVar[tuple[str, ...]] = ("host_resident",)
+    kvref_unsupported: ClassVar[tuple[str, ...]] = ("host_outside_hisparse",)
 
     def __init__(self) -> None:
         # vLLM makes a fresh builder for every phase; so does the kit, one
@@ -55,26 +63,43 @@ class VLLMBuilderAdapter(KVCacheConfigBuilder):
     def get_kv_cache_groups(
         self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
     ) -> list[KVCacheGroupSpec]:
-        """Group through the native hook; a mutation of its input is written back.
+        """Group through the native hook; what it changes in its input is mirrored back.
 
-        vLLM's contract lets the hook mutate the dict it gets (the default
-        builder promotes specs in place with the hybrid manager disabled);
-        writing the change back into ``kv_cache_spec`` keeps that visible to
-        the kit instead of hiding it behind the conversion.
+        vLLM's contract lets the hook rewrite the entries of the dict it gets
+        (the default builder promotes specs there with the hybrid manager
+        disabled), so replaced, added or removed entries are written back into
+        ``kv_cache_spec``.  A spec *object* the hook changes in place is a
+        change of the caller's own objects, which the contract forbids: it is
+        mirrored onto the kit's kvref spec object, field by field, so the
+        kit's purity check sees it exactly as it would on a kvref builder.
 
         Raises:
+            KitError: the kit could not express its own input for vLLM.
             VLLMOutputError: the hook returned something that is not a list of
                 vLLM groups kvref can represent.
         """
-        vcfg = iv.to_vllm_config(config)
-        given = iv.specs_to_vllm(kv_cache_spec)
-        before = dict(given)
-        with iv._quiet_vllm():
+        with kit_side("vLLM adapter", "converting the grouping input to vLLM"):
+            vcfg = iv.to_vllm_config(config)
+            given = iv.specs_to_vllm(kv_cache_spec)
+        objects = dict(given)
+        pristine = {name: copy.copy(spec) for name, spec in given.items()}
+        with _as_vllm_sees(config):
             groups = self.native.get_kv_cache_groups(vcfg, given)
-        result = iv.groups_from_vllm(groups)
-        if given != before or list(given) != list(before):
-            _write_back(kv_cache_spec, {n: iv.layer_spec_from_vllm(s) for n, s in given.items()})
-        return result
+        for name, spec in objects.items():
+            if _fields(spec) != _fields(pristine[name]):
+                _mirror(kv_cache_spec[name], _converted(iv.layer_spec_from_vllm, spec))
+        if list(given) != list(objects) or any(given[n] is not objects.get(n) for n in given):
+            _write_back(
+                kv_cache_spec,
+                {
+                    n: kv_cache_spec[n]
+                    if s is objects.get(n)
+                    else _converted(iv.layer_spec_from_vllm, s)
+                    for n, s in given.items()
+                },
+            )
+        converted: list[KVCacheGroupSpec] = _converted(iv.groups_from_vllm, groups, list)
+        return converted
 
     def get_kv_cache_config_from_groups(
         self,
@@ -82,17 +107,24 @@ class VLLMBuilderAdapter(KVCacheConfigBuilder):
         kv_cache_groups: Sequence[KVCacheGroupSpec],
         num_blocks: int,
     ) -> KVCacheConfig:
-        """Place through the native hook.
+        """Place through the native hook; changes to its groups are mirrored back.
 
         Raises:
+            KitError: the kit could not express its own input for vLLM.
             VLLMOutputError: the hook returned something that is not a vLLM
                 ``KVCacheConfig`` kvref can represent.
         """
-        vcfg = iv.to_vllm_config(config)
-        groups = iv.groups_to_vllm(kv_cache_groups)
-        with iv._quiet_vllm():
+        with kit_side("vLLM adapter", "converting the placement input to vLLM"):
+            vcfg = iv.to_vllm_config(config)
+            groups = iv.groups_to_vllm(kv_cache_groups)
+        objects = list(groups)
+        pristine = [_group_state(g) for g in groups]
+        with _as_vllm_sees(config):
             result = self.native.get_kv_cache_config_from_groups(vcfg, groups, num_blocks)
-        return iv.config_from_vllm(result)
+        _mirror_groups(kv_cache_groups, groups, objects, pristine)
+        kvi = iv.vllm_modules().kvi
+        placed: KVCacheConfig = _converted(iv.config_from_vllm, result, kvi.KVCacheConfig)
+        return placed
 
 
 def _native_pool_bytes(
@@ -100,10 +132,86 @@ def _native_pool_bytes(
     config: PlanningConfig,
     kv_cache_groups: Sequence[KVCacheGroupSpec],
 ) -> int | None:
-    """The native ``_get_pool_bytes_per_block`` answer (installed where the native overrides it)."""
-    vcfg = iv.to_vllm_config(config)
-    value: Any = self.native._get_pool_bytes_per_block(vcfg, iv.groups_to_vllm(kv_cache_groups))
-    return None if value is None else int(value)
+    """The native ``_get_pool_bytes_per_block`` answer (installed where the native overrides it).
+
+    The answer is passed on as it is: the kit's guard judges its type (an
+    ``int`` or ``None``), as it does for a kvref builder.
+    """
+    with kit_side("vLLM adapter", "converting the pool-bytes input to vLLM"):
+        vcfg = iv.to_vllm_config(config)
+        groups = iv.groups_to_vllm(kv_cache_groups)
+    with _as_vllm_sees(config):
+        value: Any = self.native._get_pool_bytes_per_block(vcfg, groups)
+    return value  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def _as_vllm_sees(config: PlanningConfig) -> Iterator[None]:
+    """Around a native hook: vLLM quiet, and HiSparse reading ``config`` as Core's flow does.
+
+    vLLM derives HiSparse's decode query length and shared-pool choice from
+    the engine; the hooks must see the values the example sets, exactly as
+    :func:`kvref.interop.vllm.plan_with_vllm` shows them to Core.
+    """
+    with iv.hisparse_patches(config), iv._quiet_vllm():
+        yield
+
+
+def _converted(convert: Callable[[Any], Any], value: Any, expected: Any = object) -> Any:
+    """``convert(value)``: the builder's answer in kvref records.
+
+    A :class:`~kvref.interop.vllm.VLLMOutputError` is the builder's (its answer
+    does not convert).  Any other exception on an answer of the documented
+    type is the converter's own failure: a kit error, never a verdict.
+    """
+    try:
+        return convert(value)
+    except iv.VLLMOutputError:
+        raise
+    except Exception as exc:
+        if not isinstance(value, expected):
+            raise iv.VLLMOutputError(f"cannot convert {value!r:.200}: {exc}") from exc
+        with kit_side("vLLM adapter", "converting the builder's answer back to kvref"):
+            raise
+
+
+def _fields(obj: Any) -> tuple[Any, ...]:
+    """A vLLM dataclass's field values, compared by value (``obj`` itself otherwise)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return tuple(getattr(obj, f.name, None) for f in dataclasses.fields(obj))
+    return (obj,)
+
+
+def _group_state(group: Any) -> tuple[Any, ...]:
+    """What a placement hook could change in a vLLM group: its fields and its spec's."""
+    return (*_fields(group), list(getattr(group, "layer_names", ())), _fields(group.kv_cache_spec))
+
+
+def _mirror(target: Any, source: Any) -> None:
+    """Give the kvref record ``target`` the field values of ``source``, in place."""
+    for field in attrs.fields(type(target)):
+        object.__setattr__(target, field.name, getattr(source, field.name))
+    forget = getattr(target, "_forget_memoised", None)
+    if callable(forget):
+        forget()
+
+
+def _mirror_groups(
+    kvref_groups: Sequence[KVCacheGroupSpec],
+    groups: list[Any],
+    objects: list[Any],
+    pristine: list[tuple[Any, ...]],
+) -> None:
+    """Mirror a placement hook's changes to its vLLM groups onto the kit's kvref groups."""
+    for kvref_group, group, before in zip(kvref_groups, objects, pristine, strict=True):
+        if _group_state(group) != before:
+            _mirror(kvref_group, _converted(iv.group_from_vllm, group))
+    if isinstance(kvref_groups, list) and (
+        len(groups) != len(objects)
+        or any(a is not b for a, b in zip(groups, objects, strict=False))
+    ):
+        by_id = {id(o): k for o, k in zip(objects, kvref_groups, strict=True)}
+        kvref_groups[:] = [by_id.get(id(g)) or _converted(iv.group_from_vllm, g) for g in groups]
 
 
 def _write_back(target: Mapping[str, KVCacheSpec], changed: Mapping[str, KVCacheSpec]) -> None:
@@ -111,6 +219,21 @@ def _write_back(target: Mapping[str, KVCacheSpec], changed: Mapping[str, KVCache
         return
     target.clear()
     target.update(changed)
+
+
+def _warm_up() -> None:
+    """Build one ``VllmConfig`` and convert one spec, so later conversions import nothing."""
+    from kvref.specs import FullAttentionSpec
+
+    with kit_side("vLLM adapter", "preparing vLLM's config and spec types"):
+        iv.to_vllm_config(PlanningConfig())
+        iv.specs_to_vllm(
+            {
+                "warm": FullAttentionSpec(
+                    block_size=16, num_kv_heads=1, head_size=64, dtype="float16"
+                )
+            }
+        )
 
 
 def wrap_vllm_builder(native_cls: type[Any]) -> type[KVCacheConfigBuilder]:
@@ -134,8 +257,12 @@ def wrap_vllm_builder(native_cls: type[Any]) -> type[KVCacheConfigBuilder]:
     """
     if not isinstance(native_cls, type):
         raise TypeError(f"wrap_vllm_builder needs a builder class, got {native_cls!r}")
-    # Import vLLM now, outside any per-call deadline: the first import takes seconds.
+    # Import vLLM now, outside any per-call deadline: the first import takes
+    # seconds, and the first VllmConfig imports more of vLLM lazily (about
+    # 10 s under the reach tracer of an isolated worker, past the default
+    # deadline): a call's time must be the builder's, not the kit's.
     iv.vllm_modules()
+    _warm_up()
 
     def core(
         builder: Any,

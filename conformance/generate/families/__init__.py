@@ -37,7 +37,14 @@ from conformance.generate.families.classic import (
 from conformance.generate.families.presets import realistic_models
 from conformance.generate.records import Model
 
-__all__ = ["DEFAULT_FAMILIES", "FAMILIES", "SPECIALISED", "family_strategy", "models"]
+__all__ = [
+    "DEFAULT_FAMILIES",
+    "FAMILIES",
+    "HISPARSE_FAMILIES",
+    "SPECIALISED",
+    "family_strategy",
+    "models",
+]
 
 #: Every family by name: ``name -> factory(max_layers=...)``.
 FAMILIES: dict[str, Callable[..., st.SearchStrategy[Model]]] = {
@@ -63,6 +70,9 @@ FAMILIES: dict[str, Callable[..., st.SearchStrategy[Model]]] = {
 #: generated model, so Hypothesis would shrink towards a 62-layer preset.
 DEFAULT_FAMILIES: tuple[str, ...] = tuple(f for f in FAMILIES if f != "realistic")
 
+
+#: Families whose models turn HiSparse on (host residency as vLLM keeps it).
+HISPARSE_FAMILIES: frozenset[str] = frozenset(hisparse.FAMILIES)
 
 #: Families whose models are long and specialised; see :func:`family_strategy`.
 SPECIALISED: frozenset[str] = frozenset(

@@ -1,0 +1,78 @@
+"""What a builder cannot be asked: the one rule for inputs the kit must not draw for it.
+
+A builder (or the adapter that carries it, such as the vLLM adapter) may
+declare capabilities it lacks, on its class (``kvref_unsupported``) or with
+``--unsupported``.  Two kinds of consequence follow, both decided here:
+
+- an invariant that ``requires`` a lacking capability is not judged (SKIP,
+  with the reason);
+- an input the builder cannot be given is never drawn for it.  Drawing it
+  anyway and then judging how the builder coped would blame the builder for
+  the kit's own choice (contract.md#hook-calls: valid inputs only).
+
+Capabilities:
+
+``host_resident``
+    host-resident groups at all: the host invariants are skipped and no
+    example keeps layers on the host outside HiSparse.
+``host_outside_hisparse``
+    host-resident layers named by the config (``host_resident_layers``)
+    outside HiSparse.  vLLM 0.33.0 keeps groups on the host only as
+    HiSparse's source storage, so its adapter lacks this one: examples drop
+    such layers, and the host scenario draws only HiSparse models, on which
+    the host invariants are still judged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from kvref.config import PlanningConfig
+
+__all__ = ["CAPABILITIES", "HOST_OUTSIDE_HISPARSE", "HOST_RESIDENT", "NO_LIMITS", "Limits"]
+
+HOST_RESIDENT = "host_resident"
+HOST_OUTSIDE_HISPARSE = "host_outside_hisparse"
+
+#: Every capability a builder may declare it lacks, with what that means.
+CAPABILITIES: dict[str, str] = {
+    HOST_RESIDENT: "host-resident groups (generic and HiSparse's host pool)",
+    HOST_OUTSIDE_HISPARSE: "host-resident layers outside HiSparse",
+}
+
+
+@attrs.frozen
+class Limits:
+    """The capabilities one run's builder lacks, and what follows for its inputs."""
+
+    lacking: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, builder: object, unsupported: Iterable[str] = ()) -> Limits:
+        """The limits ``builder`` declares (``kvref_unsupported``) plus ``unsupported``.
+
+        An isolated builder's proxy carries the declaration as data.
+        """
+        declared = getattr(builder, "kvref_unsupported", ()) or ()
+        return cls(frozenset(str(c) for c in declared) | frozenset(unsupported))
+
+    @property
+    def host_layers_allowed(self) -> bool:
+        """Whether a config may name ``host_resident_layers`` outside HiSparse."""
+        return not self.lacking & {HOST_RESIDENT, HOST_OUTSIDE_HISPARSE}
+
+    def fit(self, config: PlanningConfig) -> PlanningConfig:
+        """``config`` without what the builder cannot be given (HiSparse is left alone)."""
+        if config.host_resident_layers and config.hisparse is None and not self.host_layers_allowed:
+            return attrs.evolve(config, host_resident_layers=frozenset(), host_pool_bytes=None)
+        return config
+
+    def draws_generic_host(self) -> bool:
+        """Whether the host scenario may draw generic host residency (outside HiSparse)."""
+        return self.host_layers_allowed
+
+
+#: A builder that lacks nothing.
+NO_LIMITS = Limits()
