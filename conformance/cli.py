@@ -15,9 +15,12 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
+
+from conformance.errors import REPORT_HINT, KitError
 
 __all__ = ["main"]
 
@@ -178,6 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
     except _UsageError as exc:
         print(f"kvref-conformance: error: {exc}", file=sys.stderr)
+        return 2
+    except KitError as exc:
+        # No verdict: the kit's own code failed, not the builder.
+        detail = exc.detail or "".join(traceback.format_exception(exc))
+        print(f"kvref-conformance: {exc}\n{detail.rstrip()}\n{REPORT_HINT}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         # Ctrl-C before the run started or while the report was written; a
