@@ -19,9 +19,19 @@ from kvref import (
     ReferenceKVCacheConfigBuilder,
 )
 from kvref.errors import KVRefError
+from kvref.layout import compute_layout_strides
+from kvref.placement import _spec_buckets
+from kvref.records import KVCacheTensor
 from kvref.specs import KVCacheSpec, iter_layer_specs
 
-__all__ = ["ALL", "AlwaysPromotes", "Padded4KiB", "SortedGroups", "SplitTensors"]
+__all__ = [
+    "ALL",
+    "AlwaysPromotes",
+    "DisjointRegions",
+    "Padded4KiB",
+    "SortedGroups",
+    "SplitTensors",
+]
 
 
 class SplitTensors(ReferenceKVCacheConfigBuilder):
@@ -123,10 +133,60 @@ class SortedGroups(ReferenceKVCacheConfigBuilder):
         return sorted(groups, key=lambda g: g.layer_names[0])
 
 
+class DisjointRegions(ReferenceKVCacheConfigBuilder):
+    """Gives each of two layer-outer device groups its own region of the one backing.
+
+    Issue 23: every layer steps its own aligned page, ``round_up(page,
+    alignment)``, even where the two groups' pitches differ; nothing of one
+    group overlaps the other, so no two block IDs alias and the reference's
+    common stride is not required (contract.md#page-pitch).  A block costs
+    the sum of both groups' pages, at most twice the reference's; with three
+    groups or more that would be waste beyond the kit's warning, so those
+    (and HiSparse, block-outermost layouts) place as the reference; host
+    groups keep the reference's host tensors.
+    The backing stays linear in the block count, so Core's probe learns it.
+    """
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
+        layout = config.kv_cache_layout
+        # Device groups only: host groups keep the reference's host tensors and
+        # must not change the device backing (contract.md#host-residency).
+        populated = [g for g in kv_cache_groups if g.layer_names and not g.host_resident]
+        if (
+            layout.name not in ("LBHNC", "LBNHC")
+            or config.hisparse is not None
+            or len(populated) != 2
+        ):
+            return result
+        placed: list[tuple[list[str], int, int, int]] = []
+        offset = 0
+        for group in populated:
+            for spec, names in _spec_buckets(group):
+                layer_stride, block_stride, *_ = compute_layout_strides(
+                    spec,
+                    num_blocks,
+                    len(names),
+                    layout,
+                    fixed=(None, spec.block_stride, None, None, None),
+                )
+                placed.append((names, layer_stride, block_stride, offset))
+                offset += len(names) * layer_stride
+        tensors = [t for t in result.kv_cache_tensors if t.host_resident]
+        tensors += [
+            KVCacheTensor(size=offset, layers=n, layer_stride=ls, block_stride=bs, offset=o)
+            for n, ls, bs, o in placed
+        ]
+        return attrs.evolve(result, kv_cache_tensors=tensors)
+
+
 #: The legal counterparts, one or more per class of issue 13.
 ALL: tuple[type[ReferenceKVCacheConfigBuilder], ...] = (
     SplitTensors,
     Padded4KiB,
     AlwaysPromotes,
     SortedGroups,
+    DisjointRegions,
 )

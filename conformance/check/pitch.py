@@ -7,8 +7,10 @@ is fixed by the layout and the layer's (padded, aligned) page
 
 - ``LBHNC``/``LBNHC`` (layer-outer, block-compact): the block stride is the
   layer's page, padding included, rounded up to its ``block_stride_alignment``;
-  when populated groups disagree on that, every layer's is the largest page
-  rounded up to every alignment (groups overlay one another's slots);
+  when populated groups that alias from the same bytes disagree on that,
+  every layer of those groups steps the largest page rounded up to every
+  alignment (they overlay one another's slots); a group in a region of the
+  backing of its own keeps its layers' own pitches;
 - ``BLHNC``/``BLNHC`` (block-outermost): consecutive layers of a tensor are
   one padded page apart (the block stride, ``bytes_per_block``, is
   ``KV-PLACE-BLOCK-STRIDE``'s);
@@ -27,6 +29,7 @@ import math
 
 from conformance.check.catalog import invariant
 from conformance.check.catalog import violation as _v
+from conformance.check.footprint import tensor_geometries
 from conformance.check.geometry import (
     OracleError,
     PageGeometry,
@@ -63,34 +66,75 @@ def _alignment(spec: KVCacheSpec) -> int | None:
         return None
 
 
-def _common_pitch(config: KVCacheConfig) -> int | None:
-    """The one block stride of every layer when populated device groups disagree on theirs.
+def _alias_components(config: KVCacheConfig, layout: str) -> list[set[int]]:
+    """Device groups whose tensors' byte ranges meet, joined into components.
 
-    Layer-outer groups overlay the same slots, so when two of them step blocks
-    differently, different block IDs alias; the contract then gives every layer
-    ``round_up(largest page, lcm of every alignment)`` (contract.md#page-pitch).
-    ``None`` when the layers' own pitches apply.
+    Two groups alias from the same bytes when the extents ``[offset, end of
+    the farthest page)`` of a tensor of each intersect; a builder that gives
+    every group its own region of the backing has one component per group.
+    A tensor whose footprint the kit cannot lay out is taken to alias every
+    group (the common stride is then judged, as for the reference).
     """
-    pages: list[int] = []
-    aligns: list[int] = []
-    pitches: set[int] = set()
-    populated = 0
-    for group in config.kv_cache_groups:
-        if group.host_resident or not group.layer_names:
-            continue
-        populated += 1
-        for name in group.layer_names:
-            spec = _named_spec(group.kv_cache_spec, name)
-            page = None if spec is None else layer_page(spec)
-            align = None if spec is None else _alignment(spec)
-            if spec is None or page is None or align is None:
-                return None
-            pages.append(page.page)
-            aligns.append(align)
-            pitches.add(aligned_page(spec, align))
-    if populated <= 1 or len(pitches) <= 1:
-        return None
-    return round_up(max(pages), math.lcm(*aligns))
+    geometries, problems = tensor_geometries(config, layout)
+    groups = {
+        i for i, g in enumerate(config.kv_cache_groups) if not g.host_resident and g.layer_names
+    }
+    if problems:
+        return [groups] if groups else []
+    parent = {i: i for i in groups}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    spans = sorted(
+        (g.tensor.offset, g.max_end, g.group_index)
+        for g in geometries
+        if g.group_index in parent and g.max_end > g.tensor.offset
+    )
+    # Sweep by start: a span meets every earlier span that ends after it starts.
+    open_end, open_group = -1, -1
+    for start, end, group in spans:
+        if start < open_end:
+            parent[root(group)] = root(open_group)
+        if end > open_end:
+            open_end, open_group = end, group
+    components: dict[int, set[int]] = {}
+    for i in groups:
+        components.setdefault(root(i), set()).add(i)
+    return list(components.values())
+
+
+def _common_pitches(config: KVCacheConfig, layout: str) -> dict[int, int]:
+    """The one block stride of each device group that aliases groups stepping blocks otherwise.
+
+    Layer-outer groups that overlay the same bytes must step blocks alike, or
+    different block IDs alias; the contract then gives every layer of those
+    groups ``round_up(largest page, lcm of every alignment)``
+    (contract.md#page-pitch).  Groups in a region of their own keep their
+    layers' own pitches, and are left out of the result.
+    """
+    out: dict[int, int] = {}
+    for component in _alias_components(config, layout):
+        pages: list[int] = []
+        aligns: list[int] = []
+        pitches: set[int] = set()
+        for index in component:
+            group = config.kv_cache_groups[index]
+            for name in group.layer_names:
+                spec = _named_spec(group.kv_cache_spec, name)
+                page = None if spec is None else layer_page(spec)
+                align = None if spec is None else _alignment(spec)
+                if spec is None or page is None or align is None:
+                    return {}  # no formula for one layer: its own pitch is all there is
+                pages.append(page.page)
+                aligns.append(align)
+                pitches.add(aligned_page(spec, align))
+        if len(component) > 1 and len(pitches) > 1:
+            common = round_up(max(pages), math.lcm(*aligns))
+            out.update(dict.fromkeys(component, common))
+    return out
 
 
 def _named_spec(spec: KVCacheSpec | UniformTypeKVCacheSpecs, name: str) -> KVCacheSpec | None:
@@ -118,26 +162,24 @@ def _expected(spec: KVCacheSpec, layout: str, common: int | None) -> tuple[str, 
     return fixed.get(layout)
 
 
-def _spec_of(config: KVCacheConfig, tensor: KVCacheTensor) -> KVCacheSpec | None:
+def _spec_of(config: KVCacheConfig, tensor: KVCacheTensor) -> tuple[int, KVCacheSpec | None]:
+    """``(group index, per-layer spec)`` of the tensor's first layer; ``(-1, None)``: no group."""
     name = tensor.layers[0]
-    for group in config.kv_cache_groups:
+    for index, group in enumerate(config.kv_cache_groups):
         if name in group.layer_names:
-            spec = group.kv_cache_spec
-            if isinstance(spec, UniformTypeKVCacheSpecs):
-                return spec.kv_cache_specs.get(name)
-            return spec
-    return None
+            return index, _named_spec(group.kv_cache_spec, name)
+    return -1, None
 
 
 def pitch_findings(config: KVCacheConfig, layout: str, limit: int = 3) -> list[str]:
     """Device tensors whose fixed stride differs from the contract's (one line each)."""
     out = []
-    common = _common_pitch(config) if layout in ("LBHNC", "LBNHC") else None
+    common = _common_pitches(config, layout) if layout in ("LBHNC", "LBNHC") else {}
     for i, t in enumerate(config.kv_cache_tensors):
         if t.host_resident or not t.layers:
             continue
-        spec = _spec_of(config, t)
-        expected = None if spec is None else _expected(spec, layout, common)
+        group, spec = _spec_of(config, t)
+        expected = None if spec is None else _expected(spec, layout, common.get(group))
         if expected is None:
             continue
         which, value = expected
