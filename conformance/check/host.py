@@ -72,7 +72,15 @@ def _host_tensors(obs: HostObservation) -> list[Violation] | None:
     scenario="host",
     requires=("host_resident",),
 )
-def _host_excluded(obs: HostObservation) -> list[Violation] | None:
+def _host_excluded(obs: HostObservation) -> list[Violation] | Unjudged | None:
+    if obs.config.hisparse is not None:
+        # HiSparse's placement sizes its host pool from the source group: no
+        # placement without it exists to compare the device backing with.
+        return Unjudged(
+            "under HiSparse there is no device-only placement to compare with "
+            "(the host pool is sized from its source group)",
+            applicable=False,
+        )
     got = _host_config(obs)
     if got is None or obs.device_only is None or not obs.device_only.ok:
         return None
