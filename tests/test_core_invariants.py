@@ -158,3 +158,58 @@ class TestBrokenCores:
         """A typed InsufficientMemoryError fails no Core invariant."""
         obs = _run(plan_kv_cache, memory=memory)
         assert obs.plan is None and _failed(obs) == set()
+
+
+def _hydra_workers() -> list[dict[str, KVCacheSpec]]:
+    """tests/data/models/acme_hydra.json as the kit drew it (seed 8): 6 x (full + sw512)."""
+    full = FullAttentionSpec(block_size=32, num_kv_heads=4, head_size=128, dtype="bfloat16")
+    local = SlidingWindowSpec(
+        block_size=32, num_kv_heads=2, head_size=128, dtype="bfloat16", sliding_window=512
+    )
+    layers: dict[str, KVCacheSpec] = {}
+    for i in range(6):
+        layers[f"model.layers.{i}.hydra.kv"] = full
+        layers[f"model.layers.{i}.hydra.local"] = local
+    return [layers]
+
+
+#: The counterexample of issue 19: auto-fit with the hybrid manager disabled.
+HYDRA_CONFIG = PlanningConfig(
+    auto_fit_max_model_len=True,
+    max_num_batched_tokens=8192,
+    disable_hybrid_kv_cache_manager=True,
+    num_hidden_layers=6,
+)
+#: Exactly 254 blocks of 589,824 bytes: 253 after the null block.
+HYDRA_MEMORY = [149815296]
+
+
+class TestPromotedWindowAdmission:
+    """A window promoted to full attention needs full attention's blocks, not the window's.
+
+    With the hybrid manager disabled the sliding layers are allocated as full
+    attention (SPEC 3.2): one request at L needs ``cdiv(L, 32) = 253`` blocks,
+    not the window's ``cdiv(min(511 + I, L), 32) + 1 = 254``.  The kit's
+    oracle once read the layers' own sliding kind and failed the reference
+    (and vLLM, which plans the same) at about 1 seed in 16.
+    """
+
+    def test_reference_auto_fit_passes_admission(self) -> None:
+        """kvref fits max_model_len=8096 into 253 blocks; no Core invariant fails."""
+        obs = _run(plan_kv_cache, HYDRA_CONFIG, HYDRA_MEMORY, _hydra_workers())
+        assert obs.plan is not None
+        assert obs.plan.max_model_len == 8096 and obs.plan.num_blocks == 254
+        assert obs.plan.workers[0].needed_memory == 253 * 589824
+        assert _failed(obs) == set()
+
+    def test_one_block_too_long_still_fails(self) -> None:
+        """A flow that plans one block's worth of tokens longer fails KV-CORE-ADMISSION."""
+
+        def core(*args: Any) -> KVCachePlan:
+            # 8097 tokens need cdiv(8097, 32) = 254 blocks: one more than is left.
+            return attrs.evolve(plan_kv_cache(*args), max_model_len=8097)
+
+        obs = _run(core, HYDRA_CONFIG, HYDRA_MEMORY, _hydra_workers())
+        assert _failed(obs) == {"KV-CORE-ADMISSION"}
+        violations = by_id()["KV-CORE-ADMISSION"].check(obs)
+        assert violations and "needs 149815296 bytes" in str(next(iter(violations)))

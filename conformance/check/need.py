@@ -18,10 +18,20 @@ hungriest layer of the group needs:
   ``1 + speculative``;
 - HiSparse hot: ``blocks_per_request``; HiSparse resident: ``cdiv(min(I, L), bs)``.
 
+A sliding-window or chunked-local layer that its group *promotes* to full
+attention (the group's spec for it is a full or MLA kind: the hybrid manager
+disabled, SPEC 3.2, or the full-allocation fallback, SPEC 3.5) is managed by
+the full-attention manager, which allocates blocks for every token and
+never frees below the window: it needs the full-attention count
+``cdiv(L', bs)``, not the window's (vLLM 0.33.0
+``kv_cache_planning._promote_local_kv_cache_specs``: "Promoted specs
+allocate blocks for all tokens").  The window's count can be one block more
+(its ``+ 1`` when the window covers the whole length), so reading the
+layer's own kind there would demand memory vLLM does not.
+
 ``need = bytes_per_block x Σ_groups blocks`` over the device groups; a group
-with no layer on the worker still counts (block IDs are global).  Promotions
-only raise what the group specs ask for, so a faithful builder's plan is
-never below this bound.
+with no layer on the worker still counts (block IDs are global).  A faithful
+builder's plan is never below this bound.
 """
 
 from __future__ import annotations
@@ -48,13 +58,19 @@ def _mamba_blocks(spec: KVCacheSpec, config: PlanningConfig) -> int:
     return 1 + extra
 
 
+def _full_tokens(spec: KVCacheSpec, config: PlanningConfig) -> int:
+    """Tokens one request keeps in a full-attention layer: ``L``, divided by DCP if sharded."""
+    dcp = config.decode_context_parallel_size
+    length = config.max_model_len
+    return _cdiv(length, dcp) if spec.dcp_sharded and dcp > 1 else length
+
+
 def _tokens(spec: KVCacheSpec, kind: str, config: PlanningConfig) -> int | None:
     """Tokens one request keeps in a layer of a token-indexed kind (``None``: not one)."""
     length = config.max_model_len
     in_flight = config.max_in_flight_tokens
     if kind in ("full", "mla"):
-        dcp = config.decode_context_parallel_size
-        return _cdiv(length, dcp) if spec.dcp_sharded and dcp > 1 else length
+        return _full_tokens(spec, config)
     if kind == "chunked":
         return min(int(getattr(spec, "attention_chunk_size")) + in_flight, length)  # noqa: B009
     if kind == "cross":
@@ -62,6 +78,24 @@ def _tokens(spec: KVCacheSpec, kind: str, config: PlanningConfig) -> int | None:
     if type(spec).__name__ == "HiSparseResidentSpec":
         return min(in_flight, length)
     return None
+
+
+#: Local kinds a group may allocate as full attention (promotion, SPEC 3.2 / 3.5).
+_LOCAL_KINDS = frozenset({"sliding", "sliding_mla", "chunked"})
+
+
+def _promoted(own: KVCacheSpec, kept: KVCacheSpec) -> bool:
+    """Whether the group allocates the local layer ``own`` as full attention (``kept``)."""
+    return kind_of(own) in _LOCAL_KINDS and kind_of(kept) in ("full", "mla")
+
+
+def _full_blocks(own: KVCacheSpec, block_size: int, config: PlanningConfig) -> int:
+    """Blocks the full-attention manager keeps for a promoted layer: every token.
+
+    DCP sharding is read from the layer's own spec (promotion keeps the field),
+    so a group spec cannot lower it.
+    """
+    return _cdiv(_full_tokens(own, config), block_size)
 
 
 def layer_blocks(spec: KVCacheSpec, block_size: int, config: PlanningConfig) -> int | None:
@@ -109,7 +143,12 @@ def request_need_from_layers(
         here = [(n, s) for n, s in named if n in worker_layers] or named
         most = 0
         for name, kept in here:
-            blocks = layer_blocks(layers[name], kept.block_size, config)
+            own = layers[name]
+            blocks: int | None = (
+                _full_blocks(own, kept.block_size, config)
+                if _promoted(own, kept)
+                else layer_blocks(own, kept.block_size, config)
+            )
             if blocks is None:
                 return None
             most = max(most, blocks)
