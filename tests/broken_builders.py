@@ -1012,3 +1012,47 @@ ALL = (
     SetOrderedGroups,
     GuardedBlocks,
 )
+
+
+# -- issue 23: bugs seen in the field --------------------------------------------------------
+
+
+class ScatteredDrafts(_Base):
+    """Moves the last of a group's equal-spec draft layers into a group of its own.
+
+    Every layer keeps its spec and stays in one group, but vLLM's drafter
+    asserts that its attention layers share one KV cache group.
+    """
+
+    CAUGHT_BY = "KV-GROUP-DRAFTS-TOGETHER"
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
+        from kvref import UniformTypeKVCacheSpecs
+
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        if getattr(config, "hisparse", None) is not None:
+            return groups  # HiSparse's groups carry roles: one bug, elsewhere
+        for i, g in enumerate(groups):
+            drafts = [n for n in g.layer_names if kv_cache_spec[n].is_draft]
+            twins = [n for n in drafts if kv_cache_spec[n] == kv_cache_spec[drafts[-1]]]
+            if len(twins) < 2:
+                continue
+            moved = twins[-1]
+            kept = [n for n in g.layer_names if n != moved]
+            spec = g.kv_cache_spec
+            if isinstance(spec, UniformTypeKVCacheSpecs):
+                spec = UniformTypeKVCacheSpecs(
+                    kv_cache_specs={n: s for n, s in spec.kv_cache_specs.items() if n != moved}
+                )
+            groups[i] = attrs.evolve(g, layer_names=kept, kv_cache_spec=spec)
+            groups.append(KVCacheGroupSpec(layer_names=[moved], kv_cache_spec=g.layer_spec(moved)))
+            return groups
+        return groups
+
+
+#: The broken builders of issue 23, each caught by its new invariant.
+FIELD: tuple[type[_Base], ...] = (ScatteredDrafts,)
+
+ALL = (*ALL, *FIELD)

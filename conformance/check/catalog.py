@@ -66,6 +66,7 @@ _MODULES = (
     "conformance.check.host",
     "conformance.check.core",
     "conformance.check.meaning",
+    "conformance.check.drafts",
     "conformance.check.pitch",
     "conformance.check.processes",
     "conformance.check.device_rows",

@@ -1,0 +1,85 @@
+"""The draft-group clause: a drafter's attention layers of one kind share one KV cache group.
+
+vLLM's speculative-decoding worker builds one set of attention metadata for
+the draft model's attention layers, and asserts at start-up that they sit in
+one KV cache group ("All drafting layers should belong to the same kv cache
+group", ``validate_same_kv_cache_group`` in vLLM 0.33.0's
+``llm_base_proposer.py``).  A builder that spreads EAGLE or MTP draft layers
+(``is_draft`` specs) over several groups stops the engine there
+(contract.md#grouping-draft-layers).
+
+The kit binds draft layers of one spec (equal specs, ``is_draft`` aside):
+drafters whose caches are of several kinds (sliding and full attention, an
+MLA layer with an indexer's and a compressor's side caches) are grouped by
+kind by vLLM's own default grouping, and vLLM gives such drafters proposers
+that skip the assertion (Gemma-4's, Step-3.5's).  The draft layers are
+read from the specs the kit passed, never from the groups'
+``is_eagle_group`` marks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from conformance.check.catalog import invariant
+from conformance.check.catalog import violation as _v
+from conformance.check.grouping import returned_groups
+from conformance.check.violations import Violation
+from conformance.run.observations import GroupingObservation
+from kvref.records import KVCacheGroupSpec
+from kvref.specs import KVCacheSpec
+
+__all__ = ["draft_kinds"]
+
+_ID = "KV-GROUP-DRAFTS-TOGETHER"
+
+
+def draft_kinds(specs: Mapping[str, KVCacheSpec]) -> dict[str, set[str]]:
+    """The draft layers (``is_draft``) by equal spec, each kind named after its first layer."""
+    kinds: dict[KVCacheSpec, set[str]] = {}
+    for name, spec in specs.items():
+        if spec.is_draft:
+            kinds.setdefault(spec, set()).add(name)
+    return {f"{type(s).__name__} ({min(n)!r}'s spec)": n for s, n in kinds.items()}
+
+
+def _first_group(groups: list[KVCacheGroupSpec]) -> dict[str, int]:
+    # A layer in no group, or in two, is KV-GROUP-PARTITION's finding: each
+    # layer counts in the first group that names it.
+    where: dict[str, int] = {}
+    for index, group in enumerate(groups):
+        for name in group.layer_names:
+            where.setdefault(name, index)
+    return where
+
+
+@invariant(
+    _ID,
+    "a drafter's layers of one spec all sit in one group",
+    anchor="grouping-draft-layers",
+    scenario="grouping",
+    in_core=True,
+)
+def _drafts_together(obs: GroupingObservation) -> list[Violation] | None:
+    groups = returned_groups(obs.first)
+    if groups is None:
+        return None
+    where = _first_group(groups)
+    out = []
+    for kind, names in sorted(draft_kinds(obs.specs).items()):
+        placed = {n: where[n] for n in names if n in where}
+        used = sorted(set(placed.values()))
+        if len(used) <= 1:
+            continue
+        spread = "; ".join(
+            f"group {i}: {sorted(n for n, g in placed.items() if g == i)[:2]}" for i in used
+        )
+        out.append(
+            _v(
+                _ID,
+                f"the drafter's {len(placed)} {kind} layers are spread over groups {used} "
+                f"({spread}); vLLM's drafter needs them in one group",
+                layer=min(placed),
+            )
+        )
+    return out
