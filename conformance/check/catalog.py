@@ -72,6 +72,7 @@ _MODULES = (
     "conformance.check.device_rows",
     "conformance.check.profiling",
     "conformance.check.hisparse",
+    "conformance.check.hisparse_groups",
     "conformance.serve.scenario",
 )
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from conformance.check.catalog import invariant
+from conformance.check.catalog import Unjudged, invariant
 from conformance.check.catalog import violation as _v
 from conformance.check.grouping import returned_groups
 from conformance.check.violations import Violation
@@ -60,7 +60,10 @@ def _first_group(groups: list[KVCacheGroupSpec]) -> dict[str, int]:
     scenario="grouping",
     in_core=True,
 )
-def _drafts_together(obs: GroupingObservation) -> list[Violation] | None:
+def _drafts_together(obs: GroupingObservation) -> list[Violation] | Unjudged | None:
+    if obs.config.model_kv_cache_grouping is not None:
+        # The model's own grouping hook decides the groups; the builder only echoes it.
+        return Unjudged("the model declares its grouping")
     groups = returned_groups(obs.first)
     if groups is None:
         return None
