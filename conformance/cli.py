@@ -2,8 +2,15 @@
 
 Exit status: 0 when every selected invariant was judged and held, 1 when one
 failed or could not be judged, 2 for a usage error (unknown builder, bad
-option, a builder that cannot be constructed), 130 when interrupted (the
-partial report is still printed and written), so a vendor's CI can gate on it.
+option, a builder that cannot be constructed, an output path that cannot be
+written), 130 when interrupted by Ctrl-C (SIGINT) and 143 (128 + 15) when
+terminated by SIGTERM, what a CI timeout sends (either way the partial report
+is still printed and written), so a vendor's CI can gate on it.
+
+The header (builder, seed, options) is printed before the first example, and
+``--json`` / ``--junit`` files are replaced by an "incomplete" marker at the
+start: a run killed outright (SIGKILL) still shows how to rerun it and leaves
+no stale report of an earlier run behind.
 """
 
 from __future__ import annotations
@@ -174,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:
         return 0 if exc.code == 0 else 2
     previous = _catch_ctrl_c()
+    previous_term = _catch_sigterm()
     unraisable = sys.unraisablehook
     if previous is not None:
         sys.unraisablehook = _quiet_dropped_ctrl_c(unraisable)
@@ -190,12 +198,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         # Ctrl-C before the run started or while the report was written; a
         # run in progress is stopped by the runner, which keeps what it found.
-        print("kvref-conformance: interrupted", file=sys.stderr)
-        return 130
+        print(f"kvref-conformance: {_stopped_by()}", file=sys.stderr)
+        return _interrupted_status()
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
         sys.unraisablehook = unraisable
+
+
+class _Stop:
+    """Which signal stopped the run (the exit status says it)."""
+
+    terminated = False
+    #: The process whose handlers these are: a forked worker inherits them.
+    pid = 0
+
+
+def _interrupted_status() -> int:
+    """130 for Ctrl-C, 143 for SIGTERM: the statuses a shell gives a process those signals end."""
+    return 143 if _Stop.terminated else 130
+
+
+def _stopped_by() -> str:
+    return "terminated (SIGTERM)" if _Stop.terminated else "interrupted"
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM (a CI timeout) ends the run as Ctrl-C does: partial report, then exit 143."""
+    if os.getpid() != _Stop.pid:
+        # A worker forked from the kit inherits this handler: the kit, not the
+        # worker, ends the run, and a worker that died here would read as a
+        # crash of the builder.
+        return
+    _Stop.terminated = True
+    _on_ctrl_c(signum, frame)
+
+
+def _catch_sigterm() -> Any:
+    """Install :func:`_on_sigterm`; returns the handler it replaced (``None``: none installed)."""
+    _Stop.terminated = False
+    if threading.current_thread() is not threading.main_thread():
+        return None  # only the main thread may set handlers
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None  # ignored, or handled by whoever embeds us
+    _Stop.pid = os.getpid()
+    return signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def _on_ctrl_c(signum: int, frame: object) -> None:
@@ -244,16 +293,65 @@ def _list() -> int:
     return 0
 
 
-def _writable(option: str, path: Path | None) -> None:
-    if path is None:
-        return
-    if path.is_dir():
-        raise _UsageError(f"{option} {str(path)!r} is a directory, not a file path")
-    parent = path.parent if str(path.parent) else Path()
-    if not parent.is_dir():
-        raise _UsageError(f"{option} {str(path)!r}: the directory {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise _UsageError(f"{option} {str(path)!r} is not writable")
+def _start_outputs(args: argparse.Namespace, start: Any) -> None:
+    """Open every output path for writing now, leaving an "incomplete" marker in it.
+
+    Opening is the only honest test of writability (``os.access`` misjudges
+    ACLs, read-only mounts and root), and the marker replaces whatever file
+    was there: a stale or planted report never survives a run.  The final
+    report overwrites the marker.
+    """
+    from conformance.report.render import write_incomplete_json, write_incomplete_junit
+
+    for option, path, write in (
+        ("--json", args.json, write_incomplete_json),
+        ("--junit", args.junit, write_incomplete_junit),
+    ):
+        if path is None:
+            continue
+        if path.is_dir():
+            raise _UsageError(f"{option} {str(path)!r} is a directory, not a file path")
+        parent = path.parent if str(path.parent) else Path()
+        if not parent.is_dir():
+            raise _UsageError(
+                f"{option} {str(path)!r}: the directory {str(parent)!r} does not exist"
+            )
+        try:
+            write(start, path)
+        except OSError as exc:
+            raise _UsageError(
+                f"{option} {str(path)!r} cannot be written: {exc.strerror or exc}"
+            ) from None
+
+
+def _header_options(args: argparse.Namespace) -> tuple[str, ...]:
+    """The options that shape the run besides the header's own, as command-line words."""
+    import shlex
+
+    words: list[str] = []
+    for flag, value in (
+        ("--select", args.select),
+        ("--unsupported", args.unsupported or None),
+        ("--xfail-file", args.xfail_file),
+        ("--max-alloc-bytes", args.max_alloc_bytes),
+        ("--models", args.models),
+        ("--reach", args.reach),
+        ("--min-reach", args.min_reach),
+        ("--json", args.json),
+        ("--junit", args.junit),
+    ):
+        if value is not None:
+            words += [flag, str(value)]
+    words += ["--timeout", f"{args.timeout:g}", "--isolate" if args.isolate else "--no-isolate"]
+    words += ["--no-database"] if args.no_database else ["--database", str(args.database)]
+    for flag, on in (
+        ("--models-only", args.models_only),
+        ("--no-shrink", args.no_shrink),
+        ("--no-reach", args.no_reach),
+    ):
+        if on:
+            words.append(flag)
+    return tuple(shlex.quote(w) for w in words)
 
 
 def _xfail(path: Path | None, known: set[str]) -> list[str]:
@@ -279,10 +377,16 @@ def _run(args: argparse.Namespace) -> int:
         sys.path.insert(0, os.getcwd())
     from conformance.check.catalog import catalog
     from conformance.run.adapters import BuilderLoadError, load_builder
-    from conformance.run.options import OptionError, RunOptions
+    from conformance.run.options import PROFILES, OptionError, RunOptions
 
-    _writable("--json", args.json)
-    _writable("--junit", args.junit)
+    # Resolved here, not in check_builder: the header printed before the first
+    # example, and the incomplete outputs, must already name them.
+    if args.seed is None:
+        import random
+
+        args.seed = random.randrange(2**32)
+    if args.max_examples is None:
+        args.max_examples = PROFILES.get(args.profile, 1)
     invariants = catalog()
     xfail = _xfail(args.xfail_file, {inv.id for inv in invariants})
     options = RunOptions(
@@ -303,6 +407,7 @@ def _run(args: argparse.Namespace) -> int:
         select_invariants(invariants, options.select)
     except OptionError as exc:
         raise _UsageError(_as_flag(str(exc))) from None
+    _start_outputs(args, _run_start(args))
     try:
         import torch
 
@@ -333,11 +438,26 @@ def _as_flag(message: str) -> str:
     return message
 
 
+def _run_start(args: argparse.Namespace) -> Any:
+    from conformance.report.render import RunStart
+
+    return RunStart(
+        builder=args.builder,
+        device=args.device,
+        seed=args.seed,
+        profile=args.profile,
+        max_examples=args.max_examples,
+        options=_header_options(args),
+    )
+
+
 def _check(args: argparse.Namespace, builder: object, options: object, xfail: list[str]) -> int:
-    from conformance.report.render import format_report, write_json, write_junit
+    from conformance.report.render import format_header, format_report, write_json, write_junit
     from conformance.run.options import OptionError
     from conformance.run.runner import check_builder
 
+    # Before the first example: a run killed outright still shows how to rerun it.
+    print(format_header(_run_start(args)), flush=True)
     progress = _Progress(sys.stderr)
     restore = _hypothesis_storage(args.no_database)
     try:
@@ -368,7 +488,7 @@ def _check(args: argparse.Namespace, builder: object, options: object, xfail: li
         progress.close()
         restore()
     del options
-    print(format_report(report))
+    print(format_report(report, header=False))
     unwritten = False
     for option, path, write in (
         ("--json", args.json, write_json),
@@ -383,7 +503,7 @@ def _check(args: argparse.Namespace, builder: object, options: object, xfail: li
             print(f"kvref-conformance: error: {option} {str(path)!r}: {exc}", file=sys.stderr)
             unwritten = True
     if report.interrupted:
-        return 130
+        return _interrupted_status()
     if unwritten:
         return 2
     return 0 if report.ok else 1
@@ -440,12 +560,12 @@ def entry() -> None:
     status = main()
     sys.stdout.flush()
     sys.stderr.flush()
-    if status == 130 or any(
+    if status in (130, 143) or any(
         t.is_alive() and not t.daemon
         for t in threading.enumerate()
         if t is not threading.main_thread()
     ):
-        # A builder started a non-daemon thread, or Ctrl-C cut a hook call short
+        # A builder started a non-daemon thread, or Ctrl-C/SIGTERM cut a hook call short
         # (Python 3.11 then marks its running thread stopped); the run is over and
         # reported, so wait for nothing at interpreter exit.
         os._exit(status)

@@ -450,9 +450,18 @@ class TestFirstContact:
         # at the next call into the builder (0 in 55 since).
         ["--no-isolate", "--isolate"],
     )
-    def test_ctrl_c_writes_the_partial_report(self, isolate: str, tmp_path: Path) -> None:
+    @pytest.mark.parametrize(
+        ("stop", "status"),
+        # SIGTERM is what a CI timeout sends: the same partial report, exit 128 + 15.
+        [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+        ids=["SIGINT", "SIGTERM"],
+    )
+    def test_ctrl_c_writes_the_partial_report(
+        self, isolate: str, stop: signal.Signals, status: int, tmp_path: Path
+    ) -> None:
         """'Ctrl-C leaves a traceback and no partial report': 130, report printed and written."""
         report = tmp_path / "r.json"
+        report.write_text('{"ok": true, "results": []}')  # a stale (or planted) report
         proc = subprocess.Popen(
             [
                 str(SCRIPT),
@@ -482,8 +491,10 @@ class TestFirstContact:
         while seen[-1] and "examples" not in seen[-1] and time.monotonic() - started < 120:
             seen.append(proc.stderr.readline())
         assert "examples" in seen[-1], ("".join(seen), proc.poll())
-        # Ctrl-C reaches the whole group: the kit and, with --isolate, its worker.
-        os.killpg(proc.pid, signal.SIGINT)
+        # Under way: the stale report is gone, an incomplete marker stands in its place.
+        assert json.loads(report.read_text())["complete"] is False
+        # The signal reaches the whole group: the kit and, with --isolate, its worker.
+        os.killpg(proc.pid, stop)
         try:
             out, err = proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:
@@ -501,16 +512,17 @@ class TestFirstContact:
             os.killpg(proc.pid, signal.SIGKILL)
             _, stacks = proc.communicate()
             pytest.fail(
-                f"no end within 120 s of SIGINT; the kit is {kit}; its group:\n{group}\n"
+                f"no end within 120 s of {stop.name}; the kit is {kit}; its group:\n{group}\n"
                 f"its stderr, thread stacks last:\n{stacks[-6000:]}"
             )
-        assert proc.returncode == 130, err
+        assert proc.returncode == status, err
         assert "Traceback" not in err
         assert "INTERRUPTED" in out and "KV-GROUP-PARTITION" in out
+        assert out.startswith("kvref-conformance ") and "seed 1" in out.splitlines()[0]
         # The interruption is no failure of the builder's calls.
         assert not [line for line in out.splitlines() if re.match(r"KV-CALL-\S+ +FAIL", line)]
         data = json.loads(report.read_text())
-        assert data["interrupted"] is True and data["ok"] is False
+        assert data["interrupted"] is True and data["ok"] is False and data["complete"] is True
         assert any(r["status"] == "inconclusive" for r in data["results"])
         assert ET.parse(tmp_path / "r.xml").getroot().tag == "testsuites"
 
@@ -632,3 +644,94 @@ class TestInstallDocs:
         text = (ROOT / doc).read_text()
         assert not re.search(r"pip install\s+(-U\s+)?['\"]?kvref\b", text)
         assert "pip install" in text  # it still says how to install (from a checkout or wheel)
+
+
+class TestKilledRuns:
+    """'A verdict nobody can forge': a killed run leaves no stale report and shows its seed."""
+
+    def test_sigkill_leaves_the_header_and_incomplete_outputs(self, tmp_path: Path) -> None:
+        """Killed outright mid-run: the header (seed, options) is out; the files say incomplete."""
+        report, junit = tmp_path / "r.json", tmp_path / "r.xml"
+        # Files of an earlier run (or planted ones) that claim a pass.
+        report.write_text('{"ok": true, "complete": true, "results": []}')
+        junit.write_text('<testsuites tests="1" failures="0" errors="0"/>')
+        proc = subprocess.Popen(
+            [
+                str(SCRIPT),
+                "verdict_builders:Slow",
+                "--seed",
+                "7",
+                "--select",
+                "KV-GROUP",
+                "--no-database",
+                "--json",
+                str(report),
+                "--junit",
+                str(junit),
+            ],
+            cwd=tmp_path,
+            env=_env(PYTHONPATH=str(TESTS)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        assert proc.stderr is not None and proc.stdout is not None
+        started = time.monotonic()
+        seen = [proc.stderr.readline()]
+        while seen[-1] and "examples" not in seen[-1] and time.monotonic() - started < 120:
+            seen.append(proc.stderr.readline())
+        assert "examples" in seen[-1], ("".join(seen), proc.poll())
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGKILL
+        header, options = out.splitlines()[:2]
+        assert "builder verdict_builders:Slow" in header and "seed 7" in header
+        assert "50 examples per scenario" in header
+        assert options.startswith("options: --select KV-GROUP ") and "--no-database" in options
+        data = json.loads(report.read_text())
+        assert data["complete"] is False and data["ok"] is False and data["results"] == []
+        assert data["seed"] == 7
+        root = ET.parse(junit).getroot()
+        errors = root.findall(".//testcase/error")
+        assert root.get("errors") == "1" and errors and errors[0].get("type") == "incomplete"
+
+    def test_the_incomplete_json_follows_the_schema(self, tmp_path: Path) -> None:
+        """The marker is a report of the schema, with complete false and ok false."""
+        jsonschema = pytest.importorskip("jsonschema")
+        from conformance.report.render import RunStart, json_schema_path, write_incomplete_json
+
+        path = tmp_path / "r.json"
+        write_incomplete_json(
+            RunStart(builder="m:B", device="cpu", seed=3, profile="ci", max_examples=50), path
+        )
+        data = json.loads(path.read_text())
+        schema = json.loads(json_schema_path().read_text())
+        jsonschema.validate(data, schema)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**data, "ok": True}, schema)  # an incomplete file never passes
+
+    def test_unwritable_output_is_a_usage_error_before_any_example(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Opened for writing at the start: a path that takes no bytes exits 2, naming it."""
+        if not Path("/dev/full").exists():
+            pytest.skip("no /dev/full here")
+        code = main([*FAST, "--select", "KV-GROUP-PARTITION", "--json", "/dev/full"])
+        captured = capsys.readouterr()
+        assert code == 2
+        assert "--json '/dev/full' cannot be written" in captured.err
+        assert "examples" not in captured.err and "KV-GROUP-PARTITION" not in captured.out
+
+    def test_read_only_file_is_a_usage_error(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A read-only --junit file: exit 2 naming the option and the path."""
+        if os.geteuid() == 0:
+            pytest.skip("root writes read-only files (why the kit opens them, not os.access)")
+        path = tmp_path / "r.xml"
+        path.write_text("<testsuites/>")
+        path.chmod(0o444)
+        code = main([*FAST, "--select", "KV-GROUP-PARTITION", "--junit", str(path)])
+        assert code == 2
+        assert f"--junit {str(path)!r} cannot be written" in capsys.readouterr().err

@@ -21,11 +21,15 @@ from verdict_builders import ColourfulError
 from conformance import InvariantResult, Report, Violation, check_builder
 from conformance.report.render import (
     JSON_SCHEMA_VERSION,
+    RunStart,
     XfailFileError,
+    format_header,
     format_report,
+    incomplete_report_dict,
     json_schema_path,
     read_xfail_file,
     report_to_dict,
+    write_incomplete_junit,
     write_json,
     write_junit,
 )
@@ -279,3 +283,54 @@ class TestCounterexampleSource:
         exec(compile(source, "<counterexample>", "exec"), namespace)
         assert namespace["spec"] == spec
         assert namespace["spec"].tokens_per_state == Fraction(3, 2)
+
+
+class TestIncompleteOutputs:
+    """The files a run writes before its first example, and how final reports differ."""
+
+    START = RunStart(
+        builder="m:B",
+        device="cpu",
+        seed=9,
+        profile="ci",
+        max_examples=50,
+        options=("--select", "KV-CORE"),
+    )
+
+    def test_incomplete_junit_is_a_valid_error(self, tmp_path: Path) -> None:
+        """A CI reading the marker sees one error, never a pass; it validates."""
+        path = tmp_path / "r.xml"
+        write_incomplete_junit(self.START, path)
+        JUNIT.validate(path)
+        root = ET.parse(path).getroot()
+        props = {p.get("name"): p.get("value") for p in root.iter("property")}
+        assert root.get("errors") == "1" and props["complete"] == "False"
+        error = root.find(".//testcase/error")
+        assert error is not None and error.get("message", "").startswith("INCOMPLETE")
+
+    def test_final_reports_say_complete(self, tmp_path: Path) -> None:
+        """The final JSON and JUnit say complete, so readers can tell them from a marker."""
+        assert report_to_dict(every_status())["complete"] is True
+        root = _junit(every_status(), tmp_path)
+        props = {p.get("name"): p.get("value") for p in root.iter("property")}
+        assert props["complete"] == "True"
+
+    def test_schema_refuses_an_incomplete_file_with_results(self) -> None:
+        """complete false carries no verdicts: results in such a file fail the schema."""
+        data = incomplete_report_dict(self.START)
+        jsonschema.Draft202012Validator(_schema()).validate(data)
+        data["results"] = report_to_dict(every_status())["results"]
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.Draft202012Validator(_schema()).validate(data)
+
+    def test_header_is_separable(self) -> None:
+        """The CLI prints the header before the run and the report without it after."""
+        header = format_header(self.START)
+        assert header.splitlines() == [
+            f"kvref-conformance {version('kvref')}: builder m:B on cpu, profile ci, "
+            "50 examples per scenario, seed 9",
+            "options: --select KV-CORE",
+        ]
+        text = format_report(every_status(), header=False)
+        assert not text.startswith("kvref-conformance") and text.startswith("invariant")
+        assert format_report(every_status()).startswith("kvref-conformance ")

@@ -14,11 +14,17 @@ from conformance.report.model import STATUSES, InvariantResult, Report
 
 __all__ = [
     "JSON_SCHEMA_VERSION",
+    "INCOMPLETE_REASON",
+    "RunStart",
     "XfailFileError",
+    "format_header",
     "format_report",
+    "incomplete_report_dict",
     "json_schema_path",
     "read_xfail_file",
     "report_to_dict",
+    "write_incomplete_json",
+    "write_incomplete_junit",
     "write_json",
     "write_junit",
 ]
@@ -75,13 +81,57 @@ def _kit_version() -> str:
         return "unknown"
 
 
-def format_report(report: Report) -> str:
-    """The human-readable report: header, one row per invariant, then each finding."""
-    lines = [
-        f"kvref-conformance {_kit_version()}: builder {report.builder} on {report.device}, "
-        f"profile {report.profile}, {report.max_examples} examples per scenario, "
-        f"seed {report.seed}",
-        "",
+@attrs.frozen(kw_only=True)
+class RunStart:
+    """What is known of a run before its first example: its header and incomplete outputs.
+
+    Attributes:
+        builder: the builder's importable name.
+        device: the torch device of the device checks.
+        seed: the run's seed (resolved: a random seed is drawn before the run).
+        profile: the Hypothesis profile.
+        max_examples: examples per scenario.
+        options: the other options that shape the run, as command-line words.
+    """
+
+    builder: str
+    device: str
+    seed: int
+    profile: str
+    max_examples: int
+    options: tuple[str, ...] = ()
+
+
+def format_header(start: RunStart) -> str:
+    """The report's first line (and, with options, a second naming them).
+
+    The CLI prints it before the first example, so a run killed before its
+    report still shows what reruns it.
+    """
+    line = (
+        f"kvref-conformance {_kit_version()}: builder {start.builder} on {start.device}, "
+        f"profile {start.profile}, {start.max_examples} examples per scenario, "
+        f"seed {start.seed}"
+    )
+    if start.options:
+        line += "\noptions: " + " ".join(start.options)
+    return line
+
+
+def format_report(report: Report, *, header: bool = True) -> str:
+    """The human-readable report: header, one row per invariant, then each finding.
+
+    ``header=False`` leaves the header out (the CLI printed it before the run).
+    """
+    start = RunStart(
+        builder=report.builder,
+        device=report.device,
+        seed=report.seed,
+        profile=report.profile,
+        max_examples=report.max_examples,
+    )
+    lines = [format_header(start), ""] if header else []
+    lines += [
         f"{'invariant':28} {'status':12} {'examples':>8}  title",
         f"{'-' * 28} {'-' * 12} {'-' * 8}  {'-' * 40}",
     ]
@@ -144,7 +194,92 @@ def report_to_dict(report: Report) -> dict[str, Any]:
     data["schema_version"] = JSON_SCHEMA_VERSION
     data["kit_version"] = _kit_version()
     data["ok"] = report.ok
+    data["complete"] = True
+    data["incomplete_reason"] = None
     return data
+
+
+#: Why an incomplete output says it is incomplete.
+INCOMPLETE_REASON = (
+    "INCOMPLETE: the run had not ended when this file was written (it is still running, "
+    "or was killed before it could write its report); no verdict"
+)
+
+
+def incomplete_report_dict(start: RunStart) -> dict[str, Any]:
+    """The JSON a run writes where its report will go, before its first example.
+
+    Valid against ``report.schema.json`` with ``complete: false`` and
+    ``ok: false`` and no results: a killed run leaves this, never a stale
+    report of an earlier run.
+    """
+    return {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "kit_version": _kit_version(),
+        "builder": start.builder,
+        "device": start.device,
+        "seed": start.seed,
+        "profile": start.profile,
+        "max_examples": start.max_examples,
+        "results": [],
+        "seconds": 0.0,
+        "options": {
+            "builder": start.builder,
+            "device": start.device,
+            "seed": start.seed,
+            "profile": start.profile,
+            "max_examples": start.max_examples,
+        },
+        "coverage": {},
+        "reach": None,
+        "interrupted": False,
+        "ok": False,
+        "complete": False,
+        "incomplete_reason": INCOMPLETE_REASON,
+    }
+
+
+def write_incomplete_json(start: RunStart, path: Path) -> None:
+    """Write :func:`incomplete_report_dict` to ``path`` (the final report overwrites it).
+
+    Raises:
+        OSError: ``path`` cannot be opened for writing.
+    """
+    with path.open("w", encoding="utf-8") as out:
+        out.write(json.dumps(incomplete_report_dict(start), indent=2))
+
+
+def write_incomplete_junit(start: RunStart, path: Path) -> None:
+    """Write a JUnit file with one ``error`` case saying the run is incomplete.
+
+    A CI that reads it before the final report overwrites it (or after the
+    run was killed) sees an error, never a pass.
+
+    Raises:
+        OSError: ``path`` cannot be opened for writing.
+    """
+    name = _clean(f"kvref-conformance {start.builder}")
+    totals = {"tests": "1", "failures": "0", "errors": "1", "skipped": "0", "time": "0.000"}
+    suites = ET.Element("testsuites", {"name": name, **totals})
+    suite = ET.SubElement(suites, "testsuite", {"name": name, **totals})
+    props = ET.SubElement(suite, "properties")
+    for key, value in (
+        ("builder", start.builder),
+        ("seed", start.seed),
+        ("device", start.device),
+        ("profile", start.profile),
+        ("max_examples", start.max_examples),
+        ("kit_version", _kit_version()),
+        ("ok", False),
+        ("complete", False),
+    ):
+        ET.SubElement(props, "property", name=key, value=_clean(str(value)))
+    case = ET.SubElement(
+        suite, "testcase", classname="kvref.conformance", name="run", time="0", status="incomplete"
+    )
+    ET.SubElement(case, "error", message=INCOMPLETE_REASON, type="incomplete")
+    with path.open("wb") as out:
+        ET.ElementTree(suites).write(out, encoding="utf-8", xml_declaration=True)
 
 
 def json_schema_path() -> Path:
@@ -193,6 +328,7 @@ def write_junit(report: Report, path: Path) -> None:
         ("max_examples", report.max_examples),
         ("kit_version", _kit_version()),
         ("ok", report.ok),
+        ("complete", True),
         ("interrupted", report.interrupted),
         ("xpass", ",".join(r.id for r in report.by_status("xpass"))),
     ):
