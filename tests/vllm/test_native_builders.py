@@ -1,0 +1,348 @@
+"""Meta-tests: the kit's verdicts on vLLM-native vendor builders (tests/vllm/native_builders).
+
+Platform vendors write builders against vLLM, not kvref: subclasses of
+vLLM's ``DefaultKVCacheConfigBuilder`` over vLLM's own spec classes and the
+real ``VllmConfig``.  The kit loads them through its adapter and must:
+
+- pass the legal ones, except for the invariants that vLLM 0.33.0's own
+  code breaks (docs/vllm.md), which a vLLM-native builder inherits wherever
+  it calls ``super()``: each such failure must be reported as inherited;
+- fail each broken one with the invariant its docstring names, as the
+  builder's own finding (not inherited), and otherwise only with what the
+  builder declares sees the same bug from another side, or inherits.
+
+Every verdict is checked on a default run (50 examples per scenario): the
+fast tier at one seed with the paper invariants, the ``slow`` tier with the
+whole catalog at two seeds and with reach measured.  Each run must also have
+drawn the model family that opens the builder's gate, and a cheap check
+proves the gates open on the kit's own examples of that family, so that a
+pass is never a pass of ``super()`` alone.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# tests/ is on sys.path during a full run, and tests/vllm then looks like a
+# namespace package called "vllm": ask for a real vLLM module.
+pytest.importorskip("vllm.v1.core.kv_cache_planning")
+
+from hypothesis import HealthCheck, given, settings
+from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
+
+from conformance import Report, check_builder
+from conformance.check.catalog import catalog
+from conformance.generate.families import family_strategy
+from conformance.run.adapters import load_builder
+from conformance.run.examples import Example, problem_examples
+from kvref.interop import vllm as iv
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = "tests.vllm.native_builders"
+
+#: What vLLM 0.33.0's own default builder breaks (docs/vllm.md): the PP
+#: projection of an empty group (vLLM issue 54711) and the block-ID alias of
+#: layer-outer groups whose layers of one page ask for different
+#: ``block_stride_alignment`` (seen on paper, on the device and as a pitch).
+UPSTREAM = frozenset(
+    {"KV-CORE-WORKER-LAYERS", "KV-PLACE-NO-BLOCK-ALIAS", "KV-DEV-TAGS", "KV-PLACE-PAGE-PITCH"}
+)
+
+#: The fast tier's invariants: every paper check but the twin-process one
+#: (device, serving, profiling and the twin run in the slow tier).
+PAPER = tuple(
+    inv.id
+    for inv in catalog()
+    if inv.id.startswith(("KV-CALL", "KV-GROUP", "KV-PLACE", "KV-CORE"))
+    and inv.id != "KV-GROUP-HASH-STABLE"
+)
+FAST_SEED = 1
+SLOW_SEEDS = (1, 2)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One native builder and what the kit must say about it.
+
+    Attributes:
+        name: ``module:Class`` inside :data:`PKG`.
+        family: the built-in family whose examples open the builder's gate
+            (``None``: none does).
+        meant: the invariant a broken builder's planted bug must fail
+            (``None``: a legal builder).
+        also: invariants that see the same bug from another side.
+        fast: whether the fast tier checks it (a legal builder with every paper
+            invariant, a broken one with its meant invariant alone).
+    """
+
+    name: str
+    family: str | None
+    meant: str | None = None
+    also: frozenset[str] = field(default_factory=frozenset)
+    fast: bool = True
+
+    @property
+    def qualname(self) -> str:
+        """The builder's ``module:Class`` as the kit loads it."""
+        return f"{PKG}.{self.name}"
+
+    @property
+    def id(self) -> str:
+        """The test id: the class name."""
+        return self.name.partition(":")[2]
+
+
+LEGAL = (
+    # super() wherever the kit goes: the slow tier's full runs check it.
+    Case("hydra:HydraPassThroughBuilder", None, fast=False),
+    Case("deepseek_v32:DeepSeekV32TupleBuilder", "deepseek_v32"),
+    Case("glm5:GLM5TopDownBuilder", "glm5"),
+    Case("deepseek_v4:DeepSeekV4TupleBuilder", "deepseek_v4", fast=False),
+)
+BROKEN = (
+    Case(
+        "deepseek_v4_mtp_bug:DeepSeekV4MTPOverlapBuilder",
+        "deepseek_v4",
+        "KV-PLACE-NO-LAYER-OVERLAP",
+        # The device tags and the serving simulation see the overwrite too.
+        frozenset({"KV-DEV-TAGS", "KV-SERVE-ISOLATION", "KV-SERVE-POOL"}),
+    ),
+    Case(
+        "glm5_bugs:GLM5ShortBackingBuilder",
+        "glm5",
+        "KV-PLACE-BACKING-SIZE",
+        # The last block's pages lie past the short backing (on paper, as
+        # views, as tags, for served requests); Core sees a block of slack.
+        frozenset(
+            {
+                "KV-PLACE-IN-BOUNDS",
+                "KV-CORE-SLACK",
+                "KV-DEV-VIEWS",
+                "KV-DEV-TAGS",
+                "KV-SERVE-ISOLATION",
+                "KV-SERVE-POOL",
+            }
+        ),
+    ),
+    Case(
+        "glm5_bugs:GLM5ReversingBuilder",
+        "glm5",
+        "KV-PLACE-INPUT-UNCHANGED",
+        # The config echoes the reversed groups.
+        frozenset({"KV-PLACE-GROUPS-ECHOED"}),
+    ),
+    Case(
+        "glm5_bugs:GLM5DropsMTPBuilder",
+        "glm5",
+        "KV-GROUP-PARTITION",
+        # vLLM's Core asserts the partition (an AssertionError, untyped),
+        # and the dropped layer has no tensor.
+        frozenset({"KV-CALL-RAISES", "KV-CORE-ERROR-TYPED", "KV-PLACE-LAYER-MISSING"}),
+    ),
+    Case(
+        "deepseek_v32_bug:DeepSeekV32PoolBytesBugBuilder",
+        "deepseek_v32",
+        "KV-PLACE-POOL-BYTES",
+        # Core sizes the pool with the short block and plans more blocks than fit.
+        frozenset({"KV-CORE-MEMORY", "KV-CORE-SLACK", "KV-CORE-ADMISSION"}),
+    ),
+)
+ALL = LEGAL + BROKEN
+
+
+def failed_ids(report: Report) -> set[str]:
+    """Ids of every invariant that failed or could not be judged (both fail a run)."""
+    return {r.id for r in report.results if r.status in ("fail", "inconclusive")}
+
+
+def _describe(report: Report) -> list[tuple[str, str, str]]:
+    return [
+        (r.id, r.status, str((r.violations or (r.reason,))[0])[:300])
+        for r in report.results
+        if r.status in ("fail", "inconclusive")
+    ]
+
+
+def drew(report: Report, family: str) -> int:
+    """How many examples of ``family`` the run's placement and Core scenarios drew."""
+    return sum(
+        report.coverage.get(s, {}).get("families", {}).get(family, 0) for s in ("placement", "core")
+    )
+
+
+def assert_verdict(case: Case, report: Report) -> None:
+    """The legal pass, the broken fail as meant; anything else only as an inherited defect."""
+    failed = failed_ids(report)
+    by_id = {r.id: r for r in report.results}
+    if case.family is not None:
+        assert drew(report, case.family) >= 2, report.coverage.get("placement")
+    if case.meant is None:
+        assert failed <= UPSTREAM, _describe(report)
+    else:
+        assert case.meant in failed, _describe(report)
+        assert not by_id[case.meant].inherited, by_id[case.meant]
+        assert by_id[case.meant].violations, by_id[case.meant]
+        assert failed <= {case.meant} | case.also | UPSTREAM, _describe(report)
+    # What vLLM's own default breaks is reported as inherited, never as the vendor's.
+    for inv in failed & UPSTREAM - case.also:
+        assert by_id[inv].inherited, (inv, by_id[inv].violations)
+
+
+def run_kit(case: Case, seed: int, select: tuple[str, ...] | None, **kw: Any) -> Report:
+    """The kit's default run (profile ci, 50 examples per scenario) of ``case``'s builder."""
+    return check_builder(load_builder(case.qualname), seed=seed, select=select, shrink=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def fast_runs() -> Iterator[dict[str, Report]]:
+    """Each builder's fast-tier run, made once per module on first use."""
+    cache: dict[str, Report] = {}
+
+    class Runs(dict[str, Report]):
+        def __missing__(self, key: str) -> Report:
+            case = next(c for c in ALL if c.qualname == key)
+            select = PAPER if case.meant is None else (case.meant,)
+            cache[key] = run_kit(case, FAST_SEED, select)
+            return cache[key]
+
+    yield Runs()
+
+
+class TestLoading:
+    """The kit loads every native builder through its vLLM adapter."""
+
+    @pytest.mark.parametrize("case", ALL, ids=lambda c: c.id)
+    def test_wrapped_as_vllm_native(self, case: Case) -> None:
+        """``module:Class`` gives an adapter over the native class, which subclasses vLLM's."""
+        adapter: Any = load_builder(case.qualname)
+        assert issubclass(adapter.native_cls, DefaultKVCacheConfigBuilder)
+        assert adapter.native_cls.__module__ == case.qualname.partition(":")[0]
+        assert callable(adapter.kvref_core)
+        # The adapter forwards the pool-bytes hook only where the native class overrides it.
+        overrides = "_get_pool_bytes_per_block" in vars(adapter)
+        native = adapter.native_cls._get_pool_bytes_per_block
+        assert overrides == (native is not DefaultKVCacheConfigBuilder._get_pool_bytes_per_block)
+
+
+def _family_examples(family: str, count: int = 8) -> list[Example]:
+    found: list[Example] = []
+
+    @settings(
+        max_examples=count,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(example=problem_examples("placement", family_strategy(family)))
+    def collect(example: Example) -> None:
+        found.append(example)
+
+    collect()
+    return found
+
+
+class TestGatesOpen:
+    """The kit's own examples of each family open the builder's gate (its code is reached)."""
+
+    @pytest.mark.parametrize("case", [c for c in LEGAL if c.family is not None], ids=lambda c: c.id)
+    def test_family_examples_are_placed_by_the_platform(self, case: Case) -> None:
+        """Some drawn example of the family is placed by the builder's own slot plan."""
+        assert case.family is not None
+        native = load_builder(case.qualname).native_cls  # type: ignore[union-attr]
+        builder = native()
+        opened = 0
+        for example in _family_examples(case.family):
+            vcfg = iv.to_vllm_config(example.config)
+            specs = iv.specs_to_vllm(example.merged)
+            groups = builder.get_kv_cache_groups(vcfg, dict(specs))
+            opened += builder._slot_plan(vcfg, groups) is not None
+        assert opened >= 1
+
+    def test_unknown_family_never_opens_hydra(self) -> None:
+        """No built-in family makes Hydra names: the pass-through's grouping is vLLM's."""
+        native = load_builder(LEGAL[0].qualname).native_cls  # type: ignore[union-attr]
+        for family in ("glm5", "deepseek_v4", "hybrid"):
+            for example in _family_examples(family, 3):
+                vcfg = iv.to_vllm_config(example.config)
+                specs = iv.specs_to_vllm(example.merged)
+                ours = native().get_kv_cache_groups(vcfg, dict(specs))
+                theirs = DefaultKVCacheConfigBuilder().get_kv_cache_groups(vcfg, dict(specs))
+                assert ours == theirs
+
+
+class TestFastVerdicts:
+    """One seed: legal builders pass the paper invariants, broken ones fail the one meant."""
+
+    @pytest.mark.parametrize("case", [c for c in LEGAL if c.fast], ids=lambda c: c.id)
+    def test_legal_builder_passes(self, fast_runs: dict[str, Report], case: Case) -> None:
+        """Only vLLM's own upstream defects fail, each reported as inherited."""
+        assert_verdict(case, fast_runs[case.qualname])
+
+    @pytest.mark.parametrize("case", [c for c in BROKEN if c.fast], ids=lambda c: c.id)
+    def test_planted_bug_is_caught(self, fast_runs: dict[str, Report], case: Case) -> None:
+        """The meant invariant fails, as the builder's own finding."""
+        report = fast_runs[case.qualname]
+        assert_verdict(case, report)
+        assert failed_ids(report) == {case.meant}
+
+
+@pytest.mark.slow
+class TestFullCatalog:
+    """The whole catalog at two seeds (device, serving, profiling and the twin included)."""
+
+    @pytest.mark.parametrize("seed", SLOW_SEEDS)
+    @pytest.mark.parametrize("case", ALL, ids=lambda c: c.id)
+    def test_verdict(self, case: Case, seed: int) -> None:
+        """The same verdicts with every invariant of the catalog."""
+        assert_verdict(case, run_kit(case, seed, None))
+
+
+def _cli(case: Case, out: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    argv = [sys.executable, "-m", "conformance.cli", case.qualname, "--seed", str(FAST_SEED)]
+    argv += ["--json", str(out), "--no-database", *extra]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert out.exists(), done.stdout[-2000:] + done.stderr[-2000:]
+    return done.returncode, json.loads(out.read_text())
+
+
+class TestCLI:
+    """``python -m conformance.cli tests.vllm.native_builders.<mod>:<Class>`` gives the verdicts."""
+
+    def test_legal_and_broken(self, tmp_path: Path) -> None:
+        """The legal GLM-5 builder fails nothing of its own; the short backing is caught."""
+        legal = next(c for c in LEGAL if c.family == "glm5")
+        broken = next(c for c in BROKEN if c.meant == "KV-PLACE-BACKING-SIZE")
+        select = ("--select", "KV-PLACE-BACKING-SIZE,KV-PLACE-IN-BOUNDS", "--no-reach")
+        rc, data = _cli(legal, tmp_path / "legal.json", *select)
+        failed = {r["id"] for r in data["results"] if r["status"] in ("fail", "inconclusive")}
+        assert failed <= UPSTREAM, failed
+        assert rc == (0 if data["ok"] else 1)
+        assert data["builder"] == legal.qualname
+        rc, data = _cli(broken, tmp_path / "broken.json", *select)
+        failed = {r["id"] for r in data["results"] if r["status"] in ("fail", "inconclusive")}
+        assert rc == 1 and not data["ok"]
+        assert broken.meant in failed, failed
+        assert failed <= {broken.meant} | broken.also | UPSTREAM, failed
+
+    @pytest.mark.slow
+    def test_default_run(self, tmp_path: Path) -> None:
+        """The CLI's default run (whole catalog, reach measured) on the same two builders."""
+        legal = next(c for c in LEGAL if c.family == "glm5")
+        broken = next(c for c in BROKEN if c.meant == "KV-PLACE-BACKING-SIZE")
+        _, data = _cli(legal, tmp_path / "legal.json")
+        failed = {r["id"] for r in data["results"] if r["status"] in ("fail", "inconclusive")}
+        assert failed <= UPSTREAM, failed
+        _, data = _cli(broken, tmp_path / "broken.json")
+        failed = {r["id"] for r in data["results"] if r["status"] in ("fail", "inconclusive")}
+        assert broken.meant in failed and failed <= {broken.meant} | broken.also | UPSTREAM
