@@ -16,7 +16,7 @@ PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 VLLM_SPEC=${VLLM_SPEC:-vllm==0.33.0}
 
-pip() { "$PYTHON" -m pip install --disable-pip-version-check "$@"; }
+pip() { "$PYTHON" -m pip install -q --disable-pip-version-check "$@"; }
 
 pip "$TORCH_SPEC"
 pip --no-deps "$VLLM_SPEC"

@@ -48,6 +48,9 @@ class InvariantResult:
         reproduce: a command that reruns the failing example.
         inherited: set when the builder's parent class fails the same way on
             the counterexample (the failure is inherited, not the builder's own).
+        upstream: set when a vLLM-native builder's failure matches a documented
+            vLLM 0.33.0 defect that vLLM's own default builder shows on the same
+            counterexample (it stays a failure: the vendor ships that code).
     """
 
     id: str
@@ -63,6 +66,7 @@ class InvariantResult:
     reason: str | None = None
     reproduce: str | None = None
     inherited: str | None = None
+    upstream: str | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -178,6 +178,8 @@ def _finding(r: InvariantResult) -> list[str]:
     lines += [f"  - {v}" for v in r.violations]
     if r.inherited:
         lines.append(f"  inherited: {r.inherited}")
+    if r.upstream:
+        lines.append(f"  upstream: {r.upstream}")
     if r.counterexample:
         lines.append(f"  minimal counterexample ({r.scenario} scenario): {r.counterexample}")
     if r.counterexample_python:

@@ -33,6 +33,7 @@ from conformance.run.reach import ReachError, ReachMeter
 from conformance.run.scenarios import ConstructionFailedError, Context, make_factory, observe
 from conformance.run.search import Namespaced, search
 from conformance.run.strata import Stratum, draw, run_strata, stratum_seed
+from conformance.run.upstream import matching_defect
 from kvref.builder import KVCacheConfigBuilder
 
 __all__ = [
@@ -150,6 +151,25 @@ def parent_builder(builder: object) -> type[KVCacheConfigBuilder] | None:
 
             return wrap_vllm_builder(base)
     return None
+
+
+def vllm_native_class(builder: object) -> type[Any] | None:
+    """The vLLM-native class the builder runs (through the adapter, maybe isolated), or ``None``."""
+    cls = builder if isinstance(builder, type) else type(builder)
+    cls = getattr(cls, "kvref_target", cls)
+    native = getattr(cls, "native_cls", None)
+    return native if isinstance(native, type) else None
+
+
+def vllm_default_builder() -> type[KVCacheConfigBuilder] | None:
+    """VLLM's own ``DefaultKVCacheConfigBuilder`` behind the adapter (``None``: no vLLM)."""
+    from conformance.run.vllm_adapter import wrap_vllm_builder
+    from kvref.interop.vllm import VLLMUnavailableError, vllm_modules
+
+    try:
+        return wrap_vllm_builder(vllm_modules().kvp.DefaultKVCacheConfigBuilder)
+    except (VLLMUnavailableError, AttributeError):
+        return None
 
 
 def _preflight(builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder], guard: Guard) -> None:
@@ -543,6 +563,7 @@ class _Run:
             violations = tally.found
         return {
             "inherited": self._inherited(inv, scenario, minimal),
+            "upstream": self._upstream(inv, scenario, minimal),
             "violations": violations[:5],
             "counterexample": repr(minimal),
             "counterexample_python": minimal.to_python(),
@@ -553,30 +574,53 @@ class _Run:
     def _inherited(self, inv: Invariant, scenario: str, example: Example) -> str | None:
         """Whether the builder's parent builder fails the same way on the counterexample."""
         parent = parent_builder(self.builder)
-        if parent is None or self.guard.hung is not None:
-            return None
-        guard = Guard(self.options.timeout)
-        qualname, note = resolvable_qualname(parent, builder_name(parent))
-        ctx = attrs.evolve(
-            self.ctx,
-            factory=make_factory(parent, guard),
-            guard=guard,
-            core=getattr(parent, "kvref_core", None),
-            qualname=qualname,
-            qualname_note=note,
-            # The parent runs in this process, so resolution does too.
-            resolver=None,
-        )
-        try:
-            broken = _judge(inv, observe(ctx, scenario, example))
-        except Exception:
-            return None
-        if not broken or isinstance(broken, Unjudged):
+        if parent is None or not self._fails_with(parent, inv, scenario, example):
             return None
         return (
             f"also fails with the parent builder {builder_name(parent)} on this "
             "counterexample: inherited, not introduced by this builder"
         )
+
+    def _upstream(self, inv: Invariant, scenario: str, example: Example) -> str | None:
+        """The documented vLLM defect a vLLM-native builder's failure matches (``None``: none).
+
+        It matches when the inputs have the defect's shape and vLLM's own
+        default builder fails the same invariant on them (run/upstream.py).
+        """
+        if vllm_native_class(self.builder) is None:
+            return None
+        defect = matching_defect(inv.id, example)
+        if defect is None:
+            return None
+        default = vllm_default_builder()
+        if default is None or not self._fails_with(default, inv, scenario, example):
+            return None
+        return (
+            f"{defect.describe()}; vLLM's own DefaultKVCacheConfigBuilder fails it on this "
+            "counterexample too"
+        )
+
+    def _fails_with(self, other: Any, inv: Invariant, scenario: str, example: Example) -> bool:
+        """Whether ``other`` (a default builder, run here) fails ``inv`` on ``example``."""
+        if self.guard.hung is not None:
+            return False
+        guard = Guard(self.options.timeout)
+        qualname, note = resolvable_qualname(other, builder_name(other))
+        ctx = attrs.evolve(
+            self.ctx,
+            factory=make_factory(other, guard),
+            guard=guard,
+            core=getattr(other, "kvref_core", None),
+            qualname=qualname,
+            qualname_note=note,
+            # The default builder runs in this process, so resolution does too.
+            resolver=None,
+        )
+        try:
+            broken = _judge(inv, observe(ctx, scenario, example))
+        except Exception:
+            return False
+        return bool(broken) and not isinstance(broken, Unjudged)
 
     def _shrink(self, inv: Invariant, scenario: str, failing: Example, stratum: Stratum) -> Example:
         if inv.id == "KV-CALL-TIMEOUT":

@@ -40,7 +40,8 @@ class TestAdapter:
         loaded = load_builder("vllm.v1.core.kv_cache_planning:DefaultKVCacheConfigBuilder")
         assert isinstance(loaded, type)
         assert callable(loaded.kvref_core)  # type: ignore[attr-defined]
-        assert "host_resident" in loaded.kvref_unsupported  # type: ignore[attr-defined]
+        # vLLM keeps layers on the host only as HiSparse's source storage.
+        assert loaded.kvref_unsupported == ("host_outside_hisparse",)  # type: ignore[attr-defined]
 
     def test_fresh_native_per_instance(self) -> None:
         """Each adapter instance owns its own native builder."""

@@ -1,0 +1,126 @@
+"""vLLM 0.33.0's documented defects, and how a failure is matched to one.
+
+A vendor's vLLM-native builder that calls ``super()`` ships vLLM's own code,
+defects included: such a failure stays a failure (the vendor ships it), but
+the report names the upstream defect it matches, so a vendor can tell its
+own bugs from upstream's at a glance.
+
+A failure matches a defect when three things hold on the minimal
+counterexample: the failing invariant is one the defect breaks, the inputs
+have the defect's shape (its *signature*, below), and vLLM's own
+``DefaultKVCacheConfigBuilder`` fails the same invariant on the same inputs
+(the caller checks that last one by running it).  The defects are described
+in docs/vllm.md ("Differences between kvref and vLLM 0.33.0").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from kvref.specs import KVCacheSpec
+
+__all__ = ["DEFECTS", "UpstreamDefect", "matching_defect"]
+
+
+@attrs.frozen
+class UpstreamDefect:
+    """One documented defect of vLLM 0.33.0's default planning.
+
+    Attributes:
+        key: a stable name (used in the report and the expectations manifest).
+        title: what goes wrong, in a line.
+        invariants: the invariants it breaks.
+        doc: where docs/vllm.md describes it.
+        issue: the upstream issue, when one is known.
+        signature: whether an example has the inputs the defect needs.
+    """
+
+    key: str
+    title: str
+    invariants: frozenset[str]
+    doc: str
+    issue: str | None
+    signature: Callable[[Any], bool] = attrs.field(eq=False, repr=False)
+
+    def describe(self) -> str:
+        """One line for the report."""
+        issue = f", {self.issue}" if self.issue else ""
+        return f"vLLM 0.33.0 defect {self.key}: {self.title} ({self.doc}{issue})"
+
+
+def _pipelined(example: Any) -> bool:
+    # The projection defect needs a group whose layers all live on other workers.
+    return len(getattr(example, "workers", ())) > 1
+
+
+def _mixed_alignment(specs: Mapping[str, KVCacheSpec]) -> bool:
+    strides: dict[int, set[int]] = {}
+    for spec in specs.values():
+        strides.setdefault(spec.page_size_bytes, set()).add(spec.block_stride)
+    return any(len(found) > 1 for found in strides.values())
+
+
+def _aliasing_strides(example: Any) -> bool:
+    # A serving example carries its planning problem.
+    config = getattr(example, "config", None) or getattr(
+        getattr(example, "example", None), "config", None
+    )
+    layout = getattr(config, "kv_cache_layout", None)
+    if layout is None or layout.is_block_outermost:
+        return False
+    workers: Sequence[Mapping[str, KVCacheSpec]] = getattr(example, "workers", ())
+    # Several scenarios place every worker's layers together (one plan of the
+    # merged specs): the strides can differ across workers too.
+    merged = {name: spec for worker in workers for name, spec in worker.items()}
+    return _mixed_alignment(merged)
+
+
+#: The defects docs/vllm.md documents, by key.
+DEFECTS: tuple[UpstreamDefect, ...] = (
+    UpstreamDefect(
+        key="pp-empty-group-projection",
+        title=(
+            "pipeline-parallel projection of a uniform-type group with no layers on a worker "
+            "keeps the global wrapper, so that worker gets a tensor for layers it does not hold"
+        ),
+        invariants=frozenset({"KV-CORE-WORKER-LAYERS"}),
+        doc="docs/vllm.md#differences-between-kvref-and-vllm-0330 (b)",
+        issue="vLLM issue 54711",
+        signature=_pipelined,
+    ),
+    UpstreamDefect(
+        key="layer-outer-stride-alias",
+        title=(
+            "in layer-outer layouts, layers of one page size that ask for different "
+            "block_stride_alignment get different block strides, so distinct block IDs alias"
+        ),
+        invariants=frozenset(
+            {
+                "KV-PLACE-NO-BLOCK-ALIAS",
+                "KV-PLACE-NO-LAYER-OVERLAP",
+                "KV-PLACE-PAGE-PITCH",
+                "KV-DEV-TAGS",
+                "KV-SERVE-ISOLATION",
+                "KV-SERVE-POOL",
+            }
+        ),
+        doc="docs/vllm.md#differences-between-kvref-and-vllm-0330 (c)",
+        issue=None,
+        signature=_aliasing_strides,
+    ),
+)
+
+
+def matching_defect(invariant: str, example: Any) -> UpstreamDefect | None:
+    """The documented defect whose invariants and signature fit this failure (``None``: none).
+
+    The caller must still confirm that vLLM's own default builder fails
+    ``invariant`` on ``example``: the shape alone proves nothing.
+    """
+    for defect in DEFECTS:
+        if invariant in defect.invariants and defect.signature(example):
+            return defect
+    return None

@@ -1,0 +1,110 @@
+"""The vLLM-native path end to end: vLLM's own default builder, as a vendor would run the kit.
+
+A vendor points ``kvref-conformance`` at a subclass of vLLM's
+``DefaultKVCacheConfigBuilder``.  On vLLM's default itself the kit must
+report nothing but vLLM 0.33.0's documented defects (docs/vllm.md), each
+failure naming its defect; the kit's own failures are exit 2, never a
+verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm.v1.core.kv_cache_planning")
+
+from conformance.cli import main
+from conformance.run.upstream import DEFECTS
+from kvref.interop import vllm_config
+
+pytestmark = pytest.mark.vllm
+
+DEFAULT = "vllm.v1.core.kv_cache_planning:DefaultKVCacheConfigBuilder"
+UPSTREAM_INVARIANTS = {inv for d in DEFECTS for inv in d.invariants}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cli_report(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
+    out = tmp_path / "report.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-m", "conformance.cli", DEFAULT, "--json", str(out), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=900,
+        check=False,
+    )
+    report = json.loads(out.read_text()) if out.exists() else {}
+    return done.returncode, report, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_default_builder_fails_only_named_upstream_defects(tmp_path: Path, seed: int) -> None:
+    """The CLI's default run on vLLM's default: every failure is a named, documented defect."""
+    code, report, output = _cli_report(tmp_path, "--seed", str(seed), "--no-database")
+    assert report, f"no report was written:\n{output[-3000:]}"
+    assert code == 1, output[-3000:]  # the defects are real: the run fails on them
+    bad = {r["id"]: r["status"] for r in report["results"] if r["status"] == "inconclusive"}
+    assert not bad, f"not judged on vLLM's default: {bad}"
+    failed = [r for r in report["results"] if r["status"] == "fail"]
+    assert failed, "vLLM 0.33.0's documented defects are found at this seed"
+    for result in failed:
+        assert result["id"] in UPSTREAM_INVARIANTS, (result["id"], result["violations"])
+        assert result["upstream"] and "vLLM 0.33.0 defect" in result["upstream"], result
+    # The kit's own limits are never blamed on the builder.
+    assert "UnsupportedError" not in output and "internal error" not in output
+
+
+class TestKitErrors:
+    """An exception in the kit's own adapter ends the run with exit 2, never a verdict."""
+
+    @pytest.mark.parametrize("isolate", ["--isolate", "--no-isolate"])
+    def test_planted_adapter_exception_is_exit_2(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+        tmp_path: Path,
+        isolate: str,
+    ) -> None:
+        def broken(config: object) -> object:
+            raise RuntimeError("planted adapter bug")
+
+        # The forked worker inherits the patch, so both modes meet it.
+        monkeypatch.setattr(vllm_config, "_template", broken)
+        out = tmp_path / "r.json"
+        args = [DEFAULT, isolate, "--select", "KV-GROUP-PARTITION", "--max-examples", "3"]
+        code = main([*args, "--seed", "1", "--no-database", "--no-reach", "--json", str(out)])
+        err = capsys.readouterr().err
+        assert code == 2
+        assert "internal error in the kit (vLLM adapter)" in err
+        assert "planted adapter bug" in err
+        assert "please report it" in err
+
+
+def test_upstream_names_only_with_the_default_failing_too() -> None:
+    """A failure whose shape fits a defect is not called upstream unless vLLM's default fails."""
+    from conformance.run.examples import Example
+    from conformance.run.upstream import matching_defect
+    from kvref import FullAttentionSpec, KVCacheLayout, PlanningConfig
+
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype="bfloat16")
+    example = Example(
+        config=PlanningConfig(kv_cache_layout=KVCacheLayout.BLHNC, pipeline_parallel_size=2),
+        workers=({"a": spec}, {"b": spec}),
+        available_memory=(2**30, 2**30),
+        num_blocks=4,
+        description="two workers",
+    )
+    assert matching_defect("KV-CORE-WORKER-LAYERS", example) is not None
+    # Block-outermost layouts never alias across strides: no defect of that shape.
+    assert matching_defect("KV-PLACE-NO-BLOCK-ALIAS", example) is None
+    assert matching_defect("KV-GROUP-PARTITION", example) is None
