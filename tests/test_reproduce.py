@@ -8,6 +8,7 @@ vendor would run it, in a fresh process, and must fail the same invariant.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import broken_builders
@@ -263,3 +265,89 @@ def test_replay_errors_name_what_is_missing(work: Path) -> None:
     with pytest.raises(ReplayError, match="not a readable JSON report"):
         conformance.reproduce(bad, "KV-GROUP-PARTITION")
     assert isinstance(ReplayError("x"), ValueError)
+
+
+# -- replay from data, never from the report's Python ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def out_of_bounds_report() -> Iterator[dict[str, Any]]:
+    """One JSON report (as data) of a failure of KV-PLACE-IN-BOUNDS, shared by the tests below."""
+    with tempfile.TemporaryDirectory(prefix="kvref-reproduce-") as name:
+        builder = broken_builders.OutOfBoundsOffset
+        path = _report_json(builder, [builder.CAUGHT_BY], Path(name) / "r.json")
+        yield json.loads(path.read_text())
+
+
+def _with_result(report: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """A deep copy of ``report`` whose failing result has ``changes``."""
+    data = copy.deepcopy(report)
+    meant = broken_builders.OutOfBoundsOffset.CAUGHT_BY
+    entry = next(r for r in data["results"] if r["id"] == meant)
+    entry.update(changes)
+    return data
+
+
+def _spec_fields(report: dict[str, Any]) -> dict[str, Any]:
+    """The fields of the first layer spec of the first worker, in the report's data."""
+    meant = broken_builders.OutOfBoundsOffset.CAUGHT_BY
+    entry = next(r for r in report["results"] if r["id"] == meant)
+    worker = entry["counterexample_data"]["workers"]["list"][0]
+    spec: dict[str, Any] = worker["dict"][0][1]
+    return spec
+
+
+def test_replay_never_runs_the_python_field(
+    out_of_bounds_report: dict[str, Any], work: Path
+) -> None:
+    """A planted payload in counterexample_python is neither run nor needed."""
+    meant = broken_builders.OutOfBoundsOffset.CAUGHT_BY
+    marker = work / "pwned"
+    payload = f"open({str(marker)!r}, 'w').write('ran')\nconfig = workers = None\n"
+    planted = _with_result(out_of_bounds_report, counterexample_python=payload)
+    path = work / "planted.json"
+    path.write_text(json.dumps(planted))
+    violations = conformance.reproduce(path, meant)
+    assert not marker.exists()
+    assert violations and {v.invariant for v in violations} == {meant}
+    # Without any Python at all: the structured data alone reproduces the failure.
+    bare = _with_result(out_of_bounds_report, counterexample_python=None)
+    assert conformance.reproduce(bare, meant) == violations
+    assert not marker.exists()
+
+
+def test_replay_refuses_an_unknown_class(out_of_bounds_report: dict[str, Any]) -> None:
+    """A record naming a class outside the kit's record types is refused, named."""
+    meant = broken_builders.OutOfBoundsOffset.CAUGHT_BY
+    data = copy.deepcopy(out_of_bounds_report)
+    _spec_fields(data)["record"] = "Popen"
+    with pytest.raises(ReplayError, match=r"workers\[0\]\[.*\]\.record='Popen' is not one of"):
+        conformance.reproduce(data, meant)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("block_size", "16", r"block_size='16' must be a positive int"),
+        ("dtype", {"dtype": "system"}, r"\.dtype\.dtype='system' is not the name of a torch dtype"),
+        ("head_size", [128], r"\.head_size=\[128\] is a list"),
+        ("__class__", 1, r"has no field '__class__'"),
+    ],
+)
+def test_replay_refuses_a_wrong_type(
+    out_of_bounds_report: dict[str, Any], field: str, value: Any, message: str
+) -> None:
+    """A field carrying a value its type refuses is a ReplayError naming field and value."""
+    meant = broken_builders.OutOfBoundsOffset.CAUGHT_BY
+    data = copy.deepcopy(out_of_bounds_report)
+    _spec_fields(data)["fields"][field] = value
+    with pytest.raises(ReplayError, match=message):
+        conformance.reproduce(data, meant)
+
+
+def test_replay_without_data_says_why(out_of_bounds_report: dict[str, Any]) -> None:
+    """A report without counterexample_data (an older kit) is refused, not executed."""
+    meant = broken_builders.OutOfBoundsOffset.CAUGHT_BY
+    data = _with_result(out_of_bounds_report, counterexample_data=None)
+    with pytest.raises(ReplayError, match="does not execute counterexample_python"):
+        conformance.reproduce(data, meant)

@@ -42,7 +42,11 @@ class InvariantResult:
         inconclusive: examples that could not judge it.
         violations: the violations of the shrunk counterexample.
         counterexample: a readable form of the minimal failing input.
-        counterexample_python: Python that rebuilds the minimal failing input.
+        counterexample_python: Python that rebuilds the minimal failing input,
+            for people to read (a replay never executes it).
+        counterexample_data: the minimal failing input as data
+            (:mod:`conformance.report.records`), what :func:`conformance.reproduce`
+            rebuilds it from; ``None`` where it holds a value data cannot carry.
         scenario: the scenario whose example failed.
         reason: why it was not judged, skipped or expected to fail.
         reproduce: a command that reruns the failing example.
@@ -62,6 +66,7 @@ class InvariantResult:
     violations: tuple[Violation, ...] = ()
     counterexample: str | None = None
     counterexample_python: str | None = None
+    counterexample_data: dict[str, Any] | None = None
     scenario: str | None = None
     reason: str | None = None
     reproduce: str | None = None

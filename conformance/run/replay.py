@@ -1,11 +1,18 @@
 """Replay one failure of a JSON report in this process, for a debugger.
 
 ``conformance.reproduce("report.json", "KV-PLACE-IN-BOUNDS")`` rebuilds the
-failure's minimal counterexample from the Python the report carries
-(``counterexample_python``), makes the builder the report names (or the one
-given), observes the example in the failing scenario with a fresh guard and
-returns what the invariant says now.  A breakpoint set in the builder's hook
-stops there: the calls run in this process, on a guard thread.
+failure's minimal counterexample from the report's structured data
+(``counterexample_data``, decoded by :func:`conformance.report.records.decode_example`,
+which accepts only plain values and the kit's own record types), makes the
+builder the report names (or the one given), observes the example in the
+failing scenario with a fresh guard and returns what the invariant says now.
+A breakpoint set in the builder's hook stops there: the calls run in this
+process, on a guard thread.
+
+The report's ``counterexample_python`` is never executed: a report is
+another team's CI artifact, and replaying it must not run what it contains.
+(The builder is still imported by the name in ``options.builder`` unless
+``builder=`` is given: pass the builder for a report you do not trust.)
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import Any
 
 from conformance.check.catalog import Unjudged, by_id
 from conformance.check.violations import Violation
+from conformance.report.records import RecordError, decode_example
 from conformance.run.examples import Example
 from conformance.run.guard import Guard
 from conformance.run.observations import ConstructFailure
@@ -51,13 +59,38 @@ def _result(data: Mapping[str, Any], invariant_id: str) -> Mapping[str, Any]:
         raise ReplayError("the report has no 'results' list")
     for entry in results:
         if isinstance(entry, dict) and entry.get("id") == invariant_id:
-            if not entry.get("counterexample_python") or not entry.get("scenario"):
+            if entry.get("status") not in ("fail", "xfail") or not entry.get("scenario"):
                 raise ReplayError(
                     f"{invariant_id} has status {entry.get('status')!r} in the report and no "
                     "counterexample to replay (only failures carry one)"
                 )
             return entry
     raise ReplayError(f"the report has no result for invariant_id={invariant_id!r}")
+
+
+def _example(entry: Mapping[str, Any], invariant_id: str) -> Example:
+    """The failure's counterexample, rebuilt from its data (never from its Python)."""
+    data = entry.get("counterexample_data")
+    if data is None:
+        raise ReplayError(
+            f"{invariant_id} has no counterexample_data in the report (an older kit "
+            "wrote none, and a vendor's own vLLM spec class has no data form); the kit does "
+            "not execute counterexample_python: rerun its reproduce line instead"
+        )
+    try:
+        config, workers, memory, num_blocks = decode_example(
+            data, where=f"results[{invariant_id}].counterexample_data"
+        )
+    except RecordError as exc:
+        raise ReplayError(f"the counterexample of {invariant_id} does not rebuild: {exc}") from None
+    description = entry.get("counterexample")
+    return Example(
+        config=config,
+        workers=workers,
+        available_memory=memory,
+        num_blocks=num_blocks,
+        description=description if isinstance(description, str) else "",
+    )
 
 
 def _builder(data: Mapping[str, Any], given: Builder | None) -> Builder:
@@ -143,12 +176,7 @@ def reproduce(
     entry = _result(data, invariant_id)
     raw = data.get("options")
     options: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
-    try:
-        example = Example.from_python(
-            str(entry["counterexample_python"]), str(entry.get("counterexample") or "")
-        )
-    except Exception as exc:
-        raise ReplayError(f"the counterexample of {invariant_id} does not rebuild: {exc}") from exc
+    example = _example(entry, invariant_id)
     return replay_example(
         _builder(data, builder),
         invariant_id,

@@ -24,6 +24,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 from conformance.check.catalog import SCENARIOS, Invariant, Unjudged, catalog
 from conformance.generate.coverage import coverage
 from conformance.report.model import InvariantResult, Report
+from conformance.report.records import example_data
 from conformance.run.examples import Example
 from conformance.run.guard import Guard, clear_interrupt
 from conformance.run.limits import CAPABILITIES, Limits
@@ -567,6 +568,7 @@ class _Run:
             "violations": violations[:5],
             "counterexample": repr(minimal),
             "counterexample_python": minimal.to_python(),
+            "counterexample_data": example_data(minimal),
             "scenario": scenario,
             "reproduce": self.options.reproduce(inv.id),
         }
