@@ -203,19 +203,20 @@ def run_kit(case: Case, seed: int, select: tuple[str, ...] | None, **kw: Any) ->
     return check_builder(load_builder(case.qualname), seed=seed, select=select, shrink=False, **kw)
 
 
+class _FastRuns(dict[str, Report]):
+    """Each builder's fast-tier run, made on first use."""
+
+    def __missing__(self, qualname: str) -> Report:
+        case = next(c for c in ALL if c.qualname == qualname)
+        select = PAPER if case.meant is None else (case.meant,)
+        report = self[qualname] = run_kit(case, FAST_SEED, select)
+        return report
+
+
 @pytest.fixture(scope="module")
 def fast_runs() -> Iterator[dict[str, Report]]:
-    """Each builder's fast-tier run, made once per module on first use."""
-    cache: dict[str, Report] = {}
-
-    class Runs(dict[str, Report]):
-        def __missing__(self, key: str) -> Report:
-            case = next(c for c in ALL if c.qualname == key)
-            select = PAPER if case.meant is None else (case.meant,)
-            cache[key] = run_kit(case, FAST_SEED, select)
-            return cache[key]
-
-    yield Runs()
+    """The fast-tier runs, shared by the module's tests."""
+    yield _FastRuns()
 
 
 class TestLoading:
@@ -346,3 +347,33 @@ class TestCLI:
         _, data = _cli(broken, tmp_path / "broken.json")
         failed = {r["id"] for r in data["results"] if r["status"] in ("fail", "inconclusive")}
         assert broken.meant in failed and failed <= {broken.meant} | broken.also | UPSTREAM
+
+
+#: The least share of its own module's lines a family builder's default run
+#: must execute (the gates, the grouping and the placement it owns).
+MIN_REACH = 85.0
+
+
+@pytest.mark.slow
+class TestReach:
+    """The default run (seed 1, reach measured) executes the gated code of each builder."""
+
+    @pytest.mark.parametrize("case", [c for c in ALL if c.family], ids=lambda c: c.id)
+    def test_family_code_is_reached(self, case: Case) -> None:
+        """The builder's own module is reached, and its verdict is the one meant."""
+        report = run_kit(case, FAST_SEED, None, reach=True)
+        assert report.reach is not None
+        module = case.qualname.partition(":")[0].rpartition(".")[2] + ".py"
+        (own,) = [m for m in report.reach["modules"] if Path(m["path"]).name == module]
+        assert own["percent"] >= MIN_REACH, own
+        assert_verdict(case, report)
+
+    def test_pass_through_gates_shut(self) -> None:
+        """The Hydra gate is evaluated on every model, its specialisation never entered."""
+        case = LEGAL[0]
+        report = run_kit(case, FAST_SEED, None, reach=True)
+        assert report.reach is not None
+        (own,) = [m for m in report.reach["modules"] if m["path"].endswith("hydra.py")]
+        assert {"_one_table", "_promoted"} <= set(own["unreached_functions"]), own
+        assert "hydra_key" not in own["unreached_functions"], own
+        assert_verdict(case, report)
