@@ -303,12 +303,15 @@ def _start_outputs(args: argparse.Namespace, start: Any) -> None:
     """
     from conformance.report.render import write_incomplete_json, write_incomplete_junit
 
-    for option, path, write in (
-        ("--json", args.json, write_incomplete_json),
-        ("--junit", args.junit, write_incomplete_junit),
-    ):
-        if path is None:
-            continue
+    outputs = [
+        (option, path, write)
+        for option, path, write in (
+            ("--json", args.json, write_incomplete_json),
+            ("--junit", args.junit, write_incomplete_junit),
+        )
+        if path is not None
+    ]
+    for option, path, _ in outputs:
         if path.is_dir():
             raise _UsageError(f"{option} {str(path)!r} is a directory, not a file path")
         parent = path.parent if str(path.parent) else Path()
@@ -316,12 +319,20 @@ def _start_outputs(args: argparse.Namespace, start: Any) -> None:
             raise _UsageError(
                 f"{option} {str(path)!r}: the directory {str(parent)!r} does not exist"
             )
+    created: list[Path] = []
+    for option, path, write in outputs:
+        existed = path.exists()
         try:
             write(start, path)
         except OSError as exc:
+            # A usage error leaves no new file behind (a replaced one stays a marker).
+            for made in created:
+                made.unlink(missing_ok=True)
             raise _UsageError(
                 f"{option} {str(path)!r} cannot be written: {exc.strerror or exc}"
             ) from None
+        if not existed:
+            created.append(path)
 
 
 def _header_options(args: argparse.Namespace) -> tuple[str, ...]:
