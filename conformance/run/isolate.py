@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import multiprocessing
 import operator
 import os
@@ -35,6 +36,7 @@ from typing import Any
 
 import attrs
 
+from conformance.run import wire
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
@@ -163,7 +165,7 @@ class _Snapshot:
 
     def _encode(self, value: Any) -> _Ref:
         i = self.index.get(id(value))
-        return ("ref", i) if i is not None else ("val", value)
+        return ("ref", i) if i is not None else ("val", wire.encode(value))
 
     def changes(self) -> list[tuple[int, list[_Ref]]]:
         """``(index, new contents)`` of every object whose contents changed."""
@@ -184,7 +186,9 @@ def _apply(args: Any, changes: Sequence[tuple[int, list[_Ref]]]) -> None:
         return
     objects = _walk(args)
     for i, encoded in changes:
-        values = [objects[v] if kind == "ref" else v for kind, v in encoded]
+        if type(i) is not int or not 0 <= i < len(objects):
+            raise IsolationError(f"the worker reported a change of argument object {i!r:.40}")
+        values = [_changed_value(objects, kind, v) for kind, v in encoded]
         obj = objects[i]
         if isinstance(obj, list):
             obj[:] = values
@@ -199,10 +203,23 @@ def _apply(args: Any, changes: Sequence[tuple[int, list[_Ref]]]) -> None:
                 forget()
 
 
+def _changed_value(objects: Sequence[Any], kind: str, value: Any) -> Any:
+    if kind == "ref":
+        if type(value) is not int or not 0 <= value < len(objects):
+            raise IsolationError(f"the worker reported a reference {value!r:.40}")
+        return objects[value]
+    if kind != "val":
+        raise IsolationError(f"the worker reported a change of kind {kind!r:.40}")
+    return wire.decode(value, "changed argument")
+
+
 # -- the worker process ------------------------------------------------------------
 
 #: Seconds an idle worker may take to report the lines it executed.
 _REACH_SECONDS = 30.0
+
+#: Seconds a new worker may take to import and describe the builder (vLLM takes 10-20 s).
+_START_SECONDS = 180.0
 
 
 def _watch_parent(parent: int) -> None:
@@ -254,21 +271,19 @@ def _resolve_named(qualname: str, config: PlanningConfig) -> tuple[Any, tuple[An
 
 
 def _reply(status: str, payload: Any, changes: Any) -> bytes:
-    try:
-        data = pickle.dumps((status, payload, changes))
-        if status == "raised":
-            pickle.loads(data)  # an exception that pickles may still fail to unpickle
-        return data
-    except Exception as exc:
-        if status == "raised":
-            raised, tb = payload
-            stand_in = BuilderRaisedError(f"{type(raised).__name__}: {raised}")
-            return pickle.dumps((status, (stand_in, tb), ()))
-        problem = IsolationError(
-            f"the builder's answer ({type(payload).__name__}) cannot be sent back from its "
-            f"worker process: {type(exc).__name__}: {exc}"
-        )
-        return pickle.dumps(("raised", (problem, ""), ()))
+    """One answer as JSON wire data (:mod:`conformance.run.wire`): never a pickle.
+
+    ``raised`` answers carry ``(exception, traceback text)``; every other
+    answer a value.  Encoding never fails on an odd object of the builder's:
+    it travels as its type name and repr.
+    """
+    if status == "raised":
+        raised, tb = payload
+        body: Any = wire.encode_exception(raised, tb)
+    else:
+        body = wire.encode(payload)
+    encoded = [[i, [[kind, v] for kind, v in refs]] for i, refs in changes]
+    return json.dumps({"status": status, "value": body, "changes": encoded}).encode()
 
 
 def _start_reach(files: Sequence[str] | None) -> Any:
@@ -307,6 +322,40 @@ def _reach_lines(cov: Any) -> dict[str, list[int]]:
     return {f: sorted(data.lines(f) or ()) for f in data.measured_files()}
 
 
+def _describe(builder: Any, name: str | None, reach: Any) -> dict[str, Any]:
+    """What the kit needs to know of the builder, read here and sent as data.
+
+    The kit never reads an attribute of the builder's class itself (a
+    metaclass ``__getattr__`` would run in the kit's process); it asks this.
+    """
+    from conformance.run.boundary import parent_builder
+    from conformance.run.profiling import resolvable_qualname
+    from conformance.run.reach import ReachMeter
+    from conformance.run.vllm_adapter import VLLMBuilderAdapter
+
+    cls = builder if isinstance(builder, type) else type(builder)
+    native = getattr(cls, "native_cls", None) if issubclass(cls, VLLMBuilderAdapter) else None
+    parent = parent_builder(builder)
+    parent_kind = None
+    if parent is not None:
+        parent_kind = "vllm-default" if getattr(parent, "native_cls", None) else "reference"
+    qualname, note = resolvable_qualname(builder, name)
+    files: list[str] = []
+    if reach is not None:
+        modules = None if reach is True else [str(m) for m in reach]
+        files = [str(f) for f in ReachMeter.for_builder(builder, modules).files]
+    return {
+        "class": f"{cls.__module__}:{cls.__qualname__}",
+        "unsupported": [str(c) for c in (getattr(builder, "kvref_unsupported", ()) or ())],
+        "native": None if native is None else f"{native.__module__}:{native.__qualname__}",
+        "vllm_core": native is not None,
+        "parent": parent_kind,
+        "qualname": qualname,
+        "qualname_note": note,
+        "reach_files": files,
+    }
+
+
 def _serve(conn: Any, target: Any, parent: int, reach_files: Sequence[str] | None = None) -> None:
     """The worker's loop: make builders, run hooks, send back what happened."""
     with contextlib.suppress(ValueError):
@@ -331,7 +380,12 @@ def _serve(conn: Any, target: Any, parent: int, reach_files: Sequence[str] | Non
             if builder is None:
                 with _traced(cov):
                     builder = _resolve(target)
-            if op == "new":
+            if op == "describe":
+                described = _describe(builder, *args)
+                if cov is None and described["reach_files"]:
+                    cov = _start_reach(described["reach_files"])
+                reply = _reply("ok", described, ())
+            elif op == "new":
                 with _traced(cov):
                     instances[key] = _construct(builder)
                 reply = _reply("ok", None, ())
@@ -367,6 +421,7 @@ class _Worker:
         else:
             self.target = target
         self.lock = threading.Lock()
+        self.owner = os.getpid()
         self.process: Any = None
         self.conn: Any = None
         self.generation = 0
@@ -377,6 +432,10 @@ class _Worker:
         self.reach_files: list[str] | None = None
         #: Lines recorded by workers that have since been replaced.
         self.reached: dict[str, set[int]] = {}
+        #: The ``describe`` request every new worker answers first (loads the
+        #: builder there, starts its reach tracer), and its last answer.
+        self.describe_args: tuple[Any, ...] | None = None
+        self.described: dict[str, Any] = {}
 
     def _start(self) -> None:
         parent_conn, child_conn = self.context.Pipe()
@@ -391,6 +450,27 @@ class _Worker:
         self.process, self.conn = process, parent_conn
         self.generation += 1
         self.dropped.clear()
+        if self.describe_args is not None:
+            # A replacement worker loads the builder (and traces it) as the first did.
+            data = self._exchange("describe", 0, "describe", self.describe_args, _START_SECONDS)
+            self.described = self._answer("describe", (), data)
+
+    def describe(self, name: str | None, reach: Any) -> dict[str, Any]:
+        """Start the worker, load the builder there, and return what it says of it (data).
+
+        Raises:
+            Exception: what loading or describing the builder raised in the worker.
+            IsolationError: no answer within the start deadline.
+            WorkerDiedError: the worker died while loading the builder.
+        """
+        with self.lock:
+            self.describe_args = (name, reach)
+            if self.process is None:
+                self._start()
+            else:
+                data = self._exchange("describe", 0, "describe", self.describe_args, _START_SECONDS)
+                self.described = self._answer("describe", (), data)
+        return self.described
 
     def request(self, op: str, key: int, hook: str, args: tuple[Any, ...]) -> Any:
         """Run ``op`` in the worker; returns the answer or raises what the builder raised."""
@@ -427,17 +507,27 @@ class _Worker:
         return data
 
     def _answer(self, hook: str, args: tuple[Any, ...], data: bytes) -> Any:
+        # Decoded as data, never unpickled: nothing the worker sends runs here.
         try:
-            status, payload, changes = pickle.loads(data)
-        except Exception as exc:
-            raise IsolationError(f"the answer of {hook} does not unpickle: {exc}") from exc
-        _apply(args, changes)
+            message = json.loads(data)
+            status, body, changes = message["status"], message["value"], message["changes"]
+            if status not in ("ok", "raised") or type(changes) is not list:
+                raise wire.WireError(f"status {status!r:.40}")
+            _apply(args, changes)
+            if status == "raised":
+                raised = wire.decode_exception(body, f"{hook}'s exception")
+                tb = body.get("traceback")
+                if tb and hasattr(raised, "add_note"):
+                    raised.add_note(f"in the builder's worker process:\n{str(tb).rstrip()}")
+            else:
+                value = wire.decode(body, f"{hook}'s answer")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise IsolationError(
+                f"the answer of {hook} from the builder's worker is not wire data: {exc}"
+            ) from None
         if status == "raised":
-            raised, tb = payload
-            if tb and hasattr(raised, "add_note"):
-                raised.add_note(f"in the builder's worker process:\n{tb.rstrip()}")
             raise raised
-        return payload
+        return value
 
     def _died(self, hook: str) -> WorkerDiedError:
         process, self.process = self.process, None
@@ -475,7 +565,9 @@ class _Worker:
     def close(self) -> None:
         """Stop the worker (a hook may still be running there: it is killed)."""
         process, self.process = self.process, None
-        if process is None:
+        if process is None or self.owner != os.getpid():
+            # A process forked from the kit (another worker) inherits this
+            # object; only the kit's own process may stop its worker.
             return
         with contextlib.suppress(OSError):
             self.conn.close()
@@ -598,36 +690,71 @@ class IsolatedBuilder(KVCacheConfigBuilder):
 
 
 def isolated(
-    builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder],
+    builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder] | str,
     name: str | None = None,
     *,
     start_method: str | None = None,
+    reach: bool | Sequence[str] | None = None,
 ) -> type[IsolatedBuilder]:
     """A proxy class for ``builder`` whose hooks run in a worker process.
 
     Args:
-        builder: the builder class (constructed in the worker with no
-            arguments) or instance (its class is constructed, else it is reused).
-        name: the builder's importable name, used where the worker is spawned.
+        builder: the builder's importable name (``module:Class``, as the CLI
+            and the plugin pass it: its module is then imported only in the
+            worker, never in this process), or a class (constructed in the
+            worker with no arguments) or instance (its class is constructed,
+            else it is reused) that the caller already holds.
+        name: the builder's importable name (default: ``builder`` when it is one).
         start_method: ``fork`` or ``spawn`` (default: fork where available).
+        reach: measure reach in the worker: ``True`` for the builder's own
+            modules, or module names (``None``: do not).
 
-    The worker starts at the first construction; call ``close()`` on the
-    class when done (the worker also leaves when the kit's process ends).
+    The worker starts now and describes the builder as data (its declared
+    capabilities, whether it is vLLM-native, its parent builder, its reach
+    files): nothing of the builder's class is read here.  Call ``close()`` on
+    the class when done (the worker also leaves when the kit's process ends).
+
+    Raises:
+        BuilderLoadError: the builder cannot be loaded in the worker.
     """
-    cls = builder if isinstance(builder, type) else type(builder)
+    from conformance.run.adapters import BuilderLoadError
+
+    if isinstance(builder, str):
+        name = name or builder
+        target: Any = ("name", builder)
+        label = builder.rpartition(":")[2].rpartition(".")[2] or "Builder"
+    else:
+        target = builder
+        label = (builder if isinstance(builder, type) else type(builder)).__name__
+    worker = _Worker(target, name, start_method)
+    try:
+        facts = worker.describe(name, reach)
+    except BaseException as exc:
+        worker.close()
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise BuilderLoadError(f"{name or label}: {exc}") from None
     namespace: dict[str, Any] = {
-        "_kvref_worker": _Worker(builder, name, start_method),
-        "kvref_unsupported": tuple(getattr(builder, "kvref_unsupported", ()) or ()),
+        "_kvref_worker": worker,
+        "kvref_unsupported": tuple(str(c) for c in facts.get("unsupported", ())),
         # The importable name of the builder the proxy runs (the twin process imports it).
         "kvref_name": name,
-        # The class it runs, for attribution through super().
-        "kvref_target": cls,
-        "__doc__": f"{cls.__qualname__}, run in a worker process.",
+        # What the worker said of the builder, as data (see _describe).
+        "kvref_class": str(facts.get("class", "")),
+        "kvref_native": facts.get("native"),
+        "kvref_parent": facts.get("parent"),
+        "kvref_qualname": (facts.get("qualname"), str(facts.get("qualname_note", ""))),
+        "kvref_reach_files": tuple(str(f) for f in facts.get("reach_files", ())),
+        "__doc__": f"{facts.get('class', label)}, run in a worker process.",
     }
-    core = getattr(builder, "kvref_core", None)
-    if core is not None:
-        # Core's flow itself runs in the kit; only the hooks cross over.
-        namespace["kvref_core"] = staticmethod(core)
-    proxy = type(f"Isolated{cls.__name__}", (IsolatedBuilder,), namespace)
-    weakref.finalize(proxy, namespace["_kvref_worker"].close)
+    if facts.get("vllm_core"):
+        from conformance.run.vllm_adapter import vllm_core_flow
+        from kvref.interop.vllm import vllm_modules
+
+        # vLLM's Core runs here (vLLM's code, not the builder's); every builder
+        # call it makes goes through the kit's checks to the worker.
+        vllm_modules()
+        namespace["kvref_core"] = staticmethod(vllm_core_flow)
+    proxy = type(f"Isolated{label}", (IsolatedBuilder,), namespace)
+    weakref.finalize(proxy, worker.close)
     return proxy

@@ -79,11 +79,17 @@ def resolvable_qualname(builder: object, name: str | None) -> tuple[str | None, 
     """
     from kvref.resolution import BuilderResolutionError, resolve_builder_class
 
+    proxy = isolated_resolver(builder)
+    if proxy is not None:
+        # Decided in the worker (resolution imports the builder's module): data here.
+        described = proxy.__dict__.get("kvref_qualname")
+        if isinstance(described, tuple) and len(described) == 2:
+            qualname, note = described
+            return (qualname if isinstance(qualname, str) else None), str(note)
     if name is None:
         return None, "the builder was given as an object without an importable qualname"
     cls = builder if isinstance(builder, type) else type(builder)
-    proxy = isolated_resolver(builder)
-    checked = getattr(cls, "kvref_target", cls) if proxy is not None else cls
+    checked = cls
     # Finding the class imports its module only; nothing of the builder is constructed.
     try:
         resolved = resolve_builder_class(name, "builder")

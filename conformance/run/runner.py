@@ -10,11 +10,9 @@ judged is reported as such, never as a pass.
 from __future__ import annotations
 
 import random
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -22,15 +20,22 @@ import hypothesis
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from conformance.check.catalog import SCENARIOS, Invariant, Unjudged, catalog
+from conformance.check.waste import WasteMeter
 from conformance.generate.coverage import coverage
 from conformance.report.model import InvariantResult, Report
 from conformance.report.records import example_data
+from conformance.run.boundary import (
+    builder_name,
+    is_vllm_native,
+    parent_builder,
+    prepare,
+    vllm_default_builder,
+)
 from conformance.run.examples import Example
 from conformance.run.guard import Guard, clear_interrupt
 from conformance.run.limits import CAPABILITIES, Limits
 from conformance.run.options import PROFILES, OptionError, RunOptions
 from conformance.run.profiling import isolated_resolver, resolvable_qualname
-from conformance.run.reach import ReachError, ReachMeter
 from conformance.run.scenarios import ConstructionFailedError, Context, make_factory, observe
 from conformance.run.search import Namespaced, search
 from conformance.run.strata import Stratum, draw, run_strata, stratum_seed
@@ -117,62 +122,6 @@ def select_invariants(
     return [inv for inv in invariants if inv in chosen]
 
 
-def builder_name(builder: object) -> str | None:
-    """The builder's importable ``module:Class`` (a file path for ``__main__``; ``None``: none)."""
-    cls = builder if isinstance(builder, type) else type(builder)
-    if "<locals>" in cls.__qualname__:
-        return None
-    module = cls.__module__
-    if module == "__main__":
-        path = getattr(sys.modules.get("__main__"), "__file__", None)
-        if path is None:
-            return None
-        return f"{Path(path).resolve()}:{cls.__qualname__}"
-    return f"{module}:{cls.__qualname__}"
-
-
-def parent_builder(builder: object) -> type[KVCacheConfigBuilder] | None:
-    """The default builder a builder specialises, when it subclasses one (``None``: none).
-
-    A subclass of kvref's reference has the reference as parent; a vLLM-native
-    subclass of vLLM's ``DefaultKVCacheConfigBuilder`` has vLLM's default.
-    """
-    from kvref.builder import ReferenceKVCacheConfigBuilder
-
-    cls = builder if isinstance(builder, type) else type(builder)
-    cls = getattr(cls, "kvref_target", cls)  # an isolated run's proxy stands for its class
-    if cls is not ReferenceKVCacheConfigBuilder and issubclass(cls, ReferenceKVCacheConfigBuilder):
-        return ReferenceKVCacheConfigBuilder
-    native = getattr(cls, "native_cls", None)
-    if native is None:
-        return None
-    for base in native.__mro__[1:]:
-        if base.__name__ == "DefaultKVCacheConfigBuilder" and base.__module__.startswith("vllm."):
-            from conformance.run.vllm_adapter import wrap_vllm_builder
-
-            return wrap_vllm_builder(base)
-    return None
-
-
-def vllm_native_class(builder: object) -> type[Any] | None:
-    """The vLLM-native class the builder runs (through the adapter, maybe isolated), or ``None``."""
-    cls = builder if isinstance(builder, type) else type(builder)
-    cls = getattr(cls, "kvref_target", cls)
-    native = getattr(cls, "native_cls", None)
-    return native if isinstance(native, type) else None
-
-
-def vllm_default_builder() -> type[KVCacheConfigBuilder] | None:
-    """VLLM's own ``DefaultKVCacheConfigBuilder`` behind the adapter (``None``: no vLLM)."""
-    from conformance.run.vllm_adapter import wrap_vllm_builder
-    from kvref.interop.vllm import VLLMUnavailableError, vllm_modules
-
-    try:
-        return wrap_vllm_builder(vllm_modules().kvp.DefaultKVCacheConfigBuilder)
-    except (VLLMUnavailableError, AttributeError):
-        return None
-
-
 def _preflight(builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder], guard: Guard) -> None:
     """Construct the builder once; a class that cannot be built at all is a usage error."""
     if not isinstance(builder, type):
@@ -180,14 +129,16 @@ def _preflight(builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder], guard
     try:
         make_factory(builder, guard)()
     except ConstructionFailedError as exc:
+        shown = (
+            builder.__dict__.get("kvref_class") or f"{builder.__module__}:{builder.__qualname__}"
+        )
         raise OptionError(
-            f"builder {builder.__module__}:{builder.__qualname__} cannot be constructed with no "
-            f"arguments, as vLLM constructs it: {exc}"
+            f"builder {shown} cannot be constructed with no arguments, as vLLM constructs it: {exc}"
         ) from None
 
 
 def check_builder(
-    builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder],
+    builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder] | str,
     *,
     device: str = "cpu",
     max_examples: int | None = None,
@@ -202,7 +153,7 @@ def check_builder(
     name: str | None = None,
     shrink: bool = True,
     database: str | None = None,
-    isolate: bool = False,
+    isolate: bool = True,
     reach: bool | Sequence[str] = False,
     min_reach: float | None = None,
     models: object | None = None,
@@ -211,7 +162,10 @@ def check_builder(
     """Check ``builder`` against the invariant catalog and return a :class:`Report`.
 
     Args:
-        builder: a builder class (instantiated afresh where vLLM would) or instance.
+        builder: the builder's importable name (``module:Class`` or
+            ``path/to/file.py:Class``; with ``isolate`` its module is imported
+            only in the worker process, never in the caller's), or a builder
+            class (instantiated afresh where vLLM would) or instance.
         device: torch device for the device invariants (``cpu``, ``cuda``, ``meta``...).
         max_examples: examples per scenario (default: the profile's; must be >= 1).
         seed: makes the run reproducible (random if ``None``; the report says which).
@@ -227,9 +181,11 @@ def check_builder(
         shrink: shrink failures to minimal counterexamples.
         database: directory of a Hypothesis example database: counterexamples of
             earlier runs are replayed first and new ones are saved there.
-        isolate: run the builder's hooks in a worker process
-            (:func:`conformance.run.isolate.isolated`): a hook that ends or crashes
-            the process, or patches the kit, is reported as the builder's failure.
+        isolate: run the builder's hooks in a worker process (the default;
+            :func:`conformance.run.isolate.isolated`): a hook that ends or crashes
+            the process, or patches the kit, is reported as the builder's failure,
+            and its answers reach the kit as data.  ``False`` runs it in this
+            process, for debugging only: a builder can then patch the kit.
         reach: measure which lines of the builder's own code the run executed
             (``True``: its class's module and package; or module names); needs
             coverage.py.
@@ -273,16 +229,11 @@ def check_builder(
             warnings.warn(
                 f"xfail entry {entry!r} matches no invariant id", UnknownIdWarning, stacklevel=2
             )
-    meter = _reach_meter(builder, reach, min_reach)
     guard = Guard(options.timeout)
-    if isolate:
-        from conformance.run.isolate import isolated
-
-        # The worker process ends with the proxy class, or with this process.
-        builder = isolated(builder, options.builder)
-        if meter is not None:
-            # Reach is measured where the builder runs: in the worker.
-            builder._kvref_worker.reach_files = [str(f) for f in meter.files]
+    # One rule for every front end (boundary.py): isolated unless asked not
+    # to; a builder given by name is imported only in its worker.
+    prepared = prepare(builder, options.builder, isolate=isolate, reach=reach, min_reach=min_reach)
+    builder, meter = prepared.builder, prepared.meter
     _preflight(builder, guard)
     run = _Run(builder, options, guard, progress)
     run.strata = _strata(models, models_only, run.limits)
@@ -308,26 +259,6 @@ def check_builder(
     if meter is not None:
         report = attrs.evolve(report, reach=meter.summary())
     return report
-
-
-def _reach_meter(
-    builder: object, reach: bool | Sequence[str], min_reach: float | None
-) -> ReachMeter | None:
-    if min_reach is not None and (
-        isinstance(min_reach, bool)
-        or not isinstance(min_reach, (int, float))
-        or not 0 <= min_reach <= 100
-    ):
-        raise OptionError(f"min_reach={min_reach!r} must be a percentage between 0 and 100")
-    if reach is False or reach is None:
-        if min_reach is not None:
-            raise OptionError("min_reach needs reach measured (reach=True or module names)")
-        return None
-    modules = None if reach is True else [str(m) for m in reach]
-    try:
-        return ReachMeter.for_builder(builder, modules, min_reach)
-    except ReachError as exc:
-        raise OptionError(str(exc)) from None
 
 
 def _strata(models: object | None, models_only: bool, limits: Limits) -> tuple[Stratum, ...]:
@@ -376,6 +307,8 @@ class _Run:
         self.strata: tuple[Stratum, ...] = run_strata(None, only=False, limits=self.limits)
         self.drawn: dict[str, list[Example]] = {}
         self.empty: dict[str, list[str]] = {}
+        # Efficiency warnings from the core plans (never a verdict).
+        self.waste = WasteMeter.for_builder(builder)
 
     def observe(self, scenario: str, example: Example) -> Any:
         return observe(self.ctx, scenario, example)
@@ -420,6 +353,8 @@ class _Run:
             nonlocal done
             self.drawn.setdefault(scenario, []).append(ex)
             obs = self.observe(scenario, ex)
+            if scenario == "core":
+                self.waste.add(obs, ex)
             for inv in checks:
                 self.tallies[inv.id].add(
                     _judge(inv, obs),
@@ -499,6 +434,7 @@ class _Run:
             options=self.options.as_dict(),
             coverage={s: self._coverage(s) for s in self.drawn.keys() | self.empty.keys()},
             interrupted=self.interrupted,
+            waste=self.waste.summary() if "core" in self.drawn else None,
         )
 
     def _coverage(self, scenario: str) -> dict[str, Any]:
@@ -589,7 +525,7 @@ class _Run:
         It matches when the inputs have the defect's shape and vLLM's own
         default builder fails the same invariant on them (run/upstream.py).
         """
-        if vllm_native_class(self.builder) is None:
+        if not is_vllm_native(self.builder):
             return None
         defect = matching_defect(inv.id, example)
         if defect is None:

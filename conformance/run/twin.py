@@ -190,7 +190,7 @@ def _twin(ctx: Context, reference: str) -> Twin:
 
 def twin_reference(builder: object) -> str | None:
     """The ``module:Class`` a twin process imports to run ``builder`` (``None``: none)."""
-    from conformance.run.runner import builder_name
+    from conformance.run.boundary import builder_name
 
     cls = builder if isinstance(builder, type) else type(builder)
     # An isolated run's proxy stands for the builder it names; the vLLM

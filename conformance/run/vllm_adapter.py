@@ -221,6 +221,86 @@ def _write_back(target: Mapping[str, KVCacheSpec], changed: Mapping[str, KVCache
     target.update(changed)
 
 
+def vllm_core_flow(
+    builder: Any,
+    config: PlanningConfig,
+    kv_cache_specs: Sequence[Mapping[str, KVCacheSpec]],
+    available_memory: int | Sequence[int],
+    native_cls: type[Any] | None = None,
+) -> KVCachePlan:
+    """The Core flow of vLLM 0.33.0, with its builder calls routed through ``builder``.
+
+    ``builder`` is what the kit hands a Core flow (:func:`kvref.planning.plan_kv_cache`
+    takes the same): a kvref builder class, in the kit the factory whose
+    instances judge every hook answer before passing it on
+    (``conformance.run.core_proxy``).  vLLM's Core asks its platform for
+    builders and calls them with vLLM objects; each one it gets here is a
+    :class:`_ThroughKvref` that converts its arguments to kvref records,
+    calls a fresh ``builder()`` and converts the answer back.  So vLLM plans,
+    and the kit still sees, and judges, every hook call inside the flow.
+
+    With ``builder`` ``None`` (or the adapter of ``native_cls`` itself) vLLM's
+    Core calls ``native_cls`` directly: exactly what vLLM would plan.
+
+    Raises:
+        What :func:`kvref.interop.vllm.plan_with_vllm` raises.
+    """
+    if builder is None or (
+        native_cls is not None and getattr(builder, "native_cls", None) is native_cls
+    ):
+        if native_cls is None:
+            raise TypeError("vllm_core_flow needs a builder or the native class")
+        return iv.plan_with_vllm(native_cls, config, kv_cache_specs, available_memory)
+    return iv.plan_with_vllm(_through(builder, config), config, kv_cache_specs, available_memory)
+
+
+def _through(builder: Any, config: PlanningConfig) -> type[Any]:
+    """A vLLM-native builder class whose instances run a fresh ``builder()`` on kvref records."""
+    base = iv.vllm_modules().builder_module.KVCacheConfigBuilder
+
+    def planning_config(vcfg: Any) -> PlanningConfig:
+        # Core lowers max_model_len while it auto-fits and may set the
+        # override: the hooks must see the config as Core holds it now.
+        return attrs.evolve(
+            config,
+            max_model_len=int(vcfg.model_config.max_model_len),
+            num_gpu_blocks_override=vcfg.cache_config.num_gpu_blocks_override,
+        )
+
+    class _ThroughKvref(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            self.inner = builder()
+
+        def get_kv_cache_groups(self, vcfg: Any, kv_cache_spec: dict[str, Any]) -> list[Any]:
+            with kit_side("vLLM adapter", "converting Core's grouping input to kvref"):
+                specs = {n: iv.layer_spec_from_vllm(s) for n, s in kv_cache_spec.items()}
+            groups = self.inner.get_kv_cache_groups(planning_config(vcfg), specs)
+            with kit_side("vLLM adapter", "converting a checked grouping back to vLLM"):
+                # The checked answer replaces the entries grouping rewrote, as vLLM's own would.
+                kv_cache_spec.clear()
+                kv_cache_spec.update(iv.specs_to_vllm(specs))
+                return iv.groups_to_vllm(groups)
+
+        def get_kv_cache_config_from_groups(
+            self, vcfg: Any, kv_cache_groups: list[Any], num_blocks: int
+        ) -> Any:
+            with kit_side("vLLM adapter", "converting Core's placement input to kvref"):
+                groups = iv.groups_from_vllm(list(kv_cache_groups))
+            placed = self.inner.get_kv_cache_config_from_groups(
+                planning_config(vcfg), groups, num_blocks
+            )
+            with kit_side("vLLM adapter", "converting a checked placement back to vLLM"):
+                return iv.config_to_vllm(placed)
+
+        def _get_pool_bytes_per_block(self, vcfg: Any, kv_cache_groups: list[Any]) -> int | None:
+            with kit_side("vLLM adapter", "converting Core's pool-bytes input to kvref"):
+                groups = iv.groups_from_vllm(list(kv_cache_groups))
+            answer: int | None = self.inner._get_pool_bytes_per_block(planning_config(vcfg), groups)
+            return answer
+
+    return _ThroughKvref
+
+
 def _warm_up() -> None:
     """Build one ``VllmConfig`` and convert one spec, so later conversions import nothing."""
     from kvref.specs import FullAttentionSpec
@@ -270,8 +350,7 @@ def wrap_vllm_builder(native_cls: type[Any]) -> type[KVCacheConfigBuilder]:
         kv_cache_specs: Sequence[Mapping[str, KVCacheSpec]],
         available_memory: int | Sequence[int],
     ) -> KVCachePlan:
-        del builder  # vLLM's Core makes its own builders from native_cls
-        return iv.plan_with_vllm(native_cls, config, kv_cache_specs, available_memory)
+        return vllm_core_flow(builder, config, kv_cache_specs, available_memory, native_cls)
 
     name = f"VLLM{native_cls.__name__}"
     namespace: dict[str, Any] = {

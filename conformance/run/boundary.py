@@ -1,0 +1,191 @@
+"""Where the builder's code may run, and what the kit knows of a builder without running it.
+
+The kit judges; the builder's code runs in a worker process
+(:mod:`conformance.run.isolate`), and what the kit needs to know of the
+builder (its name, its parent builder, whether it is vLLM-native, the
+files of its reach) comes from there as data.  :func:`prepare` is the one
+place that decides, for every front end, how the run reaches the builder:
+isolated by default, by name where a name is given (the builder's module is
+then never imported in the kit's process), or in this process for debugging
+(``isolate=False``: a builder can then patch the kit, so such verdicts are
+not for release decisions).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from conformance.run.options import OptionError
+from conformance.run.reach import ReachError, ReachMeter
+from kvref.builder import KVCacheConfigBuilder
+
+__all__ = [
+    "Prepared",
+    "builder_name",
+    "is_vllm_native",
+    "parent_builder",
+    "prepare",
+    "vllm_default_builder",
+]
+
+Builder = KVCacheConfigBuilder | type[KVCacheConfigBuilder]
+
+
+def builder_name(builder: object) -> str | None:
+    """The builder's importable ``module:Class`` (a file path for ``__main__``; ``None``: none)."""
+    if isinstance(builder, str):
+        return builder
+    cls = builder if isinstance(builder, type) else type(builder)
+    named = cls.__dict__.get("kvref_name")  # an isolated run's proxy names its builder
+    if isinstance(named, str):
+        return named
+    if "<locals>" in cls.__qualname__:
+        return None
+    module = cls.__module__
+    if module == "__main__":
+        path = getattr(sys.modules.get("__main__"), "__file__", None)
+        if path is None:
+            return None
+        return f"{Path(path).resolve()}:{cls.__qualname__}"
+    return f"{module}:{cls.__qualname__}"
+
+
+def _described(builder: object, key: str) -> Any:
+    """What the worker said of an isolated builder (``KeyError``: not an isolated proxy)."""
+    from conformance.run.isolate import IsolatedBuilder
+
+    cls = builder if isinstance(builder, type) else type(builder)
+    if not issubclass(cls, IsolatedBuilder):
+        raise KeyError(key)
+    return cls.__dict__.get(key)
+
+
+def parent_builder(builder: object) -> type[KVCacheConfigBuilder] | None:
+    """The default builder a builder specialises, when it subclasses one (``None``: none).
+
+    A subclass of kvref's reference has the reference as parent; a vLLM-native
+    subclass of vLLM's ``DefaultKVCacheConfigBuilder`` has vLLM's default.  For
+    an isolated builder the worker says which (the kit reads no class of the
+    builder's).
+    """
+    from kvref.builder import ReferenceKVCacheConfigBuilder
+
+    try:
+        kind = _described(builder, "kvref_parent")
+    except KeyError:
+        pass
+    else:
+        if kind == "reference":
+            return ReferenceKVCacheConfigBuilder
+        return vllm_default_builder() if kind == "vllm-default" else None
+    cls = builder if isinstance(builder, type) else type(builder)
+    if cls is not ReferenceKVCacheConfigBuilder and issubclass(cls, ReferenceKVCacheConfigBuilder):
+        return ReferenceKVCacheConfigBuilder
+    native = getattr(cls, "native_cls", None)
+    if native is None:
+        return None
+    for base in native.__mro__[1:]:
+        if base.__name__ == "DefaultKVCacheConfigBuilder" and base.__module__.startswith("vllm."):
+            from conformance.run.vllm_adapter import wrap_vllm_builder
+
+            return wrap_vllm_builder(base)
+    return None
+
+
+def is_vllm_native(builder: object) -> bool:
+    """Whether the builder is vLLM-native (run through the vLLM adapter, maybe isolated)."""
+    try:
+        return bool(_described(builder, "kvref_native"))
+    except KeyError:
+        cls = builder if isinstance(builder, type) else type(builder)
+        return isinstance(getattr(cls, "native_cls", None), type)
+
+
+def vllm_default_builder() -> type[KVCacheConfigBuilder] | None:
+    """VLLM's own ``DefaultKVCacheConfigBuilder`` behind the adapter (``None``: no vLLM)."""
+    from conformance.run.vllm_adapter import wrap_vllm_builder
+    from kvref.interop.vllm import VLLMUnavailableError, vllm_modules
+
+    try:
+        return wrap_vllm_builder(vllm_modules().kvp.DefaultKVCacheConfigBuilder)
+    except (VLLMUnavailableError, AttributeError):
+        return None
+
+
+@attrs.frozen
+class Prepared:
+    """The builder as the run reaches it, and the reach meter of the run (``None``: none)."""
+
+    builder: Builder
+    meter: ReachMeter | None
+
+
+def _check_min_reach(reach: bool | Sequence[str] | None, min_reach: float | None) -> None:
+    if min_reach is not None and (
+        isinstance(min_reach, bool)
+        or not isinstance(min_reach, (int, float))
+        or not 0 <= min_reach <= 100
+    ):
+        raise OptionError(f"min_reach={min_reach!r} must be a percentage between 0 and 100")
+    if (reach is False or reach is None) and min_reach is not None:
+        raise OptionError("min_reach needs reach measured (reach=True or module names)")
+
+
+def prepare(
+    builder: Builder | str,
+    name: str | None,
+    *,
+    isolate: bool,
+    reach: bool | Sequence[str] | None,
+    min_reach: float | None,
+) -> Prepared:
+    """Reach the builder the way the run will, and set up its reach meter.
+
+    Raises:
+        OptionError: the builder cannot be loaded, or the reach options are unusable.
+    """
+    from conformance.run.adapters import BuilderLoadError, load_builder
+
+    _check_min_reach(reach, min_reach)
+    wanted = None if reach is False or reach is None else reach
+    if isolate:
+        from conformance.run.isolate import IsolatedBuilder, isolated
+
+        cls = builder if isinstance(builder, type) else None
+        if cls is not None and issubclass(cls, IsolatedBuilder):
+            return Prepared(cls, None)  # isolated by the caller (the plugin keeps one per run)
+        if wanted is not None:
+            _reach_available()
+        try:
+            proxy = isolated(builder, name, reach=wanted)
+        except BuilderLoadError as exc:
+            raise OptionError(str(exc)) from None
+        meter = None
+        if wanted is not None:
+            files = [Path(f) for f in proxy.__dict__.get("kvref_reach_files", ())]
+            meter = ReachMeter(files=files, min_reach=min_reach)
+        return Prepared(proxy, meter)
+    if isinstance(builder, str):
+        try:
+            builder = load_builder(builder)
+        except BuilderLoadError as exc:
+            raise OptionError(str(exc)) from None
+    if wanted is None:
+        return Prepared(builder, None)
+    modules = None if wanted is True else [str(m) for m in wanted]
+    try:
+        return Prepared(builder, ReachMeter.for_builder(builder, modules, min_reach))
+    except ReachError as exc:
+        raise OptionError(str(exc)) from None
+
+
+def _reach_available() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("coverage") is None:
+        raise OptionError("reach needs coverage.py: pip install coverage (or the reach extra)")
