@@ -26,11 +26,54 @@ class TestMeasure:
         assert format_ranges([7, 1, 2, 3, 9, 10]) == "1-3, 7, 9-10"
 
     def test_builder_modules_are_its_package(self) -> None:
-        """A builder in a package is measured over its package's modules."""
+        """A vendor builder is measured over its class's module and the package modules it imports.
+
+        ``reach_pkg/__init__.py`` is imported by no module of the builder: not its code.
+        """
         from reach_pkg.kv import AcmeBuilder
 
         names = {p.name for p in builder_modules(AcmeBuilder)}
-        assert names == {"__init__.py", "kv.py"}
+        assert names == {"kv.py"}
+
+    def test_gated_helper_module_counts_unentered(self) -> None:
+        """A vendor's helper module the builder imports counts, at 0% when its gate stays shut.
+
+        The parent class of the same package (``kv.py``) counts too; kvref, the
+        platform it finally calls, does not.
+        """
+        from reach_pkg.gated import GatedBuilder
+
+        assert {p.name for p in builder_modules(GatedBuilder)} == {"gated.py", "helper.py", "kv.py"}
+        report = check_builder(
+            GatedBuilder, select=["KV-GROUP-PARTITION"], max_examples=3, seed=1, reach=True
+        )
+        assert report.reach is not None
+        modules = {Path(m["path"]).name: m for m in report.reach["modules"]}
+        assert set(modules) == {"gated.py", "helper.py", "kv.py"}
+        assert modules["helper.py"]["percent"] == 0
+        assert modules["helper.py"]["unreached_functions"] == ["acme_page"]
+        assert any("acme_page()" in line for line in report.reach["lines"])
+
+    def test_platform_builder_is_its_class_and_callees(self) -> None:
+        """kvref's reference: its class's module in full, other kvref modules where entered.
+
+        No module the hooks never entered is listed (``kvref/__main__.py``,
+        ``kvref/planning.py``: Core's flow runs outside the isolated worker's
+        hooks), a callee counts only its entered functions, and no function
+        is reported as never entered.  Isolated, as the CLI runs it.
+        """
+        report = check_builder(
+            ReferenceKVCacheConfigBuilder, max_examples=5, seed=1, reach=True, isolate=True
+        )
+        assert report.reach is not None
+        modules = report.reach["modules"]
+        assert modules[0]["path"].endswith("kvref/builder.py") and modules[0]["role"] == "own"
+        names = {Path(m["path"]).name for m in modules}
+        assert {"grouping.py", "placement.py"} <= names
+        assert not names & {"__main__.py", "planning.py", "profiling.py"}
+        assert all(m["role"] == "callee" for m in modules[1:])
+        assert all(m["unreached_functions"] == [] for m in modules)
+        assert not any("WARNING" in line for line in report.reach["lines"])
 
     def test_unentered_specialisation_is_named(self) -> None:
         """A specialised path the generated models never enter is reported by name."""
@@ -90,11 +133,9 @@ class TestWhereReachIsMeasured:
             isolate=isolate,
         )
         assert report.reach is not None
-        (planning,) = [
-            m for m in report.reach["modules"] if m["path"].endswith("kvref/planning.py")
-        ]
-        executed: int = planning["executed"]
-        return executed
+        planning = [m for m in report.reach["modules"] if m["path"].endswith("kvref/planning.py")]
+        # A platform module is listed only where its functions ran as the builder.
+        return sum(int(m["executed"]) for m in planning)
 
     def test_core_flow_is_not_the_builders_reach_when_isolated(self) -> None:
         """kvref's Core flow runs in the kit's process around the hooks: not counted isolated."""

@@ -4,10 +4,23 @@ A verdict about code the run never entered says nothing.  A vendor builder
 typically calls ``super()`` for ordinary models and specialises on a few
 families; reach tells whether the run got into those specialisations.
 
-Reach is measured with coverage.py (the ``reach`` extra, or ``pip install coverage``) over the
-module that defines the builder class and the other modules of its package,
-or the modules named with ``--reach``.  It is an observation of the run, not
-an invariant: it fails the run only below ``--min-reach``.
+Reach is measured with coverage.py (the ``reach`` extra, or ``pip install
+coverage``).  Which modules count is :func:`reach_scope`'s rule
+(docs/vendors.md, "Which modules reach counts"):
+
+- a vendor's builder: the modules that define the classes of its MRO in
+  its own top-level package, and every module of that package they import,
+  directly or through each other, entered or not (a gated helper module the
+  run never entered counts as unreached); every function in them counts;
+- a builder of a platform the kit plans against (kvref's reference, vLLM's
+  default builder): the modules that define the classes of its MRO, every
+  function counted, plus the modules of the platform whose functions its
+  hooks entered, counted over the functions entered only (the rest of such
+  a module is the platform's, not the builder's);
+- ``--reach MODULE,...``: exactly those modules, every function counted.
+
+It is an observation of the run, not an invariant: it fails the run only
+below ``--min-reach``.
 """
 
 from __future__ import annotations
@@ -21,7 +34,21 @@ from typing import Any
 
 import attrs
 
-__all__ = ["ReachError", "ReachMeter", "builder_modules", "format_ranges"]
+__all__ = [
+    "PLATFORMS",
+    "ReachError",
+    "ReachMeter",
+    "ReachScope",
+    "builder_modules",
+    "format_ranges",
+    "reach_scope",
+]
+
+#: The top-level packages of the platforms the kit plans against.  A
+#: builder defined in one of them is the platform's own (kvref's reference,
+#: vLLM's default builder): its package is the whole platform, most of which
+#: is not the builder's code.
+PLATFORMS = ("kvref", "vllm")
 
 
 class ReachError(ValueError):
@@ -38,24 +65,106 @@ def _module_file(name: str) -> Path:
     return Path(spec.origin).resolve()
 
 
-def builder_modules(builder: object) -> list[Path]:
-    """The source files of the builder's own code: its class's module and its package's modules.
-
-    A vLLM-native builder wrapped by the kit's adapter is measured in the
-    native class's module.  Classes up the hierarchy that live elsewhere (the
-    reference or vLLM's default builder) are not the vendor's code.
-    """
-    cls = builder if isinstance(builder, type) else type(builder)
-    cls = getattr(cls, "native_cls", cls)
-    module = sys.modules.get(cls.__module__)
+def _source_of(module_name: str) -> Path | None:
+    """The ``.py`` file of an imported (or importable) module, ``None`` for anything else."""
+    module = sys.modules.get(module_name)
     path = getattr(module, "__file__", None)
     if path is None:
-        return []
-    source = Path(path).resolve()
-    package = cls.__module__.rpartition(".")[0]
-    if not package or source.name == "__init__.py":
-        return [source]
-    return sorted(p.resolve() for p in source.parent.glob("*.py"))
+        try:
+            spec = importlib.util.find_spec(module_name)
+        except (ImportError, ValueError):
+            return None
+        path = None if spec is None else spec.origin
+    if path is None or not str(path).endswith(".py"):
+        return None
+    return Path(path).resolve()
+
+
+@attrs.frozen
+class ReachScope:
+    """The modules reach counts for one builder (see :func:`reach_scope`).
+
+    Attributes:
+        own: modules every function of which counts (the builder's own code).
+        platform: the platform's package directory when the builder is a
+            platform's own; its other modules count where the hooks entered
+            them, over the functions entered only.  ``None`` for a vendor's builder.
+    """
+
+    own: tuple[Path, ...]
+    platform: Path | None = None
+
+
+def _builder_class(builder: object) -> type:
+    cls = builder if isinstance(builder, type) else type(builder)
+    # A vLLM-native builder wrapped by the kit's adapter is the native class's code.
+    native: type = getattr(cls, "native_cls", cls)
+    return native
+
+
+def _imported(source: Path, module_name: str) -> set[str]:
+    """The modules ``source`` (module ``module_name``) imports, relative imports resolved."""
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    is_package = source.name == "__init__.py"
+    package = module_name if is_package else module_name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                anchor = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{anchor}.{base}" if base else anchor
+            found.add(base)
+            # ``from pkg import mod`` names a submodule as often as a function.
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _import_closure(roots: Sequence[str], top: str) -> list[Path]:
+    """``roots`` and the modules of package ``top`` they import, transitively, as files."""
+    seen: dict[str, Path] = {}
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen or not (name == top or name.startswith(f"{top}.")):
+            continue
+        source = _source_of(name)
+        if source is None:
+            continue
+        seen[name] = source
+        todo.extend(_imported(source, name))
+    # A package's __init__ counts only where a module imports the package itself.
+    return sorted({p for n, p in seen.items() if p.name != "__init__.py" or n in roots})
+
+
+def reach_scope(builder: object) -> ReachScope:
+    """Which modules hold ``builder``'s code (the rule of the module docstring).
+
+    The MRO's classes count where they are defined in the builder's own
+    top-level package: a vendor builder's parents in kvref or vLLM are the
+    platform's code, measured (and judged) as the platform's.
+    """
+    cls = _builder_class(builder)
+    top = cls.__module__.partition(".")[0]
+    mro_modules = [
+        c.__module__
+        for c in cls.__mro__
+        if c is not object and c.__module__.partition(".")[0] == top
+    ]
+    roots = list(dict.fromkeys(mro_modules))
+    if top in PLATFORMS:
+        own = sorted({p for m in roots if (p := _source_of(m)) is not None})
+        package = _source_of(top)
+        return ReachScope(tuple(own), None if package is None else package.parent)
+    return ReachScope(tuple(_import_closure(roots, top)))
+
+
+def builder_modules(builder: object) -> list[Path]:
+    """The source files whose every function counts as the builder's (``reach_scope(...).own``)."""
+    return list(reach_scope(builder).own)
 
 
 def format_ranges(lines: Iterable[int]) -> str:
@@ -72,8 +181,23 @@ def format_ranges(lines: Iterable[int]) -> str:
     return ", ".join(out)
 
 
+def _own_lines(node: ast.AST) -> set[int]:
+    """The statement lines of a function's body, less those of functions and classes inside it."""
+    lines: set[int] = set()
+    todo = list(ast.iter_child_nodes(node))
+    while todo:
+        child = todo.pop()
+        if isinstance(child, ast.stmt):
+            lines.add(child.lineno)
+        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(child))
+    # The signature's own lines (decorators, defaults) are not the body.
+    lines.discard(getattr(node, "lineno", -1))
+    return lines
+
+
 def _functions(source: Path) -> list[tuple[str, set[int]]]:
-    """``(qualified name, body lines)`` of every function in ``source``."""
+    """``(qualified name, body lines)`` of every function in ``source``, nested ones apart."""
     tree = ast.parse(source.read_text(encoding="utf-8"))
     found: list[tuple[str, set[int]]] = []
 
@@ -81,16 +205,12 @@ def _functions(source: Path) -> list[tuple[str, set[int]]]:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 name = f"{prefix}{child.name}"
-                body = {
-                    n.lineno
-                    for stmt in child.body
-                    for n in ast.walk(stmt)
-                    if isinstance(n, ast.stmt)
-                }
-                found.append((name, body))
+                found.append((name, _own_lines(child)))
                 visit(child, f"{name}.")
             elif isinstance(child, ast.ClassDef):
                 visit(child, f"{prefix}{child.name}.")
+            else:
+                visit(child, prefix)
 
     visit(tree, "")
     return found
@@ -98,13 +218,24 @@ def _functions(source: Path) -> list[tuple[str, set[int]]]:
 
 @attrs.define
 class ReachMeter:
-    """Measures the reach of a run over ``files`` (start, run, stop, then :meth:`summary`)."""
+    """Measures the reach of a run (start, run, stop, then :meth:`summary`).
+
+    Attributes:
+        files: what is traced (coverage.py ``include`` patterns): the own
+            modules, and the platform's directory for a platform's builder.
+            An isolated run's worker traces the same (``isolate._start_reach``).
+        own: the modules every function of which counts.
+        platform: the directory whose other modules count over the
+            functions the hooks entered (``None``: none).
+    """
 
     files: Sequence[Path]
     min_reach: float | None = None
     _cov: Any = None
     #: Lines executed elsewhere (an isolated run's worker process), by file.
     remote: dict[str, set[int]] = attrs.field(factory=dict)
+    own: Sequence[Path] | None = attrs.field(default=None, kw_only=True)
+    platform: Path | None = attrs.field(default=None, kw_only=True)
 
     def add_lines(self, lines: dict[str, set[int]]) -> None:
         """Count ``lines`` (file to executed line numbers) as reached too."""
@@ -118,7 +249,7 @@ class ReachMeter:
         modules: Sequence[str] | None = None,
         min_reach: float | None = None,
     ) -> ReachMeter:
-        """A meter over the builder's own modules, or ``modules`` when given.
+        """A meter over the builder's code (:func:`reach_scope`), or ``modules`` when given.
 
         Raises:
             ReachError: coverage.py is not installed, or a module cannot be found.
@@ -127,8 +258,15 @@ class ReachMeter:
             raise ReachError(
                 "measuring reach needs coverage.py: pip install coverage (the kit's 'reach' extra)"
             )
-        files = [_module_file(m) for m in modules] if modules else builder_modules(builder)
-        return cls(files=files, min_reach=min_reach)
+        if modules:
+            files = [_module_file(m) for m in modules]
+            return cls(files=files, min_reach=min_reach, own=files)
+        scope = reach_scope(builder)
+        traced = list(scope.own)
+        if scope.platform is not None:
+            # A glob: coverage.py's '*' crosses directories, so every module of the platform.
+            traced.append(scope.platform / "*")
+        return cls(files=traced, min_reach=min_reach, own=scope.own, platform=scope.platform)
 
     def start(self, *, trace_here: bool = True) -> None:
         """Start tracing the threads that call the builder from now on.
@@ -159,35 +297,65 @@ class ReachMeter:
         if self._cov is not None:
             self._cov.stop()
 
+    def _executed(self) -> dict[str, set[int]]:
+        """Every line that ran, by resolved file: traced here and sent from a worker."""
+        found = {p: set(lines) for p, lines in self.remote.items()}
+        data = self._cov.get_data()
+        for path in data.measured_files():
+            found.setdefault(str(Path(path).resolve()), set()).update(data.lines(path) or ())
+        return found
+
+    def _callees(self, executed: dict[str, set[int]], own: Sequence[Path]) -> list[Path]:
+        """The platform's other modules whose functions ran (a platform builder's callees)."""
+        if self.platform is None:
+            return []
+        root, mine = self.platform.resolve(), {p.resolve() for p in own}
+        found = []
+        for name, lines in executed.items():
+            path = Path(name)
+            if lines and path not in mine and path.suffix == ".py" and path.is_relative_to(root):
+                found.append(path)
+        return sorted(found)
+
+    def _module(self, path: Path, executed: set[int], whole: bool) -> dict[str, Any] | None:
+        """One module's figures; a callee (``whole=False``) over its entered functions only."""
+        _, all_statements, _excluded, _missing, _ = self._cov.analysis2(str(path))
+        functions = _functions(path)
+        if not whole:
+            # Only what the hooks entered is the builder's; the rest is the platform's.
+            functions = [(n, body) for n, body in functions if body & executed]
+            if not functions:
+                return None
+        # Module and class bodies ran at import, before the run: only the
+        # code inside functions says what the run reached.
+        inside = set().union(*(body for _, body in functions)) if functions else set()
+        statements = set(all_statements) & inside
+        ran = statements & executed
+        missing = statements - ran
+        unreached = [name for name, body in functions if body & statements and not body & ran]
+        count = len(statements)
+        return {
+            "path": str(path),
+            "statements": count,
+            "executed": len(ran),
+            "percent": round(100.0 * len(ran) / count, 1) if count else 100.0,
+            "missing": format_ranges(missing),
+            "unreached_functions": unreached,
+            "role": "own" if whole else "callee",
+        }
+
     def summary(self) -> dict[str, Any]:
-        """What the run reached: per file and in total, with the lines for the report."""
+        """What the run reached: per module and in total, with the lines for the report."""
+        executed = self._executed()
+        own = list(self.own if self.own is not None else self.files)
+        listed = [(p, True) for p in own] + [(p, False) for p in self._callees(executed, own)]
         modules = []
-        total = hit = 0
-        for path in self.files:
-            _, all_statements, _excluded, all_missing, _ = self._cov.analysis2(str(path))
-            functions = _functions(path)
-            # Module and class bodies ran at import, before the run: only the
-            # code inside functions says what the run reached.
-            inside = set().union(*(body for _, body in functions)) if functions else set()
-            statements = set(all_statements) & inside
-            missing = (set(all_missing) & inside) - self.remote.get(str(path), set())
-            executed = statements - missing
-            unreached = [
-                name for name, body in functions if body & statements and not body & executed
-            ]
-            count = len(statements)
-            total += count
-            hit += len(executed)
-            modules.append(
-                {
-                    "path": str(path),
-                    "statements": count,
-                    "executed": len(executed),
-                    "percent": round(100.0 * len(executed) / count, 1) if count else 100.0,
-                    "missing": format_ranges(missing),
-                    "unreached_functions": unreached,
-                }
-            )
+        for path, whole in listed:
+            module = self._module(path, executed.get(str(Path(path).resolve()), set()), whole)
+            if module is not None:
+                modules.append(module)
+        total = sum(m["statements"] for m in modules)
+        hit = sum(m["executed"] for m in modules)
         percent = round(100.0 * hit / total, 1) if total else 100.0
         below = self.min_reach is not None and percent < self.min_reach
         data: dict[str, Any] = {
