@@ -9,12 +9,14 @@
   0.33.0 specs (converted through :mod:`kvref.interop.vllm`; a vendor
   subclass keeps its own class, planned as its nearest vLLM kind);
 - a path to a JSON file in the ``kvref-models/1`` format (a dump of one
-  real worker's specs; docs/vendors.md, "Your own models", gives the
-  snippet that writes it from a running engine);
+  real worker's specs and the deployment they are served with; docs/vendors.md,
+  "Your own models", gives the snippet that writes it from a running engine);
 - any of those objects directly (``check_builder(models=...)``).
 
-A bad spec raises :class:`VendorModelError` naming the value, before any
-example runs.  Around each fixed model the kit explores structure-preserving
+A model keeps its whole deployment (:mod:`.deployment`): its declared
+speculation, HiSparse settings, declared grouping and layout.  A bad spec
+or deployment raises :class:`VendorModelError` naming the field and value,
+before any example runs.  Around each fixed model the kit explores structure-preserving
 variants (:func:`around`): the model itself (what shrinking returns to),
 fewer decoder layers, and repeated decoder layers; pipeline splits, layouts,
 budgets, overrides, block counts and host-resident subsets come from
@@ -35,15 +37,20 @@ from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
+from conformance.generate.deployment import (
+    DEPLOYMENT_FIELDS,
+    DeploymentError,
+    deployed,
+    deployment_of,
+    json_deployment,
+    renamed_deployment,
+)
 from conformance.generate.families import models as builtin_models
-from conformance.generate.families.drafts import SpeculativeModel
 from conformance.generate.pipeline import decoder_layers
-from conformance.generate.problems import model_config_fields
 from conformance.generate.records import Model
 from kvref import extra_specs
 from kvref import specs as kvref_specs
-from kvref.config import PlanningConfig
-from kvref.errors import ConfigError, KVRefError
+from kvref.errors import KVRefError
 from kvref.specs import KVCacheSpec, MultipleOf
 
 __all__ = [
@@ -61,6 +68,8 @@ JSON_FORMAT = "kvref-models/1"
 #: Most decoder layers a growth adds to a vendor model.
 _MAX_GROWTH = 8
 _INDEX = re.compile(r"^(.*?)(\d+)(?=\.|$)")
+#: The fields of one model of a ``kvref-models/1`` file.
+_MODEL_KEYS = frozenset({"name", "layers", "num_hidden_layers", *DEPLOYMENT_FIELDS})
 
 
 class VendorModelError(ValueError):
@@ -136,35 +145,16 @@ def _as_model(where: str, value: object, name: str = "") -> Model:
         layers[layer] = _layer_spec(f"{where}[{layer!r}]", spec)
     text = f"vendor: {description or where}"
     model = Model(layers, text, family="vendor", num_hidden_layers=hidden)
-    if isinstance(value, SpeculativeModel):
-        # The speculation it declares is served as declared, never inferred again.
-        return _speculative(where, model, value.speculative_method, value.num_speculative_tokens)
-    return model
+    # What the model declares about its deployment is served as declared,
+    # never inferred again or dropped.
+    return _deployed(where, model, deployment_of(value))
 
 
-def _speculative(where: str, model: Model, method: object, tokens: object) -> Model:
-    """``model`` served with speculative ``method`` and ``tokens`` (both ``None``: as it is)."""
-    if method is None and tokens is None:
-        return model
-    if method is None or tokens is None:
-        raise VendorModelError(
-            f"{where}: speculative_method={method!r} and num_speculative_tokens={tokens!r} "
-            "go together (give both or neither)"
-        )
+def _deployed(where: str, model: Model, deployment: Mapping[str, Any]) -> Model:
     try:
-        declared = SpeculativeModel(
-            model.specs,
-            model.description,
-            family=model.family,
-            num_hidden_layers=model.num_hidden_layers,
-            speculative_method=method,  # type: ignore[arg-type]  # validated by the class
-            num_speculative_tokens=tokens,  # type: ignore[arg-type]
-        )
-        # Refused here, before any run, rather than by every problem drawn from it.
-        PlanningConfig(**model_config_fields(declared))
-    except (ValueError, ConfigError) as exc:
+        return deployed(model, **deployment)
+    except DeploymentError as exc:
         raise VendorModelError(f"{where}: {exc}") from None
-    return declared
 
 
 def fixed_models(value: object, where: str = "models") -> list[Model]:
@@ -268,10 +258,19 @@ def read_json(path: str | Path) -> list[Model]:
             name: _json_spec(f"{at}.layers[{name!r}]", spec, classes)
             for name, spec in raw["layers"].items()
         }
+        unknown = sorted(set(raw) - _MODEL_KEYS)
+        if unknown:
+            raise VendorModelError(
+                f"{at}: unknown field(s) {', '.join(unknown)} "
+                f"(known: {', '.join(sorted(_MODEL_KEYS))})"
+            )
         name = str(raw.get("name") or f"{Path(path).name}[{i}]")
         model = attrs.evolve(_as_model(at, layers, name), num_hidden_layers=hidden)
-        method, tokens = raw.get("speculative_method"), raw.get("num_speculative_tokens")
-        out.append(_speculative(at, model, method, tokens))
+        try:
+            deployment = json_deployment(raw)
+        except DeploymentError as exc:
+            raise VendorModelError(f"{at}.{exc}") from None
+        out.append(_deployed(at, model, deployment))
     return out
 
 
@@ -295,9 +294,12 @@ def _rebuild(model: Model, order: Sequence[int], label: str) -> Model:
         return model
     prefix = match[1]
     specs: dict[str, KVCacheSpec] = {}
+    # Old name -> its new names (none: dropped, several: repeated), for the declared grouping.
+    names: dict[str, list[str]] = {name: [] for name in model.specs}
     for new, old in enumerate(order):
         for name in layers.by_index.get(old, ()):
             specs[_rename(name, prefix, old, new)] = model.specs[name]
+            names[name].append(_rename(name, prefix, old, new))
     hidden = layers.num_hidden_layers
     for name in layers.tail:
         # Draft/MTP layers numbered after the target keep that place.
@@ -307,11 +309,15 @@ def _rebuild(model: Model, order: Sequence[int], label: str) -> Model:
         else:
             name_new = name
         specs[name_new] = model.specs[name]
-    return attrs.evolve(
-        model,
-        specs=specs,
-        description=f"{model.description} ({label})",
-        num_hidden_layers=len(order),
+        names[name].append(name_new)
+    return renamed_deployment(
+        attrs.evolve(
+            model,
+            specs=specs,
+            description=f"{model.description} ({label})",
+            num_hidden_layers=len(order),
+        ),
+        names,
     )
 
 

@@ -90,8 +90,23 @@ def _draft_layer_count(specs: Mapping[str, KVCacheSpec]) -> int:
     return len(keys)
 
 
+def _declared(model: object) -> tuple[str, int] | None:
+    """``(method, tokens)`` a model declares: a :class:`SpeculativeModel`, or any model with both.
+
+    Vendor models that also bring planning settings declare theirs on
+    another class (``conformance.generate.deployment.DeployedModel``).
+    """
+    if not isinstance(model, Model):
+        return None
+    method = getattr(model, "speculative_method", None)
+    tokens = getattr(model, "num_speculative_tokens", None)
+    if isinstance(method, str) and isinstance(tokens, int):
+        return method, tokens
+    return None
+
+
 def speculation(model: Model | Mapping[str, KVCacheSpec]) -> Speculation:
-    """How ``model`` is speculated: declared by a :class:`SpeculativeModel`, else inferred.
+    """How ``model`` is speculated: as a model declares it (:func:`_declared`), else inferred.
 
     Inferred from the layers: draft (``is_draft``) layers are MTP modules when
     a draft name says ``mtp`` or a draft layer is MLA (an MTP module repeats
@@ -103,8 +118,9 @@ def speculation(model: Model | Mapping[str, KVCacheSpec]) -> Speculation:
     """
     specs = model.specs if isinstance(model, Model) else model
     drafts = _draft_layer_count(specs)
-    if isinstance(model, SpeculativeModel):
-        return Speculation(model.speculative_method, drafts, model.num_speculative_tokens)
+    declared = _declared(model)
+    if declared is not None:
+        return Speculation(declared[0], drafts, declared[1])
     blocks = [s.num_speculative_blocks for s in specs.values() if isinstance(s, MambaSpec)]
     tokens = max([*blocks, drafts, 1])
     draft_specs = {n: s for n, s in specs.items() if s.is_draft}

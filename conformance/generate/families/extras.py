@@ -14,6 +14,8 @@ models of a certain shape:
 - **A model-declared grouping** (vLLM's ``SupportsKVCacheGrouping``): the
   config carries the model's own grouping, which a builder that keeps
   vLLM's default behaviour honours before its own.
+- **A layout the deployment fixes** (a vendor model served with one
+  ``kv_cache_layout``): every problem of the model uses it.
 
 :class:`ExtendedModel` carries them; :func:`apply_model_extras` turns a
 drawn config and pipeline split into the problem's, once ``max_model_len``
@@ -32,12 +34,14 @@ from hypothesis import strategies as st
 
 from conformance.check.geometry import cdiv, round_up
 from conformance.generate.records import Model
-from kvref.config import HiSparseConfig, PlanningConfig
+from kvref.config import GroupingHook, HiSparseConfig, PlanningConfig
+from kvref.errors import GroupingError
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheGroupSpec
-from kvref.specs import KVCacheSpec, MLAAttentionSpec
+from kvref.specs import KVCacheSpec, MLAAttentionSpec, UniformTypeKVCacheSpecs
 
 __all__ = [
+    "DeclaredGroups",
     "ExtendedModel",
     "ModelExtras",
     "RunsOfKindGrouping",
@@ -86,6 +90,80 @@ class RunsOfKindGrouping:
         return groups
 
 
+def _group_names(value: object) -> tuple[tuple[str, ...], ...]:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"DeclaredGroups.groups={value!r} must be a non-empty list of name lists")
+    out = []
+    for names in value:
+        if (
+            not isinstance(names, (list, tuple))
+            or not names
+            or not all(isinstance(n, str) and n for n in names)
+        ):
+            raise ValueError(
+                f"DeclaredGroups.groups: {names!r} must be a non-empty list of layer names"
+            )
+        out.append(tuple(names))
+    flat = [n for names in out for n in names]
+    if len(set(flat)) < len(flat):
+        twice = sorted({n for n in flat if flat.count(n) > 1})
+        raise ValueError(f"DeclaredGroups.groups names {twice} in more than one group")
+    return tuple(out)
+
+
+@attrs.frozen(kw_only=True)
+class DeclaredGroups:
+    """A model-declared grouping given as its groups' layer names (a vendor's dumped grouping).
+
+    On a pipeline stage (a subset of the layers) each group keeps the layers
+    the stage has; groups with none are left out.  A group whose specs are
+    equal merges them (``type(spec).merge``); one of several specs of one
+    type and block size is a uniform-type group.
+
+    Attributes:
+        groups: each group's layer names, in the model's group order.
+    """
+
+    groups: tuple[tuple[str, ...], ...] = attrs.field(converter=_group_names)
+
+    def renamed(self, names: Mapping[str, Sequence[str]]) -> DeclaredGroups:
+        """The grouping after layers were renamed (``old -> new names``, several for a copy)."""
+        return DeclaredGroups(
+            groups=tuple(
+                tuple(new for old in group for new in names.get(old, (old,)))
+                for group in self.groups
+                if any(names.get(old, (old,)) for old in group)
+            )
+        )
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> list[KVCacheGroupSpec]:
+        """The declared groups restricted to ``kv_cache_spec``'s layers, in declared order.
+
+        Raises:
+            GroupingError: a group's specs neither merge nor form one uniform-type group.
+        """
+        groups = []
+        for declared in self.groups:
+            names = tuple(n for n in declared if n in kv_cache_spec)
+            if not names:
+                continue
+            specs = [kv_cache_spec[n] for n in names]
+            if all(s == specs[0] for s in specs):
+                merged: KVCacheSpec | UniformTypeKVCacheSpecs = type(specs[0]).merge(specs)
+            else:
+                uniform = UniformTypeKVCacheSpecs.from_specs({n: kv_cache_spec[n] for n in names})
+                if uniform is None:
+                    raise GroupingError(
+                        f"DeclaredGroups: the layers {list(names)} are not of one type and one "
+                        "block size: they cannot share a group"
+                    )
+                merged = uniform
+            groups.append(KVCacheGroupSpec(layer_names=names, kv_cache_spec=merged))
+        return groups
+
+
 @attrs.frozen(kw_only=True)
 class ModelExtras:
     """Planning settings a model brings.
@@ -94,12 +172,17 @@ class ModelExtras:
         hisparse: HiSparse's settings (``None``: HiSparse off).
         host_pool_slack: with HiSparse, how many requests beyond the first the
             host pool holds (the pool is sized once ``max_model_len`` is drawn).
-        kv_cache_grouping: the model's declared grouping (``None``: none).
+        kv_cache_grouping: the model's declared grouping (``None``: none):
+            :class:`RunsOfKindGrouping`, :class:`DeclaredGroups` or a vendor's
+            own ``SupportsKVCacheGrouping`` object.
+        kv_cache_layout: the layout every problem of the model uses
+            (``None``: drawn from the layouts vLLM could resolve).
     """
 
     hisparse: HiSparseConfig | None = None
     host_pool_slack: int = 0
-    kv_cache_grouping: RunsOfKindGrouping | None = None
+    kv_cache_grouping: GroupingHook | None = None
+    kv_cache_layout: KVCacheLayout | None = None
 
 
 @attrs.frozen(repr=False)
@@ -150,6 +233,8 @@ def _apply(
     changes: dict[str, Any] = {}
     if extras.kv_cache_grouping is not None:
         changes["model_kv_cache_grouping"] = extras.kv_cache_grouping
+    if extras.kv_cache_layout is not None:
+        changes["kv_cache_layout"] = extras.kv_cache_layout
     if extras.hisparse is not None:
         settings = extras.hisparse
         # The pool must hold one request plus the null block and a
@@ -158,7 +243,7 @@ def _apply(
         stride = _host_stride(model.specs, settings)
         need = cdiv(config.max_model_len, _block_size(model.specs)) + 2
         blocks = need * (1 + extras.host_pool_slack) + draw(st.integers(0, need))
-        layout = config.kv_cache_layout
+        layout = changes.get("kv_cache_layout", config.kv_cache_layout)
         if not layout.is_block_outermost:
             layout = draw(st.sampled_from(_BLOCK_OUTER[:2]))
         changes.update(
@@ -191,6 +276,7 @@ def apply_model_extras(
     least ``cdiv(max_model_len, block_size) + 2`` host blocks (times
     ``1 + host_pool_slack``, plus some) of all workers' source layers, no
     other host-resident layers, the hybrid manager on, a block-outermost
-    layout, and every worker's derived HiSparse layers added.  Other models: unchanged.
+    layout, and every worker's derived HiSparse layers added; a declared
+    ``kv_cache_layout`` replaces the drawn one.  Other models: unchanged.
     """
     return _apply(model, config, workers)
