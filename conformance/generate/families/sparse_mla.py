@@ -148,27 +148,40 @@ def deepseek_v4_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
     return _deepseek_v4_models(max_layers)
 
 
-def _v32_attention(fp8: bool, block: int, draft: bool) -> MLAAttentionSpec:
+def _v32_attention(fp8: bool, block: int, draft: bool, leader: bool) -> MLAAttentionSpec:
+    # vLLM's MLA layer reports itself an index-group leader exactly when it
+    # owns an indexer (mla_attention.py: ``is_index_group_leader=self.indexer is not None``).
+    common: dict[str, Any] = {
+        "block_size": block,
+        "num_kv_heads": 1,
+        "max_tp_shards": 1,
+        "head_size": 576,
+        "is_draft": draft,
+        "is_index_group_leader": leader,
+    }
     if fp8:
         return MLAAttentionSpec(
-            block_size=block,
-            num_kv_heads=1,
-            max_tp_shards=1,
-            head_size=576,
             dtype=torch.uint8,
             cache_dtype_str="fp8_ds_mla",
             state_content_bytes=656,  # 512 fp8 NoPE + 16 fp32 scales + 64 bf16 RoPE
-            is_draft=draft,
+            **common,
         )
-    return MLAAttentionSpec(
-        block_size=block,
-        num_kv_heads=1,
-        max_tp_shards=1,
-        head_size=576,
-        dtype=torch.bfloat16,
-        cache_dtype_str="auto",
-        is_draft=draft,
-    )
+    return MLAAttentionSpec(dtype=torch.bfloat16, cache_dtype_str="auto", **common)
+
+
+def _index_cache_skips(draw: st.DrawFn, layers: int) -> list[bool]:
+    """Which target layers skip their indexer: none, or IndexCache's pattern.
+
+    DeepSeek-V3.2-style configs with IndexCache (``index_topk_freq``, default
+    1: no skipping; ``index_skip_topk_offset``, default 2) keep the indexer
+    only on layers ``i`` with ``max(i - offset + 1, 0) % freq == 0``; the
+    others reuse the previous layer's top-k (vLLM's ``deepseek_v2.py``).
+    """
+    if not draw(st.booleans()):
+        return [False] * layers
+    freq = draw(st.sampled_from([2, 4]))
+    offset = draw(st.sampled_from([2, 1, 3]))
+    return [max(i - offset + 1, 0) % freq != 0 for i in range(layers)]
 
 
 def _indexer(block: int, tokens_per_state: int, draft: bool, **extra: Any) -> MLAAttentionSpec:
@@ -191,15 +204,20 @@ def _deepseek_v32_models(draw: st.DrawFn, max_layers: int) -> Model:
     fp8 = draw(st.booleans())
     block = draw(st.sampled_from([64, 16, 128]))
     mtp = draw(st.integers(0, 1)) if rarely(draw) else 0
+    # MTP layers always build the full indexer (they compute the top-k of draft step 0).
+    skips = _index_cache_skips(draw, layers) + [False] * mtp
     specs: dict[str, KVCacheSpec] = {}
     for i in range(layers + mtp):
         draft = i >= layers
-        specs[f"model.layers.{i}.self_attn.attn"] = _v32_attention(fp8, block, draft)
-        specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = _indexer(block, 1, draft)
+        indexed = not skips[i]
+        specs[f"model.layers.{i}.self_attn.attn"] = _v32_attention(fp8, block, draft, indexed)
+        if indexed:
+            specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = _indexer(block, 1, draft)
+    indexers = layers - sum(skips)
     return Model(
         specs,
         f"DeepSeek-V3.2-like sparse MLA ({'fp8_ds_mla' if fp8 else 'bf16'}): {layers} layers "
-        f"x (MLA + indexer)" + (" + MTP" if mtp else ""),
+        f"x MLA, {indexers} with an indexer" + (" + MTP" if mtp else ""),
         num_hidden_layers=layers,
     )
 
@@ -210,7 +228,9 @@ def deepseek_v32_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
     Per layer an MLA cache (576 wide; bf16, or ``fp8_ds_mla`` with 656-byte
     states) and the lightning indexer's fp8 key cache (``cache_role``
     ``INDEXER``, 132 bytes per token), one block size; rarely an MTP draft
-    layer with both.
+    layer with both.  Structure drawn: every layer indexed (V3.2, V3.2-Exp),
+    or IndexCache's skipping (``index_topk_freq`` 2 or 4, offsets 1-3):
+    skipping layers keep only their latent, not an index-group leader.
     """
     return _deepseek_v32_models(max_layers)
 
