@@ -425,6 +425,9 @@ def _run(args: argparse.Namespace) -> int:
         torch.empty(0, device=args.device)
     except Exception as exc:
         raise _UsageError(f"--device {args.device!r} is not usable here: {exc}") from None
+    if args.isolate:
+        # By name: the builder's module is imported only in its worker process.
+        return _check(args, args.builder, options, xfail)
     try:
         builder = load_builder(args.builder)
     except BuilderLoadError as exc:

@@ -43,7 +43,18 @@ _OPTIONS = (
         "--kv-isolate",
         {
             "action": "store_true",
-            "help": "run the builder in a worker process (a crash is the builder's failure)",
+            "default": True,
+            "help": "run the builder in a worker process, its module imported only there "
+            "(the default; a crash or a patch of the kit is the builder's failure)",
+        },
+    ),
+    (
+        "--kv-no-isolate",
+        {
+            "action": "store_false",
+            "dest": "kv_isolate",
+            "help": "run the builder in pytest's process (debugging only: a builder can then "
+            "patch the kit)",
         },
     ),
 )
@@ -91,10 +102,29 @@ def _check_options(config: pytest.Config) -> None:
     except VendorModelError as exc:
         raise pytest.UsageError(f"--kv-models: {exc}") from None
     xfail_ids(config)
+    name = config.getoption("--kv-builder")
     try:
-        load_builder(config.getoption("--kv-builder"))
+        if config.getoption("--kv-isolate"):
+            _isolated_builder(config, name)
+        else:
+            load_builder(name)
     except BuilderLoadError as exc:
         raise pytest.UsageError(f"--kv-builder: {exc}") from None
+
+
+def _isolated_builder(config: pytest.Config, name: str) -> Any:
+    """The run's one worker for the builder, made (and the builder loaded there) once.
+
+    The builder's module is imported only in that worker; every item checks
+    the builder through it, so the import is paid once per pytest run.
+    """
+    from conformance.run.isolate import isolated
+
+    proxy = getattr(config, "_kvref_isolated", None)
+    if proxy is None or getattr(proxy, "kvref_name", None) != name:
+        proxy = isolated(name, name)
+        config._kvref_isolated = proxy  # type: ignore[attr-defined]
+    return proxy
 
 
 def _as_flag(message: str) -> str:
@@ -167,8 +197,10 @@ def run_item(invariant: str, request: pytest.FixtureRequest) -> None:
     if builder_name is None:
         pytest.skip("give --kv-builder module:Class to check a builder")
     xfail = xfail_ids(config)
+    isolate = config.getoption("--kv-isolate")
+    builder = _isolated_builder(config, builder_name) if isolate else load_builder(builder_name)
     report = check_builder(
-        load_builder(builder_name),
+        builder,
         device=config.getoption("--kv-device"),
         max_examples=config.getoption("--kv-max-examples"),
         seed=config.getoption("--kv-seed"),
@@ -182,7 +214,7 @@ def run_item(invariant: str, request: pytest.FixtureRequest) -> None:
         database=config.getoption("--kv-database"),
         models=config.getoption("--kv-models"),
         models_only=config.getoption("--kv-models-only"),
-        isolate=config.getoption("--kv-isolate"),
+        isolate=isolate,
     )
     result: Any = report.result(invariant)
     if result.status in ("skipped", "not-applicable"):

@@ -167,8 +167,17 @@ def prepare(
             raise OptionError(str(exc)) from None
         meter = None
         if wanted is not None:
+            # Computed in the worker (finding the files imports the builder's modules).
             files = [Path(f) for f in proxy.__dict__.get("kvref_reach_files", ())]
-            meter = ReachMeter(files=files, min_reach=min_reach)
+            scope = proxy.__dict__.get("kvref_reach_scope", {})
+            own = scope.get("own")
+            platform = scope.get("platform")
+            meter = ReachMeter(
+                files=files,
+                min_reach=min_reach,
+                own=None if own is None else [Path(f) for f in own],
+                platform=None if platform is None else Path(platform),
+            )
         return Prepared(proxy, meter)
     if isinstance(builder, str):
         try:

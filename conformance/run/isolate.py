@@ -341,9 +341,15 @@ def _describe(builder: Any, name: str | None, reach: Any) -> dict[str, Any]:
         parent_kind = "vllm-default" if getattr(parent, "native_cls", None) else "reference"
     qualname, note = resolvable_qualname(builder, name)
     files: list[str] = []
+    scope: dict[str, Any] = {}
     if reach is not None:
         modules = None if reach is True else [str(m) for m in reach]
-        files = [str(f) for f in ReachMeter.for_builder(builder, modules).files]
+        meter = ReachMeter.for_builder(builder, modules)
+        files = [str(f) for f in meter.files]
+        scope = {
+            "own": None if meter.own is None else [str(f) for f in meter.own],
+            "platform": None if meter.platform is None else str(meter.platform),
+        }
     return {
         "class": f"{cls.__module__}:{cls.__qualname__}",
         "unsupported": [str(c) for c in (getattr(builder, "kvref_unsupported", ()) or ())],
@@ -353,6 +359,7 @@ def _describe(builder: Any, name: str | None, reach: Any) -> dict[str, Any]:
         "qualname": qualname,
         "qualname_note": note,
         "reach_files": files,
+        "reach_scope": scope,
     }
 
 
@@ -745,6 +752,7 @@ def isolated(
         "kvref_parent": facts.get("parent"),
         "kvref_qualname": (facts.get("qualname"), str(facts.get("qualname_note", ""))),
         "kvref_reach_files": tuple(str(f) for f in facts.get("reach_files", ())),
+        "kvref_reach_scope": dict(facts.get("reach_scope") or {}),
         "__doc__": f"{facts.get('class', label)}, run in a worker process.",
     }
     if facts.get("vllm_core"):
