@@ -298,7 +298,7 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
             return cls(**values)
     except Exception:
         pass
-    made = cls.__new__(cls)
+    made: Any = object.__new__(cls)
     try:
         for field in attrs.fields(cls):
             if field.name in values:
@@ -306,7 +306,7 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
             elif field.default is attrs.NOTHING:
                 raise WireError(f"{where}: {cls.__name__} needs a value for {field.name!r}")
             elif isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]
-                value = field.default.factory()  # type: ignore[attr-defined]
+                value = field.default.factory()
             else:
                 value = field.default
             object.__setattr__(made, field.name, value)
