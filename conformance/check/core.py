@@ -71,7 +71,14 @@ def _same_blocks(obs: CoreObservation) -> list[Violation] | None:
 
 
 def _bpb(config: KVCacheConfig) -> int:
-    size = max((t.size for t in config.device_tensors), default=0)
+    """Device bytes one block takes: every distinct backing once, as KV-CORE-MEMORY adds them.
+
+    A builder with several device allocations declares their sum through
+    ``_get_pool_bytes_per_block`` and Core divides the memory by it; the
+    largest backing alone would understate a block and make the limiting
+    worker look as if it had room for more (a false KV-CORE-SLACK).
+    """
+    size = sum({t.size for t in config.device_tensors})
     return size // config.num_blocks if config.num_blocks else 0
 
 

@@ -187,6 +187,33 @@ def check_memory(
     runs take the large-config path (module docstring), whose result says
     whether it was exhaustive.  Never raises for a well-typed config.
     """
+    allocations = _allocations(config, host)
+    if len(allocations) > 1:
+        # Several device allocations (contract.md#pool-bytes-hook): each is its
+        # own address space, told apart by its size, so pages of two never meet.
+        parts = [
+            _remapped(
+                check_memory(
+                    attrs.evolve(
+                        config, kv_cache_tensors=[config.kv_cache_tensors[i] for i in idx]
+                    ),
+                    layout,
+                    limit=limit,
+                    budget=budget,
+                    properties=properties,
+                ),
+                idx,
+            )
+            for idx in allocations
+        ]
+        return MemoryReport(
+            out_of_bounds=tuple(o for p in parts for o in p.out_of_bounds)[:limit],
+            block_overlaps=tuple(o for p in parts for o in p.block_overlaps)[:limit],
+            layer_overlaps=tuple(o for p in parts for o in p.layer_overlaps)[:limit],
+            problems=tuple(o for p in parts for o in p.problems),
+            exhaustive=all(p.exhaustive for p in parts),
+            runs=sum(p.runs for p in parts),
+        )
     # Pages are folded analytically, so only hostile shapes need many runs per
     # page; the floor keeps tiny budgets (used in tests) from skipping tensors.
     page_cap = max(budget, MIN_PAGE_RUNS)
@@ -219,6 +246,38 @@ def check_memory(
         problems=tuple(problems),
         exhaustive=exhaustive,
         runs=total,
+    )
+
+
+def _allocations(config: KVCacheConfig, host: bool) -> list[list[int]]:
+    """The device tensors' indexes, one list per allocation (one size); host: one list."""
+    if host:
+        return []
+    by_size: dict[int, list[int]] = {}
+    for i, t in enumerate(config.kv_cache_tensors):
+        if not t.host_resident:
+            by_size.setdefault(t.size, []).append(i)
+    return list(by_size.values())
+
+
+def _remapped(report: MemoryReport, index: list[int]) -> MemoryReport:
+    """``report`` of a sub-config whose tensor ``i`` is the config's ``index[i]``."""
+
+    def page(ref: PageRef) -> PageRef:
+        return attrs.evolve(ref, tensor_index=index[ref.tensor_index])
+
+    return attrs.evolve(
+        report,
+        out_of_bounds=tuple(attrs.evolve(o, page=page(o.page)) for o in report.out_of_bounds),
+        block_overlaps=tuple(
+            attrs.evolve(o, a=page(o.a), b=page(o.b)) for o in report.block_overlaps
+        ),
+        layer_overlaps=tuple(
+            attrs.evolve(o, a=page(o.a), b=page(o.b)) for o in report.layer_overlaps
+        ),
+        problems=tuple(
+            attrs.evolve(p, tensor_index=index[p.tensor_index]) for p in report.problems
+        ),
     )
 
 

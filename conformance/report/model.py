@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 
 from conformance.check.violations import Violation
+from conformance.check.waste import WasteSummary
 
 __all__ = ["FAILING", "STATUSES", "InvariantResult", "Report"]
 
@@ -91,6 +92,9 @@ class Report:
         reach: what the run executed of the builder's own code, when measured.
         interrupted: the run was stopped before it finished (Ctrl-C); the
             invariants it did not reach are inconclusive.
+        waste: the efficiency warnings (:mod:`conformance.check.waste`): plans
+            that hold less than half of what the reference's holds; never a
+            verdict (``None``: the core scenario did not run).
     """
 
     builder: str
@@ -104,6 +108,7 @@ class Report:
     coverage: dict[str, Any] = attrs.field(factory=dict)
     reach: dict[str, Any] | None = None
     interrupted: bool = False
+    waste: WasteSummary | None = None
 
     @property
     def failures(self) -> tuple[InvariantResult, ...]:

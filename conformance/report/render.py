@@ -148,6 +148,7 @@ def format_report(report: Report, *, header: bool = True) -> str:
     if unjudged:
         lines += ["", "Not judged:"]
         lines += [f"  {r.id} ({_MARK[r.status]}): {r.reason}" for r in unjudged]
+    lines += _waste(report)
     if report.reach:
         lines += ["", *report.reach.get("lines", [])]
     else:
@@ -163,6 +164,30 @@ def format_report(report: Report, *, header: bool = True) -> str:
         "OK" if report.ok else f"FAILED: {', '.join(sorted(report.failing_ids)) or 'reach'}",
     ]
     return "\n".join(lines)
+
+
+def _waste(report: Report) -> list[str]:
+    """The "Waste" section: efficiency warnings, which never change a verdict."""
+    waste = report.waste
+    if waste is None:
+        return []
+    if not waste.compared:
+        return ["", f"Waste: nothing compared ({waste.note})"]
+    if not waste.warned:
+        return [
+            "",
+            f"Waste: none: on {waste.compared} core plans compared with the reference's, "
+            "every plan holds at least half of what the reference's holds",
+        ]
+    lines = [
+        "",
+        f"Waste (warnings, no verdict): {waste.warned} of {waste.compared} core plans hold "
+        "less than half of what the reference's plan holds in the same memory; the worst:",
+    ]
+    for w in waste.worst:
+        # The example's first line names its family and shape; the JSON has all of it.
+        lines += [f"  - {w.message}", f"    example: {w.example.splitlines()[0][:200]}"]
+    return lines
 
 
 def _finding(r: InvariantResult) -> list[str]:
@@ -194,6 +219,10 @@ def report_to_dict(report: Report) -> dict[str, Any]:
     """The report as plain JSON-able data, in the layout of ``report.schema.json``."""
     data = attrs.asdict(report, recurse=True)
     data["schema_version"] = JSON_SCHEMA_VERSION
+    if report.waste is not None:
+        # Each warning's sentence, as the text report shows it.
+        for out, warning in zip(data["waste"]["worst"], report.waste.worst, strict=True):
+            out["message"] = warning.message
     data["kit_version"] = _kit_version()
     data["ok"] = report.ok
     data["complete"] = True
@@ -235,6 +264,7 @@ def incomplete_report_dict(start: RunStart) -> dict[str, Any]:
         "coverage": {},
         "reach": None,
         "interrupted": False,
+        "waste": None,
         "ok": False,
         "complete": False,
         "incomplete_reason": INCOMPLETE_REASON,
