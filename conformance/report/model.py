@@ -92,6 +92,9 @@ class Report:
         reach: what the run executed of the builder's own code, when measured.
         interrupted: the run was stopped before it finished (Ctrl-C); the
             invariants it did not reach are inconclusive.
+        builder_output: the last bytes the builder printed in its worker
+            process (stdout and stderr, bounded), kept apart from the kit's
+            own output; empty when it printed nothing or ran in this process.
         waste: the efficiency warnings (:mod:`conformance.check.waste`): plans
             that hold less than half of what the reference's holds; never a
             verdict (``None``: the core scenario did not run).
@@ -109,6 +112,7 @@ class Report:
     reach: dict[str, Any] | None = None
     interrupted: bool = False
     waste: WasteSummary | None = None
+    builder_output: str = ""
 
     @property
     def failures(self) -> tuple[InvariantResult, ...]:

@@ -159,6 +159,10 @@ def format_report(report: Report, *, header: bool = True) -> str:
     for r in report.results:
         if r.status in ("fail", "xfail", "xpass"):
             lines += ["", *_finding(r)]
+    if report.builder_output:
+        # Every line marked: what the builder printed can never pass for the kit's report.
+        lines += ["", "Builder output (its worker's stdout and stderr, the last 64 KiB):"]
+        lines += [f"  | {line}" for line in report.builder_output.splitlines()]
     lines += [
         "",
         "OK" if report.ok else f"FAILED: {', '.join(sorted(report.failing_ids)) or 'reach'}",

@@ -222,6 +222,31 @@ _REACH_SECONDS = 30.0
 _START_SECONDS = 180.0
 
 
+#: Bytes of the builder's own output (stdout and stderr) a report keeps, the last ones.
+OUTPUT_LIMIT = 64 * 1024
+
+#: Consecutive calls on which the worker died before the kit stops restarting it.
+MAX_DEATHS_IN_A_ROW = 2
+
+
+def _own_group_and_output(output: str | None) -> None:
+    """Make the worker its process group's leader and send its output to ``output``.
+
+    The kit ends the whole group with the worker, so a child the builder
+    forked does not outlive the run (nor hold a CI step's pipe open); and the
+    builder's prints never mix into the kit's own report on the terminal.
+    """
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    if output is None:
+        return
+    with contextlib.suppress(OSError):
+        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+
 def _watch_parent(parent: int) -> None:
     # A worker stuck in a hook never reads its pipe again: leave with the kit.
     def watch() -> None:
@@ -363,11 +388,18 @@ def _describe(builder: Any, name: str | None, reach: Any) -> dict[str, Any]:
     }
 
 
-def _serve(conn: Any, target: Any, parent: int, reach_files: Sequence[str] | None = None) -> None:
+def _serve(
+    conn: Any,
+    target: Any,
+    parent: int,
+    reach_files: Sequence[str] | None = None,
+    output: str | None = None,
+) -> None:
     """The worker's loop: make builders, run hooks, send back what happened."""
     with contextlib.suppress(ValueError):
         # Ctrl-C belongs to the kit, which writes the partial report.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _own_group_and_output(output)
     _watch_parent(parent)
     cov = _start_reach(reach_files)
     instances: dict[int, Any] = {}
@@ -429,6 +461,11 @@ class _Worker:
             self.target = target
         self.lock = threading.Lock()
         self.owner = os.getpid()
+        #: Where the workers' stdout and stderr go (read back, bounded, for the report).
+        self.output: str | None = _output_file()
+        #: Deaths on consecutive calls (a call that answered resets it), and the last one's hook.
+        self.deaths_in_a_row = 0
+        self.last_death = ""
         self.process: Any = None
         self.conn: Any = None
         self.generation = 0
@@ -448,7 +485,7 @@ class _Worker:
         parent_conn, child_conn = self.context.Pipe()
         process = self.context.Process(
             target=_serve,
-            args=(child_conn, self.target, os.getpid(), self.reach_files),
+            args=(child_conn, self.target, os.getpid(), self.reach_files, self.output),
             name="kvref-isolate-worker",
             daemon=True,
         )
@@ -497,6 +534,18 @@ class _Worker:
             WorkerDiedError: the worker died.
         """
         if self.process is None:
+            if self.deaths_in_a_row >= MAX_DEATHS_IN_A_ROW:
+                # A builder that kills its worker on every call would cost a
+                # restart (an import of its module) per call: stop here.  The
+                # constructor answered on every start, so a construction is
+                # not held against it; each hook call fails, named.
+                if op == "new":
+                    return _reply("ok", None, ())
+                raise WorkerDiedError(
+                    f"the builder's worker process died on {self.deaths_in_a_row} calls in a "
+                    f"row (the last while {self.last_death} ran); it is not started again, so "
+                    f"{hook} was not called"
+                )
             self._start()
         dropped, self.dropped = self.dropped, []
         try:
@@ -511,6 +560,9 @@ class _Worker:
             data: bytes = self.conn.recv_bytes()
         except (EOFError, OSError):
             raise self._died(hook) from None
+        if op == "call":
+            # Only a hook that answered shows the worker survives the builder's calls.
+            self.deaths_in_a_row = 0
         return data
 
     def _answer(self, hook: str, args: tuple[Any, ...], data: bytes) -> Any:
@@ -545,7 +597,10 @@ class _Worker:
             process.kill()
             process.join(5)
         code = process.exitcode
+        _kill_group(process.pid)
         self.deaths += 1
+        self.deaths_in_a_row += 1
+        self.last_death = hook
         what = "constructing the builder" if hook == "__init__" else hook
         return WorkerDiedError(
             f"the builder's worker process died with exit code {code}{_signal_name(code or 0)} "
@@ -580,6 +635,52 @@ class _Worker:
             self.conn.close()
         process.kill()
         process.join(5)
+        _kill_group(process.pid)
+
+    def output_tail(self) -> str:
+        """The last :data:`OUTPUT_LIMIT` bytes the builder printed in its workers (text)."""
+        if self.output is None:
+            return ""
+        try:
+            with open(self.output, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - OUTPUT_LIMIT))
+                tail = f.read()
+        except OSError:
+            return ""
+        cut = f"[... {size - len(tail)} earlier bytes left out ...]\n" if size > len(tail) else ""
+        return cut + tail.decode("utf-8", errors="replace")
+
+
+def _output_file() -> str | None:
+    import tempfile
+
+    try:
+        fd, path = tempfile.mkstemp(prefix="kvref-builder-output-", suffix=".txt")
+    except OSError:
+        return None
+    os.close(fd)
+    weakref.finalize(_OUTPUTS, _remove, path)
+    return path
+
+
+class _Outputs:
+    """Anchor of the output files' clean-up at interpreter exit."""
+
+
+_OUTPUTS = _Outputs()
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _kill_group(pid: int) -> None:
+    """End what is left of a worker's process group (children the builder forked)."""
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 @attrs.frozen(kw_only=True)

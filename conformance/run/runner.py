@@ -258,6 +258,9 @@ def check_builder(
         close_twin(run.ctx)
     if meter is not None:
         report = attrs.evolve(report, reach=meter.summary())
+    worker = getattr(builder, "_kvref_worker", None)
+    if worker is not None:
+        report = attrs.evolve(report, builder_output=worker.output_tail())
     return report
 
 

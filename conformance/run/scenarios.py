@@ -23,8 +23,8 @@ from conformance.run.observations import (
 )
 from kvref.builder import KVCacheConfigBuilder, ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
-from kvref.records import KVCacheConfig, KVCacheGroupSpec
-from kvref.specs import KVCacheSpec
+from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
 
 __all__ = [
     "OBSERVERS",
@@ -157,6 +157,19 @@ def groups_validator(value: Any) -> str | None:
     """What is wrong with a grouping result's type (``None``: a list of groups)."""
     if not isinstance(value, list) or not all(isinstance(g, KVCacheGroupSpec) for g in value):
         return f"{type(value).__name__} ({value!r:.80}), not a list of KVCacheGroupSpec"
+    return _group_parts(value, "group")
+
+
+def _group_parts(groups: Sequence[Any], what: str) -> str | None:
+    # An isolated builder's answer arrives as data: a part that was no record
+    # of the kit's (an object of the builder's own) is a wrong type, named.
+    for i, group in enumerate(groups):
+        if not isinstance(group.kv_cache_spec, KVCacheSpec | UniformTypeKVCacheSpecs):
+            return f"{what} {i}'s kv_cache_spec is {group.kv_cache_spec!r:.80}, not a KVCacheSpec"
+        if not isinstance(group.layer_names, (list, tuple)) or not all(
+            isinstance(n, str) for n in group.layer_names
+        ):
+            return f"{what} {i}'s layer_names is {group.layer_names!r:.80}, not a list of str"
     return None
 
 
@@ -164,7 +177,16 @@ def config_validator(value: Any) -> str | None:
     """What is wrong with a placement result's type (``None``: a KVCacheConfig)."""
     if not isinstance(value, KVCacheConfig):
         return f"{type(value).__name__} ({value!r:.80}), not a KVCacheConfig"
-    return None
+    tensors, groups = value.kv_cache_tensors, value.kv_cache_groups
+    if not isinstance(tensors, (list, tuple)) or not all(
+        isinstance(t, KVCacheTensor) for t in tensors
+    ):
+        return f"kv_cache_tensors is {tensors!r:.80}, not a list of KVCacheTensor"
+    if not isinstance(groups, (list, tuple)) or not all(
+        isinstance(g, KVCacheGroupSpec) for g in groups
+    ):
+        return f"kv_cache_groups is {groups!r:.80}, not a list of KVCacheGroupSpec"
+    return _group_parts(groups, "kv_cache_groups")
 
 
 def pool_validator(value: Any) -> str | None:

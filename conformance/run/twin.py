@@ -25,9 +25,11 @@ is ``(op, args)`` with ``op`` in ``group``/``place`` and each answer
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pickle
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -67,6 +69,26 @@ def _send(stream: IO[bytes], value: Any) -> None:
     data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(_HEADER.pack(len(data)) + data)
     stream.flush()
+
+
+def _answer(stream: IO[bytes], status: str, value: Any) -> None:
+    """The twin's answer, as wire data (conformance.run.wire): the kit never unpickles it."""
+    from conformance.run import wire
+
+    data = json.dumps([status, wire.encode(value)]).encode()
+    stream.write(_HEADER.pack(len(data)) + data)
+    stream.flush()
+
+
+def _read_answer(stream: IO[bytes]) -> tuple[str, Any]:
+    from conformance.run import wire
+
+    (size,) = _HEADER.unpack(_read_exact(stream, _HEADER.size))
+    try:
+        status, body = json.loads(_read_exact(stream, size))
+        return str(status), wire.decode(body, "the twin's answer")
+    except (ValueError, TypeError) as exc:
+        raise TwinError(f"the twin's answer is not wire data: {exc}") from None
 
 
 def _read_exact(stream: IO[bytes], size: int) -> bytes:
@@ -110,6 +132,8 @@ class Twin:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             env=env,
+            # Its own process group: children the builder forks there end with it.
+            start_new_session=True,
         )
         self.started = False
         self.asked = 0
@@ -144,7 +168,7 @@ class Twin:
             ready, _, _ = select.select([stdout], [], [], wait)
             if not ready:
                 raise TwinError(f"the twin process gave no answer within {wait:.0f} s")
-            status, value = _receive(stdout)
+            status, value = _read_answer(stdout)
         except (OSError, EOFError, pickle.PickleError, TwinError) as exc:
             self.broken = f"the twin process failed: {exc}"
             self.close()
@@ -170,6 +194,8 @@ class Twin:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        with contextlib.suppress(OSError):
+            os.killpg(self.process.pid, signal.SIGKILL)
 
 
 _TWINS: dict[int, Twin] = {}
@@ -307,7 +333,7 @@ def _serve(reference: str, stdin: IO[bytes], stdout: IO[bytes]) -> None:
     except Exception as exc:  # the builder cannot be imported here: nothing to compare
         with contextlib.suppress(EOFError):
             _receive(stdin)
-            _send(stdout, ("unusable", f"the twin cannot import {reference}: {exc!r}"))
+            _answer(stdout, "unusable", f"the twin cannot import {reference}: {exc!r}")
         return
     while True:
         try:
@@ -319,12 +345,12 @@ def _serve(reference: str, stdin: IO[bytes], stdout: IO[bytes]) -> None:
 
             import kvref.specs  # noqa: F401 - unpickling specs needs torch: load it now
 
-            _send(stdout, ("ok", None))
+            _answer(stdout, "ok", None)
             continue
         try:
             builder = cls() if isinstance(cls, type) else cls
         except BaseException as exc:  # construction is KV-CALL-CONSTRUCT's, in this process
-            _send(stdout, ("construct-error", f"{type(exc).__name__}: {exc}"))
+            _answer(stdout, "construct-error", f"{type(exc).__name__}: {exc}")
             continue
         try:
             if op == "group":
@@ -332,12 +358,11 @@ def _serve(reference: str, stdin: IO[bytes], stdout: IO[bytes]) -> None:
             else:
                 answer = builder.get_kv_cache_config_from_groups(*args)
             reply: tuple[str, Any] = ("ok", answer)
-            pickle.dumps(reply)
         except KitError as exc:
             reply = ("kit-error", f"{exc}\n{exc.detail}")
         except BaseException as exc:  # the builder's own failure, reported as text
             reply = ("error", f"{type(exc).__name__}: {exc}")
-        _send(stdout, reply)
+        _answer(stdout, *reply)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -164,8 +164,11 @@ def _encode_record(value: Any, depth: int) -> Any:
                 "fields": _fields(value, origin.kind, depth),
             }
         }
-    cls = type(value)
-    if _records().get(cls.__name__) is not cls:
+    # A subclass of a kit record travels as that record: the kit judges the
+    # fields, and no method of the builder's class comes along.
+    known = _records()
+    cls = next((c for c in type(value).__mro__ if known.get(c.__name__) is c), None)
+    if cls is None or not attrs.has(cls):
         return _opaque(value)
     return {"record": cls.__name__, "fields": _fields(value, cls, depth)}
 
