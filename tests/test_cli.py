@@ -694,7 +694,9 @@ class TestKilledRuns:
         assert data["seed"] == 7
         root = ET.parse(junit).getroot()
         errors = root.findall(".//testcase/error")
-        assert root.get("errors") == "1" and errors and errors[0].get("type") == "incomplete"
+        suite = root.find("testsuite")
+        assert suite is not None and suite.get("errors") == "1"
+        assert errors and errors[0].get("type") == "incomplete"
 
     def test_the_incomplete_json_follows_the_schema(self, tmp_path: Path) -> None:
         """The marker is a report of the schema, with complete false and ok false."""

@@ -23,12 +23,30 @@ import attrs
 from conformance.check.violations import Violation
 from conformance.check.waste import WasteSummary
 
-__all__ = ["FAILING", "STATUSES", "InvariantResult", "Report"]
+__all__ = ["FAILING", "STATUSES", "InvariantResult", "Replays", "Report"]
 
 #: Every status, in the order reports list their counts.
 STATUSES = ("pass", "fail", "inconclusive", "not-applicable", "skipped", "xfail", "xpass")
 #: The statuses that fail a run.
 FAILING = frozenset({"fail", "inconclusive"})
+
+
+@attrs.frozen(kw_only=True)
+class Replays:
+    """What replaying a failure's minimal counterexample found (:mod:`conformance.run.flakes`).
+
+    Attributes:
+        runs: how many times the minimal counterexample was observed and judged again.
+        failed: how many of those runs broke the invariant again.
+        verdict: ``deterministic`` (every replay failed), ``flaky`` (some
+            replay held or could not judge it) or ``not-replayed`` (no
+            replays asked for, or the builder hung or the run was stopped,
+            so it was not called again).
+    """
+
+    runs: int
+    failed: int
+    verdict: str
 
 
 @attrs.frozen(kw_only=True)
@@ -73,6 +91,14 @@ class InvariantResult:
     reproduce: str | None = None
     inherited: str | None = None
     upstream: str | None = None
+    seconds: float = 0.0
+    replays: Replays | None = None
+    expectation: dict[str, Any] | None = None
+
+    @property
+    def strict_xpass(self) -> bool:
+        """An XPASS of a ``strict`` expectation: it fails the run."""
+        return self.status == "xpass" and bool(self.expectation and self.expectation["strict"])
 
 
 @attrs.frozen(kw_only=True)
@@ -98,6 +124,15 @@ class Report:
         waste: the efficiency warnings (:mod:`conformance.check.waste`): plans
             that hold less than half of what the reference's holds; never a
             verdict (``None``: the core scenario did not run).
+        observe_seconds: per scenario, the time spent observing the builder on
+            the examples its invariants share (:mod:`conformance.run.timing`).
+        started: when the run started, ISO 8601 UTC to the second, without a
+            zone suffix (``None``: not recorded; the JUnit file then reckons it).
+        warnings: what the run's expectations manifest said of itself (unknown
+            ids, entries that matched nothing); never a verdict.
+        baseline: with a baseline report (:mod:`conformance.baseline`), the
+            failing ids new in this run, fixed since, and unchanged; the run then
+            fails only on new ones (``None``: no baseline).
     """
 
     builder: str
@@ -113,11 +148,19 @@ class Report:
     interrupted: bool = False
     waste: WasteSummary | None = None
     builder_output: str = ""
+    observe_seconds: dict[str, float] = attrs.field(factory=dict)
+    started: str | None = None
+    warnings: tuple[str, ...] = ()
+    baseline: dict[str, Any] | None = None
 
     @property
     def failures(self) -> tuple[InvariantResult, ...]:
-        """The invariants that failed or could not be judged, and were not expected to."""
-        return tuple(r for r in self.results if r.status in FAILING)
+        """The results that fail the run.
+
+        Those that failed or could not be judged and were not expected to,
+        and the XPASSes of strict expectations.
+        """
+        return tuple(r for r in self.results if r.status in FAILING or r.strict_xpass)
 
     @property
     def ok(self) -> bool:

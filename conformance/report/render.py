@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -196,11 +195,16 @@ def _waste(report: Report) -> list[str]:
 
 def _finding(r: InvariantResult) -> list[str]:
     lines = [f"{_MARK[r.status]} {r.id}: {r.title} ({r.reference})"]
+    if r.expectation:
+        e = r.expectation
+        strict = ", strict" if e["strict"] else ""
+        lines.append(f"  expected ({e['source']}{strict}): {e['reason']} [{e['link']}]")
     if r.status == "xpass":
+        fails = " (strict: this fails the run)" if r.strict_xpass else ""
         return [
             *lines,
             f"  listed as expected to fail, but it held on all {r.examples} examples that "
-            "judged it; take it off the xfail list",
+            f"judged it{fails}; take it off the xfail list or expectations manifest",
         ]
     if r.reason and not r.violations:
         lines.append(f"  not judged: {r.reason}")
@@ -214,6 +218,10 @@ def _finding(r: InvariantResult) -> list[str]:
     if r.counterexample_python:
         lines.append("  as Python:")
         lines += [f"    {line}" for line in r.counterexample_python.rstrip().splitlines()]
+    if r.replays is not None and r.replays.runs:
+        lines.append(
+            f"  replayed {r.replays.runs} times: failed {r.replays.failed}: {r.replays.verdict}"
+        )
     if r.reproduce:
         lines.append(f"  reproduce: {r.reproduce}")
     return lines
@@ -289,33 +297,14 @@ def write_incomplete_junit(start: RunStart, path: Path) -> None:
     """Write a JUnit file with one ``error`` case saying the run is incomplete.
 
     A CI that reads it before the final report overwrites it (or after the
-    run was killed) sees an error, never a pass.
+    run was killed) sees an error, never a pass (:mod:`conformance.report.junit`).
 
     Raises:
         OSError: ``path`` cannot be opened for writing.
     """
-    name = _clean(f"kvref-conformance {start.builder}")
-    totals = {"tests": "1", "failures": "0", "errors": "1", "skipped": "0", "time": "0.000"}
-    suites = ET.Element("testsuites", {"name": name, **totals})
-    suite = ET.SubElement(suites, "testsuite", {"name": name, **totals})
-    props = ET.SubElement(suite, "properties")
-    for key, value in (
-        ("builder", start.builder),
-        ("seed", start.seed),
-        ("device", start.device),
-        ("profile", start.profile),
-        ("max_examples", start.max_examples),
-        ("kit_version", _kit_version()),
-        ("ok", False),
-        ("complete", False),
-    ):
-        ET.SubElement(props, "property", name=key, value=_clean(str(value)))
-    case = ET.SubElement(
-        suite, "testcase", classname="kvref.conformance", name="run", time="0", status="incomplete"
-    )
-    ET.SubElement(case, "error", message=INCOMPLETE_REASON, type="incomplete")
-    with path.open("wb") as out:
-        ET.ElementTree(suites).write(out, encoding="utf-8", xml_declaration=True)
+    from conformance.report.junit import write_incomplete_report_junit
+
+    write_incomplete_report_junit(start, path)
 
 
 def json_schema_path() -> Path:
@@ -333,65 +322,11 @@ def _clean(text: str) -> str:
 
 
 def write_junit(report: Report, path: Path) -> None:
-    """Write the report as JUnit XML: one test case per invariant.
+    """Write the report as JUnit XML, one test case per invariant.
 
-    The file validates against the common (Jenkins/Ant) JUnit schema. FAIL is
-    a ``failure``; INCONCLUSIVE is an ``error`` (the run could not judge it);
-    N/A, SKIP and XFAIL are ``skipped`` with their reason and, for XFAIL, the
-    finding; XPASS passes (the run's policy) with its note in ``system-out``.
-    Every case carries its verdict in ``status``; control characters and
-    terminal escapes are stripped, which XML 1.0 cannot carry.
+    Valid against Jenkins xunit's ``junit-10.xsd`` and the Ant JUnit schema;
+    the layout and what each verdict becomes: :mod:`conformance.report.junit`.
     """
-    failures = len(report.by_status("fail"))
-    errors = len(report.by_status("inconclusive"))
-    skipped = sum(len(report.by_status(s)) for s in ("not-applicable", "skipped", "xfail"))
-    totals = {
-        "tests": str(len(report.results)),
-        "failures": str(failures),
-        "errors": str(errors),
-        "skipped": str(skipped),
-        "time": f"{report.seconds:.3f}",
-    }
-    name = _clean(f"kvref-conformance {report.builder}")
-    suites = ET.Element("testsuites", {"name": name, **totals})
-    suite = ET.SubElement(suites, "testsuite", {"name": name, **totals})
-    props = ET.SubElement(suite, "properties")
-    for key, value in (
-        ("builder", report.builder),
-        ("seed", report.seed),
-        ("device", report.device),
-        ("profile", report.profile),
-        ("max_examples", report.max_examples),
-        ("kit_version", _kit_version()),
-        ("ok", report.ok),
-        ("complete", True),
-        ("interrupted", report.interrupted),
-        ("xpass", ",".join(r.id for r in report.by_status("xpass"))),
-    ):
-        ET.SubElement(props, "property", name=key, value=_clean(str(value)))
-    for r in report.results:
-        _junit_case(suite, r)
-    if report.reach:
-        ET.SubElement(suite, "system-out").text = _clean("\n".join(report.reach.get("lines", [])))
-    ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
+    from conformance.report.junit import write_report_junit
 
-
-def _junit_case(suite: ET.Element, r: InvariantResult) -> None:
-    case = ET.SubElement(
-        suite, "testcase", classname="kvref.conformance", name=r.id, time="0", status=r.status
-    )
-    detail = _clean("\n".join(_finding(r)))
-    if r.status == "fail":
-        ET.SubElement(case, "failure", message=_clean(r.title), type=r.id).text = detail
-    elif r.status == "inconclusive":
-        ET.SubElement(
-            case, "error", message=_clean(f"INCONCLUSIVE: {r.reason}"), type="inconclusive"
-        ).text = detail
-    elif r.status == "xfail":
-        ET.SubElement(
-            case, "skipped", message=_clean(f"XFAIL: {r.reason or r.title}")
-        ).text = detail
-    elif r.status in ("not-applicable", "skipped"):
-        ET.SubElement(case, "skipped", message=_clean(f"{_MARK[r.status]}: {r.reason}"))
-    elif r.status == "xpass":
-        ET.SubElement(case, "system-out").text = detail
+    write_report_junit(report, path)

@@ -66,6 +66,8 @@ class RunOptions:
         models: vendor models (``module:attr`` or a JSON path), mixed into generation.
         models_only: generate from the vendor models alone.
         isolate: run the builder in a worker process (:mod:`conformance.run.isolate`).
+        replays: times each failure's minimal counterexample is judged again
+            (:mod:`conformance.run.flakes`; 0: none).
     """
 
     builder: str | None
@@ -83,6 +85,7 @@ class RunOptions:
     models: str | None = None
     models_only: bool = False
     isolate: bool = False
+    replays: int = 2
 
     def validate(self, *, capabilities: Iterable[str]) -> None:
         """Raise :class:`OptionError` for the first unusable option.
@@ -113,6 +116,8 @@ class RunOptions:
                     f"unsupported={capability!r} is not a capability the kit knows "
                     f"(known: {', '.join(sorted(known)) or 'none'})"
                 )
+        if isinstance(self.replays, bool) or not isinstance(self.replays, int) or self.replays < 0:
+            raise OptionError(f"replays={self.replays!r} must be a non-negative int")
         if self.models_only and self.models is None:
             raise OptionError("models_only=True needs models (the vendor models to generate from)")
 

@@ -32,6 +32,7 @@ from conformance.run.boundary import (
     vllm_default_builder,
 )
 from conformance.run.examples import Example
+from conformance.run.flakes import replay_failure
 from conformance.run.guard import Guard, clear_interrupt
 from conformance.run.limits import CAPABILITIES, Limits
 from conformance.run.options import PROFILES, OptionError, RunOptions
@@ -39,6 +40,7 @@ from conformance.run.profiling import isolated_resolver, resolvable_qualname
 from conformance.run.scenarios import ConstructionFailedError, Context, make_factory, observe
 from conformance.run.search import Namespaced, search
 from conformance.run.strata import Stratum, draw, run_strata, stratum_seed
+from conformance.run.timing import InvariantClock
 from conformance.run.upstream import matching_defect
 from kvref.builder import KVCacheConfigBuilder
 
@@ -158,6 +160,7 @@ def check_builder(
     min_reach: float | None = None,
     models: object | None = None,
     models_only: bool = False,
+    replays: int = 2,
 ) -> Report:
     """Check ``builder`` against the invariant catalog and return a :class:`Report`.
 
@@ -195,6 +198,8 @@ def check_builder(
             JSON file path, or the object itself
             (:func:`conformance.generate.vendor.load_models`).
         models_only: generate from ``models`` alone.
+        replays: how many times each failure's minimal counterexample is
+            judged again, to tell deterministic failures from flaky ones (0: none).
 
     Raises:
         OptionError: an option has an unusable value (a ``ValueError``), or the
@@ -217,6 +222,7 @@ def check_builder(
         isolate=isolate,
         models=models if models is None or isinstance(models, str) else "<models object>",
         models_only=models_only,
+        replays=replays,
     )
     invariants = catalog()
     options.validate(
@@ -312,6 +318,7 @@ class _Run:
         self.empty: dict[str, list[str]] = {}
         # Efficiency warnings from the core plans (never a verdict).
         self.waste = WasteMeter.for_builder(builder)
+        self.clock = InvariantClock()  # per-invariant time (run/timing.py)
 
     def observe(self, scenario: str, example: Example) -> Any:
         return observe(self.ctx, scenario, example)
@@ -355,12 +362,12 @@ class _Run:
         def judge(stratum: Stratum, ex: Example) -> None:
             nonlocal done
             self.drawn.setdefault(scenario, []).append(ex)
-            obs = self.observe(scenario, ex)
+            obs = self.clock.observe(scenario, self.observe, scenario, ex)
             if scenario == "core":
                 self.waste.add(obs, ex)
             for inv in checks:
                 self.tallies[inv.id].add(
-                    _judge(inv, obs),
+                    self.clock.judge(inv.id, _judge, inv, obs),
                     scenario,
                     ex,
                     primary=scenario == inv.scenario,
@@ -416,7 +423,8 @@ class _Run:
             saved = Namespaced(store, f"{self.options.builder}|{inv.id}|").strata()
             for scenario in inv.scenarios:
                 for stratum in (s for s in self.strata if s.name in saved):
-                    replayed = self._search(inv, scenario, stratum, [hypothesis.Phase.reuse])
+                    reuse = [hypothesis.Phase.reuse]
+                    replayed = self.clock.judge(inv.id, self._search, inv, scenario, stratum, reuse)
                     if replayed is not None:
                         tally.failure = (scenario, replayed, stratum)
                         tally.judged += 1
@@ -438,6 +446,7 @@ class _Run:
             coverage={s: self._coverage(s) for s in self.drawn.keys() | self.empty.keys()},
             interrupted=self.interrupted,
             waste=self.waste.summary() if "core" in self.drawn else None,
+            observe_seconds=self.clock.observe_seconds(),
         )
 
     def _coverage(self, scenario: str) -> dict[str, Any]:
@@ -457,6 +466,7 @@ class _Run:
                 status=status,
                 examples=tally.judged,
                 inconclusive=tally.unjudged,
+                seconds=self.clock.seconds(inv.id),
                 **extra,
             )
 
@@ -464,7 +474,8 @@ class _Run:
             return make("skipped", reason=self.skipped[inv.id])
         expected = inv.id in self.options.xfail
         if tally.failure is not None:
-            return make("xfail" if expected else "fail", **self._failure(inv, tally))
+            found = self.clock.judge(inv.id, self._failure, inv, tally)
+            return make("xfail" if expected else "fail", **found)
         if tally.judged:
             return make("xpass" if expected else "pass")
         if tally.not_applicable:
@@ -510,6 +521,12 @@ class _Run:
             "counterexample_data": example_data(minimal),
             "scenario": scenario,
             "reproduce": self.options.reproduce(inv.id),
+            # Deterministic or flaky (run/flakes.py): the same observation, judged again.
+            "replays": replay_failure(
+                lambda: _judge(inv, self.observe(scenario, minimal)),
+                self.options.replays,
+                callable_again=self.guard.hung is None and not self.interrupted,
+            ),
         }
 
     def _inherited(self, inv: Invariant, scenario: str, example: Example) -> str | None:
