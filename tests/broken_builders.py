@@ -1104,7 +1104,39 @@ class RolelessSource(_Base):
         ]
 
 
+class InterleavedHostPool(_Placement):
+    """Lays HiSparse's host pool out block-interleaved: each host block holds every source page.
+
+    Every host page stays in bounds and apart from the others, but vLLM's
+    runtime reads each source layer's host pages as one run of
+    ``host_num_blocks`` pages (contract.md#hisparse-host-runs).
+    """
+
+    CAUGHT_BY = "KV-HOST-HISPARSE-RUNS"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        if config.hisparse is None:
+            return result
+        host = [t for t in result.kv_cache_tensors if t.host_resident]
+        # One host block: the aligned page of every source layer, as LBNHC laid them out.
+        block = sum(len(t.layers) * t.block_stride for t in host)
+        tensors, offset = [], 0
+        for t in result.kv_cache_tensors:
+            if not t.host_resident:
+                tensors.append(t)
+                continue
+            page = t.block_stride
+            tensors.append(attrs.evolve(t, offset=offset, layer_stride=page, block_stride=block))
+            offset += len(t.layers) * page
+        return _with_tensors(result, tensors)
+
+
 #: The broken builders of issue 23, each caught by its new invariant.
-FIELD: tuple[type[_Base], ...] = (ScatteredDrafts, HotIgnoresDecodeQuery, RolelessSource)
+FIELD: tuple[type[_Base], ...] = (
+    ScatteredDrafts,
+    HotIgnoresDecodeQuery,
+    RolelessSource,
+    InterleavedHostPool,
+)
 
 ALL = (*ALL, *FIELD)

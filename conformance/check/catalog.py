@@ -73,6 +73,7 @@ _MODULES = (
     "conformance.check.profiling",
     "conformance.check.hisparse",
     "conformance.check.hisparse_groups",
+    "conformance.check.hisparse_runs",
     "conformance.serve.scenario",
 )
 
