@@ -275,14 +275,20 @@ def _construct(target: Any) -> Any:
         return target
 
 
-def _resolve_named(qualname: str, config: PlanningConfig) -> tuple[Any, tuple[Any, ...]]:
+def _resolve_named(
+    builder: Any, qualname: str, config: PlanningConfig
+) -> tuple[Any, tuple[Any, ...]]:
     """Resolve ``qualname`` as vLLM's ``get_kv_cache_config_builder`` does, in this process.
 
     Returns the object resolution made and what the kit records of it:
     ``(id, type name, is an instance of the named class, is a builder)``.
     """
+    from conformance.run.vllm_adapter import VLLMBuilderAdapter, resolve_as_vllm
     from kvref.resolution import get_kv_cache_config_builder, resolve_builder_class
 
+    if isinstance(builder, type) and issubclass(builder, VLLMBuilderAdapter):
+        # A vLLM-native builder is resolved as vLLM resolves its platform's builder.
+        return resolve_as_vllm(qualname)
     made = get_kv_cache_config_builder(attrs.evolve(config, platform_builder_cls=qualname))
     named = resolve_builder_class(qualname, "builder")
     kind = type(made)
@@ -431,7 +437,7 @@ def _serve(
             elif op == "resolve":
                 # The platform names the class; resolution constructs it here, never in the kit.
                 with _traced(cov):
-                    instances[key], facts = _resolve_named(*args)
+                    instances[key], facts = _resolve_named(builder, *args)
                 reply = _reply("ok", facts, ())
             else:
                 snapshot = _Snapshot(args)
@@ -615,7 +621,7 @@ class _Worker:
         if not self.lock.acquire(blocking=False):
             return self.reached
         try:
-            if self.process is not None and self.reach_files:
+            if self.process is not None:
                 with contextlib.suppress(Exception):
                     data = self._exchange("reach", 0, "reach", (), wait=_REACH_SECONDS)
                     for path, lines in self._answer("reach", (), data).items():

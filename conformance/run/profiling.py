@@ -89,6 +89,9 @@ def resolvable_qualname(builder: object, name: str | None) -> tuple[str | None, 
     if name is None:
         return None, "the builder was given as an object without an importable qualname"
     cls = builder if isinstance(builder, type) else type(builder)
+    native = getattr(cls, "native_cls", None)
+    if isinstance(native, type):
+        return _vllm_qualname(native, name)
     checked = cls
     # Finding the class imports its module only; nothing of the builder is constructed.
     try:
@@ -100,6 +103,19 @@ def resolvable_qualname(builder: object, name: str | None) -> tuple[str | None, 
             f"{name!r} resolves to {resolved.__qualname__}, not the class under check "
             f"({checked.__qualname__}: adapted)"
         )
+    return name, ""
+
+
+def _vllm_qualname(native: type[Any], name: str) -> tuple[str | None, str]:
+    """Whether vLLM's platform resolution of ``name`` gives the vLLM-native class under check."""
+    from conformance.run.vllm_adapter import resolve_vllm_class
+
+    try:
+        resolved = resolve_vllm_class(name)
+    except Exception as exc:
+        return None, f"{name!r} is not a qualname vLLM's resolution accepts ({exc})"
+    if resolved is not native:
+        return None, f"{name!r} resolves in vLLM to {resolved!r}, not the class under check"
     return name, ""
 
 
@@ -125,6 +141,10 @@ def _resolve(ctx: Context, qualname: str, config: PlanningConfig) -> tuple[Resol
     if proxy is not None:
         return _resolve_isolated(ctx, proxy, qualname, config)
 
+    native = _factory_native(ctx)
+    if native is not None:
+        return _resolve_vllm_here(ctx, qualname)
+
     def resolve() -> KVCacheConfigBuilder:
         return get_kv_cache_config_builder(attrs.evolve(config, platform_builder_cls=qualname))
 
@@ -142,6 +162,26 @@ def _resolve(ctx: Context, qualname: str, config: PlanningConfig) -> tuple[Resol
         is_named_class=isinstance(made, named),
     )
     return resolution, made
+
+
+def _factory_native(ctx: Context) -> type[Any] | None:
+    """The vLLM-native class a run in this process checks (``None``: a kvref builder)."""
+    native = getattr(ctx.factory, "kvref_native", None)
+    return native if isinstance(native, type) else None
+
+
+def _resolve_vllm_here(ctx: Context, qualname: str) -> tuple[Resolution, Any]:
+    """:func:`_resolve` for a vLLM-native builder run in this process: vLLM's resolution."""
+    from conformance.run.vllm_adapter import resolve_as_vllm
+
+    result = ctx.guard.call("__init__", resolve_as_vllm, qualname)
+    if result.not_called:
+        return Resolution(identity=0, type_name="", is_named_class=True), ctx.factory()
+    if not result.ok:
+        raise ConstructionFailedError(result)
+    made, (identity, type_name, named, is_builder) = result.value
+    resolution = Resolution(identity=identity, type_name=type_name, is_named_class=named)
+    return resolution, made if is_builder else ctx.factory()
 
 
 def _resolve_isolated(

@@ -85,6 +85,8 @@ def make_factory(
             return builder
         raise ConstructionFailedError(result)
 
+    # Resolution of a vLLM-native builder follows vLLM's rule (profiling.py).
+    fresh.kvref_native = getattr(cls, "native_cls", None)  # type: ignore[attr-defined]
     return fresh
 
 

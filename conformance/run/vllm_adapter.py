@@ -301,6 +301,48 @@ def _through(builder: Any, config: PlanningConfig) -> type[Any]:
     return _ThroughKvref
 
 
+def resolve_vllm_class(qualname: str) -> type[Any]:
+    """The class vLLM's ``resolve_obj_by_qualname`` gives for ``qualname`` (``module:Class`` too).
+
+    vLLM's platform hook names its builder as ``package.module.Class``;
+    the kit's ``module:Class`` is the same name.
+
+    Raises:
+        Exception: what vLLM's resolution raises (an import error, a missing name).
+    """
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    resolved: type[Any] = resolve_obj_by_qualname(qualname.replace(":", "."))
+    return resolved
+
+
+def resolve_as_vllm(qualname: str) -> tuple[KVCacheConfigBuilder, tuple[int, str, bool, bool]]:
+    """Resolve ``qualname`` as vLLM's ``get_kv_cache_config_builder`` does, fresh each call.
+
+    Returns the adapter over the object resolution made, and what the kit
+    records of it: ``(id, type name, is an instance of the named class, is a
+    vLLM builder)``.  The adapter's hooks run on that very object.
+
+    Raises:
+        Exception: what resolution or the construction raised.
+    """
+    named = resolve_vllm_class(qualname)
+    made = named()
+    base = iv.vllm_modules().builder_module.KVCacheConfigBuilder
+    kind = type(made)
+    facts = (
+        id(made),
+        f"{kind.__module__}.{kind.__qualname__}",
+        isinstance(made, named),
+        isinstance(made, base),
+    )
+    adapter_cls = wrap_vllm_builder(kind if isinstance(made, base) else named)
+    adapter: Any = adapter_cls.__new__(adapter_cls)
+    adapter.native = made
+    built: KVCacheConfigBuilder = adapter
+    return built, facts
+
+
 def _warm_up() -> None:
     """Build one ``VllmConfig`` and convert one spec, so later conversions import nothing."""
     from kvref.specs import FullAttentionSpec

@@ -108,3 +108,30 @@ def test_upstream_names_only_with_the_default_failing_too() -> None:
     # Block-outermost layouts never alias across strides: no defect of that shape.
     assert matching_defect("KV-PLACE-NO-BLOCK-ALIAS", example) is None
     assert matching_defect("KV-GROUP-PARTITION", example) is None
+
+
+class TestResolution:
+    """KV-CALL-FRESH judges a vLLM-native builder by vLLM's own resolution rule."""
+
+    @pytest.mark.parametrize("isolate", [True, False])
+    def test_default_builder_resolves_fresh(self, isolate: bool) -> None:
+        from conformance import check_builder
+
+        report = check_builder(
+            DEFAULT, select=["KV-CALL-FRESH"], max_examples=5, seed=1, isolate=isolate
+        )
+        assert report.result("KV-CALL-FRESH").status == "pass"
+
+    @pytest.mark.parametrize("isolate", [True, False])
+    def test_a_cached_instance_fails(self, isolate: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        from conformance import check_builder
+
+        monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
+        report = check_builder(
+            "native_builders.stateful:SingletonBuilder",
+            select=["KV-CALL-FRESH"],
+            max_examples=5,
+            seed=1,
+            isolate=isolate,
+        )
+        assert report.result("KV-CALL-FRESH").status == "fail"
