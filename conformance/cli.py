@@ -88,6 +88,39 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--xfail-file", type=Path, help="file of invariant ids expected to fail")
     parser.add_argument(
+        "--expectations",
+        action="append",
+        default=[],
+        metavar="NAME|PATH",
+        help="expectations manifest (TOML; repeatable): a file, or one the kit ships "
+        "(vllm-0.33.0: vLLM 0.33.0's documented defects)",
+    )
+    parser.add_argument(
+        "--update-expectations",
+        type=Path,
+        metavar="FILE",
+        help="write or refresh this manifest from the run (new failures get TODO reasons)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="REPORT.json",
+        help="an earlier run's --json report: fail (exit 1) only on failures it did not have",
+    )
+    parser.add_argument(
+        "--replays",
+        type=int,
+        default=2,
+        help="replays of each failure's minimal counterexample: deterministic or flaky "
+        "(default 2; 0: none)",
+    )
+    parser.add_argument(
+        "--markdown",
+        type=Path,
+        metavar="FILE",
+        help="write a Markdown summary here (also appended to $GITHUB_STEP_SUMMARY when set)",
+    )
+    parser.add_argument(
         "--unsupported",
         default="",
         help="comma-separated capabilities the builder lacks (e.g. host_resident)",
@@ -344,6 +377,11 @@ def _header_options(args: argparse.Namespace) -> tuple[str, ...]:
         ("--select", args.select),
         ("--unsupported", args.unsupported or None),
         ("--xfail-file", args.xfail_file),
+        *(("--expectations", spec) for spec in args.expectations),
+        ("--update-expectations", args.update_expectations),
+        ("--baseline", args.baseline),
+        ("--replays", args.replays),
+        ("--markdown", args.markdown),
         ("--max-alloc-bytes", args.max_alloc_bytes),
         ("--models", args.models),
         ("--reach", args.reach),
@@ -400,6 +438,7 @@ def _run(args: argparse.Namespace) -> int:
         args.max_examples = PROFILES.get(args.profile, 1)
     invariants = catalog()
     xfail = _xfail(args.xfail_file, {inv.id for inv in invariants})
+    ci = _ci_inputs(args)
     options = RunOptions(
         builder=args.builder,
         device=args.device,
@@ -410,6 +449,7 @@ def _run(args: argparse.Namespace) -> int:
         unsupported=args.unsupported,
         timeout=args.timeout,
         max_alloc_bytes=args.max_alloc_bytes,
+        replays=args.replays,
     )
     try:
         options.validate(capabilities={c for inv in invariants for c in inv.requires})
@@ -427,12 +467,25 @@ def _run(args: argparse.Namespace) -> int:
         raise _UsageError(f"--device {args.device!r} is not usable here: {exc}") from None
     if args.isolate:
         # By name: the builder's module is imported only in its worker process.
-        return _check(args, args.builder, options, xfail)
+        return _check(args, args.builder, ci, xfail)
     try:
         builder = load_builder(args.builder)
     except BuilderLoadError as exc:
         raise _UsageError(str(exc)) from None
-    return _check(args, builder, options, xfail)
+    return _check(args, builder, ci, xfail)
+
+
+def _ci_inputs(args: argparse.Namespace) -> Any:
+    """The expectations, baseline and summary paths, validated before any example runs."""
+    from conformance.ci import CiError, prepare
+    from conformance.report.markdown import summary_paths
+
+    try:
+        return prepare(
+            args.expectations, args.baseline, args.update_expectations, summary_paths(args.markdown)
+        )
+    except CiError as exc:
+        raise _UsageError(str(exc)) from None
 
 
 def _as_flag(message: str) -> str:
@@ -446,6 +499,7 @@ def _as_flag(message: str) -> str:
         "unsupported",
         "models_only",
         "models",
+        "replays",
     ):
         if message.startswith(f"{key}="):
             return "--" + key.replace("_", "-") + " " + message[len(key) + 1 :]
@@ -465,7 +519,12 @@ def _run_start(args: argparse.Namespace) -> Any:
     )
 
 
-def _check(args: argparse.Namespace, builder: object, options: object, xfail: list[str]) -> int:
+def _check(args: argparse.Namespace, builder: object, ci: Any, xfail: list[str]) -> int:
+    import datetime
+
+    import attrs
+
+    from conformance.ci import exit_status, finish, write_outputs
     from conformance.report.render import format_header, format_report, write_json, write_junit
     from conformance.run.options import OptionError
     from conformance.run.runner import check_builder
@@ -474,6 +533,7 @@ def _check(args: argparse.Namespace, builder: object, options: object, xfail: li
     print(format_header(_run_start(args)), flush=True)
     progress = _Progress(sys.stderr)
     restore = _hypothesis_storage(args.no_database)
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
     try:
         report = check_builder(
             builder,  # type: ignore[arg-type]
@@ -495,13 +555,16 @@ def _check(args: argparse.Namespace, builder: object, options: object, xfail: li
             min_reach=args.min_reach,
             models=args.models,
             models_only=args.models_only,
+            replays=args.replays,
         )
     except OptionError as exc:
         raise _UsageError(_as_flag(str(exc))) from None
     finally:
         progress.close()
         restore()
-    del options
+    report = finish(attrs.evolve(report, started=started), ci)
+    for warning in report.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(format_report(report, header=False))
     unwritten = False
     for option, path, write in (
@@ -516,11 +579,14 @@ def _check(args: argparse.Namespace, builder: object, options: object, xfail: li
             # Checked before the run, yet gone or full now: say so, write the other one.
             print(f"kvref-conformance: error: {option} {str(path)!r}: {exc}", file=sys.stderr)
             unwritten = True
+    for error in write_outputs(report, ci):
+        print(f"kvref-conformance: error: {error}", file=sys.stderr)
+        unwritten = True
     if report.interrupted:
         return _interrupted_status()
     if unwritten:
         return 2
-    return 0 if report.ok else 1
+    return exit_status(report, ci)
 
 
 def _hypothesis_storage(no_database: bool) -> Callable[[], None]:

@@ -27,6 +27,14 @@ _OPTIONS = (
     ("--kv-seed", {"type": int, "default": None, "help": "seed (default: random)"}),
     ("--kv-profile", {"default": "ci", "help": "ci or thorough"}),
     ("--kv-xfail-file", {"default": None, "help": "file of invariant ids expected to fail"}),
+    (
+        "--kv-expectations",
+        {
+            "action": "append",
+            "default": [],
+            "help": "expectations manifest (TOML, repeatable): a path, or vllm-0.33.0",
+        },
+    ),
     ("--kv-unsupported", {"default": "", "help": "capabilities the builder lacks"}),
     ("--kv-timeout", {"type": float, "default": 10.0, "help": "per-call deadline, seconds"}),
     ("--kv-max-alloc-bytes", {"type": int, "default": None, "help": "cap of one allocation"}),
@@ -102,6 +110,7 @@ def _check_options(config: pytest.Config) -> None:
     except VendorModelError as exc:
         raise pytest.UsageError(f"--kv-models: {exc}") from None
     xfail_ids(config)
+    expectations(config)
     name = config.getoption("--kv-builder")
     try:
         if config.getoption("--kv-isolate"):
@@ -186,6 +195,28 @@ def xfail_ids(config: pytest.Config) -> list[str]:
     return ids
 
 
+def expectations(config: pytest.Config) -> Any:
+    """The ``--kv-expectations`` manifests, validated once (cached on ``config``).
+
+    Raises:
+        pytest.UsageError: a manifest is invalid (naming its entry, field and value).
+    """
+    cached = getattr(config, "_kvref_expectations", None)
+    if cached is not None:
+        return cached
+    from conformance.expectations import ExpectationsError, load_manifest, resolve_manifest
+
+    try:
+        manifests = tuple(
+            load_manifest(resolve_manifest(spec), source=spec)
+            for spec in config.getoption("--kv-expectations")
+        )
+    except ExpectationsError as exc:
+        raise pytest.UsageError(f"--kv-expectations: {exc}") from None
+    config._kvref_expectations = manifests  # type: ignore[attr-defined]
+    return manifests
+
+
 def run_item(invariant: str, request: pytest.FixtureRequest) -> None:
     """Check one invariant and map its verdict onto pytest's outcomes."""
     from conformance.report.render import format_report
@@ -216,11 +247,19 @@ def run_item(invariant: str, request: pytest.FixtureRequest) -> None:
         models_only=config.getoption("--kv-models-only"),
         isolate=isolate,
     )
+    manifests = expectations(config)
+    if manifests:
+        from conformance.expectations import apply_expectations
+
+        report = apply_expectations(report, manifests)
     result: Any = report.result(invariant)
+    if result.strict_xpass:
+        pytest.fail(f"{invariant} held, yet a strict expectation says it fails", pytrace=False)
     if result.status in ("skipped", "not-applicable"):
         pytest.skip(f"{result.status}: {result.reason}")
     if result.status == "xfail":
-        pytest.xfail(f"{invariant} is in the xfail file: {result.reason or result.title}")
+        why = result.expectation["reason"] if result.expectation else result.reason
+        pytest.xfail(f"{invariant} is expected to fail: {why or result.title}")
     if result.status == "xpass":
         request.applymarker(pytest.mark.xfail(strict=False, reason=f"{invariant} in xfail file"))
         return

@@ -162,6 +162,10 @@ def format_report(report: Report, *, header: bool = True) -> str:
         # Every line marked: what the builder printed can never pass for the kit's report.
         lines += ["", "Builder output (its worker's stdout and stderr, the last 64 KiB):"]
         lines += [f"  | {line}" for line in report.builder_output.splitlines()]
+    if report.baseline:
+        b = report.baseline
+        lines += ["", f"Baseline {b['path']} (only new failures fail the run):"]
+        lines += [f"  {k}: {', '.join(b[k]) or 'none'}" for k in ("new", "fixed", "unchanged")]
     lines += [
         "",
         "OK" if report.ok else f"FAILED: {', '.join(sorted(report.failing_ids)) or 'reach'}",

@@ -1,0 +1,192 @@
+"""CI around a run (issue 20): Markdown summary, baseline, flakes, the CLI's new options."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conformance import check_builder
+from conformance.baseline import BaselineError, compare, load_baseline
+from conformance.cli import main
+from conformance.report.markdown import format_markdown
+from conformance.report.render import report_to_dict
+
+BROKEN = ["broken_builders:DroppedLayer", "--max-examples", "5", "--seed", "1", "--no-database"]
+SELECT = ["--select", "KV-GROUP-PARTITION,KV-GROUP-NONEMPTY", "--no-reach"]
+
+
+@pytest.fixture(scope="module")
+def broken_report():  # type: ignore[no-untyped-def]
+    from broken_builders import DroppedLayer
+
+    return check_builder(
+        DroppedLayer,
+        max_examples=5,
+        seed=1,
+        select=["KV-GROUP-PARTITION", "KV-GROUP-NONEMPTY"],
+        name="broken_builders:DroppedLayer",
+    )
+
+
+class TestMarkdown:
+    def test_summary(self, broken_report) -> None:  # type: ignore[no-untyped-def]
+        """Verdict table, the failure's counterexample and reproduce line, reach, replays."""
+        text = format_markdown(broken_report)
+        assert text.startswith("## kvref-conformance: FAILED")
+        assert "| KV-GROUP-PARTITION | FAIL | " in text and "| KV-GROUP-NONEMPTY | PASS |" in text
+        assert "#### FAIL KV-GROUP-PARTITION" in text and "layer is in no group" in text
+        assert "```python\nfrom kvref" in text and "num_blocks = " in text
+        result = broken_report.result("KV-GROUP-PARTITION")
+        assert f"```bash\n{result.reproduce}\n```" in text
+        assert "failed 2: **deterministic**" in text
+        assert "### Reach" in text
+
+    def test_upstream_names(self, broken_report) -> None:  # type: ignore[no-untyped-def]
+        import attrs
+
+        from conformance.run.upstream import DEFECTS
+
+        result = attrs.evolve(
+            broken_report.result("KV-GROUP-PARTITION"), upstream=DEFECTS[0].describe()
+        )
+        text = format_markdown(attrs.evolve(broken_report, results=(result,)))
+        assert "### Upstream vLLM defects" in text
+        assert f"`{DEFECTS[0].key}` (vLLM issue 54711): KV-GROUP-PARTITION" in text
+
+
+class TestFlakes:
+    def test_a_deterministic_failure(self, broken_report) -> None:  # type: ignore[no-untyped-def]
+        replays = broken_report.result("KV-GROUP-PARTITION").replays
+        assert replays is not None and (replays.runs, replays.failed) == (2, 2)
+        assert replays.verdict == "deterministic"
+        assert broken_report.result("KV-GROUP-NONEMPTY").replays is None
+
+    def test_a_flaky_judgement(self) -> None:
+        from conformance.run.flakes import replay_failure
+
+        outcomes = iter([["broke"], []])
+        replays = replay_failure(lambda: next(outcomes), 2, callable_again=True)
+        assert (replays.failed, replays.verdict) == (1, "flaky")
+        hung = replay_failure(lambda: pytest.fail("called"), 2, callable_again=False)
+        assert hung.verdict == "not-replayed"
+
+
+class TestBaseline:
+    def test_compare(self, broken_report, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        path = tmp_path / "base.json"
+        data = report_to_dict(broken_report)
+        path.write_text(json.dumps(data, default=str))
+        same = compare(broken_report, load_baseline(path))
+        assert same.baseline == {
+            "path": str(path), "new": [], "fixed": [], "unchanged": ["KV-GROUP-PARTITION"]
+        }  # fmt: skip
+        for r in data["results"]:
+            r["status"] = "fail" if r["id"] == "KV-GROUP-NONEMPTY" else "pass"
+        path.write_text(json.dumps(data, default=str))
+        moved = compare(broken_report, load_baseline(path))
+        assert moved.baseline is not None
+        assert (moved.baseline["new"], moved.baseline["fixed"]) == (
+            ["KV-GROUP-PARTITION"],
+            ["KV-GROUP-NONEMPTY"],
+        )
+
+    @pytest.mark.parametrize(
+        ("text", "needle"),
+        [
+            ("{", "is not JSON"),
+            ('{"schema_version": 1, "complete": false, "results": []}', "complete False"),
+            ('{"schema_version": 1, "complete": true, "results": [{"id": "KV-A"}]}', "status None"),
+        ],
+    )
+    def test_bad_baseline(self, tmp_path: Path, text: str, needle: str) -> None:
+        path = tmp_path / "b.json"
+        path.write_text(text)
+        with pytest.raises(BaselineError, match=None) as caught:
+            load_baseline(path)
+        assert needle in str(caught.value)
+
+
+class TestCli:
+    def test_ci_workflow(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Update the manifest, fill it in, use it; the baseline passes unchanged failures."""
+        monkeypatch.chdir(tmp_path)
+        step = tmp_path / "step.md"
+        step.write_text("earlier step\n")
+        monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
+        exp, base = tmp_path / "exp.toml", tmp_path / "base.json"
+        args = [*BROKEN, *SELECT]
+        assert main([*args, "--update-expectations", str(exp), "--json", str(base)]) == 1
+        assert step.read_text().startswith("earlier step\n## kvref-conformance: FAILED")
+        assert main([*args, "--expectations", str(exp)]) == 2  # TODO placeholders refused
+        assert "reason 'TODO" in capsys.readouterr().err
+        exp.write_text(
+            exp.read_text()
+            .replace('reason = "TODO', 'reason = "drops a layer; was: TODO')
+            .replace('link = "TODO', 'link = "https://example.invalid/1 was: TODO')
+        )
+        assert main([*args, "--expectations", str(exp), "--markdown", "s.md"]) == 0
+        assert "| KV-GROUP-PARTITION | XFAIL |" in (tmp_path / "s.md").read_text()
+        capsys.readouterr()
+        assert main([*args, "--baseline", str(base)]) == 0
+        assert "unchanged: KV-GROUP-PARTITION" in capsys.readouterr().out
+
+    @pytest.mark.parametrize(
+        ("extra", "needle"),
+        [
+            (["--replays", "-1"], "--replays -1 must be a non-negative int"),
+            (["--expectations", "nope"], "--expectations: expectations 'nope' is neither"),
+            (["--baseline", "missing.json"], "--baseline 'missing.json' cannot be read"),
+            (["--markdown", "no/dir/s.md"], "--markdown 'no/dir/s.md': the directory"),
+        ],
+    )
+    def test_bad_inputs_exit_2_before_any_example(
+        self,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+        extra: list[str],
+        needle: str,
+    ) -> None:
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+        assert main([*BROKEN, *SELECT, *extra]) == 2
+        captured = capsys.readouterr()
+        assert needle in captured.err and "examples" not in captured.err
+
+
+class TestPluginExpectations:
+    def test_kv_expectations(
+        self, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """--kv-expectations turns the expected failure into an xfail; a strict XPASS fails."""
+        tests = Path(__file__).resolve().parent
+        pytester.makefile(
+            ".toml",
+            exp=(
+                'format = "kvref-expectations/1"\n'
+                '[[expected]]\nid = "KV-GROUP-PARTITION"\nreason = "drops a layer"\n'
+                'link = "x#1"\n'
+                '[[expected]]\nid = "KV-GROUP-NONEMPTY"\nreason = "r"\nlink = "l"\n'
+                "strict = true\n"
+            ),
+        )
+        monkeypatch.setenv("PYTHONPATH", str(tests))
+        args = ["--pyargs", "conformance", "--kv-builder", "broken_builders:DroppedLayer"]
+        args += ["--kv-max-examples", "3", "--kv-seed", "1", "--kv-expectations", "exp.toml"]
+        args += ["-k", "KV-GROUP-PARTITION or KV-GROUP-NONEMPTY", "-p", "no:cacheprovider"]
+        result = pytester.runpytest_subprocess(*args)
+        result.assert_outcomes(xfailed=1, failed=1)
+        result.stdout.fnmatch_lines(["*KV-GROUP-NONEMPTY held, yet a strict expectation*"])
+
+    def test_bad_manifest_is_one_usage_error(self, pytester: pytest.Pytester) -> None:
+        pytester.makefile(".toml", exp='format = "kvref-expectations/1"\n[[expected]]\nid = 3\n')
+        result = pytester.runpytest_subprocess(
+            "--pyargs", "conformance", "--kv-builder", "kvref:ReferenceKVCacheConfigBuilder",
+            "--kv-expectations", "exp.toml", "-p", "no:cacheprovider",
+        )  # fmt: skip
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        assert any("entry 1: id 3 must be a non-empty string" in line for line in result.errlines)
