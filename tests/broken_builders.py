@@ -1140,3 +1140,72 @@ FIELD: tuple[type[_Base], ...] = (
 )
 
 ALL = (*ALL, *FIELD)
+
+
+class Wraps32(_Placement):
+    """Writes strides and offsets through 32-bit descriptors: ``x & 0xFFFFFFFF``.
+
+    Right for every plan under 4 GiB; past it a layer-outer layer stride
+    (``num_blocks x page``) wraps, and the layers of a tensor alias.
+    """
+
+    CAUGHT_BY = "KV-PLACE-NO-BLOCK-ALIAS"
+    #: The wrapped stride also lands layers of one block on each other, and
+    #: device pages beside host groups are judged by their own invariant.
+    ALSO = frozenset({"KV-PLACE-NO-LAYER-OVERLAP", "KV-HOST-DEVICE-SAFE"})
+    EXAMPLES = 50
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        wrap = 0xFFFFFFFF
+        return _with_tensors(
+            result,
+            [
+                attrs.evolve(
+                    t,
+                    offset=t.offset & wrap,
+                    layer_stride=t.layer_stride & wrap,
+                    block_stride=t.block_stride & wrap,
+                )
+                for t in result.kv_cache_tensors
+            ],
+        )
+
+
+class DensePadded(_Placement):
+    """Steps a padded page's blocks by its dense bytes, as if no backend padded pages.
+
+    Layer-outer layouts only: there each layer's blocks step by its own
+    page, and a page of ``page_size_padded`` bytes must step by that
+    (contract.md#page-pitch); the dense step reads the padding as data.
+    """
+
+    CAUGHT_BY = "KV-PLACE-PAGE-PITCH"
+    #: The short step also lands the group's blocks on the next block's bytes
+    #: of the groups aliasing it, beside host groups too.
+    ALSO = frozenset({"KV-PLACE-NO-BLOCK-ALIAS", "KV-HOST-DEVICE-SAFE"})
+    EXAMPLES = 50
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        import math
+
+        from kvref.layout import compute_layer_kv_cache_shape_bytes
+
+        if config.kv_cache_layout.is_block_outermost:
+            return result
+        specs = {n: g.layer_spec(n) for g in result.kv_cache_groups for n in g.layer_names}
+        tensors = []
+        for t in result.kv_cache_tensors:
+            spec = specs.get(t.layers[0]) if t.layers else None
+            if spec is not None and spec.padded_page_size is not None and not t.host_resident:
+                dense = math.prod(compute_layer_kv_cache_shape_bytes(spec, 1)[1:])
+                blocks = result.num_blocks_of(t)
+                t = attrs.evolve(t, block_stride=dense, layer_stride=dense * blocks)  # noqa: PLW2901
+            tensors.append(t)
+        return _with_tensors(result, tensors)
+
+
+#: Issue 23's field regimes the default generation reaches as classes
+#: (tests/test_field_generation.py: caught at 50 examples, seeds 1-5).
+FIELD_REGIMES: tuple[type[_Base], ...] = (Wraps32, DensePadded)
+
+ALL = (*ALL, *FIELD_REGIMES)

@@ -266,13 +266,19 @@ FOUR_GIB = 1 << 32
 MAX_HUGE_BLOCKS = 1 << 22
 
 
-def num_blocks_for(bytes_per_block: int, *, max_value: int = 1 << 16) -> st.SearchStrategy[int]:
+def num_blocks_for(
+    bytes_per_block: int, *, max_value: int = 1 << 16, layer_bytes: int = 0
+) -> st.SearchStrategy[int]:
     """Block counts spread over the regimes where placement bugs live.
 
     The buckets of :func:`num_blocks` and, when ``bytes_per_block`` (the problem's bytes
     per block, e.g. the sum of its layers' block strides) makes it
     reachable with at most :data:`MAX_HUGE_BLOCKS` blocks, the first
     counts whose backing passes 4 GiB (32-bit offset and stride overflow).
+    With ``layer_bytes`` (the largest layer's block stride) also the first
+    counts at which one layer's run passes 4 GiB: a layer-outer layout's
+    ``layer_stride`` (``num_blocks x page``) and the offsets after it no
+    longer fit a 32-bit descriptor.
     Nothing is allocated for them: device checks cap their allocations.
 
     Raises:
@@ -284,18 +290,18 @@ def num_blocks_for(bytes_per_block: int, *, max_value: int = 1 << 16) -> st.Sear
             "be non-negative and max_value at least 1"
         )
     strategies = _count_buckets(max_value)
-    if bytes_per_block:
-        first = FOUR_GIB // bytes_per_block + 1
+    for weight in dict.fromkeys((bytes_per_block, layer_bytes)):
+        first = FOUR_GIB // weight + 1 if weight > 0 else MAX_HUGE_BLOCKS + 1
         if first <= MAX_HUGE_BLOCKS:
             strategies.append(st.integers(first, first + 7))
     return _spread(strategies)
 
 
 def problem_num_blocks(problem: PlanningProblem) -> st.SearchStrategy[int]:
-    """:func:`num_blocks_for` sized by the problem's device layers (Σ block strides)."""
+    """:func:`num_blocks_for` sized by the problem's device layers (Σ and max block strides)."""
     host = problem.config.host_resident_layers
-    weight = sum(s.block_stride for n, s in problem.specs.items() if n not in host)
-    return num_blocks_for(weight)
+    strides = [s.block_stride for n, s in problem.specs.items() if n not in host]
+    return num_blocks_for(sum(strides), layer_bytes=max(strides, default=0))
 
 
 @st.composite
