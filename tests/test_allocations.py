@@ -65,8 +65,12 @@ def test_allocations_are_separate_address_spaces() -> None:
     obs = _plan()
     assert obs.plan is not None
     (config,) = obs.plan.configs
-    assert memory.find_layer_overlaps(config, "LBNHC") == []
-    assert memory.find_block_overlaps(config, "LBNHC") == []
+    # Separate only for a builder that declares its bytes per block: then each
+    # size is its own allocation.
+    assert memory.find_layer_overlaps(config, "LBNHC", separate=True) == []
+    assert memory.find_block_overlaps(config, "LBNHC", separate=True) == []
+    # Undeclared, every device tensor views the one backing: the overlap stands.
+    assert memory.find_layer_overlaps(config, "LBNHC")
     # One allocation with the same offsets would overlap: the check still sees that.
     merged = config.__class__(
         num_blocks=config.num_blocks,
@@ -82,7 +86,7 @@ def test_allocations_are_separate_address_spaces() -> None:
         ],
         kv_cache_groups=config.kv_cache_groups,
     )
-    assert memory.find_layer_overlaps(merged, "LBNHC")
+    assert memory.find_layer_overlaps(merged, "LBNHC", separate=True)
 
 
 def test_placement_and_core_checks_pass() -> None:

@@ -422,18 +422,17 @@ def serve_wired(monkeypatch: pytest.MonkeyPatch) -> Any:
     if scenario.SERVE not in scenario_names:
         monkeypatch.setattr(runner, "SCENARIOS", (*scenario_names, scenario.SERVE))
     monkeypatch.setitem(scenarios.OBSERVERS, scenario.SERVE, scenario.observe_serve)
-    plain = runner.examples  # type: ignore[attr-defined]
+    plain = strata.examples
     chosen: list[Any] = [None]
 
-    def examples(name: str, models: Any = None, profile: str = "ci") -> Any:
+    def examples(name: str, models: Any = None, profile: str = "ci", **kwargs: Any) -> Any:
         if chosen[0] is not None:
             models = chosen[0]
         if name == scenario.SERVE:
             return scenario.serve_examples(models)
-        return plain(name, models=models, profile=profile)
+        return plain(name, models=models, profile=profile, **kwargs)
 
-    # The strata draw the run's examples; the runner shrinks and replays them.
-    monkeypatch.setattr(runner, "examples", examples)
+    # Every run draws, shrinks and replays through its strata (Stratum.examples).
     monkeypatch.setattr(strata, "examples", examples)
 
     def use_models(strategy: Any) -> None:

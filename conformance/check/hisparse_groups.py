@@ -112,6 +112,9 @@ def _roles(obs: GroupingObservation) -> list[Violation] | Unjudged | None:
     groups = returned_groups(obs.first)
     if skip is not None or groups is None:
         return skip
+    grouped = [n for g in groups for n in g.layer_names]
+    if len(grouped) != len(set(grouped)) or set(grouped) != set(obs.specs):
+        return None  # a layer missing or repeated is KV-GROUP-PARTITION's finding
     wanted = {
         "HISPARSE_SOURCE": hisparse_source_layers(obs.config, obs.specs),
         "HISPARSE_INDEXER": frozenset(

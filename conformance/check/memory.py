@@ -178,6 +178,7 @@ def check_memory(
     limit: int = 10,
     budget: int = DEFAULT_BUDGET,
     properties: frozenset[str] = frozenset({"P2", "P3", "P4"}),
+    separate: bool = False,
 ) -> MemoryReport:
     """Check P2, P3 and P4 over the device (or, with ``host``, the host) tensors of ``config``.
 
@@ -186,8 +187,15 @@ def check_memory(
     violations are listed per property.  Configs with more than ``budget``
     runs take the large-config path (module docstring), whose result says
     whether it was exhaustive.  Never raises for a well-typed config.
+
+    ``separate``: the builder declared its bytes per block
+    (``_get_pool_bytes_per_block``), so device tensors of different sizes are
+    separate allocations (contract.md#pool-bytes-hook) and each is judged as
+    its own address space.  Otherwise every device tensor is a view of the one
+    backing, whatever sizes a builder gave them: pages of tensors of
+    different sizes that meet are a finding, never hidden.
     """
-    allocations = _allocations(config, host)
+    allocations = _allocations(config, host) if separate else []
     if len(allocations) > 1:
         # Several device allocations (contract.md#pool-bytes-hook): each is its
         # own address space, told apart by its size, so pages of two never meet.
@@ -201,6 +209,7 @@ def check_memory(
                     limit=limit,
                     budget=budget,
                     properties=properties,
+                    separate=False,
                 ),
                 idx,
             )
@@ -301,6 +310,7 @@ def find_block_overlaps(
     limit: int = 10,
     host: bool = False,
     budget: int = DEFAULT_BUDGET,
+    separate: bool = False,
 ) -> list[Overlap]:
     """P3: pages of different block IDs sharing bytes, across all tensors and groups.
 
@@ -309,7 +319,13 @@ def find_block_overlaps(
     the result is exhaustive.
     """
     report = check_memory(
-        config, layout, host=host, limit=limit, budget=budget, properties=frozenset({"P3"})
+        config,
+        layout,
+        host=host,
+        limit=limit,
+        budget=budget,
+        properties=frozenset({"P3"}),
+        separate=separate,
     )
     return list(report.block_overlaps)
 
@@ -321,6 +337,7 @@ def find_layer_overlaps(
     limit: int = 10,
     host: bool = False,
     budget: int = DEFAULT_BUDGET,
+    separate: bool = False,
 ) -> list[Overlap]:
     """P4: pages of one group and one block that share bytes, and pages overlapping themselves.
 
@@ -329,7 +346,13 @@ def find_layer_overlaps(
     :func:`check_memory`.
     """
     report = check_memory(
-        config, layout, host=host, limit=limit, budget=budget, properties=frozenset({"P4"})
+        config,
+        layout,
+        host=host,
+        limit=limit,
+        budget=budget,
+        properties=frozenset({"P4"}),
+        separate=separate,
     )
     return list(report.layer_overlaps)
 

@@ -47,9 +47,12 @@ def _memory_check(kind: str) -> Check:
                     memory.find_block_overlaps if kind == "blocks" else memory.find_layer_overlaps
                 )
                 # A layer placed twice overlapping itself is KV-PLACE-LAYER-ONCE's finding.
+                # Only a builder that declares its bytes per block may place
+                # several allocations (contract.md#pool-bytes-hook).
+                separate = obs.declared_pool_bytes is not None
                 found = [
                     ov
-                    for ov in finder(c, obs.layout, limit=64)
+                    for ov in finder(c, obs.layout, limit=64, separate=separate)
                     if ov.a.layer != ov.b.layer or ov.a.block != ov.b.block
                 ]
                 out += [
