@@ -21,9 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from conformance.check import memory
 from conformance.check.bounds import tensor_problems
 from conformance.check.catalog import Unjudged, invariant
 from conformance.check.catalog import violation as _v
+from conformance.check.memory import HOST_LAYOUT
 from conformance.check.residency import hisparse_source_layers
 from conformance.check.violations import Violation
 from conformance.run.observations import HostObservation
@@ -112,4 +114,27 @@ def _hisparse_runs(obs: HostObservation) -> list[Violation] | Unjudged | None:
     placed = _placed(obs)
     if placed is None or not hisparse_source_layers(obs.config, obs.specs):
         return None
+    if _unsafe(placed):
+        return None  # pages outside the pool, overlapping or placed twice: those invariants'
     return [_v(_ID, message) for message in host_run_findings(placed)][:3]
+
+
+def _unsafe(placed: KVCacheConfig) -> bool:
+    """Whether the plan breaks a memory-safety rule another invariant reports first.
+
+    The runs only matter for a plan whose pages are sound: a layer in two
+    tensors, pages past a backing or overlapping pages (device or host) are
+    KV-PLACE-LAYER-ONCE's, KV-HOST-DEVICE-SAFE's and KV-HOST-NO-ALIAS's findings.
+    """
+    layers = [n for t in placed.kv_cache_tensors for n in t.layers]
+    if len(layers) != len(set(layers)):
+        return True
+    layout = placed.kv_cache_layout or "LBNHC"
+    return bool(
+        memory.find_out_of_bounds(placed, layout, limit=1)
+        or memory.find_block_overlaps(placed, layout, limit=1)
+        or memory.find_layer_overlaps(placed, layout, limit=1)
+        or memory.find_host_out_of_bounds(placed, limit=1)
+        or memory.find_block_overlaps(placed, HOST_LAYOUT, limit=1, host=True)
+        or memory.find_layer_overlaps(placed, HOST_LAYOUT, limit=1, host=True)
+    )

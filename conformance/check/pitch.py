@@ -117,24 +117,43 @@ def _common_pitches(config: KVCacheConfig, layout: str) -> dict[int, int]:
     """
     out: dict[int, int] = {}
     for component in _alias_components(config, layout):
-        pages: list[int] = []
-        aligns: list[int] = []
-        pitches: set[int] = set()
-        for index in component:
-            group = config.kv_cache_groups[index]
-            for name in group.layer_names:
-                spec = _named_spec(group.kv_cache_spec, name)
-                page = None if spec is None else layer_page(spec)
-                align = None if spec is None else _alignment(spec)
-                if spec is None or page is None or align is None:
-                    return {}  # no formula for one layer: its own pitch is all there is
-                pages.append(page.page)
-                aligns.append(align)
-                pitches.add(aligned_page(spec, align))
-        if len(component) > 1 and len(pitches) > 1:
-            common = round_up(max(pages), math.lcm(*aligns))
+        found = _component_pitch(config, component)
+        if found is None:
+            return {}  # no formula for one layer: its own pitch is all there is
+        common, distinct = found
+        if len(component) > 1 and distinct:
             out.update(dict.fromkeys(component, common))
     return out
+
+
+def _component_pitch(config: KVCacheConfig, component: set[int]) -> tuple[int, bool] | None:
+    """The common stride of ``component``'s groups, and whether their own pitches differ."""
+    pages: list[int] = []
+    aligns: list[int] = []
+    pitches: set[int] = set()
+    for index in component:
+        group = config.kv_cache_groups[index]
+        for name in group.layer_names:
+            spec = _named_spec(group.kv_cache_spec, name)
+            page = None if spec is None else layer_page(spec)
+            align = None if spec is None else _alignment(spec)
+            if spec is None or page is None or align is None:
+                return None
+            pages.append(page.page)
+            aligns.append(align)
+            pitches.add(aligned_page(spec, align))
+    if not pages:
+        return None
+    return round_up(max(pages), math.lcm(*aligns)), len(pitches) > 1
+
+
+def _everyone_pitch(config: KVCacheConfig) -> int | None:
+    """The common stride of every device group: the reference's, legal in any region."""
+    groups = {
+        i for i, g in enumerate(config.kv_cache_groups) if not g.host_resident and g.layer_names
+    }
+    found = _component_pitch(config, groups) if groups else None
+    return None if found is None else found[0]
 
 
 def _named_spec(spec: KVCacheSpec | UniformTypeKVCacheSpecs, name: str) -> KVCacheSpec | None:
@@ -174,7 +193,11 @@ def _spec_of(config: KVCacheConfig, tensor: KVCacheTensor) -> tuple[int, KVCache
 def pitch_findings(config: KVCacheConfig, layout: str, limit: int = 3) -> list[str]:
     """Device tensors whose fixed stride differs from the contract's (one line each)."""
     out = []
-    common = _common_pitches(config, layout) if layout in ("LBHNC", "LBNHC") else {}
+    layer_outer = layout in ("LBHNC", "LBNHC")
+    common = _common_pitches(config, layout) if layer_outer else {}
+    # A group in a region of its own may still step the stride every group
+    # would share (the reference does): that pitch is never wrong.
+    everyone = _everyone_pitch(config) if layer_outer else None
     for i, t in enumerate(config.kv_cache_tensors):
         if t.host_resident or not t.layers:
             continue
@@ -185,6 +208,8 @@ def pitch_findings(config: KVCacheConfig, layout: str, limit: int = 3) -> list[s
         which, value = expected
         used = config.num_blocks >= 2 if which == "block_stride" else len(t.layers) >= 2
         actual = getattr(t, which)
+        if which == "block_stride" and group not in common and actual == everyone:
+            continue
         if used and actual != value:
             out.append(
                 f"tensor {i} ({t.layers[0]!r}...) has {which}={actual}; in {layout} the "
