@@ -831,6 +831,7 @@ def isolated(
     Raises:
         BuilderLoadError: the builder cannot be loaded in the worker.
     """
+    from conformance.errors import KitError
     from conformance.run.adapters import BuilderLoadError
 
     if isinstance(builder, str):
@@ -845,8 +846,8 @@ def isolated(
         facts = worker.describe(name, reach)
     except BaseException as exc:
         worker.close()
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, KitError)):
+            raise  # the kit's own failure while loading (the vLLM adapter): exit 2, reported
         raise BuilderLoadError(f"{name or label}: {exc}") from None
     namespace: dict[str, Any] = {
         "_kvref_worker": worker,
