@@ -183,5 +183,5 @@ def test_a_worker_that_dies_every_call_is_not_restarted_forever(tmp_path: Path) 
     )
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 1
-    assert "died on 2 calls in a row" in out
+    assert "it died on 2 calls in a row" in out
     assert len(starts.read_text().split()) <= 4

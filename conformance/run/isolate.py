@@ -548,9 +548,8 @@ class _Worker:
                 if op == "new":
                     return _reply("ok", None, ())
                 raise WorkerDiedError(
-                    f"the builder's worker process died on {self.deaths_in_a_row} calls in a "
-                    f"row (the last while {self.last_death} ran); it is not started again, so "
-                    f"{hook} was not called"
+                    f"{self.last_death}; it died on {self.deaths_in_a_row} calls in a row, so "
+                    f"it is not started again and {hook} was not called"
                 )
             self._start()
         dropped, self.dropped = self.dropped, []
@@ -606,12 +605,12 @@ class _Worker:
         _kill_group(process.pid)
         self.deaths += 1
         self.deaths_in_a_row += 1
-        self.last_death = hook
         what = "constructing the builder" if hook == "__init__" else hook
-        return WorkerDiedError(
+        self.last_death = (
             f"the builder's worker process died with exit code {code}{_signal_name(code or 0)} "
             f"while {what} ran"
         )
+        return WorkerDiedError(self.last_death)
 
     def reach_lines(self) -> dict[str, set[int]]:
         """The builder's lines the workers executed (a worker that died took its own along)."""
