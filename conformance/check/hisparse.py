@@ -42,7 +42,8 @@ def _min_stride(config: PlanningConfig, specs: Mapping[str, KVCacheSpec], source
     return stride
 
 
-def _placed(obs: HostObservation) -> KVCacheConfig | None:
+def sound_placement(obs: HostObservation) -> KVCacheConfig | None:
+    """The host example's placement to read, or ``None`` where another invariant owns it."""
     if obs.placed is None or not obs.placed.ok:
         return None
     value: Any = obs.placed.value
@@ -94,7 +95,7 @@ def _hisparse_pool(obs: HostObservation) -> list[Violation] | Unjudged | None:
     if obs.config.hisparse is None:
         return Unjudged("the example does not turn HiSparse on", applicable=False)
     sources = hisparse_source_layers(obs.config, obs.specs)
-    placed = _placed(obs)
+    placed = sound_placement(obs)
     if placed is None or not sources:
         return None
     return [_v(_ID, message) for message in _pool_findings(obs, placed, sources)][:3]

@@ -19,12 +19,10 @@ as LBNHC by the byte-overlap checks, and wrong for this runtime.
 
 from __future__ import annotations
 
-from typing import Any
-
 from conformance.check import memory
-from conformance.check.bounds import tensor_problems
 from conformance.check.catalog import Unjudged, invariant
 from conformance.check.catalog import violation as _v
+from conformance.check.hisparse import sound_placement
 from conformance.check.memory import HOST_LAYOUT
 from conformance.check.residency import hisparse_source_layers
 from conformance.check.violations import Violation
@@ -37,16 +35,6 @@ _ID = "KV-HOST-HISPARSE-RUNS"
 
 #: (start, length, layer, tensor index) of one source layer's host run.
 _Run = tuple[int, int, str, int]
-
-
-def _placed(obs: HostObservation) -> KVCacheConfig | None:
-    """The placement to read, or ``None`` where another invariant owns the finding."""
-    if obs.placed is None or not obs.placed.ok:
-        return None
-    value: Any = obs.placed.value
-    if not isinstance(value, KVCacheConfig) or tensor_problems(value):
-        return None  # sizes no allocator takes: KV-PLACE-SIZE-BOUND's finding
-    return value
 
 
 def _runs(placed: KVCacheConfig) -> list[_Run]:
@@ -111,7 +99,7 @@ def _hisparse_runs(obs: HostObservation) -> list[Violation] | Unjudged | None:
         return None
     if obs.config.hisparse is None:
         return Unjudged("the example does not turn HiSparse on", applicable=False)
-    placed = _placed(obs)
+    placed = sound_placement(obs)
     if placed is None or not hisparse_source_layers(obs.config, obs.specs):
         return None
     if _unsafe(placed):
