@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -20,6 +20,9 @@ from kvref import (
     ReferenceKVCacheConfigBuilder,
 )
 from kvref.specs import KVCacheSpec
+
+if TYPE_CHECKING:
+    from conformance.report.model import Report
 
 Groups = list[KVCacheGroupSpec]
 
@@ -191,6 +194,20 @@ class WrongReturnType(_Base):
         return attrs.asdict(
             super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
         )
+
+
+def assert_caught(report: Report, meant: str, also: frozenset[str]) -> None:
+    """``meant`` failed with a counterexample and a reproduce line; nothing unmeant failed.
+
+    The same assertions as tests/test_meta.py's, so that a builder proven here
+    need not be run there again in the default suite.
+    """
+    failed = set(report.failed_ids)
+    assert meant in failed, failed
+    assert failed <= {meant} | also, failed
+    failure = next(r for r in report.failures if r.id == meant)
+    assert failure.violations and failure.counterexample and failure.counterexample_python
+    assert failure.reproduce and meant in failure.reproduce
 
 
 def meta_timeout(builder: type) -> float:
@@ -1209,3 +1226,14 @@ class DensePadded(_Placement):
 FIELD_REGIMES: tuple[type[_Base], ...] = (Wraps32, DensePadded)
 
 ALL = (*ALL, *FIELD_REGIMES)
+
+#: Builders whose printed reproduce line the default suite reruns in a fresh
+#: process (tests/test_meta.py); every builder's line is rerun under `-m slow`
+#: (tests/test_reproduce.py).  One per kind of failure: grouping, placement,
+#: a hang, Core's flow.
+REPRODUCED: tuple[type[_Base], ...] = (
+    DroppedLayer,
+    OverlappingBlocks,
+    Hangs,
+    HostSizedByDeviceBlocks,
+)

@@ -154,7 +154,7 @@ class TestShippedManifest:
         from conformance.expectations.apply import _vllm_version
 
         if _vllm_version() != "0.33.0":
-            pytest.skip("the shipped entries apply with vLLM 0.33.0 installed")
+            pytest.skip("vLLM 0.33.0 is not installed; the shipped entries apply with it")
         manifest = load_manifest(resolve_manifest("vllm-0.33.0"))
         defect = next(d for d in DEFECTS if d.key == "pp-empty-group-projection")
         named = _result("KV-CORE-WORKER-LAYERS", "fail", upstream=defect.describe())

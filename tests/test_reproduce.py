@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import re
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -24,6 +21,7 @@ from typing import Any
 import attrs
 import broken_builders
 import pytest
+import reproduce_lines
 
 import conformance
 from conformance.report.model import InvariantResult
@@ -43,13 +41,9 @@ def work() -> Iterator[Path]:
         yield Path(name)
 
 
-def _env() -> dict[str, str]:
-    """This environment, with tests/ importable (``broken_builders:X``) ahead of the rest."""
-    path = [str(_TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(path))
-
-
-_ROW = re.compile(r"^(KV-[A-Z0-9-]+)\s+(FAIL|PASS|INCONCLUSIVE|N/A|SKIP|XFAIL|XPASS)\b", re.M)
+_env = reproduce_lines.env
+_ROW = reproduce_lines.ROW
+_command = reproduce_lines.command
 
 
 def _meta_run(builder: type) -> conformance.Report:
@@ -64,26 +58,7 @@ def _meta_run(builder: type) -> conformance.Report:
     )
 
 
-def _command(line: str) -> list[str]:
-    """A printed reproduce line as argv, with this environment's kvref-conformance."""
-    words = shlex.split(line)
-    assert words[0] == "kvref-conformance", line
-    script = Path(sys.executable).with_name("kvref-conformance")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "conformance.cli"]
-    return command + words[1:]
-
-
-def _run_line(line: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Run a printed reproduce line as a shell would."""
-    return subprocess.run(
-        _command(line),
-        check=False,
-        cwd=cwd,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+_run_line = reproduce_lines.run_line
 
 
 @attrs.define
@@ -158,20 +133,10 @@ def reruns(request: pytest.FixtureRequest) -> Iterator[dict[str, _Rerun]]:
         yield done
 
 
-#: Reproduced in the default run; every other broken builder's line under `-m slow`.
-_DEFAULT = (
-    broken_builders.DroppedLayer,
-    broken_builders.OverlappingBlocks,
-    broken_builders.Hangs,
-    broken_builders.HostSizedByDeviceBlocks,
-)
-
-
-@pytest.mark.parametrize(
-    "builder",
-    [pytest.param(b, marks=() if b in _DEFAULT else pytest.mark.slow) for b in broken_builders.ALL],
-    ids=lambda b: b.__name__,
-)
+#: Every broken builder's line, under `-m slow`: the default suite reruns the
+#: lines of ``broken_builders.REPRODUCED`` inside tests/test_meta.py's own runs.
+@pytest.mark.slow
+@pytest.mark.parametrize("builder", broken_builders.ALL, ids=lambda b: b.__name__)
 def test_reproduce_line_fails_the_same_invariant(builder: type, reruns: dict[str, _Rerun]) -> None:
     """The meant invariant's printed reproduce line exits 1 with that invariant FAILED."""
     meant = builder.CAUGHT_BY
@@ -186,8 +151,6 @@ def test_reproduce_line_fails_the_same_invariant(builder: type, reruns: dict[str
     assert rerun.returncode == 1, (rerun.returncode, rerun.stdout[-2000:], rerun.stderr[-2000:])
     assert rows == {meant: "FAIL"}, (rows, rerun.stdout[-2000:], rerun.stderr[-2000:])
     assert f"[{meant}]" in rerun.stdout
-    # Bounded: a reproduce line is something to rerun while debugging.
-    assert rerun.seconds < 120, rerun.seconds
 
 
 def test_reproduce_line_names_a_main_builder_by_path(work: Path) -> None:

@@ -198,6 +198,9 @@ def _host_device_safe(obs: Any) -> list[Violation] | Unjudged | None:
 
 
 def _device_findings(config: KVCacheConfig, layout: Any) -> list[Violation]:
+    # One memory check gives all three properties from one analysis of the
+    # tensors (three separate finders analysed the same config three times).
+    report = memory.check_memory(config, layout, limit=16)
     out = [
         _v(
             "KV-HOST-DEVICE-SAFE",
@@ -207,12 +210,9 @@ def _device_findings(config: KVCacheConfig, layout: Any) -> list[Violation]:
             block=o.page.block,
             byte_range=o.byte_range,
         )
-        for o in memory.find_out_of_bounds(config, layout, limit=2)
+        for o in report.out_of_bounds[:2]
     ]
-    for kind, finder in (
-        ("block", memory.find_block_overlaps),
-        ("layer", memory.find_layer_overlaps),
-    ):
+    for kind, found in (("block", report.block_overlaps), ("layer", report.layer_overlaps)):
         out += [
             _v(
                 "KV-HOST-DEVICE-SAFE",
@@ -222,7 +222,7 @@ def _device_findings(config: KVCacheConfig, layout: Any) -> list[Violation]:
                 block=ov.a.block,
                 byte_range=ov.byte_range,
             )
-            for ov in _distinct(finder(config, layout, limit=16))[:2]
+            for ov in _distinct(list(found))[:2]
         ]
     return out
 

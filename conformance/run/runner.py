@@ -335,7 +335,11 @@ class _Run:
         plan = [(s, [inv for inv in active if s in inv.scenarios]) for s in SCENARIOS]
         plan = [(s, checks) for s, checks in plan if checks]
         total = len(plan) * self.options.max_examples
-        if any(s == "processes" for s, _ in plan):
+        # The twin process (seconds to start) serves only the invariants of the
+        # processes scenario itself; the call checks there judge this process's calls.
+        twin = any(inv.scenario == "processes" for s, checks in plan for inv in checks)
+        self.ctx = attrs.evolve(self.ctx, twin=twin)
+        if twin:
             from conformance.run.twin import prestart
 
             prestart(self.ctx, self.builder)

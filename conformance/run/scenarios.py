@@ -120,6 +120,9 @@ class Context:
         qualname_note: why there is no such qualname, when there is none.
         resolver: the isolated proxy class whose worker process resolves
             ``qualname`` (``None``: resolution runs in this process).
+        twin: whether the processes scenario asks a twin process (only an
+            invariant that reads the twin's answers needs one; the scenario's
+            own calls are judged either way).
     """
 
     factory: BuilderFactory
@@ -130,6 +133,7 @@ class Context:
     qualname: str | None = None
     qualname_note: str = "the builder was given without a qualname"
     resolver: type[Any] | None = None
+    twin: bool = True
 
 
 # -- fresh inputs and mutation reports -------------------------------------------

@@ -303,6 +303,8 @@ def observe_processes(ctx: Context, example: Any) -> ProcessObservation:
         "groups": groups,
         "placement": placement,
     }
+    if not ctx.twin:
+        return ProcessObservation(**base, unavailable="no selected invariant reads the twin")
     reference = twin_reference(builder)
     if reference is None:
         return ProcessObservation(

@@ -47,7 +47,8 @@ def _cli_report(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
     return done.returncode, report, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("seed", [1, 3])
+# Seed 1 in the default suite; seed 3 repeats the same proof on other draws (slow).
+@pytest.mark.parametrize("seed", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_default_builder_fails_only_named_upstream_defects(tmp_path: Path, seed: int) -> None:
     """The CLI's default run on vLLM's default: every failure is a named, documented defect."""
     code, report, output = _cli_report(tmp_path, "--seed", str(seed), "--no-database")
