@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -765,10 +764,13 @@ class TestProperties:
 
 class TestScale:
     @pytest.mark.parametrize("cfg", [LAYER_OUTER, BLHNC, NO_HYBRID])
-    def test_16384_layers_fast(self, cfg: PlanningConfig) -> None:
-        """16,384 mixed layers group in well under a second."""
+    def test_16384_layers(self, cfg: PlanningConfig) -> None:
+        """16,384 mixed layers group, each layer once.
+
+        How fast is measured in benchmarks/planning.py, not asserted here: a
+        wall-clock bound fails on a busy machine.
+        """
         specs = pattern_fss(16_384 // 3, full(), sw(heads=4))
-        start = time.perf_counter()
         groups = get_kv_cache_groups(cfg, specs)
-        assert time.perf_counter() - start < 1.0
         assert sum(len(g.layer_names) for g in groups) == len(specs)
+        assert len({n for g in groups for n in g.layer_names}) == len(specs)

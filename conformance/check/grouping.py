@@ -239,11 +239,16 @@ def _content_per_token_shrinks(given: KVCacheSpec, kept: KVCacheSpec) -> bool:
 )
 def _grouping_input(obs: GroupingObservation) -> list[Violation] | None:
     if obs.mutated:
+        # The observation names each change (layer, field, old -> new); the
+        # rule differs for the dict and for the spec objects in it.
+        changes = "; ".join(obs.mutations[:4])
+        more = f" (and {len(obs.mutations) - 4} more)" if len(obs.mutations) > 4 else ""
         return [
             _v(
                 "KV-GROUP-INPUT-UNCHANGED",
-                "get_kv_cache_groups added, removed or reordered layers of the dict it was "
-                "given (rewriting specs in place is allowed)",
+                f"get_kv_cache_groups changed its input: {changes}{more}. It may replace the "
+                "dict's values, but not add, remove or reorder its layers, nor change a spec "
+                "object it was given",
             )
         ]
     return []
