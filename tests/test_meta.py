@@ -34,12 +34,12 @@ class TestReferenceIsClean:
 
 
 #: Builders whose meta-test also shrinks (shrinking costs seconds per failure;
-#: these cover grouping, placement, host and call failures).
+#: these cover grouping, placement and call failures; tests/test_reproduce.py
+#: shrinks every builder under `-m slow`).
 SHRUNK = frozenset(
     {
         broken_builders.DroppedLayer,
         broken_builders.OverlappingBlocks,
-        broken_builders.HostTensorOnDevice,
         broken_builders.RaisesOnValidInput,
     }
 )
@@ -79,7 +79,8 @@ def _with_gaps(builders: list[type]) -> list[object]:
     for b in builders:
         marks: list[pytest.MarkDecorator] = []
         if b.__name__ in _GAPS:
-            marks.append(pytest.mark.xfail(strict=True, reason=_GAPS[b.__name__]))
+            # A known gap is tracked under `-m slow` (strict: it fails there once closed).
+            marks += [pytest.mark.xfail(strict=True, reason=_GAPS[b.__name__]), pytest.mark.slow]
         if b.__name__ in _PROVEN_AT_DEFAULT_COUNT:
             marks.append(pytest.mark.slow)
         params.append(pytest.param(b, marks=marks) if marks else b)

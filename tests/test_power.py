@@ -55,8 +55,16 @@ def test_broken_builder_caught_at_default_count(builder: type, seed: int) -> Non
 @pytest.mark.parametrize("seed", _SEEDS)
 @pytest.mark.parametrize("builder", legal_builders.ALL, ids=lambda b: b.__name__)
 def test_legal_builder_passes(builder: type, seed: int) -> None:
-    """A legal builder that differs from the reference fails nothing."""
-    assert _run(builder, seed) == set()
+    """A legal builder that differs from the reference fails nothing, and wastes nothing.
+
+    The same run carries the efficiency comparison (tests/test_waste.py): a
+    legal builder of tests/ that does not waste draws no warning.
+    """
+    report = _report(builder, seed)
+    assert set(report.failed_ids) == set()
+    waste = report.waste
+    assert waste is not None and waste.compared > 0
+    assert waste.warned == 0, [w.message for w in waste.worst]
 
 
 def test_new_invariants_are_in_the_catalog() -> None:
