@@ -11,7 +11,6 @@ import json
 
 import jsonschema
 import legal_builders
-import pytest
 
 from conformance.check.waste import PlanFigures, WasteMeter, compare_plans
 from conformance.report.model import Report
