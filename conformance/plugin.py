@@ -155,13 +155,18 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     builder = config.getoption("--kv-builder", default=None)
     if builder is None:
         return None
+    from conformance.contract import CONTRACT, version_note
+
     xfail = config.getoption("--kv-xfail-file")
+    note = version_note()
     return [
         f"kvref-conformance: builder={builder} device={config.getoption('--kv-device')} "
         f"profile={config.getoption('--kv-profile')} "
         f"max_examples={config.getoption('--kv-max-examples')} "
         f"seed={config.getoption('--kv-seed')} "
-        f"xfail_file={xfail} unsupported={config.getoption('--kv-unsupported') or '-'}"
+        f"xfail_file={xfail} unsupported={config.getoption('--kv-unsupported') or '-'}",
+        f"kvref-conformance: checks the {CONTRACT} builder contract"
+        + ("" if note is None else f"; warning: {note}"),
     ]
 
 

@@ -396,7 +396,8 @@ class TestIncompleteOutputs:
         """The CLI prints the header before the run and the report without it after."""
         header = format_header(self.START)
         assert header.splitlines() == [
-            f"kvref-conformance {version('kvref')}: builder m:B on cpu, profile ci, "
+            f"kvref-conformance {version('kvref')} (vLLM 0.33.0 contract): builder m:B on cpu, "
+            "profile ci, "
             "50 examples per scenario, seed 9",
             "options: --select KV-CORE",
         ]

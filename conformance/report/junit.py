@@ -29,6 +29,7 @@ import socket
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from conformance.contract import CONTRACT
 from conformance.report.model import InvariantResult, Report
 from conformance.report.render import (
     _MARK,
@@ -99,6 +100,7 @@ def write_incomplete_report_junit(start: RunStart, path: Path) -> None:
             ("profile", start.profile),
             ("max_examples", start.max_examples),
             ("kit_version", _kit_version()),
+            ("contract", CONTRACT),
             ("ok", False),
             ("complete", False),
             ("verdicts", "run=incomplete"),
@@ -141,6 +143,7 @@ def write_report_junit(report: Report, path: Path) -> None:
             ("profile", report.profile),
             ("max_examples", report.max_examples),
             ("kit_version", _kit_version()),
+            ("contract", report.contract),
             ("ok", report.ok),
             ("complete", True),
             ("interrupted", report.interrupted),

@@ -34,8 +34,8 @@ def format_markdown(report: Report) -> str:
         "",
         f"Builder {_code(report.builder)} on {_code(report.device)}, profile "
         f"{report.profile}, {report.max_examples} examples per scenario, seed "
-        f"{report.seed}, kit {_kit_version()}, {report.seconds:.1f}s"
-        + (" (**interrupted**)" if report.interrupted else ""),
+        f"{report.seed}, kit {_kit_version()} ({report.contract} contract), "
+        f"{report.seconds:.1f}s" + (" (**interrupted**)" if report.interrupted else ""),
         "",
         "| invariant | verdict | examples | seconds | title |",
         "|---|---|---:|---:|---|",

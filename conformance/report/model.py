@@ -22,6 +22,7 @@ import attrs
 
 from conformance.check.violations import Violation
 from conformance.check.waste import WasteSummary
+from conformance.contract import CONTRACT
 
 __all__ = ["FAILING", "STATUSES", "InvariantResult", "Replays", "Report"]
 
@@ -128,8 +129,11 @@ class Report:
             the examples its invariants share (:mod:`conformance.run.timing`).
         started: when the run started, ISO 8601 UTC to the second, without a
             zone suffix (``None``: not recorded; the JUnit file then reckons it).
-        warnings: what the run's expectations manifest said of itself (unknown
-            ids, entries that matched nothing); never a verdict.
+        warnings: what the run says of itself, never a verdict: the
+            expectations manifest's notes (unknown ids, entries that matched
+            nothing) and an installed vLLM other than the contract's
+            (:mod:`conformance.contract`).
+        contract: the vLLM contract the invariants check.
         baseline: with a baseline report (:mod:`conformance.baseline`), the
             failing ids new in this run, fixed since, and unchanged; the run then
             fails only on new ones (``None``: no baseline).
@@ -152,6 +156,7 @@ class Report:
     started: str | None = None
     warnings: tuple[str, ...] = ()
     baseline: dict[str, Any] | None = None
+    contract: str = CONTRACT
 
     @property
     def failures(self) -> tuple[InvariantResult, ...]:

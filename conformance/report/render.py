@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from conformance.contract import CONTRACT
 from conformance.report.model import STATUSES, InvariantResult, Report
 
 __all__ = [
@@ -108,7 +109,8 @@ def format_header(start: RunStart) -> str:
     report still shows what reruns it.
     """
     line = (
-        f"kvref-conformance {_kit_version()}: builder {start.builder} on {start.device}, "
+        f"kvref-conformance {_kit_version()} ({CONTRACT} contract): "
+        f"builder {start.builder} on {start.device}, "
         f"profile {start.profile}, {start.max_examples} examples per scenario, "
         f"seed {start.seed}"
     )
@@ -263,6 +265,7 @@ def incomplete_report_dict(start: RunStart) -> dict[str, Any]:
     return {
         "schema_version": JSON_SCHEMA_VERSION,
         "kit_version": _kit_version(),
+        "contract": CONTRACT,
         "builder": start.builder,
         "device": start.device,
         "seed": start.seed,

@@ -21,6 +21,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from conformance.check.catalog import SCENARIOS, Invariant, Unjudged, catalog
 from conformance.check.waste import WasteMeter
+from conformance.contract import version_note
 from conformance.generate.coverage import coverage
 from conformance.report.model import InvariantResult, Report
 from conformance.report.records import example_data
@@ -451,6 +452,7 @@ class _Run:
             interrupted=self.interrupted,
             waste=self.waste.summary() if "core" in self.drawn else None,
             observe_seconds=self.clock.observe_seconds(),
+            warnings=_contract_warnings(),
         )
 
     def _coverage(self, scenario: str) -> dict[str, Any]:
@@ -602,3 +604,28 @@ def _judge(inv: Invariant, obs: Any) -> Any:
     if isinstance(obs, ConstructFailure) and inv.id != "KV-CALL-CONSTRUCT":
         return Unjudged("the builder could not be constructed for this example (KV-CALL-CONSTRUCT)")
     return inv.check(obs)
+
+
+#: The notes already raised as Python warnings in this process.
+_WARNED: set[str] = set()
+
+
+def _contract_warnings() -> tuple[str, ...]:
+    """The installed vLLM's note (:mod:`conformance.contract`), also as a Python warning.
+
+    Every report carries the note; the Python warning is raised once per
+    process (a plugin session or a notebook checks many builders).  Python's
+    own once-per-place rule does not hold here: the kit's guard and
+    Hypothesis change the warning filters, which resets it.
+    """
+    note = version_note()
+    if note is None:
+        return ()
+    if note not in _WARNED:
+        _WARNED.add(note)
+        warnings.warn(note, ContractVersionWarning, stacklevel=3)
+    return (note,)
+
+
+class ContractVersionWarning(UserWarning):
+    """The installed vLLM is not the release whose contract the kit checks."""
