@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
@@ -210,3 +210,12 @@ class StringSize(_Sized):
 
 
 SIZED: tuple[type[_Sized], ...] = (Size2Pow63, Size2Pow70, NegativeSize, FloatSize, StringSize)
+
+
+class LeaksMemory(_Grouping):
+    """Keeps 64 MiB more on every grouping call, and never lets it go."""
+
+    kept: ClassVar[list[bytearray]] = []
+
+    def attack(self) -> None:
+        type(self).kept.append(bytearray(64 << 20))

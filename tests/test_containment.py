@@ -385,3 +385,27 @@ def test_check_device_refuses_unallocatable_configs(size: object) -> None:
     for result in check_device(broken, "cpu"):
         assert result.violations and "not allocated" in result.violations[0].message
     assert not tensor_problems(config)
+
+
+def test_a_hook_that_leaks_memory_meets_the_workers_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Memory kept on every call: the worker's limit turns it into a reported MemoryError.
+
+    The limit is made small here (256 MiB over the worker's start); the
+    forked worker inherits it.  The run ends, and the builder is failed by
+    KV-CALL-RAISES with the limit named, instead of growing until the machine swaps.
+    """
+    from conformance.run import isolate
+
+    monkeypatch.setattr(isolate, "WORKER_MEMORY_HEADROOM", 256 << 20)
+    report = check_builder(
+        "hostile_builders:LeaksMemory",
+        select=["KV-CALL-RAISES"],
+        max_examples=10,
+        seed=1,
+        shrink=False,
+    )
+    raised = report.result("KV-CALL-RAISES")
+    assert raised.status == "fail", raised
+    assert any("memory limit" in v.message for v in raised.violations), raised.violations

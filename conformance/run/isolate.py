@@ -247,6 +247,49 @@ def _own_group_and_output(output: str | None) -> None:
         os.close(fd)
 
 
+#: How much more private memory (heap and anonymous maps) a worker may take
+#: than it held when it started.  Planning a model takes kilobytes to
+#: megabytes; a hook that leaks on every call stops here, with a
+#: ``MemoryError`` the run reports, long before the machine swaps.
+WORKER_MEMORY_HEADROOM = 16 << 30
+
+
+def _private_bytes() -> int | None:
+    """This process's private data size (Linux ``VmData``; ``None`` elsewhere)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmData:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _limit_memory(headroom: int | None = None) -> int | None:
+    """Cap the worker's private memory at its size now plus ``headroom``; returns the cap.
+
+    ``RLIMIT_DATA`` (not the address space): it counts what a leak grows,
+    and not the shared libraries nor the reserved, unbacked ranges a CUDA
+    runtime maps.  ``None``: the platform has no such limit, nothing is capped.
+    """
+    headroom = WORKER_MEMORY_HEADROOM if headroom is None else headroom
+    used = _private_bytes()
+    if used is None:
+        return None
+    try:
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        cap = used + headroom
+        if hard != resource.RLIM_INFINITY:
+            cap = min(cap, hard)
+        resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
+    except (ImportError, ValueError, OSError):
+        return None
+    return cap
+
+
 def _watch_parent(parent: int) -> None:
     # A worker stuck in a hook never reads its pipe again: leave with the kit.
     def watch() -> None:
@@ -407,6 +450,7 @@ def _serve(
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     _own_group_and_output(output)
     _watch_parent(parent)
+    memory_cap = _limit_memory()
     cov = _start_reach(reach_files)
     instances: dict[int, Any] = {}
     builder: Any = None
@@ -446,6 +490,13 @@ def _serve(
                     value = method(*args)
                 reply = _reply("ok", value, snapshot.changes())
         except BaseException as exc:  # the builder's, even SystemExit: report, keep serving
+            add_note = getattr(exc, "add_note", None)  # Python 3.11+
+            if isinstance(exc, MemoryError) and memory_cap is not None and add_note is not None:
+                add_note(
+                    f"the builder's worker process reached its memory limit ({memory_cap >> 20} "
+                    f"MiB of private memory: {WORKER_MEMORY_HEADROOM >> 20} MiB over its size "
+                    "at start)"
+                )
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:])
             changes = snapshot.changes() if snapshot is not None else ()
             reply = _reply("raised", (exc, tb), changes)
