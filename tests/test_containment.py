@@ -396,9 +396,9 @@ def test_a_hook_that_leaks_memory_meets_the_workers_limit(
     forked worker inherits it.  The run ends, and the builder is failed by
     KV-CALL-RAISES with the limit named, instead of growing until the machine swaps.
     """
-    from conformance.run import isolate
+    from conformance.run import worker_side
 
-    monkeypatch.setattr(isolate, "WORKER_MEMORY_HEADROOM", 256 << 20)
+    monkeypatch.setattr(worker_side, "WORKER_MEMORY_HEADROOM", 256 << 20)
     report = check_builder(
         "hostile_builders:LeaksMemory",
         select=["KV-CALL-RAISES"],

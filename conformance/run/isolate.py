@@ -11,6 +11,10 @@ see in-place mutations).  A worker that dies is reported as a call failure of
 the builder (:class:`WorkerDiedError`, judged by ``KV-CALL-RAISES`` or
 ``KV-CALL-CONSTRUCT``) and replaced by a fresh one on the next call.
 
+What runs inside the worker (loading, constructing, running hooks, the
+argument snapshot, reach, the memory limit) is :mod:`conformance.run.worker_side`;
+this module is the kit's side: starting, asking, decoding, ending.
+
 The worker is forked where the platform can fork (cheap, and it inherits the
 builder as the caller passed it) and spawned otherwise (the builder is then
 imported by name, or unpickled).
@@ -22,21 +26,18 @@ import contextlib
 import itertools
 import json
 import multiprocessing
-import operator
 import os
 import pickle
 import signal
 import threading
-import time
-import traceback
-import types
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from conformance.run import wire
+from conformance.run.worker_side import Ref, encode_reply, serve, walk
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
@@ -69,122 +70,12 @@ def _signal_name(code: int) -> str:
 # the worker reports each walked object whose contents it finds changed, with
 # references to walked objects kept as indices.
 
-_Ref = tuple[str, Any]
 
-
-#: Per attrs class, a function giving its field values (``None``: not an attrs class).
-_FIELD_VALUES: dict[type, Callable[[Any], list[Any]] | None] = {}
-
-
-def _field_values(cls: type) -> Callable[[Any], list[Any]] | None:
-    # Every builder call walks its arguments twice: reading fields through one
-    # attrgetter per class is several times faster than attrs.fields and getattr.
-    try:
-        return _FIELD_VALUES[cls]
-    except KeyError:
-        pass
-    getter: Callable[[Any], list[Any]] | None = None
-    if attrs.has(cls):
-        names = [f.name for f in attrs.fields(cls)]
-        many = operator.attrgetter(*names) if names else None
-
-        def getter(obj: Any) -> list[Any]:
-            if many is None:
-                return []
-            try:
-                got = many(obj)
-            except AttributeError:
-                # A field left unset (a hostile object): read what is there.
-                return [getattr(obj, n, None) for n in names]
-            return list(got) if len(names) > 1 else [got]
-
-    _FIELD_VALUES[cls] = getter
-    return getter
-
-
-#: Types whose objects are never walked, skipped without a lookup.
-_LEAVES = frozenset({int, str, float, bool, bytes, type(None)})
-
-
-def _children(obj: Any) -> list[Any] | None:
-    """The contents of a walked object (``None``: a leaf, not walked)."""
-    if isinstance(obj, dict):
-        return [v for kv in obj.items() for v in kv]
-    if isinstance(obj, (list, tuple)):
-        return list(obj)
-    if isinstance(obj, types.MappingProxyType):
-        return [v for kv in obj.items() for v in kv]
-    values = _field_values(type(obj))
-    return None if values is None else values(obj)
-
-
-def _walk(root: Any) -> list[Any]:
-    """Every walked object reachable from ``root``, each once, in a fixed order."""
-    return _walk_with_children(root)[0]
-
-
-def _walk_with_children(root: Any) -> tuple[list[Any], list[list[Any]]]:
-    """:func:`_walk`, and the contents of each walked object as found."""
-    seen: set[int] = set()
-    order: list[Any] = []
-    contents: list[list[Any]] = []
-    stack = [root]
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen:
-            continue
-        children = _children(obj)
-        if children is None:
-            continue
-        seen.add(id(obj))
-        order.append(obj)
-        contents.append(children)
-        stack.extend(c for c in reversed(children) if type(c) not in _LEAVES)
-    return order, contents
-
-
-def _is_mutable(obj: Any) -> bool:
-    """Whether a builder can change ``obj`` in place: a list, a dict, an attrs object."""
-    return isinstance(obj, (dict, list)) or _field_values(type(obj)) is not None
-
-
-def _mutable_state(obj: Any) -> list[Any] | None:
-    """What a builder can change in place: list items, dict items, attrs fields."""
-    return _children(obj) if _is_mutable(obj) else None
-
-
-class _Snapshot:
-    """The arguments' walked objects and their contents before a call (worker side)."""
-
-    def __init__(self, args: Any) -> None:
-        self.objects, contents = _walk_with_children(args)
-        self.index = {id(o): i for i, o in enumerate(self.objects)}
-        self.before = [
-            c if _is_mutable(o) else None for o, c in zip(self.objects, contents, strict=True)
-        ]
-
-    def _encode(self, value: Any) -> _Ref:
-        i = self.index.get(id(value))
-        return ("ref", i) if i is not None else ("val", wire.encode(value))
-
-    def changes(self) -> list[tuple[int, list[_Ref]]]:
-        """``(index, new contents)`` of every object whose contents changed."""
-        out = []
-        for i, (obj, before) in enumerate(zip(self.objects, self.before, strict=True)):
-            if before is None:
-                continue
-            after = _mutable_state(obj) or []
-            same = len(after) == len(before) and all(map(operator.is_, after, before))
-            if not same:
-                out.append((i, [self._encode(v) for v in after]))
-        return out
-
-
-def _apply(args: Any, changes: Sequence[tuple[int, list[_Ref]]]) -> None:
+def _apply(args: Any, changes: Sequence[tuple[int, list[Ref]]]) -> None:
     """Make the kit's own arguments show the changes the builder made to its copies."""
     if not changes:
         return
-    objects = _walk(args)
+    objects = walk(args)
     for i, encoded in changes:
         if type(i) is not int or not 0 <= i < len(objects):
             raise IsolationError(f"the worker reported a change of argument object {i!r:.40}")
@@ -229,280 +120,6 @@ OUTPUT_LIMIT = 64 * 1024
 MAX_DEATHS_IN_A_ROW = 2
 
 
-def _own_group_and_output(output: str | None) -> None:
-    """Make the worker its process group's leader and send its output to ``output``.
-
-    The kit ends the whole group with the worker, so a child the builder
-    forked does not outlive the run (nor hold a CI step's pipe open); and the
-    builder's prints never mix into the kit's own report on the terminal.
-    """
-    with contextlib.suppress(OSError):
-        os.setpgid(0, 0)
-    if output is None:
-        return
-    with contextlib.suppress(OSError):
-        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-
-
-#: How much more private memory (heap and anonymous maps) a worker may take
-#: than it held when it started.  Planning a model takes kilobytes to
-#: megabytes; a hook that leaks on every call stops here, with a
-#: ``MemoryError`` the run reports, long before the machine swaps.
-WORKER_MEMORY_HEADROOM = 16 << 30
-
-
-def _private_bytes() -> int | None:
-    """This process's private data size (Linux ``VmData``; ``None`` elsewhere)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmData:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _limit_memory(headroom: int | None = None) -> int | None:
-    """Cap the worker's private memory at its size now plus ``headroom``; returns the cap.
-
-    ``RLIMIT_DATA`` (not the address space): it counts what a leak grows,
-    and not the shared libraries nor the reserved, unbacked ranges a CUDA
-    runtime maps.  ``None``: the platform has no such limit, nothing is capped.
-    """
-    headroom = WORKER_MEMORY_HEADROOM if headroom is None else headroom
-    used = _private_bytes()
-    if used is None:
-        return None
-    try:
-        import resource
-
-        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
-        cap = used + headroom
-        if hard != resource.RLIM_INFINITY:
-            cap = min(cap, hard)
-        resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
-    except (ImportError, ValueError, OSError):
-        return None
-    return cap
-
-
-def _watch_parent(parent: int) -> None:
-    # A worker stuck in a hook never reads its pipe again: leave with the kit.
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="kvref-isolate-watch", daemon=True).start()
-
-
-def _resolve(target: Any) -> Any:
-    if isinstance(target, tuple) and target[:1] == ("name",):
-        from conformance.run.adapters import load_builder
-
-        return load_builder(target[1])
-    return target
-
-
-def _construct(target: Any) -> Any:
-    if isinstance(target, type):
-        return target()
-    try:
-        return type(target)()
-    except Exception:
-        # Only an instance was given: reuse it, as the in-process factory does.
-        return target
-
-
-def _resolve_named(
-    builder: Any, qualname: str, config: PlanningConfig
-) -> tuple[Any, tuple[Any, ...]]:
-    """Resolve ``qualname`` as vLLM's ``get_kv_cache_config_builder`` does, in this process.
-
-    Returns the object resolution made and what the kit records of it:
-    ``(id, type name, is an instance of the named class, is a builder)``.
-    """
-    from conformance.run.vllm_adapter import VLLMBuilderAdapter, resolve_as_vllm
-    from kvref.resolution import get_kv_cache_config_builder, resolve_builder_class
-
-    if isinstance(builder, type) and issubclass(builder, VLLMBuilderAdapter):
-        # A vLLM-native builder is resolved as vLLM resolves its platform's builder.
-        return resolve_as_vllm(qualname)
-    made = get_kv_cache_config_builder(attrs.evolve(config, platform_builder_cls=qualname))
-    named = resolve_builder_class(qualname, "builder")
-    kind = type(made)
-    facts = (
-        id(made),
-        f"{kind.__module__}.{kind.__qualname__}",
-        isinstance(made, named),
-        isinstance(made, KVCacheConfigBuilder),
-    )
-    return made, facts
-
-
-def _reply(status: str, payload: Any, changes: Any) -> bytes:
-    """One answer as JSON wire data (:mod:`conformance.run.wire`): never a pickle.
-
-    ``raised`` answers carry ``(exception, traceback text)``; every other
-    answer a value.  Encoding never fails on an odd object of the builder's:
-    it travels as its type name and repr.
-    """
-    if status == "raised":
-        raised, tb = payload
-        body: Any = wire.encode_exception(raised, tb)
-    else:
-        body = wire.encode(payload)
-    encoded = [[i, [[kind, v] for kind, v in refs]] for i, refs in changes]
-    return json.dumps({"status": status, "value": body, "changes": encoded}).encode()
-
-
-def _start_reach(files: Sequence[str] | None) -> Any:
-    """Trace the builder's own files in this worker (reach is measured where the builder runs)."""
-    if not files:
-        return None
-    import coverage
-
-    inherited = coverage.Coverage.current()
-    if inherited is not None:
-        # A forked worker inherits the kit's tracer, whose data would stay here.
-        with contextlib.suppress(Exception):
-            inherited.stop()
-    # Started only around the builder's own code (see _traced): the worker's
-    # bookkeeping is neither reach nor worth tracing.
-    return coverage.Coverage(data_file=None, include=list(files), branch=False, config_file=False)
-
-
-@contextlib.contextmanager
-def _traced(cov: Any) -> Iterator[None]:
-    """Trace what runs inside (the builder's code) when reach is measured."""
-    if cov is None:
-        yield
-        return
-    cov.start()
-    try:
-        yield
-    finally:
-        cov.stop()
-
-
-def _reach_lines(cov: Any) -> dict[str, list[int]]:
-    if cov is None:
-        return {}
-    data = cov.get_data()
-    return {f: sorted(data.lines(f) or ()) for f in data.measured_files()}
-
-
-def _describe(builder: Any, name: str | None, reach: Any) -> dict[str, Any]:
-    """What the kit needs to know of the builder, read here and sent as data.
-
-    The kit never reads an attribute of the builder's class itself (a
-    metaclass ``__getattr__`` would run in the kit's process); it asks this.
-    """
-    from conformance.run.boundary import parent_builder
-    from conformance.run.profiling import resolvable_qualname
-    from conformance.run.reach import ReachMeter
-    from conformance.run.vllm_adapter import VLLMBuilderAdapter
-
-    cls = builder if isinstance(builder, type) else type(builder)
-    native = getattr(cls, "native_cls", None) if issubclass(cls, VLLMBuilderAdapter) else None
-    parent = parent_builder(builder)
-    parent_kind = None
-    if parent is not None:
-        parent_kind = "vllm-default" if getattr(parent, "native_cls", None) else "reference"
-    qualname, note = resolvable_qualname(builder, name)
-    files: list[str] = []
-    scope: dict[str, Any] = {}
-    if reach is not None:
-        modules = None if reach is True else [str(m) for m in reach]
-        meter = ReachMeter.for_builder(builder, modules)
-        files = [str(f) for f in meter.files]
-        scope = {
-            "own": None if meter.own is None else [str(f) for f in meter.own],
-            "platform": None if meter.platform is None else str(meter.platform),
-        }
-    return {
-        "class": f"{cls.__module__}:{cls.__qualname__}",
-        "unsupported": [str(c) for c in (getattr(builder, "kvref_unsupported", ()) or ())],
-        "native": None if native is None else f"{native.__module__}:{native.__qualname__}",
-        "vllm_core": native is not None,
-        "parent": parent_kind,
-        "qualname": qualname,
-        "qualname_note": note,
-        "reach_files": files,
-        "reach_scope": scope,
-    }
-
-
-def _serve(
-    conn: Any,
-    target: Any,
-    parent: int,
-    reach_files: Sequence[str] | None = None,
-    output: str | None = None,
-) -> None:
-    """The worker's loop: make builders, run hooks, send back what happened."""
-    with contextlib.suppress(ValueError):
-        # Ctrl-C belongs to the kit, which writes the partial report.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _own_group_and_output(output)
-    _watch_parent(parent)
-    memory_cap = _limit_memory()
-    cov = _start_reach(reach_files)
-    instances: dict[int, Any] = {}
-    builder: Any = None
-    while True:
-        try:
-            op, key, hook, args, dropped = pickle.loads(conn.recv_bytes())
-        except (EOFError, OSError):
-            return
-        for gone in dropped:
-            instances.pop(gone, None)
-        snapshot: _Snapshot | None = None
-        if op == "reach":
-            conn.send_bytes(_reply("ok", _reach_lines(cov), ()))
-            continue
-        try:
-            if builder is None:
-                with _traced(cov):
-                    builder = _resolve(target)
-            if op == "describe":
-                described = _describe(builder, *args)
-                if cov is None and described["reach_files"]:
-                    cov = _start_reach(described["reach_files"])
-                reply = _reply("ok", described, ())
-            elif op == "new":
-                with _traced(cov):
-                    instances[key] = _construct(builder)
-                reply = _reply("ok", None, ())
-            elif op == "resolve":
-                # The platform names the class; resolution constructs it here, never in the kit.
-                with _traced(cov):
-                    instances[key], facts = _resolve_named(builder, *args)
-                reply = _reply("ok", facts, ())
-            else:
-                snapshot = _Snapshot(args)
-                method = getattr(instances[key], hook)
-                with _traced(cov):
-                    value = method(*args)
-                reply = _reply("ok", value, snapshot.changes())
-        except BaseException as exc:  # the builder's, even SystemExit: report, keep serving
-            add_note = getattr(exc, "add_note", None)  # Python 3.11+
-            if isinstance(exc, MemoryError) and memory_cap is not None and add_note is not None:
-                add_note(
-                    f"the builder's worker process reached its memory limit ({memory_cap >> 20} "
-                    f"MiB of private memory: {WORKER_MEMORY_HEADROOM >> 20} MiB over its size "
-                    "at start)"
-                )
-            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:])
-            changes = snapshot.changes() if snapshot is not None else ()
-            reply = _reply("raised", (exc, tb), changes)
-        conn.send_bytes(reply)
-
-
 class _Worker:
     """One long-lived worker process for one builder; restarted when it dies."""
 
@@ -541,7 +158,7 @@ class _Worker:
     def _start(self) -> None:
         parent_conn, child_conn = self.context.Pipe()
         process = self.context.Process(
-            target=_serve,
+            target=serve,
             args=(child_conn, self.target, os.getpid(), self.reach_files, self.output),
             name="kvref-isolate-worker",
             daemon=True,
@@ -597,7 +214,7 @@ class _Worker:
                 # constructor answered on every start, so a construction is
                 # not held against it; each hook call fails, named.
                 if op == "new":
-                    return _reply("ok", None, ())
+                    return encode_reply("ok", None, ())
                 raise WorkerDiedError(
                     f"{self.last_death}; it died on {self.deaths_in_a_row} calls in a row, so "
                     f"it is not started again and {hook} was not called"
