@@ -95,13 +95,18 @@ def reruns(request: pytest.FixtureRequest) -> Iterator[dict[str, _Rerun]]:
     """Meta-runs in this process, each line rerun in a subprocess alongside the next meta-run.
 
     Only the builders this session selected are run.  The two overlap so the
-    check takes about the meta-tests' own time on two cores.
+    check takes about the meta-tests' own time on two cores.  Under
+    pytest-xdist a worker collects every item but runs only its share, so
+    there nothing is run ahead: each test reruns its own line (:func:`_rerun_alone`).
     """
+    in_xdist_worker = hasattr(request.config, "workerinput")
     wanted = [
         item.callspec.params["builder"]
         for item in request.session.items
         if getattr(item, "originalname", None) == _SELF and hasattr(item, "callspec")
     ]
+    if in_xdist_worker:
+        wanted = []
     done: dict[str, _Rerun] = {}
     with tempfile.TemporaryDirectory(prefix="kvref-reproduce-") as root:
         for builder in wanted:
@@ -133,14 +138,34 @@ def reruns(request: pytest.FixtureRequest) -> Iterator[dict[str, _Rerun]]:
         yield done
 
 
+def _rerun_alone(builder: type, root: Path) -> _Rerun:
+    """The meta-run of ``builder`` and the rerun of its line, one after the other."""
+    rerun = _Rerun(failure=_meta_run(builder).result(builder.CAUGHT_BY))
+    if rerun.failure.reproduce is None:
+        return rerun
+    rerun.out = root / builder.__name__
+    rerun.started = time.perf_counter()
+    with (
+        open(rerun.out.with_suffix(".out"), "wb") as out,
+        open(rerun.out.with_suffix(".err"), "wb") as err,
+    ):
+        rerun.process = subprocess.Popen(
+            _command(rerun.failure.reproduce), cwd=root, env=_env(), stdout=out, stderr=err
+        )
+    rerun.finish()
+    return rerun
+
+
 #: Every broken builder's line, under `-m slow`: the default suite reruns the
 #: lines of ``broken_builders.REPRODUCED`` inside tests/test_meta.py's own runs.
 @pytest.mark.slow
 @pytest.mark.parametrize("builder", broken_builders.ALL, ids=lambda b: b.__name__)
-def test_reproduce_line_fails_the_same_invariant(builder: type, reruns: dict[str, _Rerun]) -> None:
+def test_reproduce_line_fails_the_same_invariant(
+    builder: type, reruns: dict[str, _Rerun], work: Path
+) -> None:
     """The meant invariant's printed reproduce line exits 1 with that invariant FAILED."""
     meant = builder.CAUGHT_BY
-    rerun = reruns[builder.__name__]
+    rerun = reruns.get(builder.__name__) or _rerun_alone(builder, work)
     failure = rerun.failure
     assert failure.status == "fail" and failure.reproduce, failure
     line = failure.reproduce
