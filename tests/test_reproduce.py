@@ -68,23 +68,31 @@ class _Rerun:
     failure: InvariantResult
     process: subprocess.Popen[bytes] | None = None
     out: Path | None = None
-    started: float = 0.0
-    seconds: float = 0.0
     returncode: int | None = None
     stdout: str = ""
     stderr: str = ""
 
+    def start(self, out: Path) -> None:
+        """Rerun the failure's reproduce line in a subprocess, its output in ``out.*``."""
+        assert self.failure.reproduce is not None
+        self.out = out
+        with (
+            open(out.with_suffix(".out"), "wb") as stdout,
+            open(out.with_suffix(".err"), "wb") as stderr,
+        ):
+            self.process = subprocess.Popen(
+                _command(self.failure.reproduce),
+                cwd=out.parent,
+                env=_env(),
+                stdout=stdout,
+                stderr=stderr,
+            )
+
     def finish(self) -> None:
         assert self.process is not None and self.out is not None
         self.returncode = self.process.wait(timeout=300)
-        self.ended()
         self.stdout = self.out.with_suffix(".out").read_text()
         self.stderr = self.out.with_suffix(".err").read_text()
-
-    def ended(self) -> None:
-        # Noted when first seen done (the fixture looks between meta-runs).
-        if not self.seconds and self.process is not None and self.process.poll() is not None:
-            self.seconds = time.perf_counter() - self.started
 
 
 _SELF = "test_reproduce_line_fails_the_same_invariant"
@@ -102,36 +110,19 @@ def reruns(request: pytest.FixtureRequest) -> Iterator[dict[str, _Rerun]]:
     in_xdist_worker = hasattr(request.config, "workerinput")
     wanted = [
         item.callspec.params["builder"]
-        for item in request.session.items
+        for item in ([] if in_xdist_worker else request.session.items)
         if getattr(item, "originalname", None) == _SELF and hasattr(item, "callspec")
     ]
-    if in_xdist_worker:
-        wanted = []
     done: dict[str, _Rerun] = {}
     with tempfile.TemporaryDirectory(prefix="kvref-reproduce-") as root:
         for builder in wanted:
-            report = _meta_run(builder)
-            for earlier in done.values():
-                earlier.ended()
-            rerun = _Rerun(failure=report.result(builder.CAUGHT_BY))
+            rerun = _Rerun(failure=_meta_run(builder).result(builder.CAUGHT_BY))
             done[builder.__name__] = rerun
             if rerun.failure.reproduce is None:
                 continue
-            while (
-                sum(r.process is not None and r.process.poll() is None for r in done.values()) > 0
-            ):
+            while any(r.process is not None and r.process.poll() is None for r in done.values()):
                 time.sleep(0.05)
-            for earlier in done.values():
-                earlier.ended()
-            rerun.out = Path(root) / builder.__name__
-            rerun.started = time.perf_counter()
-            with (
-                open(rerun.out.with_suffix(".out"), "wb") as out,
-                open(rerun.out.with_suffix(".err"), "wb") as err,
-            ):
-                rerun.process = subprocess.Popen(
-                    _command(rerun.failure.reproduce), cwd=root, env=_env(), stdout=out, stderr=err
-                )
+            rerun.start(Path(root) / builder.__name__)
         for rerun in done.values():
             if rerun.process is not None:
                 rerun.finish()
@@ -141,18 +132,9 @@ def reruns(request: pytest.FixtureRequest) -> Iterator[dict[str, _Rerun]]:
 def _rerun_alone(builder: type, root: Path) -> _Rerun:
     """The meta-run of ``builder`` and the rerun of its line, one after the other."""
     rerun = _Rerun(failure=_meta_run(builder).result(builder.CAUGHT_BY))
-    if rerun.failure.reproduce is None:
-        return rerun
-    rerun.out = root / builder.__name__
-    rerun.started = time.perf_counter()
-    with (
-        open(rerun.out.with_suffix(".out"), "wb") as out,
-        open(rerun.out.with_suffix(".err"), "wb") as err,
-    ):
-        rerun.process = subprocess.Popen(
-            _command(rerun.failure.reproduce), cwd=root, env=_env(), stdout=out, stderr=err
-        )
-    rerun.finish()
+    if rerun.failure.reproduce is not None:
+        rerun.start(root / builder.__name__)
+        rerun.finish()
     return rerun
 
 
