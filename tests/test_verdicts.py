@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from verdict_builders import PlacementAlwaysRaises
+from verdict_builders import GroupingRaisesOnHiSparse, PlacementAlwaysRaises
 
 from conformance import OptionError, check_builder
 from conformance.check.catalog import catalog
@@ -152,6 +152,33 @@ class TestNotApplicable:
         assert alloc.status == "not-applicable"
         assert alloc.reason is not None and "cpu" in alloc.reason
         assert report.ok
+
+
+class TestSpoiledIsInconclusive:
+    """Examples the builder's own failed calls left unjudged make INCONCLUSIVE, not N/A."""
+
+    def test_hisparse_invariants_the_builder_broke(self) -> None:
+        """HiSparse invariants: N/A on the other examples, spoiled on HiSparse's: inconclusive."""
+        report = check_builder(
+            GroupingRaisesOnHiSparse,
+            select=["KV-GROUP-HISPARSE-ROLES", "KV-CALL-RAISES"],
+            max_examples=20,
+            seed=1,
+        )
+        roles = report.result("KV-GROUP-HISPARSE-ROLES")
+        assert roles.status == "inconclusive", roles
+        assert roles.reason is not None and "a call of the builder failed" in roles.reason
+        assert report.result("KV-CALL-RAISES").status == "fail"
+
+    def test_the_reference_keeps_its_verdicts(self) -> None:
+        """The reference on the same examples: the HiSparse invariant is judged and passes."""
+        report = check_builder(
+            ReferenceKVCacheConfigBuilder,
+            select=["KV-GROUP-HISPARSE-ROLES"],
+            max_examples=20,
+            seed=1,
+        )
+        assert report.result("KV-GROUP-HISPARSE-ROLES").status == "pass"
 
 
 class TestXpassPolicy:

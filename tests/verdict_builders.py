@@ -46,3 +46,19 @@ class Slow(ReferenceKVCacheConfigBuilder):
     ) -> list[KVCacheGroupSpec]:
         time.sleep(0.25)
         return super().get_kv_cache_groups(config, kv_cache_spec)
+
+
+class GroupingRaisesOnHiSparse(ReferenceKVCacheConfigBuilder):
+    """Groups like the reference, but raises on every example that turns HiSparse on.
+
+    The HiSparse invariants do not apply to the other examples, and this
+    builder's own failures leave every example they apply to unjudged: they
+    must be INCONCLUSIVE, never NOT APPLICABLE.
+    """
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> list[KVCacheGroupSpec]:
+        if config.hisparse is not None:
+            raise RuntimeError("HiSparse is not supported yet")
+        return super().get_kv_cache_groups(config, kv_cache_spec)

@@ -248,7 +248,7 @@ def _grouping_input(obs: GroupingObservation) -> list[Violation] | None:
                 "KV-GROUP-INPUT-UNCHANGED",
                 f"get_kv_cache_groups changed its input: {changes}{more}. It may replace the "
                 "dict's values, but not add, remove or reorder its layers, nor change a spec "
-                "object it was given",
+                "object or the config it was given",
             )
         ]
     return []

@@ -423,10 +423,14 @@ def _attention_free(obs: PlacementObservation) -> list[Violation] | None:
 )
 def _placement_input(obs: PlacementObservation) -> list[Violation] | None:
     if obs.mutated:
+        changes = "; ".join(obs.mutations[:4])
+        more = f" (and {len(obs.mutations) - 4} more)" if len(obs.mutations) > 4 else ""
         return [
             _v(
                 "KV-PLACE-INPUT-UNCHANGED",
-                "get_kv_cache_config_from_groups changed the group list it was given",
+                f"get_kv_cache_config_from_groups changed its input: {changes}{more}. "
+                "Placement changes nothing it is given: not the group list, a group, its "
+                "spec, nor the config",
             )
         ]
     return []

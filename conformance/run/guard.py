@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from conformance.errors import KitError
+from conformance.run import handed
 
 __all__ = [
     "CallResult",
@@ -74,6 +75,8 @@ class CallResult:
         wrong_type: what was returned instead of the expected type.
         seconds: wall time of the call.
         not_called: the call was not made because the builder hung before.
+        input_changes: changes the call made to inputs only the vLLM adapter
+            sees (the ``VllmConfig`` it built), one ``path: old -> new`` line each.
     """
 
     hook: str
@@ -85,6 +88,7 @@ class CallResult:
     wrong_type: str | None = None
     seconds: float = 0.0
     not_called: bool = False
+    input_changes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -134,6 +138,7 @@ class Guard:
             return CallResult(hook=hook, timed_out=True, not_called=True)
         self.calls += 1
         box: dict[str, Any] = {}
+        handed.drain()  # what an earlier, abandoned call recorded is not this call's
 
         def run() -> None:
             try:
@@ -151,6 +156,7 @@ class Guard:
         if thread.is_alive():
             self.hung = hook
             return CallResult(hook=hook, timed_out=True, seconds=seconds)
+        changed = handed.drain()
         if "error" in box:
             exc = box["error"]
             if isinstance(exc, KitError):
@@ -163,17 +169,17 @@ class Guard:
                 error_type=type(exc),
                 traceback=box.get("tb"),
                 seconds=seconds,
+                input_changes=changed,
             )
         value = box.get("value")
+        problem = None
         if expect is not None and not isinstance(value, expect):
-            return CallResult(
-                hook=hook, wrong_type=f"{type(value).__name__} ({value!r:.80})", seconds=seconds
-            )
-        if validate is not None:
+            problem = f"{type(value).__name__} ({value!r:.80})"
+        elif validate is not None:
             problem = validate(value)
-            if problem is not None:
-                return CallResult(hook=hook, wrong_type=problem, seconds=seconds)
-        return CallResult(hook=hook, value=value, seconds=seconds)
+        if problem is not None:
+            return CallResult(hook=hook, wrong_type=problem, seconds=seconds, input_changes=changed)
+        return CallResult(hook=hook, value=value, seconds=seconds, input_changes=changed)
 
 
 def snapshot_differs(before: Any, after: Any) -> bool:

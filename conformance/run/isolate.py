@@ -36,7 +36,7 @@ from typing import Any
 
 import attrs
 
-from conformance.run import wire
+from conformance.run import handed, wire
 from conformance.run.worker_side import Ref, encode_reply, serve, walk
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
@@ -246,6 +246,11 @@ class _Worker:
             if status not in ("ok", "raised") or type(changes) is not list:
                 raise wire.WireError(f"status {status!r:.40}")
             _apply(args, changes)
+            noted = message.get("handed", [])
+            if type(noted) is not list or not all(type(n) is str for n in noted):
+                raise wire.WireError(f"handed changes {noted!r:.40}")
+            # Bounded: a flood of lines would only bloat the report.
+            handed.record(*(n[:300] for n in noted[:64]))
             if status == "raised":
                 raised = wire.decode_exception(body, f"{hook}'s exception")
                 tb = body.get("traceback")

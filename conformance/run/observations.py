@@ -257,3 +257,35 @@ class ConstructFailure:
     """
 
     result: CallResult
+
+
+#: The builder's own hooks: a call of one that failed is the builder's doing.
+_HOOKS = frozenset(
+    {"get_kv_cache_groups", "get_kv_cache_config_from_groups", "_get_pool_bytes_per_block"}
+)
+
+
+def _failed_hook(value: Any) -> bool:
+    return isinstance(value, CallResult) and value.hook in _HOOKS and not value.ok
+
+
+def builder_spoiled(obs: Any) -> bool:
+    """Whether a call of the builder's own hooks failed while ``obs`` was observed.
+
+    An invariant that such an example could not judge was made unjudgeable by
+    the builder, not by the run (contract.md#verdicts): it is inconclusive,
+    never not-applicable.  Core's flow failing is not counted (it may fail
+    legally, for want of memory); the hook calls it reports failing are.
+    """
+    if isinstance(obs, ConstructFailure):
+        return True
+    if not attrs.has(type(obs)):
+        return False
+    for field in attrs.fields(type(obs)):
+        value = getattr(obs, field.name, None)
+        if isinstance(value, Mapping):
+            value = tuple(value.values())
+        parts = value if isinstance(value, (tuple, list)) else (value,)
+        if any(_failed_hook(part) for part in parts):
+            return True
+    return False

@@ -9,6 +9,7 @@ judged is reported as such, never as a pass.
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 import warnings
@@ -36,6 +37,7 @@ from conformance.run.examples import Example
 from conformance.run.flakes import replay_failure
 from conformance.run.guard import Guard, clear_interrupt
 from conformance.run.limits import CAPABILITIES, Limits
+from conformance.run.observations import builder_spoiled
 from conformance.run.options import PROFILES, OptionError, RunOptions
 from conformance.run.profiling import isolated_resolver, resolvable_qualname
 from conformance.run.scenarios import ConstructionFailedError, Context, make_factory, observe
@@ -70,6 +72,8 @@ class _Tally:
     judged: int = 0
     unjudged: int = 0
     not_applicable: int = 0
+    #: Unjudged examples on which one of the builder's own calls failed.
+    spoiled: int = 0
     reason: str | None = None
     na_reason: str | None = None
     #: The first failing example: its scenario, and the stratum whose run drew
@@ -85,6 +89,7 @@ class _Tally:
         *,
         primary: bool,
         stratum: Stratum,
+        spoiled: Callable[[], bool] = lambda: False,
     ) -> None:
         if outcome is None or isinstance(outcome, Unjudged):
             if isinstance(outcome, Unjudged) and not outcome.applicable:
@@ -92,6 +97,7 @@ class _Tally:
                 self.na_reason = outcome.reason
             else:
                 self.unjudged += 1
+                self.spoiled += spoiled()
                 # The invariant's own scenario explains best why it was not judged.
                 if isinstance(outcome, Unjudged) and (primary or self.reason is None):
                     self.reason = outcome.reason
@@ -377,6 +383,7 @@ class _Run:
                     ex,
                     primary=scenario == inv.scenario,
                     stratum=stratum,
+                    spoiled=functools.partial(builder_spoiled, obs),
                 )
             done += 1
             if self.progress is not None:
@@ -484,6 +491,14 @@ class _Run:
             return make("xfail" if expected else "fail", **found)
         if tally.judged:
             return make("xpass" if expected else "pass")
+        if tally.spoiled:
+            # The builder's own failed calls left these examples unjudged: what
+            # it broke is not "not applicable" (contract.md#verdicts).
+            reason = (
+                f"{tally.spoiled} of the examples that reached it could not judge it because "
+                f"a call of the builder failed (see KV-CALL-*): {tally.reason or 'no answer'}"
+            )
+            return make("xfail" if expected else "inconclusive", reason=reason)
         if tally.not_applicable:
             reason = f"not applicable in this run: {tally.na_reason}"
             return make("not-applicable", reason=reason)

@@ -159,6 +159,18 @@ def _spec_changes(where: str, given: Any, pristine: Any) -> list[str]:
     return [f"{where} changed"]
 
 
+def _config_changes(
+    handed: PlanningConfig, config: PlanningConfig, result: CallResult
+) -> list[str]:
+    """How a call changed the config it was handed: the kvref record, or the vLLM adapter's own.
+
+    The contract lets a hook read its config, never write it: Core keeps one
+    config across the calls of a flow, so a write changes every later call.
+    """
+    changes = _spec_changes("config", handed, config)
+    return changes + list(result.input_changes)
+
+
 def groups_validator(value: Any) -> str | None:
     """What is wrong with a grouping result's type (``None``: a list of groups)."""
     if not isinstance(value, list) or not all(isinstance(g, KVCacheGroupSpec) for g in value):
@@ -219,10 +231,15 @@ def call_grouping(
     given = fresh_specs(specs)
     objects = dict(given)
     pristine = {name: deep_copy(spec) for name, spec in given.items()}
+    handed_config = deep_copy(config)
     result = guard.call(
-        "get_kv_cache_groups", builder.get_kv_cache_groups, config, given, validate=groups_validator
+        "get_kv_cache_groups",
+        builder.get_kv_cache_groups,
+        handed_config,
+        given,
+        validate=groups_validator,
     )
-    mutations = []
+    mutations = _config_changes(handed_config, config, result)
     if list(given) != list(pristine):
         mutations.append("the dict's layers were added, removed or reordered")
     for name, spec in objects.items():
@@ -241,15 +258,16 @@ def call_placement(
     given = [deep_copy(g) for g in groups]
     objects = list(given)
     pristine = deep_copy(objects)
+    handed_config = deep_copy(config)
     result = guard.call(
         "get_kv_cache_config_from_groups",
         builder.get_kv_cache_config_from_groups,
-        config,
+        handed_config,
         given,
         num_blocks,
         validate=config_validator,
     )
-    mutations = []
+    mutations = _config_changes(handed_config, config, result)
     if len(given) != len(pristine) or any(a is not b for a, b in zip(given, objects, strict=False)):
         mutations.append("the group list was changed")
     for i, (group, clean) in enumerate(zip(objects, pristine, strict=True)):

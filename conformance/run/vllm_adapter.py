@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import attrs
 
 from conformance.errors import kit_side
+from conformance.run import handed
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.interop import vllm as iv
@@ -83,7 +84,7 @@ class VLLMBuilderAdapter(KVCacheConfigBuilder):
             given = iv.specs_to_vllm(kv_cache_spec)
         objects = dict(given)
         pristine = {name: copy.copy(spec) for name, spec in given.items()}
-        with _as_vllm_sees(config):
+        with _as_vllm_sees(config), _config_watched(config, vcfg):
             groups = self.native.get_kv_cache_groups(vcfg, given)
         for name, spec in objects.items():
             if _fields(spec) != _fields(pristine[name]):
@@ -119,7 +120,7 @@ class VLLMBuilderAdapter(KVCacheConfigBuilder):
             groups = iv.groups_to_vllm(kv_cache_groups)
         objects = list(groups)
         pristine = [_group_state(g) for g in groups]
-        with _as_vllm_sees(config):
+        with _as_vllm_sees(config), _config_watched(config, vcfg):
             result = self.native.get_kv_cache_config_from_groups(vcfg, groups, num_blocks)
         _mirror_groups(kv_cache_groups, groups, objects, pristine)
         kvi = iv.vllm_modules().kvi
@@ -140,7 +141,7 @@ def _native_pool_bytes(
     with kit_side("vLLM adapter", "converting the pool-bytes input to vLLM"):
         vcfg = iv.to_vllm_config(config)
         groups = iv.groups_to_vllm(kv_cache_groups)
-    with _as_vllm_sees(config):
+    with _as_vllm_sees(config), _config_watched(config, vcfg):
         value: Any = self.native._get_pool_bytes_per_block(vcfg, groups)
     return value  # type: ignore[no-any-return]
 
@@ -155,6 +156,36 @@ def _as_vllm_sees(config: PlanningConfig) -> Iterator[None]:
     """
     with iv.hisparse_patches(config), iv._quiet_vllm():
         yield
+
+
+#: The state of a fresh ``VllmConfig`` per ``PlanningConfig`` (each call's is a deep copy
+#: of one template, so one walk serves every call with that config).
+_PRISTINE: dict[PlanningConfig, dict[str, Any]] = {}
+
+
+@contextlib.contextmanager
+def _config_watched(config: PlanningConfig, vcfg: Any) -> Iterator[None]:
+    """Around a native hook: record each change it makes to the ``VllmConfig`` it was handed.
+
+    The contract lets a hook read the config, never change it (Core's own
+    flow changes ``max_model_len`` and the block override between calls, and
+    a hook that writes them plans the next call wrong).  The kit never sees
+    this object, so the change is recorded for the guard to report
+    (:mod:`conformance.run.handed`), as a changed spec object is.
+    """
+    with kit_side("vLLM adapter", "reading the VllmConfig's state"):
+        before = _PRISTINE.get(config)
+        if before is None:
+            before = handed.object_state(vcfg, "vllm_config")
+            if len(_PRISTINE) > 64:
+                _PRISTINE.clear()
+            _PRISTINE[config] = before
+    try:
+        yield
+    finally:
+        with kit_side("vLLM adapter", "reading the VllmConfig's state"):
+            changes = handed.state_changes(before, handed.object_state(vcfg, "vllm_config"))
+        handed.record(*changes)
 
 
 def _converted(convert: Callable[[Any], Any], value: Any, expected: Any = object) -> Any:

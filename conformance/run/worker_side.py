@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from conformance.run import wire
+from conformance.run import handed, wire
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 
@@ -255,12 +255,15 @@ def _resolve_named(
     return made, facts
 
 
-def encode_reply(status: str, payload: Any, changes: Any) -> bytes:
+def encode_reply(
+    status: str, payload: Any, changes: Any, handed_changes: Sequence[str] = ()
+) -> bytes:
     """One answer as JSON wire data (:mod:`conformance.run.wire`): never a pickle.
 
     ``raised`` answers carry ``(exception, traceback text)``; every other
     answer a value.  Encoding never fails on an odd object of the builder's:
-    it travels as its type name and repr.
+    it travels as its type name and repr.  ``handed_changes`` are the
+    changes to the vLLM adapter's own inputs (:mod:`conformance.run.handed`).
     """
     if status == "raised":
         raised, tb = payload
@@ -268,7 +271,8 @@ def encode_reply(status: str, payload: Any, changes: Any) -> bytes:
     else:
         body = wire.encode(payload)
     encoded = [[i, [[kind, v] for kind, v in refs]] for i, refs in changes]
-    return json.dumps({"status": status, "value": body, "changes": encoded}).encode()
+    message = {"status": status, "value": body, "changes": encoded, "handed": list(handed_changes)}
+    return json.dumps(message).encode()
 
 
 def _start_reach(files: Sequence[str] | None) -> Any:
@@ -397,9 +401,10 @@ def serve(
             else:
                 snapshot = _Snapshot(args)
                 method = getattr(instances[key], hook)
+                handed.drain()
                 with _traced(cov):
                     value = method(*args)
-                reply = encode_reply("ok", value, snapshot.changes())
+                reply = encode_reply("ok", value, snapshot.changes(), handed.drain())
         except BaseException as exc:  # the builder's, even SystemExit: report, keep serving
             add_note = getattr(exc, "add_note", None)  # Python 3.11+
             if isinstance(exc, MemoryError) and memory_cap is not None and add_note is not None:
@@ -410,5 +415,5 @@ def serve(
                 )
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:])
             changes = snapshot.changes() if snapshot is not None else ()
-            reply = encode_reply("raised", (exc, tb), changes)
+            reply = encode_reply("raised", (exc, tb), changes, handed.drain())
         conn.send_bytes(reply)

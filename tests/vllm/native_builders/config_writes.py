@@ -1,0 +1,34 @@
+"""vLLM-native builders that write the ``VllmConfig`` they are handed (hook purity).
+
+vLLM's Core keeps one ``VllmConfig`` across every call of its flow and
+itself moves ``max_model_len`` (auto-fit) and ``num_gpu_blocks_override``
+(the one-block probe) between calls; a hook that writes either plans the
+next call wrong.  The kit never sees the native config, so its vLLM adapter
+compares it before and after each hook: KV-GROUP-INPUT-UNCHANGED and
+KV-PLACE-INPUT-UNCHANGED must name the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
+
+
+class ShrinksModelLen(DefaultKVCacheConfigBuilder):
+    """Halves ``model_config.max_model_len`` before grouping as vLLM does."""
+
+    def get_kv_cache_groups(self, vllm_config: Any, kv_cache_spec: dict[str, Any]) -> list[Any]:
+        model = vllm_config.model_config
+        model.max_model_len = max(1, model.max_model_len // 2)
+        return super().get_kv_cache_groups(vllm_config, kv_cache_spec)  # type: ignore[no-any-return]
+
+
+class PinsBlockOverride(DefaultKVCacheConfigBuilder):
+    """Keeps the block count it was asked for in ``cache_config.num_gpu_blocks_override``."""
+
+    def get_kv_cache_config_from_groups(
+        self, vllm_config: Any, kv_cache_groups: list[Any], num_blocks: int
+    ) -> Any:
+        vllm_config.cache_config.num_gpu_blocks_override = num_blocks
+        return super().get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, num_blocks)
