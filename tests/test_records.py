@@ -32,6 +32,8 @@ def _round_trip(example: Any) -> None:
         type(s) for w in problem.workers for s in w.values()
     ]
     assert memory == tuple(problem.available_memory) and num_blocks == problem.num_blocks
+    if isinstance(problem, Example):
+        assert Example.from_data(data, problem.description) == problem
 
 
 @pytest.mark.parametrize("scenario", ["core", "host", "placement", "serve"])
@@ -97,3 +99,8 @@ def test_example_fields_are_checked() -> None:
     bad = {**good, "num_blocks": 0}
     with pytest.raises(RecordError, match=r"num_blocks=0 must be an int >= 1"):
         decode_example(bad)
+
+
+def test_an_example_is_never_rebuilt_by_executing_python() -> None:
+    """Replay rebuilds from data: the example type offers no way to run a report's Python."""
+    assert not hasattr(Example, "from_python")

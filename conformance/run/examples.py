@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from conformance.generate import strategies as kst
 from conformance.report.pycode import to_python
+from conformance.report.records import decode_example
 from conformance.run.limits import NO_LIMITS, Limits
 from kvref.config import PlanningConfig
 from kvref.specs import KVCacheSpec
@@ -56,15 +57,21 @@ class Example:
         )
 
     @classmethod
-    def from_python(cls, source: str, description: str = "") -> Example:
-        """Rebuild an example from :meth:`to_python`'s source."""
-        namespace: dict[str, Any] = {}
-        exec(compile(source, "<counterexample>", "exec"), namespace)
+    def from_data(cls, data: Any, description: str = "") -> Example:
+        """Rebuild an example from its data form (a report's ``counterexample_data``).
+
+        Never from :meth:`to_python`'s source: that is for people to read, and
+        executing a report's Python would run whatever the report file holds.
+
+        Raises:
+            RecordError: ``data`` is not an example's data form (the message names the field).
+        """
+        config, workers, available_memory, num_blocks = decode_example(data)
         return cls(
-            config=namespace["config"],
-            workers=tuple(namespace["workers"]),
-            available_memory=tuple(namespace["available_memory"]),
-            num_blocks=namespace["num_blocks"],
+            config=config,
+            workers=tuple(workers),
+            available_memory=tuple(available_memory),
+            num_blocks=num_blocks,
             description=description,
         )
 
