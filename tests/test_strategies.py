@@ -285,7 +285,8 @@ class TestAllowedLayouts:
             assert not allowed & NOT_BLOCK_COMPACT
         if any(isinstance(s, CircularBufferSpec) for s in specs):
             assert allowed == {KVCacheLayout.BLHNC}
-        elif any(isinstance(s, MLAAttentionSpec) and s.tokens_per_state_value > 1 for s in specs):
+        elif any(getattr(s, "model_version", None) == "deepseek_v4" for s in specs):
+            # DeepSeek-V4's backends; other compressed MLA caches take any layout.
             assert allowed == {KVCacheLayout.BLNHC, KVCacheLayout.BLHNC}
         else:
             assert KVCacheLayout.LBNHC in allowed

@@ -15,7 +15,7 @@ from kvref.layout import (
     KVCacheLayout,
     compute_layer_kv_cache_shape_bytes,
 )
-from kvref.specs import CircularBufferSpec, KVCacheSpec, MLAAttentionSpec
+from kvref.specs import CircularBufferSpec, KVCacheSpec
 
 __all__ = ["allowed_layouts", "as_specs", "layouts_for"]
 
@@ -39,9 +39,13 @@ def allowed_layouts(model: Model | Mapping[str, KVCacheSpec]) -> tuple[KVCacheLa
       page, no padding and no ``block_stride_alignment``;
     - a model with a ring buffer (``CircularBufferSpec``): BLHNC only, the
       one layout its backend supports (GLM-5's kpool tail too);
-    - a model with a compressed MLA cache (``tokens_per_state > 1``:
-      DeepSeek-V4, GLM-5 indexers): block-outer layouts only, as
-      DeepSeek-V4's indexer backend requires.
+    - a model with DeepSeek-V4's compressed MLA caches (an MLA spec of
+      ``model_version`` ``deepseek_v4``): block-outer layouts only, the only
+      ones DeepSeek-V4's attention and indexer backends allow.  Other
+      compressed MLA caches (``tokens_per_state > 1`` without that backend,
+      GLM-5's kpool indexer where no ring keeps its tail) take every layout
+      the rules above allow: vLLM restricts the backend, not compression,
+      and field builders place them layer-outer.
     """
     specs = list(as_specs(model).values())
     if not specs:
@@ -59,11 +63,17 @@ def allowed_layouts(model: Model | Mapping[str, KVCacheSpec]) -> tuple[KVCacheLa
             allowed |= {KVCacheLayout.LHBNC, KVCacheLayout.BHLNC}
     if any(isinstance(s, CircularBufferSpec) for s in specs):
         allowed &= {KVCacheLayout.BLHNC}
-    if any(isinstance(s, MLAAttentionSpec) and s.tokens_per_state_value > 1 for s in specs):
+    if any(_deepseek_v4(s) for s in specs):
         # DeepSeek-V4's indexer backend packs its pages beside the latent's
         # inside each block: the layer dimension must sit inside the block's.
         allowed &= {KVCacheLayout.BLNHC, KVCacheLayout.BLHNC}
     return tuple(layout for layout in DEFAULT_LAYOUT_PREFERENCE if layout in allowed)
+
+
+def _deepseek_v4(spec: KVCacheSpec) -> bool:
+    """Whether ``spec`` is one of DeepSeek-V4's compressed-MLA-backend caches."""
+    # SW-MLA caches carry the model version too.
+    return getattr(spec, "model_version", None) == "deepseek_v4"
 
 
 def layouts_for(model: Model | Mapping[str, KVCacheSpec]) -> st.SearchStrategy[KVCacheLayout]:

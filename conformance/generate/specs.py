@@ -33,9 +33,11 @@ __all__ = [
     "block_sizes",
     "chunked_local_specs",
     "circular_buffer_specs",
+    "compressed_mla_specs",
     "cross_attention_specs",
     "dtypes",
     "full_attention_specs",
+    "kernel_block_alignments",
     "mamba_specs",
     "mla_specs",
     "sliding_window_mla_specs",
@@ -110,6 +112,32 @@ def alignments() -> st.SearchStrategy[int | MultipleOf]:
         st.sampled_from([256, 512, 576, 4096, 64]),
         st.builds(MultipleOf, st.sampled_from([16, 32, 64, 128, 256])),
     )
+
+
+#: Kernel block sizes attention backends support (FlashMLA's 64, the indexer
+#: kernels' 64/128, paged kernels' 16/32), which vLLM asks for as ``MultipleOf``.
+KERNEL_BLOCK_SIZES = (64, 128, 32, 16)
+
+
+def kernel_block_alignments(
+    block_size: int, tokens_per_state: int = 1
+) -> st.SearchStrategy[MultipleOf | None]:
+    """A backend's kernel block as ``MultipleOf(k)``, ``k`` below and dividing the cache block.
+
+    ``None`` (no kernel block asked: shrinks to it) or a kernel block ``k`` of
+    :data:`KERNEL_BLOCK_SIZES` that divides ``block_size`` and holds whole
+    states (``tokens_per_state`` divides it), so the worker splits each cache
+    block into ``block_size // k`` kernel blocks and the block stride must be
+    a multiple of the page at ``k`` tokens (contract.md#views-and-strides).
+    Never a kernel block equal to or larger than the cache block (that asks
+    for nothing), nor one of a fraction of a state.
+    """
+    kernels = [
+        k
+        for k in KERNEL_BLOCK_SIZES
+        if k < block_size and block_size % k == 0 and k % max(tokens_per_state, 1) == 0
+    ]
+    return st.sampled_from([None, *(MultipleOf(k) for k in kernels)])
 
 
 @st.composite
@@ -262,6 +290,36 @@ def mla_specs(
     """
     return mla_kwargs(block_size=block_size, max_page_bytes=max_page_bytes, edge=edge).map(
         lambda kw: MLAAttentionSpec(**kw)
+    )
+
+
+@st.composite
+def compressed_mla_specs(draw: st.DrawFn) -> MLAAttentionSpec:
+    """Compressed MLA latents served by a platform's own backend (not DeepSeek-V4's).
+
+    DeepSeek-V4-style geometry (C4 or C128: 4 or 128 tokens per state;
+    fp8 states of 584 bytes padded to a multiple of 576, or bf16 ones of
+    1024 padded to 512) on a 128- to 512-token block, and sometimes a kernel
+    block smaller than the cache block (:func:`kernel_block_alignments`).
+    Never ``model_version='deepseek_v4'``: that names the CUDA backends,
+    which allow only block-outer layouts (contract.md#layouts); a platform
+    with its own backend may be placed in any layout.
+    """
+    tokens_per_state = draw(st.sampled_from([4, 128]))
+    block = draw(st.sampled_from([b for b in (256, 128, 512) if b >= tokens_per_state]))
+    kw: dict[str, Any] = (
+        {"dtype": torch.uint8, "cache_dtype_str": "fp8_ds_mla", "state_content_bytes": 584}
+        if draw(st.booleans())
+        else {"dtype": torch.bfloat16, "cache_dtype_str": "auto"}
+    )
+    return MLAAttentionSpec(
+        block_size=block,
+        num_kv_heads=1,
+        head_size=512,
+        tokens_per_state=tokens_per_state,
+        alignment=576 if kw["dtype"] == torch.uint8 else 512,
+        block_stride_alignment=draw(kernel_block_alignments(block, tokens_per_state)),
+        **kw,
     )
 
 

@@ -24,6 +24,7 @@ from conformance.generate.specs import (
     attention_kwargs,
     chunked_local_specs,
     circular_buffer_specs,
+    compressed_mla_specs,
     full_attention_specs,
     mamba_specs,
     mamba_state,
@@ -141,11 +142,13 @@ def hybrid_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
 
 @st.composite
 def _mla_models(draw: st.DrawFn, max_layers: int) -> Model:
-    mla = draw(mla_specs())
+    # Half the latents are compressed, as DeepSeek-V4's and GLM-5's are.
+    compressed = draw(st.booleans())
+    mla = draw(compressed_mla_specs() if compressed else mla_specs())
     n = draw(st.integers(1, max(1, max_layers - 1)))
     specs: dict[str, KVCacheSpec] = dict.fromkeys(layer_names(ATTENTION, range(n)), mla)
     extra = draw(st.sampled_from(["none", "mtp", "swa"])) if rarely(draw) else "none"
-    desc = f"MLA (DeepSeek-like): {n} layers"
+    desc = f"MLA (DeepSeek-like{', compressed' if compressed else ''}): {n} layers"
     if extra == "mtp":
         specs[ATTENTION.format(n)] = draft(mla)
         desc += " + MTP draft"
@@ -161,6 +164,9 @@ def _mla_models(draw: st.DrawFn, max_layers: int) -> Model:
 
 def mla_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
     """DeepSeek-like MLA models, rarely with an MTP draft or a sliding-window draft.
+
+    Half of them have a compressed latent (:func:`compressed_mla_specs`),
+    which every layout the model allows may place, layer-outer ones included.
 
     See contract.md#grouping-examples, model (e).
     """

@@ -19,12 +19,13 @@ from hypothesis import strategies as st
 
 from conformance.check.geometry import cdiv, round_up
 from conformance.generate.records import Model
-from conformance.generate.specs import rarely
+from conformance.generate.specs import kernel_block_alignments, rarely
 from kvref.specs import (
     CircularBufferSpec,
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
+    MultipleOf,
     SlidingWindowMLASpec,
     dtype_size,
 )
@@ -46,9 +47,12 @@ def _dsv4_ratios(draw: st.DrawFn, layers: int) -> list[int]:
 
 
 def _dsv4_layer(
-    prefix: str, ratio: int, fp8: bool, block: int, draft: bool
+    prefix: str, ratio: int, fp8: bool, block: int, draft: bool, kernel: MultipleOf | None = None
 ) -> dict[str, KVCacheSpec]:
-    """The caches of one DeepSeek-V4 decoder layer (attention, compressor, indexer, SWA)."""
+    """The caches of one DeepSeek-V4 decoder layer (attention, compressor, indexer, SWA).
+
+    ``kernel`` is the indexer backend's kernel block (``None``: the cache block).
+    """
     packed: dict[str, Any] = (
         {"dtype": torch.uint8, "cache_dtype_str": "fp8_ds_mla", "alignment": 576}
         if fp8
@@ -85,6 +89,7 @@ def _dsv4_layer(
             dtype=torch.uint8,
             tokens_per_state=ratio,
             alignment=packed["alignment"],
+            block_stride_alignment=kernel,
             **common,
         )
         caches[f"{prefix}.indexer.compressor.state_cache"] = SlidingWindowMLASpec(
@@ -115,19 +120,22 @@ def _deepseek_v4_models(draw: st.DrawFn, max_layers: int) -> Model:
     # 256 tokens per block: 64 compressed C4 states, 2 C128 states.
     block = 256 if not rarely(draw) else 128
     mtp = draw(st.integers(0, 1))
+    # The indexer kernels may read a cache block as several kernel blocks.
+    kernel = draw(kernel_block_alignments(block, 4))
     specs: dict[str, KVCacheSpec] = {}
     for i, ratio in enumerate(ratios):
-        specs.update(_dsv4_layer(f"model.layers.{i}.attn", ratio, fp8, block, False))
+        specs.update(_dsv4_layer(f"model.layers.{i}.attn", ratio, fp8, block, False, kernel))
     # MTP layers: sliding window only in V4; V4.1-style configs may compress them.
     mtp_ratio = draw(st.sampled_from([0, 4])) if mtp else 0
     for k in range(mtp):
         prefix = f"model.layers.{layers + k}.mtp_block.attn"
-        specs.update(_dsv4_layer(prefix, mtp_ratio, fp8, block, True))
+        specs.update(_dsv4_layer(prefix, mtp_ratio, fp8, block, True, kernel))
     kinds = "/".join({0: "SWA", 4: "CSA", 128: "HCA"}[r] for r in ratios)
     return Model(
         specs,
         f"DeepSeek-V4-like ({'fp8_ds_mla' if fp8 else 'bf16'}): {layers} layers {kinds}"
-        + (f" + MTP (C{mtp_ratio})" if mtp else ""),
+        + (f" + MTP (C{mtp_ratio})" if mtp else "")
+        + _kernel_note(kernel),
         num_hidden_layers=layers,
     )
 
@@ -142,10 +150,16 @@ def deepseek_v4_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
     sliding-window MLA spec); on CSA layers also the indexer's fp8 key cache
     (``tokens_per_state`` 4) and its compressor state.  ``fp8_ds_mla``
     (uint8, 584-byte states, alignment 576) or bf16 (alignment 512).  Rarely an
-    MTP draft layer, which may carry the CSA caches too.  Never more than
+    MTP draft layer, which may carry the CSA caches too.  The indexer's
+    kernel block is the cache block or a smaller one
+    (:func:`~conformance.generate.specs.kernel_block_alignments`).  Never more than
     six decoder layers.
     """
     return _deepseek_v4_models(max_layers)
+
+
+def _kernel_note(kernel: MultipleOf | None) -> str:
+    return f", indexer kernel block {kernel.n}" if kernel is not None else ""
 
 
 def _v32_attention(fp8: bool, block: int, draft: bool, leader: bool) -> MLAAttentionSpec:
@@ -206,18 +220,21 @@ def _deepseek_v32_models(draw: st.DrawFn, max_layers: int) -> Model:
     mtp = draw(st.integers(0, 1)) if rarely(draw) else 0
     # MTP layers always build the full indexer (they compute the top-k of draft step 0).
     skips = _index_cache_skips(draw, layers) + [False] * mtp
+    kernel = draw(kernel_block_alignments(block))
     specs: dict[str, KVCacheSpec] = {}
     for i in range(layers + mtp):
         draft = i >= layers
         indexed = not skips[i]
         specs[f"model.layers.{i}.self_attn.attn"] = _v32_attention(fp8, block, draft, indexed)
         if indexed:
-            specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = _indexer(block, 1, draft)
+            specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = _indexer(
+                block, 1, draft, block_stride_alignment=kernel
+            )
     indexers = layers - sum(skips)
     return Model(
         specs,
         f"DeepSeek-V3.2-like sparse MLA ({'fp8_ds_mla' if fp8 else 'bf16'}): {layers} layers "
-        f"x MLA, {indexers} with an indexer" + (" + MTP" if mtp else ""),
+        f"x MLA, {indexers} with an indexer" + (" + MTP" if mtp else "") + _kernel_note(kernel),
         num_hidden_layers=layers,
     )
 
@@ -231,6 +248,7 @@ def deepseek_v32_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
     layer with both.  Structure drawn: every layer indexed (V3.2, V3.2-Exp),
     or IndexCache's skipping (``index_topk_freq`` 2 or 4, offsets 1-3):
     skipping layers keep only their latent, not an index-group leader.
+    The indexer's kernel block is the cache block or a smaller one.
     """
     return _deepseek_v32_models(max_layers)
 
@@ -284,23 +302,32 @@ def _glm5_models(draw: st.DrawFn, max_layers: int) -> Model:
         prefill_checkpoint_alignment=64 if checkpoint else None,
     )
     mtp = 1 if spec_tokens else 0
+    kernel = draw(kernel_block_alignments(block, kpool))
     specs: dict[str, KVCacheSpec] = {}
     for i in range(layers + mtp):
         draft = i >= layers
         if i % 4 != 3 and not draft:
             specs[f"model.layers.{i}.self_attn"] = kda
             continue
-        specs.update(_glm5_indexed_layer(f"model.layers.{i}.self_attn", block, ring, draft))
+        prefix = f"model.layers.{i}.self_attn"
+        specs.update(_glm5_indexed_layer(prefix, block, ring, draft, kernel))
     return Model(
         specs,
         f"GLM-5-like (TP {tp}, {'pre-shaped' if shaped else 'unpadded'} pages, mode {mode}): "
-        f"{3 * periods} KDA + {periods} indexed MLA" + (" + MTP" if mtp else ""),
+        f"{3 * periods} KDA + {periods} indexed MLA"
+        + (" + MTP" if mtp else "")
+        + _kernel_note(kernel),
         num_hidden_layers=layers,
     )
 
 
-def _glm5_indexed_layer(prefix: str, block: int, ring: int, draft: bool) -> dict[str, KVCacheSpec]:
-    """MLA, the kpool indexer (16 tokens per state) and its tail ring of one GLM-5 layer."""
+def _glm5_indexed_layer(
+    prefix: str, block: int, ring: int, draft: bool, kernel: MultipleOf | None = None
+) -> dict[str, KVCacheSpec]:
+    """MLA, the kpool indexer (16 tokens per state) and its tail ring of one GLM-5 layer.
+
+    ``kernel`` is the indexer backend's kernel block (``None``: the cache block).
+    """
     return {
         f"{prefix}.attn": MLAAttentionSpec(
             block_size=block,
@@ -312,7 +339,7 @@ def _glm5_indexed_layer(prefix: str, block: int, ring: int, draft: bool) -> dict
             topk_buffer_width=round_up(2048 + 16 - 1, 128),
             is_draft=draft,
         ),
-        f"{prefix}.indexer.k_cache": _indexer(block, 16, draft),
+        f"{prefix}.indexer.k_cache": _indexer(block, 16, draft, block_stride_alignment=kernel),
         f"{prefix}.indexer.tail_cache": CircularBufferSpec(
             block_size=ring,
             num_kv_heads=2,
@@ -332,10 +359,13 @@ def glm5_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
     over q/k/v and fp32 128x128 states, TP-sharded heads) per indexed MLA
     layer, which holds a 512-wide MLA latent, the kpool indexer's fp8 key
     cache with ``tokens_per_state`` 16 and its bf16 tail ring
-    (``CircularBufferSpec``).  Pages either pre-shaped by the platform (the
-    MLA block raised until one page holds the KDA state, which is padded to
-    it) or unpadded.  With speculative tokens an MTP draft layer with the
-    MLA, indexer and tail caches comes last.
+    (``CircularBufferSpec``, which only BLHNC serves).  The indexer's
+    kernel block is the cache block or a smaller one
+    (:func:`~conformance.generate.specs.kernel_block_alignments`).  Pages
+    either pre-shaped by the platform (the MLA block raised until one page
+    holds the KDA state, which is padded to it) or unpadded.  With
+    speculative tokens an MTP draft layer with the MLA, indexer and tail
+    caches comes last.
     """
     return _glm5_models(max_layers)
 
