@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import threading
 import time
@@ -219,3 +220,14 @@ class LeaksMemory(_Grouping):
 
     def attack(self) -> None:
         type(self).kept.append(bytearray(64 << 20))
+
+
+class HoldsTheGIL(_Grouping):
+    """Matches a regular expression that backtracks forever: C code that never releases the GIL.
+
+    No Python thread runs meanwhile, the guard's deadline included; only a
+    watchdog outside the interpreter (or outside the process) can end it.
+    """
+
+    def attack(self) -> None:
+        re.match(r"(a+)+$", "a" * 64 + "b")

@@ -409,3 +409,43 @@ def test_a_hook_that_leaks_memory_meets_the_workers_limit(
     raised = report.result("KV-CALL-RAISES")
     assert raised.status == "fail", raised
     assert any("memory limit" in v.message for v in raised.violations), raised.violations
+
+
+class TestHoldsTheGIL:
+    """A hook that never releases the GIL ends in a verdict or an exit, never a hang."""
+
+    def test_isolated_it_is_a_timeout(self) -> None:
+        """Isolated (the default): the kit waits on its worker's pipe, and the deadline fires."""
+        report = check_builder(
+            "hostile_builders:HoldsTheGIL",
+            select=["KV-CALL-TIMEOUT"],
+            max_examples=3,
+            seed=1,
+            timeout=1,
+            shrink=False,
+        )
+        assert report.result("KV-CALL-TIMEOUT").status == "fail"
+
+    def test_in_process_the_watchdog_ends_the_run(self, work: Path) -> None:
+        """Not isolated: the watchdog prints the stacks and exits 1; the report stays incomplete."""
+        report = work / "report.json"
+        script = (
+            "from conformance.run import guard\n"
+            "guard.WATCHDOG_GRACE = 2.0\n"
+            "from conformance.cli import main\n"
+            f"main(['hostile_builders:HoldsTheGIL', '--no-isolate', '--timeout', '1', "
+            f"'--seed', '1', '--select', 'KV-CALL-TIMEOUT', '--no-database', "
+            f"'--json', {str(report)!r}])\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=work,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
+        assert "Timeout" in done.stderr and "attack" in done.stderr, done.stderr[-2000:]
+        assert json.loads(report.read_text())["complete"] is False

@@ -9,6 +9,7 @@ once is not called again (its thread cannot be killed), so the kit never hangs.
 from __future__ import annotations
 
 import copy
+import faulthandler
 import pickle
 import threading
 import time
@@ -106,11 +107,29 @@ class CallResult:
         return ""
 
 
-class Guard:
-    """Runs builder hooks with a per-call deadline and captures every failure."""
+#: How long past a call's deadline the in-process watchdog waits before it ends the process.
+WATCHDOG_GRACE = 30.0
 
-    def __init__(self, timeout: float = 10.0) -> None:
+
+class Guard:
+    """Runs builder hooks with a per-call deadline and captures every failure.
+
+    Args:
+        timeout: the per-call deadline in seconds.
+        watchdog: the hooks run in this process (no isolation).  A hook that
+            holds the GIL (a C call that never releases it) keeps the
+            deadline's own thread from running, so a watchdog outside the
+            interpreter (:func:`faulthandler.dump_traceback_later`) prints every
+            thread's stack and ends the process with exit 1 once the deadline
+            plus :data:`WATCHDOG_GRACE` (or the deadline again, if longer) has
+            passed.  The report files were marked incomplete at the start, so
+            nothing reads as a verdict.  Isolated runs need no watchdog: the
+            kit waits on its worker's pipe, which holds no GIL of the builder's.
+    """
+
+    def __init__(self, timeout: float = 10.0, *, watchdog: bool = False) -> None:
         self.timeout = timeout
+        self.watchdog = watchdog
         self.hung: str | None = None
         self.calls = 0
 
@@ -148,9 +167,16 @@ class Guard:
                 box["tb"] = "".join(traceback.format_exception(exc)[-3:])
 
         start = time.perf_counter()
+        deadline = self.timeout if timeout is None else timeout
         thread = threading.Thread(target=run, name=f"kvref-guard-{hook}", daemon=True)
-        thread.start()
-        thread.join(self.timeout if timeout is None else timeout)
+        if self.watchdog:
+            faulthandler.dump_traceback_later(deadline + max(WATCHDOG_GRACE, deadline), exit=True)
+        try:
+            thread.start()
+            thread.join(deadline)
+        finally:
+            if self.watchdog:
+                faulthandler.cancel_dump_traceback_later()
         seconds = time.perf_counter() - start
         raise_if_interrupted()
         if thread.is_alive():

@@ -242,7 +242,7 @@ def check_builder(
             warnings.warn(
                 f"xfail entry {entry!r} matches no invariant id", UnknownIdWarning, stacklevel=2
             )
-    guard = Guard(options.timeout)
+    guard = Guard(options.timeout, watchdog=not isolate)
     # One rule for every front end (boundary.py): isolated unless asked not
     # to; a builder given by name is imported only in its worker.
     prepared = prepare(builder, options.builder, isolate=isolate, reach=reach, min_reach=min_reach)
