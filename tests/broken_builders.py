@@ -1221,9 +1221,130 @@ class DensePadded(_Placement):
         return _with_tensors(result, tensors)
 
 
+def _with_layer_specs(group: KVCacheGroupSpec, change: Any) -> KVCacheGroupSpec:
+    """``group`` with ``change(spec)`` applied to every layer spec (wrapper included)."""
+    from kvref import UniformTypeKVCacheSpecs
+
+    spec = group.kv_cache_spec
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        inner = {n: change(s) for n, s in spec.kv_cache_specs.items()}
+        return attrs.evolve(group, kv_cache_spec=UniformTypeKVCacheSpecs(kv_cache_specs=inner))
+    return attrs.evolve(group, kv_cache_spec=change(spec))
+
+
+class LinearKernelPage(_Base):
+    """Takes a kernel block's page as the cache block's page scaled down: ``page x k / block``.
+
+    ``MultipleOf(b)`` asks the block stride to be a multiple of the layer's
+    page at the kernel block ``k = gcd(b, block_size)``, with the MLA
+    alignment padding recomputed at ``k`` (contract.md#views-and-strides).
+    Scaling the padded page instead is right for dense pages and wrong for
+    padded compressed ones (a DeepSeek-V4-style indexer read in 64-token
+    kernel blocks): the stride honours an alignment no kernel asked for.
+    Only a kernel block smaller than the cache block meets the bug.
+    """
+
+    CAUGHT_BY = "KV-PLACE-ALIGNMENT"
+    #: The stride it picks is also not the aligned page the layout fixes, and
+    #: device pages beside host groups are judged by their own invariant.
+    ALSO = frozenset({"KV-PLACE-PAGE-PITCH", "KV-HOST-DEVICE-SAFE"})
+    EXAMPLES = 50
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        import math
+
+        from kvref.specs import MultipleOf
+
+        def scaled(spec: KVCacheSpec) -> KVCacheSpec:
+            wanted = spec.block_stride_alignment
+            if not isinstance(wanted, MultipleOf):
+                return spec
+            kernel = math.gcd(wanted.n, spec.block_size)
+            if kernel == spec.block_size:
+                return spec
+            page = max(1, spec.page_size_bytes * kernel // spec.block_size)
+            return attrs.evolve(spec, block_stride_alignment=page)
+
+        given = [_with_layer_specs(g, scaled) for g in kv_cache_groups]
+        result = super().get_kv_cache_config_from_groups(config, given, num_blocks)
+        return attrs.evolve(result, kv_cache_groups=list(kv_cache_groups))
+
+
+class InterleavedCompressed(_Placement):
+    """Lays compressed MLA caches out block-interleaved whatever the layout.
+
+    A builder written for DeepSeek-V4's block-outer backends keeps a
+    compressed tensor's layers side by side inside each block (layer stride
+    one page, block stride the tensor's layers' pages) also in LBNHC/LBHNC.
+    The bytes stay in the tensor's region, but a layer-outer block must step
+    the layer's aligned page (contract.md#page-pitch); groups aliasing the
+    region then meet other block IDs.  Only compressed caches placed
+    layer-outer meet the bug.
+    """
+
+    CAUGHT_BY = "KV-PLACE-PAGE-PITCH"
+    #: Other groups aliasing the region see other blocks' bytes, beside host groups too.
+    ALSO = frozenset({"KV-PLACE-NO-BLOCK-ALIAS", "KV-HOST-DEVICE-SAFE"})
+    EXAMPLES = 50
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        from kvref.specs import MLAAttentionSpec
+
+        if config.kv_cache_layout.name not in ("LBNHC", "LBHNC"):
+            return result
+        specs = {n: g.layer_spec(n) for g in result.kv_cache_groups for n in g.layer_names}
+        tensors = []
+        for t in result.kv_cache_tensors:
+            spec = specs.get(t.layers[0]) if t.layers else None
+            compressed = isinstance(spec, MLAAttentionSpec) and spec.tokens_per_state_value > 1
+            if compressed and not t.host_resident and len(t.layers) > 1:
+                page = t.block_stride
+                t = attrs.evolve(t, layer_stride=page, block_stride=len(t.layers) * page)  # noqa: PLW2901
+            tensors.append(t)
+        return _with_tensors(result, tensors)
+
+
+class PlacesAbsentLayers(_Base):
+    """Places the layers a projected uniform-type group names in its wrapper, on every worker.
+
+    vLLM 0.33.0's own placement does this (contract.md#deliberate-differences,
+    difference 2): a pipeline worker holding no layer of a uniform-type group
+    gets the group with no layer names but the global wrapper, and placing
+    the wrapper's layers gives the worker tensors of layers it does not have.
+    Only a worker without any layer of such a group meets the bug.
+    """
+
+    CAUGHT_BY = "KV-PLACE-UNKNOWN-LAYER"
+    #: The absent layers' bytes may pass the sane bound of the worker's own layers.
+    ALSO = frozenset({"KV-PLACE-SIZE-BOUND"})
+    EXAMPLES = 50
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        from kvref import UniformTypeKVCacheSpecs
+
+        given = [
+            attrs.evolve(g, layer_names=list(g.kv_cache_spec.kv_cache_specs))
+            if not g.layer_names and isinstance(g.kv_cache_spec, UniformTypeKVCacheSpecs)
+            else g
+            for g in kv_cache_groups
+        ]
+        result = super().get_kv_cache_config_from_groups(config, given, num_blocks)
+        return attrs.evolve(result, kv_cache_groups=list(kv_cache_groups))
+
+
 #: Issue 23's field regimes the default generation reaches as classes
 #: (tests/test_field_generation.py: caught at 50 examples, seeds 1-5).
-FIELD_REGIMES: tuple[type[_Base], ...] = (Wraps32, DensePadded)
+FIELD_REGIMES: tuple[type[_Base], ...] = (
+    Wraps32,
+    DensePadded,
+    LinearKernelPage,
+    InterleavedCompressed,
+    PlacesAbsentLayers,
+)
 
 ALL = (*ALL, *FIELD_REGIMES)
 

@@ -22,16 +22,25 @@ from kvref.errors import KVRefError
 from kvref.layout import compute_layout_strides
 from kvref.placement import _spec_buckets
 from kvref.records import KVCacheTensor
-from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs, iter_layer_specs
+from kvref.specs import (
+    KVCacheSpec,
+    MLAAttentionSpec,
+    MultipleOf,
+    UniformTypeKVCacheSpecs,
+    iter_layer_specs,
+)
 
 __all__ = [
     "ALL",
     "AlwaysPromotes",
+    "DeclaresPoolBytes",
     "DisjointRegions",
+    "KernelAlignedOffsets",
     "PadsTwice",
     "Padded4KiB",
     "SeparateAllocations",
     "SortedGroups",
+    "SpacedCompressedRuns",
     "SplitTensors",
 ]
 
@@ -285,6 +294,132 @@ def _doubled(spec: object) -> object:
     return attrs.evolve(spec, page_size_padded=2 * spec.page_size_bytes)
 
 
+def _kernel_split(spec: KVCacheSpec) -> bool:
+    """Whether a worker reads ``spec``'s cache blocks as several kernel blocks."""
+    wanted = spec.block_stride_alignment
+    return isinstance(wanted, MultipleOf) and math.gcd(wanted.n, spec.block_size) < spec.block_size
+
+
+class KernelAlignedOffsets(ReferenceKVCacheConfigBuilder):
+    """Starts each kernel-split layer at a multiple of its kernel page inside the block.
+
+    Issue 23, kernel blocks below the cache block: ``MultipleOf`` asks the
+    block stride to be a multiple of the page at the kernel block
+    (contract.md#views-and-strides), nothing of the offsets.  In BLHNC/BLNHC
+    this builder also aligns where such a layer starts inside a block (each
+    one its own tensor, a gap before it where needed) and rounds the block up
+    to every alignment, as a platform whose kernels address kernel blocks
+    from the backing's start might.  Every block still steps the whole
+    block, the backing stays linear in the block count, and the gaps cost
+    less than a kernel page per layer.  Layer-outer layouts (strides fixed
+    by the page), HiSparse (Core budgets the pure bytes per block) and
+    models without kernel-split layers place as the reference.
+    """
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
+        device = [g for g in kv_cache_groups if g.layer_names and not g.host_resident]
+        specs = [s for g in device for s in iter_layer_specs(g.kv_cache_spec)]
+        if (
+            config.kv_cache_layout.name not in ("BLHNC", "BLNHC")
+            or config.hisparse is not None
+            or not any(_kernel_split(s) for s in specs)
+        ):
+            return result
+        unit = math.lcm(1, *(s.get_block_stride_alignment() for s in specs))
+        placed: list[tuple[list[str], int, int]] = []
+        end = 0
+        for group in device:
+            offset = 0
+            for spec, names in _spec_buckets(group):
+                page = spec.page_size_bytes
+                if not _kernel_split(spec):
+                    placed.append((names, page, offset))
+                    offset += len(names) * page
+                    continue
+                step = spec.get_block_stride_alignment()
+                for name in names:
+                    offset = -(-offset // step) * step
+                    placed.append(([name], page, offset))
+                    offset += page
+            end = max(end, offset)
+        bpb = -(-end // unit) * unit
+        tensors = [t for t in result.kv_cache_tensors if t.host_resident]
+        tensors += [
+            KVCacheTensor(
+                size=bpb * num_blocks, layers=n, layer_stride=ls, block_stride=bpb, offset=o
+            )
+            for n, ls, o in placed
+        ]
+        return attrs.evolve(result, kv_cache_tensors=tensors)
+
+
+class SpacedCompressedRuns(ReferenceKVCacheConfigBuilder):
+    """Spaces a compressed MLA cache's layer runs a whole number of 4 KiB pages per block apart.
+
+    Issue 23, compressed MLA placed layer-outer: in LBNHC/LBHNC a block
+    steps the layer's aligned page (contract.md#page-pitch), but the layer
+    stride is the builder's to choose as long as no two pages overlap.  Here
+    a compressed tensor's layers are ``num_blocks x round_up(block_stride,
+    4096)`` apart (each layer's run starts on a 4 KiB boundary per block),
+    and the backing grows to hold the gaps.  Only a single device group is
+    spaced (several groups alias one another's slots and place as the
+    reference), as are block-outer layouts and models without compressed MLA.
+    """
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
+        device = [t for t in result.kv_cache_tensors if not t.host_resident]
+        populated = [g for g in kv_cache_groups if g.layer_names and not g.host_resident]
+        if config.kv_cache_layout.name not in ("LBNHC", "LBHNC") or len(populated) != 1:
+            return result
+        spec_of = {n: populated[0].layer_spec(n) for n in populated[0].layer_names}
+
+        def compressed(t: KVCacheTensor) -> bool:
+            spec = spec_of.get(t.layers[0]) if t.layers else None
+            return isinstance(spec, MLAAttentionSpec) and spec.tokens_per_state_value > 1
+
+        if not any(compressed(t) for t in device):
+            return result
+        spaced: list[KVCacheTensor] = []
+        offset = 0
+        for t in sorted(device, key=lambda t: t.offset):
+            stride = t.layer_stride
+            if compressed(t):
+                stride = num_blocks * (-(-t.block_stride // 4096) * 4096)
+            spaced.append(attrs.evolve(t, offset=offset, layer_stride=stride))
+            offset += len(t.layers) * stride
+        size = max(offset, device[0].size)
+        tensors = [t for t in result.kv_cache_tensors if t.host_resident]
+        tensors += [attrs.evolve(t, size=size) for t in spaced]
+        return attrs.evolve(result, kv_cache_tensors=tensors)
+
+
+class DeclaresPoolBytes(ReferenceKVCacheConfigBuilder):
+    """Answers ``_get_pool_bytes_per_block`` itself: the device bytes of one placed block.
+
+    Issue 23, pipeline splits that leave a worker without any layer of a
+    group: Core asks the hook about the groups projected to each worker,
+    empty ones included (contract.md#core-flow), and the answer must equal
+    what placement uses per block (contract.md#pool-bytes-hook).  A group
+    with no layer on the worker takes no bytes there, which this builder
+    answers (0 on a worker holding no device layer at all) instead of
+    letting Core probe.
+    """
+
+    def _get_pool_bytes_per_block(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]
+    ) -> int | None:
+        placed = self.get_kv_cache_config_from_groups(
+            attrs.evolve(config, num_gpu_blocks_override=None), kv_cache_groups, 1
+        )
+        return max((t.size for t in placed.device_tensors), default=0)
+
+
 #: The legal counterparts, one or more per class of issue 13.
 ALL: tuple[type[ReferenceKVCacheConfigBuilder], ...] = (
     SplitTensors,
@@ -292,4 +427,13 @@ ALL: tuple[type[ReferenceKVCacheConfigBuilder], ...] = (
     AlwaysPromotes,
     SortedGroups,
     DisjointRegions,
+)
+
+#: Issue 23's field regimes: a legal builder at the edge of each class
+#: (kernel blocks below the cache block, compressed MLA placed layer-outer,
+#: a worker without any layer of a group), asserted to pass beside :data:`ALL`.
+FIELD_REGIMES: tuple[type[ReferenceKVCacheConfigBuilder], ...] = (
+    KernelAlignedOffsets,
+    SpacedCompressedRuns,
+    DeclaresPoolBytes,
 )

@@ -2,23 +2,33 @@
 
 Each broken builder of ``broken_builders.FIELD_REGIMES`` has one bug that
 only a regime of the default run meets (plans past 4 GiB in a layer-outer
-layout, padded pages stepped densely); the default run (50 examples per
-scenario) must catch it with its meant invariant.  Seed 1 runs by default;
+layout, padded pages stepped densely, kernel blocks below the cache block,
+compressed MLA placed layer-outer, a pipeline worker without any layer of a
+uniform-type group); the default run (50 examples per scenario) must catch
+it with its meant invariant.  The regimes themselves are drawn by the default
+generation (the tests at the end); the legal builders at their edges pass
+(tests/test_power.py).  Seed 1 runs by default;
 ``KVREF_POWER_SEEDS=1,2,3,4,5`` runs the sweep the issue asks for.
 """
 
 from __future__ import annotations
 
+import math
 import os
 
 import broken_builders
 import pytest
-from hypothesis import find, settings
+from hypothesis import Phase, find, settings
 from hypothesis.errors import NoSuchExample
 
 from conformance.generate import strategies as cs
+from conformance.generate.families import family_strategy
 from conformance.generate.problems import FOUR_GIB
+from conformance.generate.records import PlanningProblem
 from conformance.run.runner import check_builder
+from kvref import ReferenceKVCacheConfigBuilder
+from kvref.planning import project_kv_cache_groups_to_worker
+from kvref.specs import KVCacheSpec, MLAAttentionSpec, MultipleOf
 
 _PAPER = ["KV-CALL", "KV-GROUP", "KV-PLACE", "KV-HOST", "KV-CORE"]
 _SEEDS = [int(s) for s in os.environ.get("KVREF_POWER_SEEDS", "1").split(",")]
@@ -45,3 +55,70 @@ def test_one_layer_run_passes_4_gib() -> None:
             lambda n: n * page > FOUR_GIB,
             settings=settings(max_examples=2000),
         )
+
+
+# -- the generation reaches each class of issue 23's item 1 ----------------------------
+
+_REACH = settings(max_examples=400, database=None, phases=[Phase.generate], deadline=None)
+
+
+def _kernel_below_block(spec: KVCacheSpec) -> bool:
+    wanted = spec.block_stride_alignment
+    return isinstance(wanted, MultipleOf) and math.gcd(wanted.n, spec.block_size) < spec.block_size
+
+
+def _compressed(spec: KVCacheSpec) -> bool:
+    return isinstance(spec, MLAAttentionSpec) and spec.tokens_per_state_value > 1
+
+
+def _worker_misses_a_group(problem: PlanningProblem) -> bool:
+    config = problem.config
+    groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(config, dict(problem.specs))
+    return any(
+        not g.layer_names
+        for worker in problem.workers
+        for g in project_kv_cache_groups_to_worker(groups, worker)
+    )
+
+
+@pytest.mark.parametrize(
+    ("family", "regime"),
+    [
+        ("deepseek_v4", "a compressed indexer read in kernel blocks below its cache block"),
+        ("glm5", "a compressed indexer read in kernel blocks below its cache block"),
+        ("deepseek_v32", "an indexer read in kernel blocks below its cache block"),
+    ],
+)
+def test_indexer_kernel_blocks_below_the_cache_block(family: str, regime: str) -> None:
+    """The sparse-MLA families draw indexers whose kernel block undercuts the cache block."""
+    model = find(
+        family_strategy(family),
+        lambda m: any(".indexer." in n and _kernel_below_block(s) for n, s in m.specs.items()),
+        settings=_REACH,
+    )
+    assert any(_kernel_below_block(s) for s in model.specs.values()), regime
+
+
+def test_compressed_mla_placed_layer_outer() -> None:
+    """The default models include compressed MLA latents planned in a layer-outer layout."""
+    problem = find(
+        cs.planning_problems(),
+        lambda p: (
+            not p.config.kv_cache_layout.is_block_outermost
+            and any(_compressed(s) for s in p.specs.values())
+        ),
+        settings=_REACH,
+    )
+    assert any(_compressed(s) for s in problem.specs.values())
+
+
+def test_deepseek_v4_backends_stay_block_outer() -> None:
+    """DeepSeek-V4's own backends keep their block-outer layouts (contract.md#layouts)."""
+    model = find(family_strategy("deepseek_v4"), lambda m: True, settings=_REACH)
+    assert all(layout.is_block_outermost for layout in cs.allowed_layouts(model))
+
+
+def test_pipeline_worker_without_any_layer_of_a_group() -> None:
+    """Default problems include pipeline splits where a worker holds no layer of some group."""
+    problem = find(cs.planning_problems(), _worker_misses_a_group, settings=_REACH)
+    assert len(problem.workers) > 1

@@ -53,7 +53,9 @@ def test_broken_builder_caught_at_default_count(builder: type, seed: int) -> Non
 
 
 @pytest.mark.parametrize("seed", _SEEDS)
-@pytest.mark.parametrize("builder", legal_builders.ALL, ids=lambda b: b.__name__)
+@pytest.mark.parametrize(
+    "builder", (*legal_builders.ALL, *legal_builders.FIELD_REGIMES), ids=lambda b: b.__name__
+)
 def test_legal_builder_passes(builder: type, seed: int) -> None:
     """A legal builder that differs from the reference fails nothing, and wastes nothing.
 
