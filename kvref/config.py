@@ -7,13 +7,16 @@ place in vLLM, works on evolved copies here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
 
 from kvref.axes import KVCacheLayout
-from kvref.errors import ConfigError
+from kvref.backends import AttentionBackend, get_supported_kv_cache_layouts
+from kvref.errors import ConfigError, KVRefError
+from kvref.layout_resolution import resolve_kv_cache_layout
 
 if TYPE_CHECKING:
     from kvref.records import KVCacheGroupSpec
@@ -22,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DRAFTLESS_METHODS",
     "EAGLE_METHODS",
+    "HISPARSE_CONNECTOR_LAYOUT",
     "SPECULATIVE_METHODS",
     "GroupingHook",
     "HiSparseConfig",
@@ -93,6 +97,68 @@ def _layout(value: object) -> KVCacheLayout:
     if isinstance(value, (KVCacheLayout, str)):
         return KVCacheLayout.parse(value)
     raise ConfigError(f"PlanningConfig.kv_cache_layout={value!r} must be a KVCacheLayout or name")
+
+
+#: The layout HiSparse's connector requires (vLLM
+#: ``HiSparseConnector.get_required_kvcache_layout``).
+HISPARSE_CONNECTOR_LAYOUT = KVCacheLayout.BLHNC
+
+#: vLLM's legacy names for two layouts (``_LAYOUT_COMPAT_ALIASES``).
+_LAYOUT_ALIASES = {"NHD": "LBNHC", "HND": "LBHNC"}
+
+
+def _optional_layout(field: str) -> Callable[[object], KVCacheLayout | None]:
+    def convert(value: object) -> KVCacheLayout | None:
+        if value is None or isinstance(value, KVCacheLayout):
+            return value
+        if isinstance(value, str):
+            try:
+                return KVCacheLayout.parse(_LAYOUT_ALIASES.get(value.upper(), value))
+            except KVRefError:
+                pass
+        names = [m.name for m in KVCacheLayout] + list(_LAYOUT_ALIASES)
+        raise ConfigError(f"PlanningConfig.{field}={value!r} must be None or a layout in {names}")
+
+    return convert
+
+
+def _connector_layout(value: object) -> KVCacheLayout | None:
+    return _optional_layout("kv_connector_layout")(value)
+
+
+def _env_layout(value: object) -> KVCacheLayout | None:
+    return _optional_layout("env_kv_cache_layout")(value)
+
+
+def _backends(value: object) -> tuple[AttentionBackend, ...]:
+    if not isinstance(value, Iterable) or isinstance(value, (str, AttentionBackend)):
+        raise ConfigError(
+            f"PlanningConfig.attention_backends={value!r} must be a sequence of AttentionBackend"
+        )
+    backends = tuple(value)
+    owner: dict[str, str] = {}
+    catch_all: list[str] = []
+    for backend in backends:
+        if not isinstance(backend, AttentionBackend):
+            raise ConfigError(
+                f"PlanningConfig.attention_backends contains {backend!r}, which is not an "
+                "AttentionBackend"
+            )
+        if not backend.layers:
+            catch_all.append(backend.name)
+        for name in sorted(backend.layers):
+            if name in owner:
+                raise ConfigError(
+                    f"PlanningConfig.attention_backends: layer {name!r} runs both "
+                    f"{owner[name]!r} and {backend.name!r}; a layer has one backend"
+                )
+            owner[name] = backend.name
+    if len(catch_all) > 1:
+        raise ConfigError(
+            f"PlanningConfig.attention_backends: {catch_all} all name no layers; at most one "
+            "backend runs the layers no other backend names"
+        )
+    return backends
 
 
 @runtime_checkable
@@ -186,6 +252,30 @@ def _hisparse(value: object) -> HiSparseConfig | None:
     )
 
 
+def _default_layout(config: PlanningConfig) -> KVCacheLayout:
+    """The layout of a config that gives none: LBNHC, or a provisional resolution.
+
+    Called by attrs only when ``kv_cache_layout`` is not passed, which is how
+    a config knows that planning should resolve its layout from the specs.
+    """
+    if not config.describes_kv_cache_layout:
+        return KVCacheLayout.LBNHC
+    # attrs' frozen classes are written this way during __init__ too.
+    object.__setattr__(config, "resolves_kv_cache_layout", True)
+    try:
+        supported = get_supported_kv_cache_layouts(config.attention_backends)
+        with warnings.catch_warnings():
+            # Provisional: planning warns when it resolves for real.
+            warnings.simplefilter("ignore")
+            return resolve_kv_cache_layout(
+                [supported],
+                env_layout=config.env_kv_cache_layout,
+                connector_layout=config.kv_connector_layout,
+            )
+    except KVRefError as exc:
+        raise ConfigError(f"PlanningConfig: {exc}") from None
+
+
 @attrs.frozen(kw_only=True)
 class PlanningConfig:
     """What KV cache planning reads from vLLM's config.
@@ -202,8 +292,24 @@ class PlanningConfig:
         max_num_encoder_input_tokens: cross-attention budget (default: batched tokens).
         num_gpu_blocks_override: a fixed block count (vLLM ``num_gpu_blocks_override``).
         disable_hybrid_kv_cache_manager: promote local attention to full
-        (contract.md#hybrid-manager-disabled). kv_cache_layout: the resolved layout the planner
-        places tensors in. mamba_cache_mode: ``"none"``, ``"align"`` or ``"all"``.
+        (contract.md#hybrid-manager-disabled).
+        attention_backends: the attention backends and the layers each runs
+            (:class:`~kvref.backends.AttentionBackend`: supported layouts and kernel
+            block sizes); ``()``: vLLM's base backend everywhere.
+        kv_connector_layout: the layout the KV connector requires (vLLM
+            ``get_required_kvcache_layout``; ``NHD``/``HND`` accepted), or ``None``.
+            HiSparse's connector requires :data:`HISPARSE_CONNECTOR_LAYOUT`.
+        env_kv_cache_layout: the ``VLLM_KV_CACHE_LAYOUT`` override, or ``None``
+            (planning never reads the environment).
+        kv_cache_layout: the layout the planner places tensors in.  Given, it is
+            used as is (vLLM: a layout set on the cache config wins outright).
+            Not given, it is LBNHC for a config that describes no backend,
+            connector or override; otherwise planning resolves it from the
+            workers' specs as vLLM's Core does (:mod:`kvref.layout_resolution`),
+            and until then it holds the resolution without specs.
+        resolves_kv_cache_layout: (not an argument) whether planning resolves the
+            layout: none was given and the config describes what resolution reads.
+        mamba_cache_mode: ``"none"``, ``"align"`` or ``"all"``.
         decode_context_parallel_size, pipeline_parallel_size, tensor_parallel_size:
             parallel sizes.
         prefix_cache_retention_interval: copied into every config.
@@ -253,7 +359,16 @@ class PlanningConfig:
         default=None, validator=_int_check(1, optional=True)
     )
     disable_hybrid_kv_cache_manager: bool = attrs.field(default=False, validator=_bool)
-    kv_cache_layout: KVCacheLayout = attrs.field(default=KVCacheLayout.LBNHC, converter=_layout)
+    attention_backends: tuple[AttentionBackend, ...] = attrs.field(default=(), converter=_backends)
+    kv_connector_layout: KVCacheLayout | None = attrs.field(
+        default=None, converter=_connector_layout
+    )
+    env_kv_cache_layout: KVCacheLayout | None = attrs.field(default=None, converter=_env_layout)
+    # Set by _default_layout; before kv_cache_layout so that its default runs first.
+    resolves_kv_cache_layout: bool = attrs.field(default=False, init=False, repr=False)
+    kv_cache_layout: KVCacheLayout = attrs.field(
+        default=attrs.Factory(_default_layout, takes_self=True), converter=_layout
+    )
     mamba_cache_mode: str = attrs.field(default="none", validator=_mamba_mode)
     decode_context_parallel_size: int = attrs.field(default=1, validator=_int_check(1))
     pipeline_parallel_size: int = attrs.field(default=1, validator=_int_check(1))
@@ -293,7 +408,62 @@ class PlanningConfig:
                 "layer's group (vLLM refuses it beside HiSparse); mark host groups in the "
                 "declared grouping instead"
             )
+        if self.hisparse is not None and self.kv_connector_layout not in (
+            None,
+            HISPARSE_CONNECTOR_LAYOUT,
+        ):
+            # HiSparse runs through its own connector: a second one that needs another
+            # layout is vLLM's MultiConnector "KV cache layout mismatch".
+            raise ConfigError(
+                f"PlanningConfig.kv_connector_layout={self.kv_connector_layout.name} contradicts "
+                f"PlanningConfig.hisparse: HiSparse's connector requires "
+                f"{HISPARSE_CONNECTOR_LAYOUT.name}"
+            )
         self._check_speculation()
+
+    @property
+    def describes_kv_cache_layout(self) -> bool:
+        """Whether the config describes what vLLM's layout resolution reads."""
+        return bool(
+            self.attention_backends
+            or self.kv_connector_layout is not None
+            or self.env_kv_cache_layout is not None
+        )
+
+    def backends_of(self, layer_names: Iterable[str]) -> list[AttentionBackend]:
+        """The described backends that run some of ``layer_names``, in config order.
+
+        A backend that names no layers runs every layer no other backend names.
+        """
+        names = set(layer_names)
+        named: set[str] = set().union(*(b.layers for b in self.attention_backends))
+        return [
+            b
+            for b in self.attention_backends
+            if b.layers & names or (not b.layers and bool(names - named))
+        ]
+
+    def with_resolved_layout(
+        self, kv_cache_specs: Sequence[Mapping[str, KVCacheSpec]]
+    ) -> PlanningConfig:
+        """This config with the layout vLLM's Core resolves for these workers' specs.
+
+        Unchanged unless :attr:`resolves_kv_cache_layout`.  Each worker reports
+        the layouts all backends of its layers support.
+
+        Raises:
+            LayoutResolutionError: the requirements contradict each other
+                (see :func:`kvref.layout_resolution.resolve_kv_cache_layout`).
+        """
+        if not self.resolves_kv_cache_layout:
+            return self
+        layout = resolve_kv_cache_layout(
+            [get_supported_kv_cache_layouts(self.backends_of(w)) for w in kv_cache_specs],
+            [spec for worker in kv_cache_specs for spec in worker.values()],
+            env_layout=self.env_kv_cache_layout,
+            connector_layout=self.kv_connector_layout,
+        )
+        return attrs.evolve(self, kv_cache_layout=layout)
 
     def _check_speculation(self) -> None:
         method, tokens = self.speculative_method, self.num_speculative_tokens

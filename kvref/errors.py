@@ -19,6 +19,7 @@ __all__ = [
     "InsufficientMemoryError",
     "KVRefError",
     "LayoutError",
+    "LayoutResolutionError",
     "PageSizeUnificationError",
     "PartitionError",
     "PlacementError",
@@ -80,6 +81,16 @@ class PartitionError(GroupingError):
 
 class LayoutError(KVRefError):
     """A KV cache layout cannot express the requested placement."""
+
+
+class LayoutResolutionError(LayoutError):
+    """No KV cache layout meets every requirement (vLLM: ``ValueError`` or ``AssertionError``).
+
+    Raised by layout resolution when the attention backends share no layout,
+    workers report different layouts, the specs need a block-compact or a
+    block-outermost layout none of the candidates is, or the environment
+    override is not a candidate; the message names both sides.
+    """
 
 
 class PlacementError(KVRefError):

@@ -168,7 +168,10 @@ def get_global_kv_cache_groups(
         WorkerSpecMismatchError: one layer has different specs on two workers.
         SpecError: a spec class is not registered for planning.
         PartitionError: the builder's groups do not partition the layers.
+        LayoutResolutionError: the config leaves the layout to planning and no
+            layout meets its requirements (:meth:`PlanningConfig.with_resolved_layout`).
     """
+    config = config.with_resolved_layout(kv_cache_specs)
     merged = _merge_workers(kv_cache_specs)
     check_spec_registry(merged)
     extra = config.extra_retained_tokens
@@ -396,7 +399,11 @@ def plan_kv_cache(
             auto-fit finds no length that fits.
         ConfigError, SpecError, PartitionError, PlanningError: bad input or a builder
             that breaks the contract.
+        LayoutResolutionError: the config leaves the layout to planning and no
+            layout meets its requirements.
     """
+    # Core resolves the layout once, before grouping (contract.md#core-flow, step 2).
+    config = config.with_resolved_layout(kv_cache_specs)
     memory = _available_per_worker(available_memory, len(kv_cache_specs))
     if global_groups is None:
         global_groups = get_global_kv_cache_groups(builder, config, kv_cache_specs)

@@ -6,7 +6,12 @@ planning code returned) into ``tests/data/golden`` for:
 - ``hidden_state``: ``HiddenStateCacheSpec`` layers set apart and aligned;
 - ``hisparse``: HiSparse groups, host pool, placement and its errors;
 - ``model_grouping``: a model-declared grouping (``SupportsKVCacheGrouping``);
-- ``profiling``: the one-worker profiling path.
+- ``profiling``: the one-worker profiling path;
+- ``layout_resolution``: problems that give no layout but describe the
+  attention backends, the KV connector or ``VLLM_KV_CACHE_LAYOUT``; vLLM's
+  ``resolve_kv_cache_layout`` picks the layout (recorded as
+  ``layout_resolution`` and ``layout.resolved``) and the problem is then
+  planned with it.
 
 The outputs follow ``tests/data/golden/README.md`` (``resolved``, ``layout``,
 ``builder``, ``core``, ``from_groups``) plus ``profiling``: per worker, the
@@ -23,13 +28,15 @@ Run with vLLM installed (``tox -e vllm`` installs it):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import enum
 import json
+import os
 import sys
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -264,11 +271,76 @@ def _profiling_problems() -> list[dict[str, Any]]:
     ]
 
 
+def _layout_problems() -> list[dict[str, Any]]:
+    hs = {"index_topk": 2048}
+    hisparse = {"max_model_len": 8192, "hisparse": hs, "host_pool_bytes": 1 << 28}
+    sparse = {"name": "FLASHMLA_SPARSE", "supported_kernel_block_sizes": [{"multiple_of": 64}]}
+    indexer = {"name": "DEEPSEEK_V32_INDEXER", "supported_kernel_block_sizes": [64]}
+    mla = _mla_model(4)
+    mla_backends = [
+        {**sparse, "layers": [n for n in mla if n.startswith("m")]},
+        {**indexer, "layers": [n for n in mla if n.startswith("i")]},
+    ]
+    hybrid = _pattern("FSS", 4, {"F": FULL8, "S": SWA8})
+    prefers = {"name": "BLOCK_OUTER", "supported_kv_cache_layouts": ["BLNHC", "LBNHC"]}
+    flash = {"name": "FLASH_ATTN", "supported_kv_cache_layouts": ["LBNHC", "LBHNC", "BLNHC"]}
+    return [
+        # The issue's case: HiSparse's connector needs a block-outermost layout.
+        _problem(
+            "hisparse_connector_layout",
+            [mla],
+            config={**hisparse, "kv_connector_layout": "BLHNC", "attention_backends": mla_backends},
+            resolve_hisparse=True,
+        ),
+        _problem(
+            "hisparse_connector_layout_no_backends",
+            [_mla_model(2)],
+            config={**hisparse, "kv_connector_layout": "BLHNC"},
+            resolve_hisparse=True,
+        ),
+        _problem(
+            "backends_prefer_block_outer",
+            [hybrid],
+            config={"max_model_len": 4096, "attention_backends": [prefers]},
+        ),
+        _problem(
+            "backends_vote_for_first",
+            [hybrid],
+            config={
+                "attention_backends": [
+                    {**prefers, "layers": [f"l{i}" for i in range(0, 12, 3)]},
+                    {**flash, "layers": [f"l{i}" for i in range(12) if i % 3]},
+                ]
+            },
+        ),
+        _problem(
+            "env_override_LBHNC",
+            [hybrid],
+            config={"env_kv_cache_layout": "HND", "attention_backends": [flash]},
+        ),
+        _problem(
+            "connector_layout_dropped",
+            [hybrid],
+            config={"kv_connector_layout": "BHLNC", "attention_backends": [flash]},
+        ),
+        _problem(
+            "mixed_pages_block_compact",
+            [{"f0": FULL8, "f1": {**FULL8, "num_kv_heads": 4}, "s0": SWA8}],
+            config={
+                "attention_backends": [
+                    {"name": "HEADS_OUTER", "supported_kv_cache_layouts": ["LHBNC", "BLHNC"]}
+                ]
+            },
+        ),
+    ]
+
+
 FILES: dict[str, Callable[[], list[dict[str, Any]]]] = {
     "hidden_state": _hidden_problems,
     "hisparse": _hisparse_problems,
     "model_grouping": _grouping_problems,
     "profiling": _profiling_problems,
+    "layout_resolution": _layout_problems,
 }
 
 # -- vLLM records as JSON ----------------------------------------------------------
@@ -358,6 +430,88 @@ def error_record(exc: BaseException) -> dict[str, Any]:
 
 
 # -- running vLLM ------------------------------------------------------------------
+
+
+def _vllm_backend(desc: Mapping[str, Any]) -> Any:
+    """A vLLM ``AttentionBackend`` subclass answering as ``desc`` describes (never instantiated)."""
+    base = __import__("vllm.v1.attention.backend", fromlist=["x"])
+    vllm_layout = __import__("vllm.v1.kv_cache_layout", fromlist=["x"]).KVCacheLayout
+    names = desc.get("supported_kv_cache_layouts")
+    layouts = None if names is None else tuple(vllm_layout[n] for n in names)
+    sizes = [
+        base.MultipleOf(s["multiple_of"]) if isinstance(s, dict) else s
+        for s in desc.get("supported_kernel_block_sizes", [{"multiple_of": 1}])
+    ]
+    namespace = {
+        "supported_kv_cache_layouts": classmethod(lambda cls: layouts),
+        "get_supported_kernel_block_sizes": staticmethod(lambda kv_cache_spec=None: list(sizes)),
+        "get_name": staticmethod(lambda: desc["name"]),
+    }
+    return type(desc["name"], (base.AttentionBackend,), namespace)
+
+
+def _worker_backends(descs: list[Mapping[str, Any]], layers: list[str]) -> list[Any]:
+    """The backends a worker runs: those naming its layers, and the one naming none if needed."""
+    named = {n for d in descs for n in d.get("layers", [])}
+    return [
+        _vllm_backend(d)
+        for d in descs
+        if set(d.get("layers", [])) & set(layers)
+        or (not d.get("layers") and bool(set(layers) - named))
+    ]
+
+
+#: Config keys that describe what vLLM's layout resolution reads (kvref's field names).
+_LAYOUT_INPUTS = {"attention_backends", "kv_connector_layout", "env_kv_cache_layout"}
+
+
+@contextlib.contextmanager
+def _layout_inputs(config: Mapping[str, Any]) -> Iterator[None]:
+    """``VLLM_KV_CACHE_LAYOUT`` and (without HiSparse) the connector's layout, for vLLM."""
+    utils = __import__("vllm.v1.attention.backends.utils", fromlist=["x"])
+    saved_env = os.environ.get("VLLM_KV_CACHE_LAYOUT")
+    saved_connector = utils.get_kv_connector_cache_layout
+    if config.get("env_kv_cache_layout") is not None:
+        os.environ["VLLM_KV_CACHE_LAYOUT"] = config["env_kv_cache_layout"]
+    connector = config.get("kv_connector_layout")
+    if connector is not None and config.get("hisparse") is None:
+        # HiSparse problems use vLLM's own HiSparseConnector; others name a layout only.
+        utils.get_kv_connector_cache_layout = lambda vllm_config=None: connector
+    try:
+        yield
+    finally:
+        utils.get_kv_connector_cache_layout = saved_connector
+        if saved_env is None:
+            os.environ.pop("VLLM_KV_CACHE_LAYOUT", None)
+        else:
+            os.environ["VLLM_KV_CACHE_LAYOUT"] = saved_env
+
+
+def _resolve_layout(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run vLLM's ``resolve_kv_cache_layout`` on a problem that gives no layout.
+
+    Returns the problem to plan (the layout set to vLLM's) and the record of
+    the resolution: what each worker reported, and the layout or the error.
+    """
+    utils = __import__("vllm.v1.attention.backends.utils", fromlist=["x"])
+    problem = golden.problem_from_dict(raw)
+    descs = raw["config"].get("attention_backends", [])
+    supported = [
+        [m.name for m in utils.get_supported_kv_cache_layouts(_worker_backends(descs, list(w)))]
+        for w in problem.workers
+    ]
+    vcfg = iv.to_vllm_config(problem.config)
+    vcfg.cache_config.kv_cache_layout = None
+    specs = [s for w in problem.workers for s in iv.specs_to_vllm(w).values()]
+    record: dict[str, Any] = {"supported_layouts": supported}
+    with _layout_inputs(raw["config"]), iv.quiet_vllm():
+        try:
+            record["layout"] = utils.resolve_kv_cache_layout(vcfg, supported, specs).name
+        except Exception as exc:  # vLLM's refusals are the data here
+            record["error"] = error_record(exc)
+    planned = copy.deepcopy(raw)
+    planned["config"]["kv_cache_layout"] = record.get("layout", "LBNHC")
+    return planned, record
 
 
 def _resolve_hisparse(raw: dict[str, Any]) -> dict[str, Any]:
@@ -550,11 +704,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare, write nothing")
     parser.add_argument("--out", type=Path, default=OUT_DIR)
+    parser.add_argument("--only", choices=sorted(FILES), help="one golden file")
     args = parser.parse_args(argv)
     stale = []
     for name, make in FILES.items():
+        if args.only is not None and name != args.only:
+            continue
         raws = [_resolve_hisparse(r) if r.get("resolve_hisparse") else r for r in make()]
-        outs = [run_problem(r) for r in raws]
+        outs = []
+        for raw in raws:
+            if not _LAYOUT_INPUTS & set(raw["config"]):
+                outs.append(run_problem(raw))
+                continue
+            planned, record = _resolve_layout(raw)
+            outs.append(run_problem(planned) | {"layout_resolution": record})
         for suffix, data in ((".json", raws), (".out.json", outs)):
             path = args.out / f"{name}{suffix}"
             text = _dump(data)

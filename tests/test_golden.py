@@ -13,11 +13,13 @@ from __future__ import annotations
 import functools
 import json
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import torch
 from golden import (
@@ -30,7 +32,9 @@ from golden import (
     problem_from_dict,
 )
 
+from kvref.backends import AttentionBackend, get_supported_kv_cache_layouts
 from kvref.builder import ReferenceKVCacheConfigBuilder
+from kvref.config import PlanningConfig
 from kvref.errors import (
     ConfigError,
     ConflictingWindowError,
@@ -902,3 +906,108 @@ class TestProfiling:
         assert ours == theirs
         assert plan.num_blocks_requested == golden["num_blocks_requested"]
         assert config_view(plan.config) == golden_config_view(golden["config"])
+
+
+# -- layout resolution (golden problems that give no layout) -----------------------
+
+
+def _layout_params() -> list[Any]:
+    return [
+        pytest.param(path, name, id=name)
+        for path, name, expected in _PROBLEMS
+        if "layout_resolution" in expected
+    ]
+
+
+def _golden_backend(desc: Mapping[str, Any]) -> AttentionBackend:
+    sizes = [
+        MultipleOf(s["multiple_of"]) if isinstance(s, Mapping) else s
+        for s in desc.get("supported_kernel_block_sizes", [{"multiple_of": 1}])
+    ]
+    return AttentionBackend(
+        name=desc["name"],
+        layers=desc.get("layers", ()),
+        supported_kv_cache_layouts=desc.get("supported_kv_cache_layouts"),
+        supported_kernel_block_sizes=sizes,
+    )
+
+
+@functools.cache
+def _unresolved_config(path: Path, name: str) -> PlanningConfig:
+    """The problem's config as its JSON gives it: no layout, and what resolution reads."""
+    raw = next(r for r in _read_raw(path) if r["name"] == name)["config"]
+    given = _problem(path, name).config
+    fields = {
+        a.name: getattr(given, a.name)
+        for a in attrs.fields(PlanningConfig)
+        if a.init and a.name != "kv_cache_layout"
+    }
+    fields["attention_backends"] = tuple(
+        _golden_backend(d) for d in raw.get("attention_backends", [])
+    )
+    fields["kv_connector_layout"] = raw.get("kv_connector_layout")
+    fields["env_kv_cache_layout"] = raw.get("env_kv_cache_layout")
+    return PlanningConfig(**fields)
+
+
+class TestLayoutResolution:
+    """kvref resolves the layout itself, from the same description vLLM resolved from."""
+
+    @pytest.mark.parametrize(("path", "name"), _layout_params())
+    def test_config_leaves_the_layout_to_planning(self, path: Path, name: str) -> None:
+        """A config that gives no layout but describes resolution's inputs resolves in planning."""
+        assert _unresolved_config(path, name).resolves_kv_cache_layout
+
+    @pytest.mark.parametrize(("path", "name"), _layout_params())
+    def test_worker_reports_match_vllm(self, path: Path, name: str) -> None:
+        """Each worker's supported layouts, most preferred first, are what vLLM's worker reports."""
+        problem, config = _load(path, name), _unresolved_config(path, name)
+        ours = [
+            [m.name for m in get_supported_kv_cache_layouts(config.backends_of(w))]
+            for w in problem.workers
+        ]
+        assert ours == problem.expected["layout_resolution"]["supported_layouts"]
+
+    @pytest.mark.parametrize(("path", "name"), _layout_params())
+    def test_resolved_layout_matches_vllm(self, path: Path, name: str) -> None:
+        """The layout resolved from the specs is vLLM's; it warns if vLLM drops the connector's."""
+        problem, config = _load(path, name), _unresolved_config(path, name)
+        expected = problem.expected["layout_resolution"]["layout"]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            resolved = config.with_resolved_layout(problem.workers)
+        assert resolved.kv_cache_layout.name == expected
+        assert not resolved.resolves_kv_cache_layout
+        connector = config.kv_connector_layout
+        dropped = connector is not None and config.env_kv_cache_layout is None
+        dropped = dropped and connector.name != expected
+        assert bool(caught) == dropped
+
+    @pytest.mark.parametrize(("path", "name"), _layout_params())
+    def test_plan_matches_vllm(self, path: Path, name: str) -> None:
+        """Planning the unresolved config gives vLLM's configs: layout, blocks, tensors, groups."""
+        problem, config = _load(path, name), _unresolved_config(path, name)
+        memory = problem.available_memory
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the dropped connector layout, asserted above
+            plan = plan_kv_cache(
+                None,
+                config,
+                list(problem.workers),
+                memory if isinstance(memory, int) else list(memory),
+            )
+        core = problem.expected["core"]
+        assert [config_view(c) for c in plan.configs] == [
+            golden_config_view(w["config"]) for w in core["workers"]
+        ]
+        assert [c.kv_cache_layout.name if c.kv_cache_layout else None for c in plan.configs] == [
+            w["config"]["kv_cache_layout"] for w in core["workers"]
+        ]
+        assert plan.num_blocks == core["num_blocks"]
+
+    def test_the_hisparse_connector_case_is_golden(self) -> None:
+        """The issue's case is among the problems: HiSparse, no layout, the connector's BLHNC."""
+        names = {param.values[1] for param in _layout_params()}
+        if GOLDEN_DIR is None:
+            pytest.skip("no golden directory")
+        assert "hisparse_connector_layout" in names
