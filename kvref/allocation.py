@@ -20,6 +20,7 @@ import torch
 
 from kvref.axes import HOST_LAYOUT
 from kvref.errors import PlacementError
+from kvref.kernel_blocks import kernel_tensor_geometries
 from kvref.layout import (
     KVCacheLayout,
     Strides,
@@ -36,6 +37,7 @@ __all__ = [
     "ViewProblem",
     "allocate_backings",
     "allocate_kv_cache",
+    "kernel_geometries",
     "planned_device_bytes",
     "planned_host_bytes",
     "resolve_layout",
@@ -284,6 +286,37 @@ def view_problems(geometry: TensorGeometry, backing_bytes: int) -> list[ViewProb
     return problems
 
 
+def kernel_geometries(
+    kv_cache_config: KVCacheConfig,
+    kernel_block_sizes: Sequence[int],
+    layout: KVCacheLayout | str | None = None,
+) -> tuple[TensorGeometry | None, ...]:
+    """Every tensor's geometry as the attention kernels read it, in config order.
+
+    Shapes count kernel blocks (``N * r``) and strides step them
+    (:func:`kvref.kernel_blocks.kernel_tensor_geometries`); ``None`` for a
+    tensor without per-layer views.  ``layout`` as in :func:`resolve_layout`.
+
+    Raises:
+        PlacementError: a tensor's first layer belongs to no group.
+        LayoutError: a split block that is not one dense page.
+    """
+    chosen = resolve_layout(kv_cache_config, layout)
+    return tuple(
+        None
+        if k is None
+        else TensorGeometry(
+            index=k.index,
+            tensor=k.tensor,
+            spec=k.spec,
+            layout=k.layout,
+            shape=k.shape,
+            strides=k.strides,
+        )
+        for k in kernel_tensor_geometries(kv_cache_config, kernel_block_sizes, chosen)
+    )
+
+
 def _single_size(tensors: Sequence[KVCacheTensor], what: str) -> int | None:
     sizes = sorted({t.size for t in tensors})
     if len(sizes) > 1:
@@ -386,6 +419,14 @@ class KVCacheAllocation:
         tensor_views: the raw 5-D ``uint8`` view ``(L, N, H, S, C)`` of every config tensor.
         backing_of: for every config tensor, the index of its host buffer, or
             :data:`DEVICE_BACKING`.
+        kernel_block_sizes: the kernel block size of each group the views were
+            split with (``None``: not asked for).
+        kernel_geometries: with ``kernel_block_sizes``, every tensor's kernel
+            view geometry (``None`` where it has no per-layer view).
+        kernel_views: with ``kernel_block_sizes``, layer name to its kernel view,
+            shape ``(N * r, H, S_k, C / sizeof(dtype))``: what the worker binds
+            to the layer and its attention kernels read (vLLM's views with
+            ``kernel_block_sizes``).
 
     """
 
@@ -398,6 +439,9 @@ class KVCacheAllocation:
     geometries: tuple[TensorGeometry, ...]
     tensor_views: tuple[torch.Tensor, ...]
     backing_of: tuple[int, ...]
+    kernel_block_sizes: tuple[int, ...] | None = None
+    kernel_geometries: tuple[TensorGeometry | None, ...] = ()
+    kernel_views: dict[str, torch.Tensor] = attrs.Factory(dict)
     closed: bool = False
 
     def backing(self, index: int) -> torch.Tensor:
@@ -413,6 +457,7 @@ class KVCacheAllocation:
         self.device_buffer = None
         self.host_buffers = ()
         self.views = {}
+        self.kernel_views = {}
         self.tensor_views = ()
         self.closed = True
 
@@ -435,6 +480,7 @@ def allocate_kv_cache(
     layout: KVCacheLayout | str | None = None,
     pin_host: bool | None = None,
     host_device: str | torch.device = "cpu",
+    kernel_block_sizes: Sequence[int] | None = None,
 ) -> KVCacheAllocation:
     """Allocate a config's backings on ``device`` and build every layer's view.
 
@@ -454,12 +500,16 @@ def allocate_kv_cache(
         layout: layout of the device tensors; default the config's, else LBNHC.
         pin_host: pin host backings (``None``: automatic).
         host_device: where host backings go; ``"meta"`` only to check shapes.
+        kernel_block_sizes: the kernel block size of each group (vLLM's
+            ``kernel_block_sizes``; :func:`kvref.kernel_blocks.prepare_kernel_block_sizes`
+            computes the worker's); also builds :attr:`KVCacheAllocation.kernel_views`.
 
     Raises:
         PlacementError: device tensors of different sizes, a layer in two tensors, a
-            layer without a group, a view outside its backing, or a view whose offset
-            or strides are not multiples of ``sizeof(dtype)``.
-        LayoutError: a padded page the layout cannot express.
+            layer without a group, a view outside its backing, or a view (kernel
+            view included) whose offset or strides are not multiples of ``sizeof(dtype)``.
+        LayoutError: a padded page the layout cannot express, or a split block
+            that is not one dense page.
 
     """
     target = torch.device(device)
@@ -478,6 +528,20 @@ def allocate_kv_cache(
                     f"kv_cache_tensors[{geometry.index}]; a layer needs exactly one view"
                 )
             seen[name] = geometry.index
+
+    kernel = (
+        ()
+        if kernel_block_sizes is None
+        else kernel_geometries(kv_cache_config, kernel_block_sizes, chosen)
+    )
+    for kernel_geometry in kernel:
+        problems = (
+            []
+            if kernel_geometry is None
+            else view_problems(kernel_geometry, kernel_geometry.tensor.size)
+        )
+        if problems:
+            raise PlacementError(f"kernel view: {problems[0].message}")
 
     device_buffer, host_buffers, pinned = allocate_backings(
         kv_cache_config, target, pin_host=pin_host, host_device=host_device
@@ -507,6 +571,17 @@ def allocate_kv_cache(
             if dtype is not None:
                 layer_view = layer_view.view(dtype)
             views[name] = layer_view
+    kernel_views: dict[str, torch.Tensor] = {}
+    for kernel_geometry in kernel:
+        if kernel_geometry is None:
+            continue
+        where = backing_of[kernel_geometry.index]
+        backing = device_buffer if where == DEVICE_BACKING else host_buffers[where]
+        assert backing is not None  # a device tensor implies a device buffer
+        raw = _raw_view(backing, kernel_geometry)
+        dtype = kernel_geometry.spec.view_dtype if kernel_geometry.spec is not None else None
+        for index, name in enumerate(kernel_geometry.tensor.layers):
+            kernel_views[name] = raw[index] if dtype is None else raw[index].view(dtype)
     return KVCacheAllocation(
         device=target,
         layout=chosen,
@@ -517,4 +592,7 @@ def allocate_kv_cache(
         geometries=geometries,
         tensor_views=tuple(tensor_views),
         backing_of=tuple(backing_of),
+        kernel_block_sizes=None if kernel_block_sizes is None else tuple(kernel_block_sizes),
+        kernel_geometries=kernel,
+        kernel_views=kernel_views,
     )

@@ -31,8 +31,9 @@ from kvref._math import cdiv, round_up
 from kvref.config import HiSparseConfig, PlanningConfig
 from kvref.errors import HiSparseError
 from kvref.extra_specs import HiSparseHotSpec, HiSparseResidentSpec
+from kvref.kernel_blocks import hisparse_kernel_block_size
 from kvref.records import KVCacheGroupSpec
-from kvref.specs import KVCacheSpec, MLAAttentionSpec, UniformTypeKVCacheSpecs
+from kvref.specs import KVCacheSpec, MLAAttentionSpec, UniformTypeKVCacheSpecs, evolve_spec
 
 __all__ = [
     "HOT_SUFFIX",
@@ -240,12 +241,17 @@ def resolve_hisparse_specs(
 ) -> dict[str, KVCacheSpec]:
     """A worker's specs with HiSparse's derived resident and hot layers added.
 
-    vLLM's worker does this before reporting its specs (it also picks a
-    kernel block size every backend supports; kvref takes the MLA block size
-    as given).  Without HiSparse or MLA layers the specs come back unchanged.
+    vLLM's worker does this before reporting its specs.  The MLA layers first
+    take the kernel block size every backend of theirs supports
+    (:func:`kvref.kernel_blocks.hisparse_kernel_block_size`, from
+    :attr:`PlanningConfig.attention_backends
+    <kvref.config.PlanningConfig.attention_backends>`; without backends that
+    is their own block size).  Without HiSparse or MLA layers the specs come
+    back unchanged.
 
     Raises:
-        HiSparseError: see :class:`~kvref.errors.HiSparseError`.
+        HiSparseError: see :class:`~kvref.errors.HiSparseError`; also MLA layers
+            of several block sizes, or backends that share no kernel block size.
     """
     out = dict(specs)
     if config.hisparse is None:
@@ -253,6 +259,10 @@ def resolve_hisparse_specs(
     mla = _mla_specs(specs)
     if not mla:
         return out
+    size = hisparse_kernel_block_size(config, mla)
+    if size is not None and any(spec.block_size != size for spec in mla.values()):
+        mla = {name: evolve_spec(spec, block_size=size) for name, spec in mla.items()}
+        out.update(mla)
     for group in _lay_out(config, mla):
         if isinstance(group.kv_cache_spec, (HiSparseHotSpec, HiSparseResidentSpec)):
             for name in group.layer_names:
