@@ -1277,7 +1277,8 @@ class InterleavedCompressed(_Placement):
 
     A builder written for DeepSeek-V4's block-outer backends keeps a
     compressed tensor's layers side by side inside each block (layer stride
-    one page, block stride the tensor's layers' pages) also in LBNHC/LBHNC.
+    one page, block stride the tensor's layers' pages) also in layer-outer
+    layouts.
     The bytes stay in the tensor's region, but a layer-outer block must step
     the layer's aligned page (contract.md#page-pitch); groups aliasing the
     region then meet other block IDs.  Only compressed caches placed
@@ -1292,13 +1293,18 @@ class InterleavedCompressed(_Placement):
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         from kvref.specs import MLAAttentionSpec
 
-        if config.kv_cache_layout.name not in ("LBNHC", "LBHNC"):
+        if config.kv_cache_layout.is_block_outermost:
             return result
         specs = {n: g.layer_spec(n) for g in result.kv_cache_groups for n in g.layer_names}
         tensors = []
         for t in result.kv_cache_tensors:
             spec = specs.get(t.layers[0]) if t.layers else None
-            compressed = isinstance(spec, MLAAttentionSpec) and spec.tokens_per_state_value > 1
+            # One latent head: a block of every layer-outer layout is one run of the page.
+            compressed = (
+                isinstance(spec, MLAAttentionSpec)
+                and spec.tokens_per_state_value > 1
+                and spec.num_kv_heads == 1
+            )
             if compressed and not t.host_resident and len(t.layers) > 1:
                 page = t.block_stride
                 t = attrs.evolve(t, layer_stride=page, block_stride=len(t.layers) * page)  # noqa: PLW2901

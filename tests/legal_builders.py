@@ -357,16 +357,18 @@ class KernelAlignedOffsets(ReferenceKVCacheConfigBuilder):
 
 
 class SpacedCompressedRuns(ReferenceKVCacheConfigBuilder):
-    """Spaces a compressed MLA cache's layer runs a whole number of 4 KiB pages per block apart.
+    """Spaces a compressed MLA cache's layer runs whole 512-byte sectors per block apart.
 
     Issue 23, compressed MLA placed layer-outer: in LBNHC/LBHNC a block
     steps the layer's aligned page (contract.md#page-pitch), but the layer
     stride is the builder's to choose as long as no two pages overlap.  Here
     a compressed tensor's layers are ``num_blocks x round_up(block_stride,
-    4096)`` apart (each layer's run starts on a 4 KiB boundary per block),
-    and the backing grows to hold the gaps.  Only a single device group is
-    spaced (several groups alias one another's slots and place as the
-    reference), as are block-outer layouts and models without compressed MLA.
+    512)`` apart, and the backing grows (linearly in the block count) to hold
+    the gaps; 512 bytes keep the growth within the contract's sane bound
+    for the smallest compressed pages (contract.md#placement-backing).  Only
+    a single device group is spaced (several groups alias one another's
+    slots and place as the reference), as are block-outer layouts and models
+    without compressed MLA.
     """
 
     def get_kv_cache_config_from_groups(
@@ -390,7 +392,7 @@ class SpacedCompressedRuns(ReferenceKVCacheConfigBuilder):
         for t in sorted(device, key=lambda t: t.offset):
             stride = t.layer_stride
             if compressed(t):
-                stride = num_blocks * (-(-t.block_stride // 4096) * 4096)
+                stride = num_blocks * (-(-t.block_stride // 512) * 512)
             spaced.append(attrs.evolve(t, offset=offset, layer_stride=stride))
             offset += len(t.layers) * stride
         size = max(offset, device[0].size)

@@ -74,6 +74,7 @@ def _uniform_models(draw: st.DrawFn, max_layers: int) -> Model:
             mamba_specs(),
             chunked_local_specs(),
             sliding_window_mla_specs(),
+            compressed_mla_specs(),
         )
     )
     template = MAMBA if isinstance(spec, MambaSpec) else ATTENTION
@@ -85,6 +86,8 @@ def _uniform_models(draw: st.DrawFn, max_layers: int) -> Model:
 
 def uniform_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
     """Models of 1..``max_layers`` identical layers of one kind (Llama/DeepSeek/Mamba-like).
+
+    The kinds include a compressed MLA latent (:func:`compressed_mla_specs`).
 
     Never cross-attention or ring-buffer only models (no real model has them).
     """
