@@ -156,6 +156,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-reach", action="store_true", help="do not measure reach")
     parser.add_argument(
+        "--worker-memory",
+        type=float,
+        metavar="GIB",
+        help="GiB of private memory the builder's worker may take over its size at start "
+        "(default 16): a hook that leaks past it fails KV-CALL-RAISES",
+    )
+    parser.add_argument(
         "--min-reach",
         type=float,
         metavar="PERCENT",
@@ -169,6 +176,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--models-only", action="store_true", help="generate from --models alone")
     parser.add_argument("--list", action="store_true", help="list the invariants and exit")
+    _reports_options(parser)
     return parser
 
 
@@ -208,6 +216,9 @@ def _split(value: str | None) -> list[str] | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
+    verb = _reports_verb(argv)
+    if verb is not None:
+        return verb
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -386,6 +397,7 @@ def _header_options(args: argparse.Namespace) -> tuple[str, ...]:
         ("--models", args.models),
         ("--reach", args.reach),
         ("--min-reach", args.min_reach),
+        ("--worker-memory", args.worker_memory),
         ("--json", args.json),
         ("--junit", args.junit),
     ):
@@ -426,53 +438,68 @@ def _run(args: argparse.Namespace) -> int:
         sys.path.insert(0, os.getcwd())
     from conformance.check.catalog import catalog
     from conformance.run.adapters import BuilderLoadError, load_builder
-    from conformance.run.options import PROFILES, OptionError, RunOptions
+    from conformance.run.options import OptionError, check_device, flag_message
 
-    # Resolved here, not in check_builder: the header printed before the first
-    # example, and the incomplete outputs, must already name them.
-    if args.seed is None:
-        import random
-
-        args.seed = random.randrange(2**32)
-    if args.max_examples is None:
-        args.max_examples = PROFILES.get(args.profile, 1)
+    _reports_before_run(args)
     invariants = catalog()
     xfail = _xfail(args.xfail_file, {inv.id for inv in invariants})
     ci = _ci_inputs(args)
-    options = RunOptions(
-        builder=args.builder,
-        device=args.device,
-        max_examples=args.max_examples if args.max_examples is not None else 1,
-        seed=args.seed if args.seed is not None else 0,
-        profile=args.profile,
-        select=_split(args.select),
-        unsupported=args.unsupported,
-        timeout=args.timeout,
-        max_alloc_bytes=args.max_alloc_bytes,
-        replays=args.replays,
-    )
     try:
+        options = _options(args, xfail)
         options.validate(capabilities={c for inv in invariants for c in inv.requires})
         from conformance.run.runner import select_invariants
 
         select_invariants(invariants, options.select)
     except OptionError as exc:
-        raise _UsageError(_as_flag(str(exc))) from None
+        raise _UsageError(flag_message(str(exc))) from None
+    # Resolved in the options, not in check_builder: the header printed before
+    # the first example, and the incomplete outputs, must already name them.
+    args.seed, args.max_examples = options.seed, options.max_examples
     _start_outputs(args, _run_start(args))
     try:
-        import torch
-
-        torch.empty(0, device=args.device)
-    except Exception as exc:
-        raise _UsageError(f"--device {args.device!r} is not usable here: {exc}") from None
+        check_device(options.device)
+    except OptionError as exc:
+        raise _UsageError(flag_message(str(exc))) from None
     if args.isolate:
         # By name: the builder's module is imported only in its worker process.
-        return _check(args, args.builder, ci, xfail)
+        return _check(args, args.builder, ci, options)
     try:
         builder = load_builder(args.builder)
     except BuilderLoadError as exc:
         raise _UsageError(str(exc)) from None
-    return _check(args, builder, ci, xfail)
+    return _check(args, builder, ci, options)
+
+
+def _options(args: argparse.Namespace, xfail: list[str]) -> Any:
+    """The run's one :class:`~conformance.run.options.RunOptions`, from the command line.
+
+    An option not given is ``None`` here and takes the kit's default there;
+    the CLI's one deliberate difference is the example database, saved to
+    ``.hypothesis/kvref-conformance`` unless ``--no-database``.
+    """
+    from conformance.run.options import RunOptions
+
+    return RunOptions.create(
+        args.builder,
+        device=args.device,
+        max_examples=args.max_examples,
+        seed=args.seed,
+        profile=args.profile,
+        select=_split(args.select),
+        xfail=xfail,
+        unsupported=args.unsupported,
+        timeout=args.timeout,
+        max_alloc_bytes=args.max_alloc_bytes,
+        shrink=not args.no_shrink,
+        database=None if args.no_database else args.database,
+        isolate=args.isolate,
+        reach=_reach(args),
+        min_reach=args.min_reach,
+        models=args.models,
+        models_only=args.models_only,
+        replays=args.replays,
+        worker_memory=args.worker_memory,
+    )
 
 
 def _ci_inputs(args: argparse.Namespace) -> Any:
@@ -488,24 +515,6 @@ def _ci_inputs(args: argparse.Namespace) -> Any:
         raise _UsageError(str(exc)) from None
 
 
-def _as_flag(message: str) -> str:
-    # check_builder's messages name keyword arguments; the CLI user typed flags.
-    for key in (
-        "max_examples",
-        "max_alloc_bytes",
-        "timeout",
-        "seed",
-        "select",
-        "unsupported",
-        "models_only",
-        "models",
-        "replays",
-    ):
-        if message.startswith(f"{key}="):
-            return "--" + key.replace("_", "-") + " " + message[len(key) + 1 :]
-    return message
-
-
 def _run_start(args: argparse.Namespace) -> Any:
     from conformance.report.render import RunStart
 
@@ -519,14 +528,14 @@ def _run_start(args: argparse.Namespace) -> Any:
     )
 
 
-def _check(args: argparse.Namespace, builder: object, ci: Any, xfail: list[str]) -> int:
+def _check(args: argparse.Namespace, builder: object, ci: Any, options: Any) -> int:
     import datetime
 
     import attrs
 
     from conformance.ci import exit_status, finish, write_outputs
     from conformance.report.render import format_header, format_report, write_json, write_junit
-    from conformance.run.options import OptionError
+    from conformance.run.options import OptionError, flag_message
     from conformance.run.runner import check_builder
 
     # Before the first example: a run killed outright still shows how to rerun it.
@@ -535,34 +544,13 @@ def _check(args: argparse.Namespace, builder: object, ci: Any, xfail: list[str])
     restore = _hypothesis_storage(args.no_database)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
     try:
-        report = check_builder(
-            builder,  # type: ignore[arg-type]
-            device=args.device,
-            max_examples=args.max_examples,
-            seed=args.seed,
-            select=_split(args.select),
-            xfail=xfail,
-            timeout=args.timeout,
-            unsupported=_split(args.unsupported),
-            profile=args.profile,
-            max_alloc_bytes=args.max_alloc_bytes,
-            progress=progress,
-            name=args.builder,
-            shrink=not args.no_shrink,
-            isolate=args.isolate,
-            database=None if args.no_database else args.database,
-            reach=_reach(args),
-            min_reach=args.min_reach,
-            models=args.models,
-            models_only=args.models_only,
-            replays=args.replays,
-        )
+        report = check_builder(builder, options, progress=progress)  # type: ignore[arg-type]
     except OptionError as exc:
-        raise _UsageError(_as_flag(str(exc))) from None
+        raise _UsageError(flag_message(str(exc))) from None
     finally:
         progress.close()
         restore()
-    report = finish(attrs.evolve(report, started=started), ci)
+    report = _reports_seal(args, finish(attrs.evolve(report, started=started), ci))
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(format_report(report, header=False))
@@ -579,7 +567,7 @@ def _check(args: argparse.Namespace, builder: object, ci: Any, xfail: list[str])
             # Checked before the run, yet gone or full now: say so, write the other one.
             print(f"kvref-conformance: error: {option} {str(path)!r}: {exc}", file=sys.stderr)
             unwritten = True
-    for error in write_outputs(report, ci):
+    for error in write_outputs(report, ci) + _reports_write(args, report):
         print(f"kvref-conformance: error: {error}", file=sys.stderr)
         unwritten = True
     if report.interrupted:
@@ -615,18 +603,56 @@ def _hypothesis_storage(no_database: bool) -> Callable[[], None]:
     return restore
 
 
-def _reach(args: argparse.Namespace) -> bool | list[str]:
-    """What reach to measure: named modules, the builder's own, or none."""
-    import importlib.util
+def _reach(args: argparse.Namespace) -> bool | list[str] | None:
+    """What reach to measure: named modules, none, or ``None``: the kit's default.
 
+    The default (:attr:`RunOptions.measured_reach`) measures the builder's own
+    code whenever coverage.py is installed, and always with ``--min-reach``.
+    """
     if args.no_reach:
         if args.min_reach is not None or args.reach:
             raise _UsageError("--no-reach contradicts --reach/--min-reach")
         return False
     if args.reach:
         return [m.strip() for m in args.reach.split(",") if m.strip()]
-    # Optional: without coverage.py the report says reach was not measured.
-    return args.min_reach is not None or importlib.util.find_spec("coverage") is not None
+    return None
+
+
+# Certified runs, `verify` and HTML reports: conformance/cli_reports.py.
+def _reports_options(parser: argparse.ArgumentParser) -> None:
+    from conformance.cli_reports import add_options
+
+    add_options(parser)
+
+
+def _reports_verb(argv: Sequence[str] | None) -> int | None:
+    from conformance.cli_reports import dispatch
+
+    return dispatch(argv)
+
+
+def _reports_before_run(args: argparse.Namespace) -> None:
+    from conformance.cli_reports import ReportOptionError, before_run
+
+    try:
+        before_run(args)
+    except ReportOptionError as exc:
+        raise _UsageError(str(exc)) from None
+
+
+def _reports_seal(args: argparse.Namespace, report: Any) -> Any:
+    from conformance.cli_reports import ReportOptionError, seal_report
+
+    try:
+        return seal_report(args, report)
+    except ReportOptionError as exc:
+        raise _UsageError(str(exc)) from None
+
+
+def _reports_write(args: argparse.Namespace, report: Any) -> list[str]:
+    from conformance.cli_reports import write_reports
+
+    return write_reports(args, report)
 
 
 def entry() -> None:

@@ -1,10 +1,24 @@
 """pytest plugin: ``pytest --pyargs conformance --kv-builder X --kv-device D``.
 
-One pytest item per invariant (the items share no state, so ``pytest -n auto``
-spreads them over cores); JUnit output through pytest's own ``--junitxml``.
-The plugin is loaded in every pytest session of the environment, so it costs
-nothing there: no import of torch or the kit, no header and no work unless
-``--kv-builder`` is given.  Bad options are one ``pytest.UsageError``.
+One pytest item per invariant; JUnit output through pytest's own
+``--junitxml``.  The plugin is loaded in every pytest session of the
+environment, so it costs nothing there: no import of torch or the kit, no
+header and no work unless ``--kv-builder`` is given.
+
+The options are the CLI's, as ``--kv-*``, made into one
+:class:`~conformance.run.options.RunOptions` before collection, with the
+kit's defaults (isolated, reach measured when coverage.py is installed, the
+``ci`` profile, a random seed the header names).  Bad options, the device
+included, are one ``pytest.UsageError`` before collection; so is
+``--kv-builder`` in a session that collected none of the kit's items (they
+come with ``--pyargs conformance``).
+
+The session's kit items share one run: the first item runs every selected
+invariant (those of the items left after ``-k`` and ``--kv-select``) as the
+CLI would, and each item reports its invariant's verdict from that run, so
+the same options judge the same examples once, whatever the number of items.
+That first item's time is the whole run's.  Under pytest-xdist every worker
+makes that run for the items it collected (not split yet).
 
 Verdicts map as: PASS passes; FAIL and INCONCLUSIVE fail; N/A and SKIP
 skip; XFAIL is an xfail; XPASS is pytest's non-strict XPASS (reported, not
@@ -18,14 +32,31 @@ from typing import Any
 
 import pytest
 
-__all__ = ["pytest_addoption", "pytest_configure", "pytest_report_header"]
+__all__ = [
+    "expectations",
+    "pytest_addoption",
+    "pytest_collection_finish",
+    "pytest_collection_modifyitems",
+    "pytest_configure",
+    "pytest_report_header",
+    "pytest_sessionfinish",
+    "run_item",
+    "xfail_ids",
+]
 
-_OPTIONS = (
+#: The module of the kit's items (``--pyargs conformance`` collects it).
+_KIT_MODULE = "conformance.test_conformance"
+
+_OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--kv-builder", {"default": None, "help": "module:Class of the builder to check"}),
-    ("--kv-device", {"default": "cpu", "help": "torch device for the device checks"}),
+    ("--kv-device", {"default": None, "help": "torch device for the device checks (cpu)"}),
     ("--kv-max-examples", {"type": int, "default": None, "help": "examples per scenario"}),
-    ("--kv-seed", {"type": int, "default": None, "help": "seed (default: random)"}),
-    ("--kv-profile", {"default": "ci", "help": "ci or thorough"}),
+    ("--kv-seed", {"type": int, "default": None, "help": "seed (default: random, in the header)"}),
+    ("--kv-profile", {"default": None, "help": "ci (the default) or thorough"}),
+    (
+        "--kv-select",
+        {"default": None, "help": "comma-separated invariant ids or prefixes (as --select)"},
+    ),
     ("--kv-xfail-file", {"default": None, "help": "file of invariant ids expected to fail"}),
     (
         "--kv-expectations",
@@ -35,9 +66,14 @@ _OPTIONS = (
             "help": "expectations manifest (TOML, repeatable): a path, or vllm-0.33.0",
         },
     ),
-    ("--kv-unsupported", {"default": "", "help": "capabilities the builder lacks"}),
-    ("--kv-timeout", {"type": float, "default": 10.0, "help": "per-call deadline, seconds"}),
+    ("--kv-unsupported", {"default": None, "help": "capabilities the builder lacks"}),
+    ("--kv-timeout", {"type": float, "default": None, "help": "per-call deadline, seconds (10)"}),
     ("--kv-max-alloc-bytes", {"type": int, "default": None, "help": "cap of one allocation"}),
+    ("--kv-no-shrink", {"action": "store_true", "help": "report failures unshrunk"}),
+    (
+        "--kv-replays",
+        {"type": int, "default": None, "help": "replays of each failure's counterexample (2)"},
+    ),
     (
         "--kv-database",
         {"default": None, "help": "Hypothesis example database directory: replay and save"},
@@ -51,7 +87,7 @@ _OPTIONS = (
         "--kv-isolate",
         {
             "action": "store_true",
-            "default": True,
+            "default": None,
             "help": "run the builder in a worker process, its module imported only there "
             "(the default; a crash or a patch of the kit is the builder's failure)",
         },
@@ -65,6 +101,25 @@ _OPTIONS = (
             "patch the kit)",
         },
     ),
+    (
+        "--kv-worker-memory",
+        {
+            "type": float,
+            "default": None,
+            "metavar": "GIB",
+            "help": "GiB of memory the builder's worker may take over its start (16)",
+        },
+    ),
+    (
+        "--kv-reach",
+        {"default": None, "metavar": "MODULES", "help": "modules reach is measured in"},
+    ),
+    ("--kv-no-reach", {"action": "store_true", "help": "do not measure reach"}),
+    (
+        "--kv-min-reach",
+        {"type": float, "default": None, "metavar": "PERCENT", "help": "fail below this reach"},
+    ),
+    ("--kv-json", {"default": None, "metavar": "PATH", "help": "write the run's report as JSON"}),
 )
 
 
@@ -75,103 +130,243 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         group.addoption(flag, **kwargs)
 
 
-def _check_options(config: pytest.Config) -> None:
-    """Raise one ``pytest.UsageError`` for the first unusable option.
+class _Session:
+    """The session's one :class:`RunOptions`, and the one run its kit items share."""
 
-    The rule is ``check_builder``'s own (:meth:`RunOptions.validate`), so the
-    plugin, the CLI and Python refuse the same values.
-    """
-    from conformance.check.catalog import catalog
-    from conformance.run.adapters import BuilderLoadError, load_builder
-    from conformance.run.options import PROFILES, OptionError, RunOptions
+    def __init__(self, options: Any, proxy: Any) -> None:
+        self.options = options
+        #: The builder as the run reaches it: its isolated proxy, or its name.
+        self.builder: Any = proxy if proxy is not None else options.builder
+        #: The invariants of the kit items left after deselection (``None``: not collected yet).
+        self.selected: list[str] | None = None
+        self.collected = False
+        #: The shared run's report, expectations applied (``None``: not run yet).
+        self.report: Any = None
 
-    profile = config.getoption("--kv-profile")
-    examples = config.getoption("--kv-max-examples")
-    options = RunOptions(
-        builder=config.getoption("--kv-builder"),
+    def run(self, invariant: str, manifests: Any) -> Any:
+        """The report that judged ``invariant``: the shared run's, made on the first call."""
+        import attrs
+
+        from conformance.run.runner import check_builder
+
+        if self.report is not None and invariant in {r.id for r in self.report.results}:
+            return self.report
+        # The collected items' ids, so no prefix of --kv-select widens them again;
+        # an item run apart from the session's collection runs alone.
+        ids = self.selected if self.selected and invariant in self.selected else [invariant]
+        report = check_builder(self.builder, attrs.evolve(self.options, select=ids))
+        if manifests:
+            from conformance.expectations import apply_expectations
+
+            report = apply_expectations(report, manifests)
+        if self.report is None:
+            self.report = report
+        return report
+
+
+def _reach(config: pytest.Config) -> bool | str | None:
+    reach: str | None = config.getoption("--kv-reach")
+    if config.getoption("--kv-no-reach"):
+        if reach or config.getoption("--kv-min-reach") is not None:
+            raise pytest.UsageError("--kv-no-reach contradicts --kv-reach/--kv-min-reach")
+        return False
+    return reach
+
+
+def _options(config: pytest.Config) -> Any:
+    """The session's :class:`RunOptions` from the ``--kv-*`` options (``None``: the default)."""
+    from conformance.run.options import RunOptions
+
+    seed = config.getoption("--kv-seed")
+    workerinput = getattr(config, "workerinput", None)
+    if seed is None and workerinput is not None:
+        # One seed for the whole session: the controller's, sent to each xdist worker.
+        seed = workerinput.get("kvref_seed")
+    return RunOptions.create(
+        config.getoption("--kv-builder"),
         device=config.getoption("--kv-device"),
-        max_examples=PROFILES.get(profile, 1) if examples is None else examples,
-        seed=config.getoption("--kv-seed") or 0,
-        profile=profile,
-        unsupported=_list(config.getoption("--kv-unsupported")),
+        max_examples=config.getoption("--kv-max-examples"),
+        seed=seed,
+        profile=config.getoption("--kv-profile"),
+        select=config.getoption("--kv-select"),
+        xfail=xfail_ids(config),
+        unsupported=config.getoption("--kv-unsupported"),
         timeout=config.getoption("--kv-timeout"),
         max_alloc_bytes=config.getoption("--kv-max-alloc-bytes"),
+        shrink=False if config.getoption("--kv-no-shrink") else None,
+        replays=config.getoption("--kv-replays"),
+        database=config.getoption("--kv-database"),
         models=config.getoption("--kv-models"),
-        models_only=config.getoption("--kv-models-only"),
+        models_only=config.getoption("--kv-models-only") or None,
+        isolate=config.getoption("--kv-isolate"),
+        worker_memory=config.getoption("--kv-worker-memory"),
+        reach=_reach(config),
+        min_reach=config.getoption("--kv-min-reach"),
     )
+
+
+def _check_options(config: pytest.Config) -> _Session:
+    """The session's options, every one checked; one ``pytest.UsageError`` for the first bad one.
+
+    The rules are ``check_builder``'s own (:meth:`RunOptions.validate`,
+    :func:`~conformance.run.options.check_device`), so the plugin, the CLI and
+    Python refuse the same values.
+    """
+    from conformance.check.catalog import catalog
+    from conformance.run.options import OptionError, check_device, flag_message
+    from conformance.run.tally import select_invariants
+
+    invariants = catalog()
     try:
-        options.validate(capabilities={c for inv in catalog() for c in inv.requires})
+        options = _options(config)
+        options.validate(capabilities={c for inv in invariants for c in inv.requires})
+        select_invariants(invariants, options.select)
+        check_device(options.device)
     except OptionError as exc:
-        raise pytest.UsageError(_as_flag(str(exc))) from None
+        raise pytest.UsageError(flag_message(str(exc), "--kv-")) from None
     from conformance.generate.vendor import VendorModelError, models_for_run
 
     try:
         models_for_run(options.models, models_only=options.models_only)
     except VendorModelError as exc:
         raise pytest.UsageError(f"--kv-models: {exc}") from None
-    xfail_ids(config)
     expectations(config)
-    name = config.getoption("--kv-builder")
+    _check_json_path(config.getoption("--kv-json"))
+    return _Session(options, _load(options))
+
+
+def _load(options: Any) -> Any:
+    """Load the builder once, as the run will reach it (an isolated proxy, or ``None``).
+
+    Isolated, its module is imported only in the worker made here, which every
+    item's run then uses: the import is paid once per session.
+    """
+    from conformance.run.adapters import BuilderLoadError, load_builder
+
     try:
-        if config.getoption("--kv-isolate"):
-            _isolated_builder(config, name)
-        else:
-            load_builder(name)
+        if not options.isolate:
+            load_builder(options.builder)
+            return None
+        from conformance.run.isolate import isolated
+
+        reach = options.measured_reach
+        return isolated(
+            options.builder,
+            options.builder,
+            reach=None if reach is False else reach,
+            memory=options.worker_memory_bytes,
+        )
     except BuilderLoadError as exc:
         raise pytest.UsageError(f"--kv-builder: {exc}") from None
 
 
-def _isolated_builder(config: pytest.Config, name: str) -> Any:
-    """The run's one worker for the builder, made (and the builder loaded there) once.
-
-    The builder's module is imported only in that worker; every item checks
-    the builder through it, so the import is paid once per pytest run.
-    """
-    from conformance.run.isolate import isolated
-
-    proxy = getattr(config, "_kvref_isolated", None)
-    if proxy is None or getattr(proxy, "kvref_name", None) != name:
-        proxy = isolated(name, name)
-        config._kvref_isolated = proxy  # type: ignore[attr-defined]
-    return proxy
+def _check_json_path(path: str | None) -> None:
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir() or not (target.parent if str(target.parent) else Path()).is_dir():
+        raise pytest.UsageError(f"--kv-json {path!r}: not a file path in an existing directory")
 
 
-def _as_flag(message: str) -> str:
-    # RunOptions names keyword arguments; the pytest user typed --kv-* options.
-    key, sep, rest = message.partition("=")
-    if sep and key.isidentifier():
-        return f"--kv-{key.replace('_', '-')}={rest}"
-    return message
+def _session(config: pytest.Config) -> _Session | None:
+    return getattr(config, "_kvref_session", None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Check the kit's options once, before collection, when a builder is given."""
     if config.getoption("--kv-builder", default=None) is not None:
-        _check_options(config)
+        config._kvref_session = _check_options(config)  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Under pytest-xdist: every worker runs with the controller's seed."""
+    session = _session(node.config)
+    if session is not None:
+        node.workerinput["kvref_seed"] = session.options.seed
+
+
+def _invariant(item: pytest.Item) -> str | None:
+    """The invariant a kit item checks (``None``: not one of the kit's items)."""
+    module = getattr(item, "module", None)
+    callspec = getattr(item, "callspec", None)
+    if getattr(module, "__name__", None) != _KIT_MODULE or callspec is None:
+        return None
+    invariant = callspec.params.get("invariant")
+    return invariant if isinstance(invariant, str) else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """Note that the kit's items were collected, and deselect those ``--kv-select`` leaves out."""
+    state = _session(config)
+    if state is None:
+        return
+    kit = [item for item in items if _invariant(item) is not None]
+    state.collected = bool(kit)
+    if state.options.select is None or not kit:
+        return
+    from conformance.check.catalog import catalog
+    from conformance.run.tally import select_invariants
+
+    chosen = {inv.id for inv in select_invariants(catalog(), state.options.select)}
+    dropped = [item for item in kit if _invariant(item) not in chosen]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item not in dropped]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Refuse a builder given to a session without the kit's items; note the run's invariants."""
+    state = _session(session.config)
+    if state is None:
+        return
+    if not state.collected:
+        builder = state.options.builder
+        raise pytest.UsageError(
+            f"--kv-builder {builder} was given, but none of the kit's tests were collected, "
+            f"so nothing would check it: add --pyargs conformance "
+            f"(pytest --pyargs conformance --kv-builder {builder})"
+        )
+    state.selected = [i for item in session.items if (i := _invariant(item)) is not None]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Write ``--kv-json`` and stop the session's worker."""
+    state = _session(session.config)
+    if state is None:
+        return
+    path = session.config.getoption("--kv-json")
+    if path is not None and state.report is not None:
+        from conformance.report.render import write_json
+
+        write_json(state.report, Path(path))
+    close = getattr(state.builder, "close", None)
+    if callable(close) and not isinstance(state.builder, str):
+        close()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     """Name exactly what is being tested, so a typo shows at once."""
-    builder = config.getoption("--kv-builder", default=None)
-    if builder is None:
+    state = _session(config)
+    if state is None:
         return None
     from conformance.contract import CONTRACT, version_note
 
-    xfail = config.getoption("--kv-xfail-file")
+    o = state.options
     note = version_note()
+    reach = o.measured_reach
     return [
-        f"kvref-conformance: builder={builder} device={config.getoption('--kv-device')} "
-        f"profile={config.getoption('--kv-profile')} "
-        f"max_examples={config.getoption('--kv-max-examples')} "
-        f"seed={config.getoption('--kv-seed')} "
-        f"xfail_file={xfail} unsupported={config.getoption('--kv-unsupported') or '-'}",
+        f"kvref-conformance: builder={o.builder} device={o.device} profile={o.profile} "
+        f"max_examples={o.max_examples} seed={o.seed} "
+        f"xfail_file={config.getoption('--kv-xfail-file')} "
+        f"unsupported={','.join(o.unsupported) or '-'} "
+        f"isolate={o.isolate} reach={'off' if reach is False else 'on'}",
         f"kvref-conformance: checks the {CONTRACT} builder contract"
         + ("" if note is None else f"; warning: {note}"),
     ]
-
-
-def _list(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
 
 
 def xfail_ids(config: pytest.Config) -> list[str]:
@@ -197,7 +392,7 @@ def xfail_ids(config: pytest.Config) -> list[str]:
                 pytest.PytestWarning(f"--kv-xfail-file names {entry!r}, which is no invariant id"),
                 stacklevel=2,
             )
-    return ids
+    return [entry for entry in ids if entry in known]
 
 
 def expectations(config: pytest.Config) -> Any:
@@ -223,40 +418,16 @@ def expectations(config: pytest.Config) -> Any:
 
 
 def run_item(invariant: str, request: pytest.FixtureRequest) -> None:
-    """Check one invariant and map its verdict onto pytest's outcomes."""
+    """Report ``invariant``'s verdict from the session's run, mapped onto pytest's outcomes."""
+    import attrs
+
     from conformance.report.render import format_report
-    from conformance.run.adapters import load_builder
-    from conformance.run.runner import check_builder
 
     config = request.config
-    builder_name = config.getoption("--kv-builder")
-    if builder_name is None:
+    state = _session(config)
+    if state is None:
         pytest.skip("give --kv-builder module:Class to check a builder")
-    xfail = xfail_ids(config)
-    isolate = config.getoption("--kv-isolate")
-    builder = _isolated_builder(config, builder_name) if isolate else load_builder(builder_name)
-    report = check_builder(
-        builder,
-        device=config.getoption("--kv-device"),
-        max_examples=config.getoption("--kv-max-examples"),
-        seed=config.getoption("--kv-seed"),
-        select=[invariant],
-        xfail=[x for x in xfail if x == invariant],
-        timeout=config.getoption("--kv-timeout"),
-        unsupported=_list(config.getoption("--kv-unsupported")),
-        profile=config.getoption("--kv-profile"),
-        max_alloc_bytes=config.getoption("--kv-max-alloc-bytes"),
-        name=builder_name,
-        database=config.getoption("--kv-database"),
-        models=config.getoption("--kv-models"),
-        models_only=config.getoption("--kv-models-only"),
-        isolate=isolate,
-    )
-    manifests = expectations(config)
-    if manifests:
-        from conformance.expectations import apply_expectations
-
-        report = apply_expectations(report, manifests)
+    report = state.run(invariant, expectations(config))
     result: Any = report.result(invariant)
     if result.strict_xpass:
         pytest.fail(f"{invariant} held, yet a strict expectation says it fails", pytrace=False)
@@ -269,4 +440,5 @@ def run_item(invariant: str, request: pytest.FixtureRequest) -> None:
         request.applymarker(pytest.mark.xfail(strict=False, reason=f"{invariant} in xfail file"))
         return
     if result.status in ("fail", "inconclusive"):
-        pytest.fail(format_report(report), pytrace=False)
+        # The invariant's own row and finding, as the CLI prints them.
+        pytest.fail(format_report(attrs.evolve(report, results=(result,))), pytrace=False)

@@ -29,6 +29,7 @@ from conformance.check.catalog import by_id
 from conformance.check.device import check_device
 from conformance.cli import main
 from conformance.run.isolate import WorkerDiedError, isolated
+from conformance.run.options import OptionError
 from conformance.run.runner import check_builder
 from kvref import PlanningConfig, ReferenceKVCacheConfigBuilder
 from kvref.specs import FullAttentionSpec
@@ -387,28 +388,33 @@ def test_check_device_refuses_unallocatable_configs(size: object) -> None:
     assert not tensor_problems(config)
 
 
-def test_a_hook_that_leaks_memory_meets_the_workers_limit(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_hook_that_leaks_memory_meets_the_workers_limit() -> None:
     """Memory kept on every call: the worker's limit turns it into a reported MemoryError.
 
-    The limit is made small here (256 MiB over the worker's start); the
-    forked worker inherits it.  The run ends, and the builder is failed by
+    The limit is made small here (``worker_memory``: 0.25 GiB over the
+    worker's start).  The run ends, and the builder is failed by
     KV-CALL-RAISES with the limit named, instead of growing until the machine swaps.
     """
-    from conformance.run import worker_side
-
-    monkeypatch.setattr(worker_side, "WORKER_MEMORY_HEADROOM", 256 << 20)
     report = check_builder(
         "hostile_builders:LeaksMemory",
         select=["KV-CALL-RAISES"],
         max_examples=10,
         seed=1,
         shrink=False,
+        worker_memory=0.25,
     )
     raised = report.result("KV-CALL-RAISES")
     assert raised.status == "fail", raised
-    assert any("memory limit" in v.message for v in raised.violations), raised.violations
+    messages = [v.message for v in raised.violations]
+    assert any("memory limit" in m and "256 MiB over" in m for m in messages), messages
+    assert "--worker-memory 0.25" in (raised.reproduce or "")
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan"), True, "16"])
+def test_worker_memory_is_validated(bad: object) -> None:
+    """A limit the worker cannot use is an OptionError naming the option and the value."""
+    with pytest.raises(OptionError, match=f"worker_memory={bad!r}"):
+        check_builder("hostile_builders:LeaksMemory", worker_memory=bad)  # type: ignore[arg-type]
 
 
 class TestHoldsTheGIL:

@@ -143,8 +143,12 @@ def prepare(
     isolate: bool,
     reach: bool | Sequence[str] | None,
     min_reach: float | None,
+    memory: int | None = None,
 ) -> Prepared:
     """Reach the builder the way the run will, and set up its reach meter.
+
+    ``memory``: bytes the isolated worker may take over its start (``None``:
+    the default limit).  A proxy the caller isolated already keeps its own.
 
     Raises:
         OptionError: the builder cannot be loaded, or the reach options are unusable.
@@ -158,27 +162,16 @@ def prepare(
 
         cls = builder if isinstance(builder, type) else None
         if cls is not None and issubclass(cls, IsolatedBuilder):
-            return Prepared(cls, None)  # isolated by the caller (the plugin keeps one per run)
-        if wanted is not None:
-            _reach_available()
-        try:
-            proxy = isolated(builder, name, reach=wanted)
-        except BuilderLoadError as exc:
-            raise OptionError(str(exc)) from None
-        meter = None
-        if wanted is not None:
-            # Computed in the worker (finding the files imports the builder's modules).
-            files = [Path(f) for f in proxy.__dict__.get("kvref_reach_files", ())]
-            scope = proxy.__dict__.get("kvref_reach_scope", {})
-            own = scope.get("own")
-            platform = scope.get("platform")
-            meter = ReachMeter(
-                files=files,
-                min_reach=min_reach,
-                own=None if own is None else [Path(f) for f in own],
-                platform=None if platform is None else Path(platform),
-            )
-        return Prepared(proxy, meter)
+            # Isolated by the caller (the plugin keeps one per session), with its reach.
+            proxy: type[IsolatedBuilder] = cls
+        else:
+            if wanted is not None:
+                _reach_available()
+            try:
+                proxy = isolated(builder, name, reach=wanted, memory=memory)
+            except BuilderLoadError as exc:
+                raise OptionError(str(exc)) from None
+        return Prepared(proxy, None if wanted is None else _worker_meter(proxy, min_reach))
     if isinstance(builder, str):
         try:
             builder = load_builder(builder)
@@ -191,6 +184,23 @@ def prepare(
         return Prepared(builder, ReachMeter.for_builder(builder, modules, min_reach))
     except ReachError as exc:
         raise OptionError(str(exc)) from None
+
+
+def _worker_meter(proxy: type[Any], min_reach: float | None) -> ReachMeter:
+    """The meter of a run whose builder runs in a worker: the files as the worker found them.
+
+    Computed in the worker (finding the files imports the builder's modules).
+    """
+    files = [Path(f) for f in proxy.__dict__.get("kvref_reach_files", ())]
+    scope = proxy.__dict__.get("kvref_reach_scope", {})
+    own = scope.get("own")
+    platform = scope.get("platform")
+    return ReachMeter(
+        files=files,
+        min_reach=min_reach,
+        own=None if own is None else [Path(f) for f in own],
+        platform=None if platform is None else Path(platform),
+    )
 
 
 def _reach_available() -> None:

@@ -123,7 +123,11 @@ MAX_DEATHS_IN_A_ROW = 2
 class _Worker:
     """One long-lived worker process for one builder; restarted when it dies."""
 
-    def __init__(self, target: Any, name: str | None, start_method: str | None) -> None:
+    def __init__(
+        self, target: Any, name: str | None, start_method: str | None, memory: int | None = None
+    ) -> None:
+        #: Bytes of private memory the worker may take over its start (None: worker_side's default).
+        self.memory = memory
         methods = multiprocessing.get_all_start_methods()
         method = start_method or ("fork" if "fork" in methods else "spawn")
         self.context: Any = multiprocessing.get_context(method)
@@ -159,7 +163,7 @@ class _Worker:
         parent_conn, child_conn = self.context.Pipe()
         process = self.context.Process(
             target=serve,
-            args=(child_conn, self.target, os.getpid(), self.reach_files, self.output),
+            args=(child_conn, self.target, os.getpid(), self.reach_files, self.output, self.memory),
             name="kvref-isolate-worker",
             daemon=True,
         )
@@ -481,6 +485,7 @@ def isolated(
     *,
     start_method: str | None = None,
     reach: bool | Sequence[str] | None = None,
+    memory: int | None = None,
 ) -> type[IsolatedBuilder]:
     """A proxy class for ``builder`` whose hooks run in a worker process.
 
@@ -494,6 +499,9 @@ def isolated(
         start_method: ``fork`` or ``spawn`` (default: fork where available).
         reach: measure reach in the worker: ``True`` for the builder's own
             modules, or module names (``None``: do not).
+        memory: bytes of private memory the worker may take over its size at
+            start (``RLIMIT_DATA``; default: the ``worker_memory`` option's
+            default, 16 GiB).
 
     The worker starts now and describes the builder as data (its declared
     capabilities, whether it is vLLM-native, its parent builder, its reach
@@ -513,7 +521,7 @@ def isolated(
     else:
         target = builder
         label = (builder if isinstance(builder, type) else type(builder)).__name__
-    worker = _Worker(target, name, start_method)
+    worker = _Worker(target, name, start_method, memory)
     try:
         facts = worker.describe(name, reach)
     except BaseException as exc:

@@ -1,24 +1,43 @@
 """The options of one kit run, checked before any long work starts.
 
-Every front end (``check_builder``, the CLI, the pytest plugin) builds a
-:class:`RunOptions`; bad values raise :class:`OptionError` naming the option
-and the value, and the printed reproduce lines are made from the same
-record, so they carry every option that shaped the run.
+Every front end (``check_builder``, the CLI, the pytest plugin) builds one
+:class:`RunOptions` and hands it whole to the run
+(:func:`conformance.run.runner.check_builder`'s ``options=``); the defaults
+here are the kit's defaults on every front end (isolated, reach measured when
+coverage.py is installed, the ``ci`` profile).  Bad values raise
+:class:`OptionError` naming the option and the value, and the printed
+reproduce lines are made from the same record, so they carry every option
+that shaped the run.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import random
 import shlex
 from collections.abc import Iterable
 from typing import Any
 
 import attrs
 
-__all__ = ["PROFILES", "OptionError", "RunOptions"]
+__all__ = [
+    "DEFAULT_WORKER_MEMORY_GIB",
+    "PROFILES",
+    "OptionError",
+    "RunOptions",
+    "check_device",
+    "flag_message",
+]
 
 #: Examples per scenario for each profile.
 PROFILES: dict[str, int] = {"ci": 50, "thorough": 500}
+
+#: GiB of private memory an isolated worker may take over its size at start
+#: (``RLIMIT_DATA``, :mod:`conformance.run.worker_side`).  Planning takes
+#: kilobytes to megabytes; a hook that leaks on every call stops there, with a
+#: ``MemoryError`` the run reports, long before the machine swaps.
+DEFAULT_WORKER_MEMORY_GIB = 16.0
 
 
 class OptionError(ValueError):
@@ -37,6 +56,14 @@ def _xfail_ids(values: Iterable[str] | None) -> tuple[str, ...]:
     return _ids(values) or ()
 
 
+def _reach(values: bool | Iterable[str] | None) -> bool | tuple[str, ...] | None:
+    if values is None or isinstance(values, bool):
+        return values
+    if isinstance(values, str):
+        values = values.split(",")
+    return tuple(v.strip() for v in values if v.strip())
+
+
 def _strings(values: Iterable[str] | None) -> tuple[str, ...]:
     if values is None:
         return ()
@@ -45,36 +72,51 @@ def _strings(values: Iterable[str] | None) -> tuple[str, ...]:
     return tuple(v.strip() for v in values if v.strip())
 
 
+def _random_seed() -> int:
+    return random.randrange(2**32)
+
+
 @attrs.frozen(kw_only=True)
 class RunOptions:
-    """What one run checks and how.
+    """What one run checks and how: the one record every front end builds and passes whole.
 
     Attributes:
         builder: the builder's importable name (``module:Class``), or ``None``
             when the builder was passed as an object that cannot be imported.
-        device: torch device of the device checks.
-        max_examples: examples per scenario.
-        seed: the run's seed.
-        profile: ``ci`` or ``thorough``.
+        device: torch device of the device checks (:func:`check_device`).
+        profile: ``ci`` (the default) or ``thorough``.
+        max_examples: examples per scenario (default: the profile's).
+        seed: the run's seed (default: a random one, which the report names).
         select: invariant ids or prefixes (``None``: all).
         xfail: ids expected to fail.
         unsupported: capabilities the builder declares it lacks.
         timeout: per-call deadline, seconds.
         max_alloc_bytes: cap of one allocation of the device checks.
         shrink: shrink failures to minimal counterexamples.
-        database: Hypothesis example database directory (``None``: none).
+        database: Hypothesis example database directory (``None``: none).  The
+            CLI's own default is ``.hypothesis/kvref-conformance``; a Python
+            call and a pytest session save nothing unless asked.
         models: vendor models (``module:attr`` or a JSON path), mixed into generation.
         models_only: generate from the vendor models alone.
         isolate: run the builder in a worker process (:mod:`conformance.run.isolate`).
+        reach: measure which lines of the builder's code ran: ``True``, module
+            names, ``False``; ``None`` (the default): measured when coverage.py
+            is installed (:attr:`measured_reach`).
+        min_reach: fail the run when less than this percentage of those lines ran.
         replays: times each failure's minimal counterexample is judged again
             (:mod:`conformance.run.flakes`; 0: none).
+        worker_memory: GiB of private memory the isolated worker may take over
+            its size at start (``RLIMIT_DATA``): a leaking hook then fails
+            ``KV-CALL-RAISES`` with the limit named.
     """
 
     builder: str | None
     device: str = "cpu"
-    max_examples: int = PROFILES["ci"]
-    seed: int = 0
     profile: str = "ci"
+    max_examples: int = attrs.field(
+        default=attrs.Factory(lambda self: PROFILES.get(self.profile, 1), takes_self=True)
+    )
+    seed: int = attrs.field(factory=_random_seed)
     select: tuple[str, ...] | None = attrs.field(default=None, converter=_ids)
     xfail: tuple[str, ...] = attrs.field(default=(), converter=_xfail_ids)
     unsupported: tuple[str, ...] = attrs.field(default=(), converter=_strings)
@@ -84,11 +126,50 @@ class RunOptions:
     database: str | None = None
     models: str | None = None
     models_only: bool = False
-    isolate: bool = False
+    isolate: bool = True
+    reach: bool | tuple[str, ...] | None = attrs.field(default=None, converter=_reach)
+    min_reach: float | None = None
     replays: int = 2
+    worker_memory: float = DEFAULT_WORKER_MEMORY_GIB
+
+    @classmethod
+    def create(cls, builder: str | None, **values: Any) -> RunOptions:
+        """The options of ``values``, where a value given as ``None`` takes the kit's default.
+
+        What a front end has when an option was not given is ``None`` (argparse,
+        pytest, a keyword left out); this is the one place that turns it into
+        the default, so every front end gets the same ones.
+
+        Raises:
+            OptionError: a value names no option.
+        """
+        fields = {f.name for f in attrs.fields(cls)}
+        unknown = sorted(set(values) - fields)
+        if unknown:
+            raise OptionError(f"{unknown[0]} is not an option of the run")
+        return cls(builder=builder, **{k: v for k, v in values.items() if v is not None})
+
+    @property
+    def measured_reach(self) -> bool | tuple[str, ...]:
+        """What reach the run measures, :attr:`reach`'s ``None`` resolved.
+
+        ``None`` measures whenever coverage.py is installed (without it the
+        report says reach was not measured), and always when ``min_reach``
+        asks for it.
+        """
+        if self.reach is not None:
+            return self.reach
+        return self.min_reach is not None or importlib.util.find_spec("coverage") is not None
+
+    @property
+    def worker_memory_bytes(self) -> int:
+        """:attr:`worker_memory` in bytes."""
+        return int(self.worker_memory * (1 << 30))
 
     def validate(self, *, capabilities: Iterable[str]) -> None:
         """Raise :class:`OptionError` for the first unusable option.
+
+        The device is checked apart (:func:`check_device`: it imports torch).
 
         Args:
             capabilities: the capabilities the catalog knows (``unsupported`` must name them).
@@ -98,13 +179,7 @@ class RunOptions:
         _positive_int("max_examples", self.max_examples)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise OptionError(f"seed={self.seed!r} must be a non-negative int")
-        if (
-            isinstance(self.timeout, bool)
-            or not isinstance(self.timeout, (int, float))
-            or not math.isfinite(self.timeout)
-            or self.timeout <= 0
-        ):
-            raise OptionError(f"timeout={self.timeout!r} must be a finite number of seconds > 0")
+        _positive_number("timeout", self.timeout, "seconds")
         if self.max_alloc_bytes is not None:
             _positive_int("max_alloc_bytes", self.max_alloc_bytes)
         if self.select is not None and not [s for s in self.select if s]:
@@ -120,6 +195,17 @@ class RunOptions:
             raise OptionError(f"replays={self.replays!r} must be a non-negative int")
         if self.models_only and self.models is None:
             raise OptionError("models_only=True needs models (the vendor models to generate from)")
+        _positive_number("worker_memory", self.worker_memory, "GiB")
+        if self.min_reach is not None and (
+            isinstance(self.min_reach, bool)
+            or not isinstance(self.min_reach, (int, float))
+            or not 0 <= self.min_reach <= 100
+        ):
+            raise OptionError(
+                f"min_reach={self.min_reach!r} must be a percentage between 0 and 100"
+            )
+        if self.reach is False and self.min_reach is not None:
+            raise OptionError("min_reach needs reach measured (reach=True or module names)")
 
     def reproduce(self, invariant: str) -> str:
         """A command that reruns this run's examples for ``invariant`` alone."""
@@ -139,6 +225,9 @@ class RunOptions:
             words.append("--no-shrink")
         # Said either way: a crash contained in a worker may end an in-process run.
         words.append("--isolate" if self.isolate else "--no-isolate")
+        if self.isolate and self.worker_memory != DEFAULT_WORKER_MEMORY_GIB:
+            # A leak meets the limit at another call: another verdict, maybe.
+            words += ["--worker-memory", f"{self.worker_memory:g}"]
         # Replaying saved counterexamples would run other examples than the seed's.
         words.append("--no-database")
         return " ".join(shlex.quote(w) for w in words)
@@ -146,12 +235,60 @@ class RunOptions:
     def as_dict(self) -> dict[str, Any]:
         """The options as JSON-able data."""
         data = attrs.asdict(self)
-        for key in ("select", "xfail", "unsupported"):
-            if data[key] is not None:
+        for key in ("select", "xfail", "unsupported", "reach"):
+            if isinstance(data[key], (tuple, list)):
                 data[key] = list(data[key])
         return data
+
+
+def check_device(device: str) -> None:
+    """Raise :class:`OptionError` unless torch can allocate on ``device`` here.
+
+    One rule for every front end: ``bogus``, or ``cuda`` on a machine without
+    a usable GPU, is refused before any example runs (the CLI and the plugin
+    turn it into their usage error).
+    """
+    if not isinstance(device, str) or not device.strip():
+        raise OptionError(
+            f"device={device!r} must name a torch device (cpu, cuda, cuda:1, meta...)"
+        )
+    try:
+        import torch
+
+        torch.empty(0, device=device)
+    except Exception as exc:
+        # torch says why in its own words (an unknown type, no CUDA build, no GPU).
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise OptionError(f"device={device!r} is not usable here: {reason}") from None
 
 
 def _positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise OptionError(f"{name}={value!r} must be a positive int")
+
+
+def _positive_number(name: str, value: object, unit: str) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise OptionError(f"{name}={value!r} must be a finite number of {unit} > 0")
+
+
+def flag_message(message: str, prefix: str = "--") -> str:
+    """``message`` of an :class:`OptionError` with its keyword turned into a flag.
+
+    ``max_examples=0 must...`` becomes ``--max-examples 0 must...`` (the CLI)
+    or ``--kv-max-examples 0 must...`` (``prefix="--kv-"``, the plugin): the
+    user typed flags, not keywords.
+    """
+    fields = {f.name for f in attrs.fields(RunOptions)}
+    key, sep, rest = message.partition("=")
+    if sep and key in fields:
+        return f"{prefix}{key.replace('_', '-')} {rest}"
+    for key in sorted(fields, key=len, reverse=True):
+        if message.startswith(f"{key} "):
+            return f"{prefix}{key.replace('_', '-')}{message[len(key) :]}"
+    return message

@@ -10,7 +10,6 @@ judged is reported as such, never as a pass.
 from __future__ import annotations
 
 import functools
-import random
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -38,11 +37,12 @@ from conformance.run.flakes import replay_failure
 from conformance.run.guard import Guard, clear_interrupt
 from conformance.run.limits import CAPABILITIES, Limits
 from conformance.run.observations import builder_spoiled
-from conformance.run.options import PROFILES, OptionError, RunOptions
+from conformance.run.options import PROFILES, OptionError, RunOptions, check_device
 from conformance.run.profiling import isolated_resolver, resolvable_qualname
 from conformance.run.scenarios import ConstructionFailedError, Context, make_factory, observe
 from conformance.run.search import Namespaced, search
 from conformance.run.strata import Stratum, draw, run_strata, stratum_seed
+from conformance.run.tally import Tally, select_invariants
 from conformance.run.timing import InvariantClock
 from conformance.run.upstream import matching_defect
 from kvref.builder import KVCacheConfigBuilder
@@ -52,6 +52,7 @@ __all__ = [
     "InvariantResult",
     "OptionError",
     "Report",
+    "RunOptions",
     "UnknownIdWarning",
     "builder_name",
     "check_builder",
@@ -63,72 +64,6 @@ Progress = Callable[[str, int, int], None]
 
 class UnknownIdWarning(UserWarning):
     """An xfail entry names no invariant of the catalog."""
-
-
-@attrs.define
-class _Tally:
-    """What the examples of a run said about one invariant."""
-
-    judged: int = 0
-    unjudged: int = 0
-    not_applicable: int = 0
-    #: Unjudged examples on which one of the builder's own calls failed.
-    spoiled: int = 0
-    reason: str | None = None
-    na_reason: str | None = None
-    #: The first failing example: its scenario, and the stratum whose run drew
-    #: it (that stratum's strategy shrinks it).
-    failure: tuple[str, Example, Stratum] | None = None
-    found: tuple[Any, ...] = ()
-
-    def add(
-        self,
-        outcome: Any,
-        scenario: str,
-        example: Example,
-        *,
-        primary: bool,
-        stratum: Stratum,
-        spoiled: Callable[[], bool] = lambda: False,
-    ) -> None:
-        if outcome is None or isinstance(outcome, Unjudged):
-            if isinstance(outcome, Unjudged) and not outcome.applicable:
-                self.not_applicable += 1
-                self.na_reason = outcome.reason
-            else:
-                self.unjudged += 1
-                self.spoiled += spoiled()
-                # The invariant's own scenario explains best why it was not judged.
-                if isinstance(outcome, Unjudged) and (primary or self.reason is None):
-                    self.reason = outcome.reason
-            return
-        self.judged += 1
-        if outcome and self.failure is None:
-            self.failure = (scenario, example, stratum)
-            self.found = tuple(outcome)
-
-
-def select_invariants(
-    invariants: Sequence[Invariant], select: Iterable[str] | None
-) -> list[Invariant]:
-    """The invariants whose id equals or starts with one of ``select`` (all if ``None``).
-
-    Raises:
-        OptionError: ``select`` is empty, or an entry matches no invariant.
-    """
-    if select is None:
-        return list(invariants)
-    chosen: list[Invariant] = []
-    patterns = [raw.strip().upper() for raw in select if raw.strip()]
-    if not patterns:
-        raise OptionError("select names no invariant id; give at least one id or prefix")
-    for pattern in patterns:
-        stem = pattern.rstrip("*")
-        hits = [inv for inv in invariants if inv.id == pattern or inv.id.startswith(stem)]
-        if not hits:
-            raise OptionError(f"select entry {pattern!r} matches no invariant id")
-        chosen += [h for h in hits if h not in chosen]
-    return [inv for inv in invariants if inv in chosen]
 
 
 def _preflight(builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder], guard: Guard) -> None:
@@ -148,108 +83,163 @@ def _preflight(builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder], guard
 
 def check_builder(
     builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder] | str,
+    options: RunOptions | None = None,
     *,
-    device: str = "cpu",
+    progress: Progress | None = None,
+    name: str | None = None,
+    models: object | None = None,
+    device: str | None = None,
     max_examples: int | None = None,
     seed: int | None = None,
     select: Iterable[str] | None = None,
     xfail: Iterable[str] | None = None,
-    timeout: float = 10.0,
+    timeout: float | None = None,
     unsupported: Iterable[str] | None = None,
-    profile: str = "ci",
+    profile: str | None = None,
     max_alloc_bytes: int | None = None,
-    progress: Progress | None = None,
-    name: str | None = None,
-    shrink: bool = True,
+    shrink: bool | None = None,
     database: str | None = None,
-    isolate: bool = True,
-    reach: bool | Sequence[str] = False,
+    isolate: bool | None = None,
+    reach: bool | Sequence[str] | None = None,
     min_reach: float | None = None,
-    models: object | None = None,
-    models_only: bool = False,
-    replays: int = 2,
+    models_only: bool | None = None,
+    replays: int | None = None,
+    worker_memory: float | None = None,
 ) -> Report:
     """Check ``builder`` against the invariant catalog and return a :class:`Report`.
 
+    The run's options are one :class:`~conformance.run.options.RunOptions`:
+    ``options`` as the CLI and the plugin pass it, or built from the keywords
+    (a keyword left out, or ``None``, takes the kit's default, the same on
+    every front end).  Keywords given with ``options`` replace its values.
+
     Args:
         builder: the builder's importable name (``module:Class`` or
-            ``path/to/file.py:Class``; with ``isolate`` its module is imported
-            only in the worker process, never in the caller's), or a builder
+            ``path/to/file.py:Class``; isolated, its module is imported only
+            in the worker process, never in the caller's), or a builder
             class (instantiated afresh where vLLM would) or instance.
-        device: torch device for the device invariants (``cpu``, ``cuda``, ``meta``...).
+        options: the whole run's options (default: from the keywords).
+        progress: called as ``progress(scenario, done, total)``.
+        name: the builder's importable name in the report and its reproduce lines.
+        models: the vendor's models, mixed into generation: ``"module:attr"``, a
+            JSON file path, or the object itself
+            (:func:`conformance.generate.vendor.load_models`).
+        device: torch device for the device invariants (``cpu``, the default;
+            ``cuda``, ``meta``...); one torch cannot use is an :class:`OptionError`.
         max_examples: examples per scenario (default: the profile's; must be >= 1).
         seed: makes the run reproducible (random if ``None``; the report says which).
         select: invariant ids or id prefixes to run (default: all; never empty).
         xfail: ids expected to fail; a failure is reported as XFAIL, a pass as XPASS.
-        timeout: per-call deadline in seconds for every builder hook.
+        timeout: per-call deadline in seconds for every builder hook (default 10).
         unsupported: capabilities the builder lacks (e.g. ``host_resident``), in
             addition to its ``kvref_unsupported`` attribute.
         profile: ``ci`` (fast, the default) or ``thorough``.
         max_alloc_bytes: cap of any single device allocation of the device checks.
-        progress: called as ``progress(scenario, done, total)``.
-        name: the builder's importable name in the report and its reproduce lines.
-        shrink: shrink failures to minimal counterexamples.
+        shrink: shrink failures to minimal counterexamples (default ``True``).
         database: directory of a Hypothesis example database: counterexamples of
-            earlier runs are replayed first and new ones are saved there.
+            earlier runs are replayed first and new ones are saved there
+            (default: none).
         isolate: run the builder's hooks in a worker process (the default;
             :func:`conformance.run.isolate.isolated`): a hook that ends or crashes
             the process, or patches the kit, is reported as the builder's failure,
             and its answers reach the kit as data.  ``False`` runs it in this
             process, for debugging only: a builder can then patch the kit.
         reach: measure which lines of the builder's own code the run executed
-            (``True``: its class's module and package; or module names); needs
-            coverage.py.
-        min_reach: with ``reach``, fail the run when less than this percentage
-            of those lines ran.
-        models: the vendor's models, mixed into generation: ``"module:attr"``, a
-            JSON file path, or the object itself
-            (:func:`conformance.generate.vendor.load_models`).
+            (``True``: its class's module and package; or module names;
+            ``False``: not); default: measured when coverage.py is installed.
+        min_reach: fail the run when less than this percentage of those lines ran.
         models_only: generate from ``models`` alone.
         replays: how many times each failure's minimal counterexample is
-            judged again, to tell deterministic failures from flaky ones (0: none).
+            judged again, to tell deterministic failures from flaky ones
+            (default 2; 0: none).
+        worker_memory: GiB of private memory the isolated worker may take over
+            its size at start (default 16): a hook that leaks past it fails
+            ``KV-CALL-RAISES`` with the limit named.
 
     Raises:
-        OptionError: an option has an unusable value (a ``ValueError``), or the
-            builder class cannot be constructed at all; raised before any example runs.
+        OptionError: an option has an unusable value (a ``ValueError``; the
+            device included), or the builder class cannot be constructed at
+            all; raised before any example runs.
     """
     started = time.perf_counter()
-    options = RunOptions(
-        builder=name or builder_name(builder),
-        device=device,
-        max_examples=PROFILES.get(profile, 1) if max_examples is None else max_examples,
-        seed=random.randrange(2**32) if seed is None else seed,
-        profile=profile,
-        select=select,
-        xfail=xfail,
-        unsupported=unsupported,
-        timeout=timeout,
-        max_alloc_bytes=max_alloc_bytes,
-        shrink=shrink,
-        database=database,
-        isolate=isolate,
-        models=models if models is None or isinstance(models, str) else "<models object>",
-        models_only=models_only,
-        replays=replays,
-    )
+    keywords = {
+        "device": device,
+        "max_examples": max_examples,
+        "seed": seed,
+        "select": select,
+        "xfail": xfail,
+        "timeout": timeout,
+        "unsupported": unsupported,
+        "profile": profile,
+        "max_alloc_bytes": max_alloc_bytes,
+        "shrink": shrink,
+        "database": database,
+        "isolate": isolate,
+        "reach": reach,
+        "min_reach": min_reach,
+        "models": _models_label(models),
+        "models_only": models_only,
+        "replays": replays,
+        "worker_memory": worker_memory,
+    }
+    options = _options(builder, options, name, keywords)
     invariants = catalog()
     options.validate(
         capabilities={c for inv in invariants for c in inv.requires} | set(CAPABILITIES)
     )
     selected = select_invariants(invariants, options.select)
+    check_device(options.device)
     known = {inv.id for inv in invariants}
     for entry in options.xfail:
         if entry not in known:
             warnings.warn(
                 f"xfail entry {entry!r} matches no invariant id", UnknownIdWarning, stacklevel=2
             )
+    return _check(builder, options, selected, progress, models, started)
+
+
+def _models_label(models: object | None) -> str | None:
+    """What the options record of ``models``: its spec, or a mark for an object."""
+    return models if models is None or isinstance(models, str) else "<models object>"
+
+
+def _options(
+    builder: object, options: RunOptions | None, name: str | None, keywords: dict[str, Any]
+) -> RunOptions:
+    """The run's one :class:`RunOptions`: ``options`` with the given keywords, or the keywords'."""
+    given = {k: v for k, v in keywords.items() if v is not None}
+    if options is None:
+        return RunOptions.create(name or builder_name(builder), **given)
+    if name is not None or options.builder is None:
+        given["builder"] = name or builder_name(builder)
+    return attrs.evolve(options, **given) if given else options
+
+
+def _check(
+    builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder] | str,
+    options: RunOptions,
+    selected: Sequence[Invariant],
+    progress: Progress | None,
+    models: object | None,
+    started: float,
+) -> Report:
+    """Run the validated ``options`` over ``selected`` and make the report."""
+    isolate = options.isolate
     guard = Guard(options.timeout, watchdog=not isolate)
     # One rule for every front end (boundary.py): isolated unless asked not
     # to; a builder given by name is imported only in its worker.
-    prepared = prepare(builder, options.builder, isolate=isolate, reach=reach, min_reach=min_reach)
+    prepared = prepare(
+        builder,
+        options.builder,
+        isolate=isolate,
+        reach=options.measured_reach,
+        min_reach=options.min_reach,
+        memory=options.worker_memory_bytes,
+    )
     builder, meter = prepared.builder, prepared.meter
     _preflight(builder, guard)
     run = _Run(builder, options, guard, progress)
-    run.strata = _strata(models, models_only, run.limits)
+    run.strata = _strata(options.models if models is None else models, options, run.limits)
     if meter is not None:
         # Isolated, the builder's code runs only in its worker, which traces it;
         # tracing this process's threads too would cost time and find nothing.
@@ -277,7 +267,7 @@ def check_builder(
     return report
 
 
-def _strata(models: object | None, models_only: bool, limits: Limits) -> tuple[Stratum, ...]:
+def _strata(models: object | None, options: RunOptions, limits: Limits) -> tuple[Stratum, ...]:
     # models_only without models was refused by RunOptions.validate already.
     from conformance.generate.vendor import VendorModelError, load_models
 
@@ -285,7 +275,7 @@ def _strata(models: object | None, models_only: bool, limits: Limits) -> tuple[S
         vendor = None if models is None else load_models(models)
     except VendorModelError as exc:
         raise OptionError(str(exc)) from None
-    return run_strata(vendor, only=models_only, limits=limits)
+    return run_strata(vendor, only=options.models_only, limits=limits)
 
 
 class _Run:
@@ -316,7 +306,7 @@ class _Run:
             resolver=None if qualname is None else isolated_resolver(builder),
         )
         self.limits = Limits.of(builder, options.unsupported)
-        self.tallies: dict[str, _Tally] = {}
+        self.tallies: dict[str, Tally] = {}
         self.skipped: dict[str, str] = {}
         self.interrupted = False
         # Where the examples come from (strata.py) and what each scenario drew.
@@ -338,7 +328,7 @@ class _Run:
                     f"the builder declares no support for {', '.join(sorted(missing))}"
                 )
         active = [inv for inv in selected if inv.id not in self.skipped]
-        self.tallies = {inv.id: _Tally() for inv in active}
+        self.tallies = {inv.id: Tally() for inv in active}
         plan = [(s, [inv for inv in active if s in inv.scenarios]) for s in SCENARIOS]
         plan = [(s, checks) for s, checks in plan if checks]
         total = len(plan) * self.options.max_examples
@@ -469,7 +459,7 @@ class _Run:
         return covered
 
     def _result(self, inv: Invariant) -> InvariantResult:
-        tally = self.tallies.get(inv.id, _Tally())
+        tally = self.tallies.get(inv.id, Tally())
 
         def make(status: str, **extra: Any) -> InvariantResult:
             return InvariantResult(
@@ -513,7 +503,7 @@ class _Run:
             reason = "no example reached it"
         return make("xfail" if expected else "inconclusive", reason=reason)
 
-    def _failure(self, inv: Invariant, tally: _Tally) -> dict[str, Any]:
+    def _failure(self, inv: Invariant, tally: Tally) -> dict[str, Any]:
         """The shrunk counterexample of a failed invariant and how to reproduce it."""
         if tally.failure is None:
             raise ValueError(f"{inv.id} has no failure to report")

@@ -26,6 +26,7 @@ from typing import Any
 import attrs
 
 from conformance.run import handed, wire
+from conformance.run.options import DEFAULT_WORKER_MEMORY_GIB
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 
@@ -159,10 +160,9 @@ def _own_group_and_output(output: str | None) -> None:
 
 
 #: How much more private memory (heap and anonymous maps) a worker may take
-#: than it held when it started.  Planning a model takes kilobytes to
-#: megabytes; a hook that leaks on every call stops here, with a
-#: ``MemoryError`` the run reports, long before the machine swaps.
-WORKER_MEMORY_HEADROOM = 16 << 30
+#: than it held when it started, unless the run says otherwise (the
+#: ``worker_memory`` option, :data:`conformance.run.options.DEFAULT_WORKER_MEMORY_GIB`).
+WORKER_MEMORY_HEADROOM = int(DEFAULT_WORKER_MEMORY_GIB * (1 << 30))
 
 
 def _private_bytes() -> int | None:
@@ -358,14 +358,20 @@ def serve(
     parent: int,
     reach_files: Sequence[str] | None = None,
     output: str | None = None,
+    memory: int | None = None,
 ) -> None:
-    """The worker's loop: make builders, run hooks, send back what happened."""
+    """The worker's loop: make builders, run hooks, send back what happened.
+
+    ``memory``: bytes of private memory allowed over the worker's size at
+    start (default :data:`WORKER_MEMORY_HEADROOM`).
+    """
     with contextlib.suppress(ValueError):
         # Ctrl-C belongs to the kit, which writes the partial report.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     _own_group_and_output(output)
     _watch_parent(parent)
-    memory_cap = _limit_memory()
+    headroom = WORKER_MEMORY_HEADROOM if memory is None else memory
+    memory_cap = _limit_memory(headroom)
     cov = _start_reach(reach_files)
     instances: dict[int, Any] = {}
     builder: Any = None
@@ -410,8 +416,8 @@ def serve(
             if isinstance(exc, MemoryError) and memory_cap is not None and add_note is not None:
                 add_note(
                     f"the builder's worker process reached its memory limit ({memory_cap >> 20} "
-                    f"MiB of private memory: {WORKER_MEMORY_HEADROOM >> 20} MiB over its size "
-                    "at start)"
+                    f"MiB of private memory: {headroom >> 20} MiB over its size at start; "
+                    "the worker_memory option, --worker-memory GIB, sets it)"
                 )
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:])
             changes = snapshot.changes() if snapshot is not None else ()
