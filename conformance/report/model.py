@@ -137,6 +137,8 @@ class Report:
         baseline: with a baseline report (:mod:`conformance.baseline`), the
             failing ids new in this run, fixed since, and unchanged; the run then
             fails only on new ones (``None``: no baseline).
+        certificate: in a ``--certify`` run's report, what it certifies and the
+            digest of the report (:mod:`conformance.certify`); ``None`` otherwise.
     """
 
     builder: str
@@ -157,6 +159,7 @@ class Report:
     warnings: tuple[str, ...] = ()
     baseline: dict[str, Any] | None = None
     contract: str = CONTRACT
+    certificate: dict[str, Any] | None = None
 
     @property
     def failures(self) -> tuple[InvariantResult, ...]:

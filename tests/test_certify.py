@@ -1,0 +1,221 @@
+"""Certified runs (issue 20, item 6): ``--certify`` and ``kvref-conformance verify``.
+
+The certified run's plumbing is tested at a few examples per scenario
+(``conformance.certify.EXAMPLES``); the real run (the thorough profile) is
+under ``-m slow``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from conformance import certify
+from conformance.cli import main
+from conformance.report.render import json_schema_path
+
+BUILDER = '''"""A vendor's builder: the reference's planning, under its own name."""
+
+from kvref import ReferenceKVCacheConfigBuilder
+
+
+class Mine(ReferenceKVCacheConfigBuilder):
+    """Plans as the reference does."""
+'''
+QUICK = ["--no-database", "--replays", "0", "--no-reach"]
+
+
+@pytest.fixture(scope="module")
+def certified(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A directory holding a vendor builder and its certified report (``report.json``)."""
+    root = tmp_path_factory.mktemp("certified")
+    (root / "mine.py").write_text(BUILDER)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        mp.setattr(certify, "EXAMPLES", 1)
+        mp.delenv(certify.KEY_ENV, raising=False)
+        code = main(["mine.py:Mine", "--certify", "--json", "report.json", *QUICK])
+    # The verdict of one example per scenario is no matter here; the certificate is.
+    assert code in (0, 1)
+    yield root
+
+
+@pytest.fixture
+def copy_of(certified: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the certified directory, the current one (a test may edit it)."""
+    shutil.copytree(certified, tmp_path, dirs_exist_ok=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(certify.KEY_ENV, raising=False)
+    return tmp_path
+
+
+def _report(root: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((root / "report.json").read_text())
+    return data
+
+
+class TestCertifiedReport:
+    def test_records_what_it_certifies(self, copy_of: Path) -> None:
+        data = _report(copy_of)
+        jsonschema.validate(data, json.loads(json_schema_path().read_text()))
+        cert = data["certificate"]
+        source = (copy_of / "mine.py").read_bytes()
+        assert cert["files"] == [
+            {"path": "mine.py", "sha256": hashlib.sha256(source).hexdigest(), "bytes": len(source)}
+        ]
+        assert cert["contract"] == "vLLM 0.33.0" and cert["kit_version"] == data["kit_version"]
+        assert cert["profile"] == "thorough" == data["profile"]
+        assert cert["seed"] == certify.SEED == data["seed"]
+        assert cert["device"] == "cpu" and cert["torch"] and cert["device_name"]
+        assert cert["conformant"] == data["ok"]
+        assert cert["digest"]["algorithm"] == "sha256"
+        # Nothing narrowed the run: every invariant, no expectation.
+        assert data["options"]["select"] is None and data["options"]["unsupported"] == []
+        assert all(r["expectation"] is None for r in data["results"])
+
+    def test_verifies(self, copy_of: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        assert main(["verify", "report.json"]) == 0
+        out = capsys.readouterr().out
+        assert "valid" in out and "vLLM 0.33.0" in out and "mine.py:Mine" in out
+
+    def test_tampered_verdict_fails(
+        self, copy_of: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        data = _report(copy_of)
+        result = data["results"][0]
+        result["status"] = "pass" if result["status"] != "pass" else "fail"
+        (copy_of / "report.json").write_text(json.dumps(data, indent=2))
+        assert main(["verify", "report.json"]) == 1
+        assert "digest does not match" in capsys.readouterr().err
+
+    def test_reformatted_report_still_verifies(self, copy_of: Path) -> None:
+        """The digest is over the data, not the bytes: re-indenting the file keeps it valid."""
+        data = _report(copy_of)
+        (copy_of / "report.json").write_text(json.dumps(data, sort_keys=True))
+        assert main(["verify", "report.json"]) == 0
+
+    def test_edited_builder_fails(self, copy_of: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        with (copy_of / "mine.py").open("a") as f:
+            f.write("\n# a later edit\n")
+        assert main(["verify", "report.json"]) == 1
+        assert "mine.py changed since it was certified" in capsys.readouterr().err
+
+    def test_missing_builder_file_fails(
+        self, copy_of: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        (copy_of / "mine.py").unlink()
+        assert main(["verify", "report.json"]) == 1
+        assert "mine.py is missing" in capsys.readouterr().err
+
+    def test_root_option(self, copy_of: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+        """Relative paths are read from --root: another checkout of the sources verifies."""
+        elsewhere = tmp_path_factory.mktemp("elsewhere")
+        shutil.move(copy_of / "report.json", elsewhere / "report.json")
+        assert main(["verify", str(elsewhere / "report.json"), "--root", str(copy_of)]) == 0
+
+    def test_conformant_flag(self, copy_of: Path) -> None:
+        expected = 0 if _report(copy_of)["ok"] else 1
+        assert main(["verify", "report.json", "--conformant"]) == expected
+
+
+class TestKeyedDigest:
+    def _keyed(self, root: Path, key: bytes) -> None:
+        data = _report(root)
+        data["certificate"]["digest"]["algorithm"] = "hmac-sha256"
+        data["certificate"]["digest"]["value"] = certify.report_digest(data, key)
+        (root / "report.json").write_text(json.dumps(data))
+
+    def test_keyed_verifies_only_with_the_key(
+        self, copy_of: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        self._keyed(copy_of, b"ci-secret")
+        assert main(["verify", "report.json"]) == 1
+        assert certify.KEY_ENV in capsys.readouterr().err
+        monkeypatch.setenv(certify.KEY_ENV, "another")
+        assert main(["verify", "report.json"]) == 1
+        monkeypatch.setenv(certify.KEY_ENV, "ci-secret")
+        assert main(["verify", "report.json"]) == 0
+
+    def test_plain_digest_is_no_signature(self, copy_of: Path) -> None:
+        """Documented: whoever edits a plain-sha256 report and recomputes the digest passes."""
+        data = _report(copy_of)
+        data["results"][0]["status"] = "pass"
+        data["certificate"]["digest"]["value"] = certify.report_digest(data, None)
+        (copy_of / "report.json").write_text(json.dumps(data))
+        assert main(["verify", "report.json"]) == 0
+
+
+class TestRefused:
+    @pytest.mark.parametrize(
+        ("extra", "named"),
+        [
+            (["--select", "KV-GROUP"], "--select"),
+            (["--unsupported", "host_resident"], "--unsupported"),
+            (["--expectations", "vllm-0.33.0"], "--expectations"),
+            (["--seed", "3"], "--seed"),
+            (["--max-examples", "3"], "--max-examples"),
+            (["--no-isolate"], "--no-isolate"),
+        ],
+    )
+    def test_conflicting_option(
+        self,
+        extra: list[str],
+        named: str,
+        tmp_path: Path,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        args = ["--certify", "--json", str(tmp_path / "r.json"), *extra]
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert f"--certify cannot be combined with {named}" in err
+        assert "Traceback" not in err and not (tmp_path / "r.json").exists()
+
+    def test_needs_json(self, capsys: pytest.CaptureFixture[str]) -> None:
+        assert main(["--certify"]) == 2
+        assert "--certify needs --json" in capsys.readouterr().err
+
+    def test_unloadable_builder(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        assert main(["no_such_module:B", "--certify", "--json", str(tmp_path / "r.json")]) == 2
+        assert "no_such_module" in capsys.readouterr().err
+
+
+class TestVerifyInput:
+    def test_missing_file(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        assert main(["verify", str(tmp_path / "nope.json")]) == 2
+        assert "nope.json" in capsys.readouterr().err
+
+    def test_not_json(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        (tmp_path / "r.json").write_text("{not json")
+        assert main(["verify", str(tmp_path / "r.json")]) == 2
+        err = capsys.readouterr().err
+        assert "r.json" in err and "not JSON" in err
+
+    def test_not_a_report(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        (tmp_path / "r.json").write_text("[1, 2]")
+        assert main(["verify", str(tmp_path / "r.json")]) == 2
+        assert "is not a kvref-conformance JSON report" in capsys.readouterr().err
+
+    def test_uncertified_report(self, copy_of: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        data = copy.deepcopy(_report(copy_of))
+        data.pop("certificate")
+        (copy_of / "report.json").write_text(json.dumps(data))
+        assert main(["verify", "report.json"]) == 1
+        assert "no certificate" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_real_certified_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kit's certified run of the reference: thorough profile, conformant, verifies."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(certify.KEY_ENV, raising=False)
+    assert main(["--certify", "--json", "report.json", "--no-database"]) == 0
+    assert _report(tmp_path)["certificate"]["conformant"] is True
+    assert main(["verify", "report.json", "--conformant"]) == 0
