@@ -85,7 +85,10 @@ def plan_profiling_kv_cache(
 
     Args:
         builder: a builder instance, a class, or ``None`` for the config's builder.
-        config: the planning config (read as is: no auto-fit, no override handling).
+        config: the planning config (read as is: no auto-fit, no override handling;
+            a layout left to planning is resolved from ``worker_specs``; resolve it
+            from every worker's with :meth:`PlanningConfig.with_resolved_layout` first
+            to match a multi-worker Core).
         worker_specs: this worker's ``{layer name: spec}`` (not mutated).
         max_num_reqs: the scheduler's ``max_num_seqs``.
         max_cudagraph_capture_size: the largest CUDA-graph batch (0: no graphs).
@@ -97,6 +100,8 @@ def plan_profiling_kv_cache(
         PartitionError: the groups do not partition the worker's layers.
         PlanningError: the builder's placement is not a ``KVCacheConfig``.
         ConfigError: a block-count argument is invalid.
+        LayoutResolutionError: the config leaves the layout to planning and no
+            layout meets its requirements.
         KVRefError: whatever the builder raises for its input.
     """
     num_blocks = profiling_num_blocks(max_num_reqs, max_cudagraph_capture_size)
@@ -110,6 +115,9 @@ def plan_profiling_kv_cache(
                 "KVCacheSpec"
             )
         specs[name] = spec
+    # vLLM resolves the layout from every worker's specs before profiling; a
+    # config still to be resolved is resolved from this worker's alone.
+    config = config.with_resolved_layout([specs])
     if check_registry:
         check_spec_registry(specs)
     chosen = fresh_builder(builder, config)
