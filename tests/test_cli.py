@@ -217,6 +217,9 @@ class TestFailFast:
             (["--timeout", "0"], "--timeout"),
             (["--seed", "-1"], "--seed"),
             (["--max-examples", "-3"], "--max-examples"),
+            (["--worker-memory", "0"], "--worker-memory"),
+            (["--worker-memory", "nan"], "--worker-memory"),
+            (["--device", "bogus"], "--device 'bogus'"),
         ],
     )
     def test_bad_values(
@@ -268,6 +271,8 @@ class TestFailFast:
             {"timeout": float("inf")},
             {"unsupported": ["host_residnet"]},
             {"profile": "forever"},
+            {"worker_memory": 0},
+            {"device": "bogus"},
         ],
     )
     def test_check_builder(self, kwargs: dict[str, object]) -> None:
@@ -290,6 +295,10 @@ class TestPluginFrontEnd:
             (["--kv-max-alloc-bytes", "-1"], "--kv-max-alloc-bytes"),
             (["--kv-unsupported", "host_residnet"], "host_residnet"),
             (["--kv-builder", "no_such_module:B"], "--kv-builder"),
+            (["--kv-device", "bogus"], "--kv-device 'bogus' is not usable here"),
+            (["--kv-worker-memory", "0"], "--kv-worker-memory"),
+            (["--kv-select", "KV-NOPE"], "KV-NOPE"),
+            (["--kv-no-reach", "--kv-min-reach", "50"], "--kv-no-reach"),
         ],
     )
     def test_one_usage_error(
@@ -303,6 +312,30 @@ class TestPluginFrontEnd:
         assert len(errors) == 1 and message in errors[0], result.errlines
         text = "\n".join(result.outlines + result.errlines)
         assert "Traceback" not in text and " passed" not in text and " failed" not in text
+
+    def test_unavailable_cuda_is_one_usage_error(self, pytester: pytest.Pytester) -> None:
+        """``--kv-device cuda`` without a usable GPU: refused before collection, not FFFF."""
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a usable GPU")
+        result = pytester.runpytest_subprocess(
+            *PLUGIN, "--kv-builder", "kvref:ReferenceKVCacheConfigBuilder", "--kv-device", "cuda"
+        )
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        errors = [line for line in result.errlines if line.startswith("ERROR:")]
+        assert len(errors) == 1 and "--kv-device 'cuda' is not usable here" in errors[0]
+        assert not any("collected" in line for line in result.outlines), result.outlines
+
+    def test_a_builder_without_the_kits_items_is_an_error(self, pytester: pytest.Pytester) -> None:
+        """``pytest --kv-builder X`` alone checks nothing: an error naming what to add."""
+        pytester.makepyfile("def test_other():\n    pass\n")
+        result = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", "--kv-builder", "kvref:ReferenceKVCacheConfigBuilder"
+        )
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        text = "\n".join(result.outlines + result.errlines)
+        assert "add --pyargs conformance" in text and " passed" not in text, text
 
     def test_costs_nothing_without_a_builder(self, pytester: pytest.Pytester) -> None:
         """No torch, no kit import, no header in a pytest session that does not ask for it."""
