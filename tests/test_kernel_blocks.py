@@ -28,7 +28,7 @@ from kvref.kernel_blocks import (
 )
 from kvref.specs import FullAttentionSpec, MLAAttentionSpec, MultipleOf, SlidingWindowSpec
 
-BF16 = {"dtype": torch.bfloat16, "head_size": 64, "block_size": 64}
+BF16: dict[str, Any] = {"dtype": torch.bfloat16, "head_size": 64, "block_size": 64}
 FULL = FullAttentionSpec(num_kv_heads=2, **BF16)
 SWA = SlidingWindowSpec(num_kv_heads=2, sliding_window=128, **BF16)
 

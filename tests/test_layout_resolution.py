@@ -23,7 +23,7 @@ from kvref.layout_resolution import resolve_kv_cache_layout
 from kvref.specs import FullAttentionSpec, MultipleOf, SlidingWindowSpec
 
 L = KVCacheLayout
-BF16 = {"dtype": torch.bfloat16, "head_size": 64, "block_size": 16}
+BF16: dict[str, Any] = {"dtype": torch.bfloat16, "head_size": 64, "block_size": 16}
 FULL8 = FullAttentionSpec(num_kv_heads=8, **BF16)
 FULL4 = FullAttentionSpec(num_kv_heads=4, **BF16)
 SWA8 = SlidingWindowSpec(num_kv_heads=8, sliding_window=128, **BF16)
@@ -264,7 +264,7 @@ class TestPlanningResolves:
             state_content_bytes=132,
             cache_role="INDEXER",
         )
-        hisparse = {"hisparse": {"index_topk": 2048}, "host_pool_bytes": 1 << 28}
+        hisparse: dict[str, Any] = {"hisparse": {"index_topk": 2048}, "host_pool_bytes": 1 << 28}
         plain = PlanningConfig(**hisparse)
         connected = PlanningConfig(kv_connector_layout=HISPARSE_CONNECTOR_LAYOUT, **hisparse)
         specs = resolve_hisparse_specs(connected, {"m0": source, "i0": indexer})

@@ -132,7 +132,7 @@ def _backend_lists(max_size: int = 4) -> st.SearchStrategy[list[AttentionBackend
     )
 
 
-BF16 = {"dtype": torch.bfloat16, "head_size": 64}
+BF16: dict[str, Any] = {"dtype": torch.bfloat16, "head_size": 64}
 SPEC_KINDS: dict[str, KVCacheSpec] = {
     "full8": FullAttentionSpec(block_size=16, num_kv_heads=8, **BF16),
     "full4": FullAttentionSpec(block_size=16, num_kv_heads=4, **BF16),
@@ -271,7 +271,7 @@ class TestKernelBlocks:
     ) -> None:
         """Each group's kernel block size, and each layer's kernel view, are vLLM's."""
         specs = {
-            n: FullAttentionSpec(block_size=64, num_kv_heads=SPEC_KINDS[k].num_kv_heads, **BF16)
+            n: FullAttentionSpec(block_size=64, num_kv_heads=int(k.removeprefix("full")), **BF16)
             if k.startswith("full")
             else SlidingWindowSpec(block_size=64, num_kv_heads=8, sliding_window=256, **BF16)
             for n, k in layers.items()
