@@ -35,6 +35,8 @@ COLOURS = {
 _STROKE = "#8a99a8"
 _OTHER_PAGE = re.compile(r"overlaps '([^']+)' block (\d+)")
 _BACKING = re.compile(r"backing of (\d+) bytes")
+#: The kit checks a placement at several block counts; its messages name the one that broke.
+_AT_BLOCKS = re.compile(r"^at (\d+) blocks ")
 _MAX_ROWS = 32
 _MAX_COLUMNS = 24
 _FIRST_BLOCKS = 8
@@ -206,11 +208,16 @@ def memory_map_svg(result: Mapping[str, Any]) -> str | None:
     worker = next((int(v["worker"]) for v in located if v.get("worker") is not None), 0)
     layers, pages, num_blocks, layout = _problem_layers(result.get("counterexample_data"), worker)
     marks = _marks(located)
+    placed = [int(m) for v in located for m in _AT_BLOCKS.findall(str(v.get("message", "")))]
+    if placed:
+        num_blocks = max(placed)
     rows, hidden = _rows(layers, {k[0] for k in marks if k[0] is not None})
     columns = _columns(num_blocks, {k[1] for k in marks if k[1] is not None})
-    blocks = "?" if num_blocks is None else str(num_blocks)
+    blocks = "? blocks" if num_blocks is None else f"{num_blocks} blocks"
+    if placed:
+        blocks = f"placed at {blocks}"
     caption = (
-        f"worker {worker}: {len(layers)} layers, {blocks} blocks, {layout}"
+        f"worker {worker}: {len(layers)} layers, {blocks}, {layout}"
         + (f"; {hidden} unmarked layers not shown" if hidden else "")
         + (f"; blocks shown: {len(columns)}" if num_blocks and len(columns) < num_blocks else "")
     )
