@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
@@ -10,6 +11,12 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 pytest_plugins = ["pytester"]
+
+# Reach is measured by default on every front end: coverage.py is imported
+# here, once, because pytester drops the modules a test imported when it ends,
+# and coverage.py imported a second time has no C tracer left.
+with contextlib.suppress(ImportError):  # without it the kit reports reach as not measured
+    import coverage.tracer  # noqa: F401
 
 # Property tests: a fast default for CI, more examples with KVREF_HYPOTHESIS_PROFILE=thorough.
 settings.register_profile(
