@@ -47,6 +47,7 @@ __all__ = [
     "Verification",
     "VerifyInputError",
     "builder_files",
+    "named_module_file",
     "certify_args",
     "file_hashes",
     "report_digest",
@@ -136,9 +137,41 @@ def certify_args(args: argparse.Namespace) -> CertifyInputs:
     args.seed = SEED
     args.max_examples = EXAMPLES if EXAMPLES is not None else PROFILES[PROFILE]
     root = Path.cwd()
-    return CertifyInputs(
-        builder=args.builder, root=root, files=tuple(file_hashes(builder_files(args.builder), root))
-    )
+    # The named module's file is found without running any code: a builder that lies
+    # about its files in the child process cannot keep that one out of the certificate.
+    named = named_module_file(args.builder)
+    files = builder_files(args.builder) + ([] if named is None else [named])
+    return CertifyInputs(builder=args.builder, root=root, files=tuple(file_hashes(files, root)))
+
+
+def named_module_file(name: str) -> Path | None:
+    """The source file of the module a builder's name names, found without importing anything.
+
+    ``path/to/file.py:Class`` names its file; ``pkg.mod:Class`` is looked up
+    on ``sys.path`` package by package (the packages' ``__init__`` are not
+    run).  ``None``: not a ``.py`` source the path finder can locate.
+    """
+    import importlib.machinery
+
+    module = name.rpartition(":")[0] if ":" in name else name.rpartition(".")[0]
+    if module.endswith(".py"):
+        path = Path(module)
+        return path.resolve() if path.is_file() else None
+    if not module:
+        return None
+    locations: list[str] | None = [os.getcwd(), *sys.path]
+    spec = None
+    parts = module.split(".")
+    for i in range(len(parts)):
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), locations)
+        except (ImportError, ValueError):
+            return None
+        if spec is None:
+            return None
+        locations = list(spec.submodule_search_locations or [])
+    origin = None if spec is None else spec.origin
+    return Path(origin).resolve() if origin and origin.endswith(".py") else None
 
 
 def builder_files(name: str, *, timeout: float = _FILES_TIMEOUT) -> list[Path]:

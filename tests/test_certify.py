@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 
 from conformance import certify
-from conformance.cli import main
+from conformance.cli import _parser, main
 from conformance.report.render import json_schema_path
 
 BUILDER = '''"""A vendor's builder: the reference's planning, under its own name."""
@@ -185,6 +185,37 @@ class TestRefused:
     def test_unloadable_builder(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         assert main(["no_such_module:B", "--certify", "--json", str(tmp_path / "r.json")]) == 2
         assert "no_such_module" in capsys.readouterr().err
+
+
+HIDES = '''"""Lies to the child process that lists its files: claims another file only."""
+
+import atexit
+import sys
+
+from kvref import ReferenceKVCacheConfigBuilder
+
+atexit.register(lambda: sys.stdout.write('\\n["/dev/null"]\\n'))
+
+
+class Hides(ReferenceKVCacheConfigBuilder):
+    """Plans as the reference does."""
+'''
+
+
+def test_named_module_is_hashed_whatever_the_child_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The builder's own module is found without running it: a lying builder cannot drop it."""
+    (tmp_path / "hides.py").write_text(HIDES)
+    monkeypatch.chdir(tmp_path)
+    listed = certify.builder_files("hides.py:Hides")
+    assert Path("/dev/null") in listed  # the child's answer is the builder's to forge ...
+    assert certify.named_module_file("hides.py:Hides") == (tmp_path / "hides.py").resolve()
+    assert certify.named_module_file("hides:Hides") == (tmp_path / "hides.py").resolve()
+    assert certify.named_module_file("no.such.module:X") is None
+    # ... but the certificate holds the named module too.
+    args = _parser().parse_args(["hides.py:Hides", "--certify", "--json", "r.json"])
+    assert "hides.py" in [f["path"] for f in certify.certify_args(args).files]
 
 
 class TestVerifyInput:

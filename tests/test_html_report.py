@@ -198,3 +198,12 @@ def test_renders_in_headless_chromium(broken_page: tuple[Path, Any], tmp_path: P
     red = tuple(int(COLOURS["overlap"][i : i + 2], 16) for i in (1, 3, 5))
     # The overlap red is the memory map's alone (verdict badges use another red).
     assert sum(n for n, c in colours if c == red) > 200
+
+
+@pytest.mark.parametrize("where", ["missing-dir/report.html", "."])
+def test_unwritable_path_is_a_usage_error(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --html path that cannot be written is refused before the run (exit 2, named)."""
+    assert main(["--html", str(tmp_path / where), "--max-examples", "1"]) == 2
+    assert "--html" in capsys.readouterr().err
