@@ -8,6 +8,7 @@ test checks the overlap of a known broken builder shows in the picture.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -191,6 +192,10 @@ def test_renders_in_headless_chromium(broken_page: tuple[Path, Any], tmp_path: P
         check=False,
     )
     assert shot.is_file(), proc.stderr[-2000:]
+    keep = os.environ.get("KVREF_SCREENSHOT_DIR")
+    if keep:
+        # For people (and issue 20's "done when"): the picture the assertions read.
+        shutil.copy(shot, Path(keep) / "html-report-overlapping-layers.png")
     with image.open(shot) as im:
         pixels = im.convert("RGB")
         colours = pixels.getcolors(maxcolors=1 << 20) or []
