@@ -69,7 +69,7 @@ KEY_ENV = "KVREF_CERTIFY_KEY"
 #: Seconds the child process that lists the builder's files may take.
 _FILES_TIMEOUT = 300.0
 
-#: What a certified run refuses: ``(argument, flag, is it set)``.
+#: What a certified run refuses: ``(argument, flag)``; an option not set is ``None``/``False``.
 _CONFLICTS: tuple[tuple[str, str], ...] = (
     ("select", "--select"),
     ("unsupported", "--unsupported"),
@@ -80,6 +80,8 @@ _CONFLICTS: tuple[tuple[str, str], ...] = (
     ("seed", "--seed"),
     ("max_examples", "--max-examples"),
     ("models_only", "--models-only"),
+    # A shard is part of a run (issue 20, item 5), not the whole certified one.
+    ("shard", "--shard"),
 )
 
 
