@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from conformance.check.catalog import Invariant, by_id, catalog
     from conformance.check.violations import Violation
     from conformance.report.model import InvariantResult, Report
-    from conformance.run.options import OptionError
+    from conformance.run.options import OptionError, RunOptions
     from conformance.run.replay import reproduce
     from conformance.run.runner import check_builder
 
@@ -27,6 +27,7 @@ __all__ = [
     "InvariantResult",
     "OptionError",
     "Report",
+    "RunOptions",
     "Violation",
     "by_id",
     "catalog",
@@ -41,6 +42,7 @@ _HOMES = {
     "InvariantResult": "conformance.report.model",
     "OptionError": "conformance.run.options",
     "Report": "conformance.report.model",
+    "RunOptions": "conformance.run.options",
     "check_builder": "conformance.run.runner",
     "reproduce": "conformance.run.replay",
     "Violation": "conformance.check.violations",
