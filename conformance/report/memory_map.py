@@ -162,7 +162,8 @@ def _strip(located: Sequence[Mapping[str, Any]], top: int) -> tuple[list[str], i
         return [], 0
     ends = [int(x) for v in ranged for x in v["byte_range"][:2]]
     backings = [int(b) for v in ranged for b in _BACKING.findall(str(v.get("message", "")))]
-    lo, hi = min(ends + backings), max(ends + backings)
+    # A backing starts at byte 0: the axis shows it whole, with the page past its end.
+    lo, hi = (0 if backings else min(ends)), max(ends + backings)
     span = max(hi - lo, 1)
 
     def x(byte: int) -> float:
@@ -173,7 +174,12 @@ def _strip(located: Sequence[Mapping[str, Any]], top: int) -> tuple[list[str], i
         f'<line x1="{_LABEL}" y1="{top + 16}" x2="{_LABEL + _STRIP_W}" y2="{top + 16}" '
         f'stroke="{_STROKE}"/>',
     ]
-    for b in backings:
+    for b in sorted(set(backings)):
+        out.append(
+            f'<rect class="backing" x="{x(0):.1f}" y="{top + 14}" width="{x(b) - x(0):.1f}" '
+            f'height="5" fill="{COLOURS["page"]}" stroke="{_STROKE}">'
+            f"<title>the backing: bytes [0, {b})</title></rect>"
+        )
         out.append(
             f'<line class="backing" x1="{x(b):.1f}" y1="{top}" x2="{x(b):.1f}" '
             f'y2="{top + 24 + len(ranged) * _CELL_H}" stroke="#333" stroke-dasharray="4 3">'
