@@ -42,7 +42,9 @@ def certified(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         mp.chdir(root)
         mp.setattr(certify, "EXAMPLES", 1)
         mp.delenv(certify.KEY_ENV, raising=False)
-        code = main(["mine.py:Mine", "--certify", "--json", "report.json", *QUICK])
+        code = main(
+            ["mine.py:Mine", "--certify", "--json", "report.json", "--markdown", "kv.md", *QUICK]
+        )
     # The verdict of one example per scenario is no matter here; the certificate is.
     assert code in (0, 1)
     yield root
@@ -80,6 +82,11 @@ class TestCertifiedReport:
         # Nothing narrowed the run: every invariant, no expectation.
         assert data["options"]["select"] is None and data["options"]["unsupported"] == []
         assert all(r["expectation"] is None for r in data["results"])
+
+    def test_summaries_name_it(self, copy_of: Path) -> None:
+        digest = _report(copy_of)["certificate"]["digest"]["value"]
+        summary = (copy_of / "kv.md").read_text()
+        assert "### Certificate" in summary and digest in summary
 
     def test_verifies(self, copy_of: Path, capsys: pytest.CaptureFixture[str]) -> None:
         assert main(["verify", "report.json"]) == 0

@@ -55,7 +55,7 @@ def format_markdown(report: Report) -> str:
         for r in report.results:
             if r.status in ("fail", "inconclusive", "xfail") or r.strict_xpass:
                 lines += ["", *_failure(r)]
-    lines += _upstream(report) + _baseline(report) + _reach(report)
+    lines += _upstream(report) + _baseline(report) + _reach(report) + _certificate(report)
     if report.warnings:
         lines += ["", "### Warnings", ""] + [f"- {_cell(w)}" for w in report.warnings]
     return "\n".join(lines) + "\n"
@@ -129,6 +129,23 @@ def _reach(report: Report) -> list[str]:
     if not report.reach:
         return ["", "### Reach", "", "not measured (--no-reach, or no coverage.py)"]
     return ["", "### Reach", "", *(f"    {line}" for line in report.reach.get("lines", []))]
+
+
+def _certificate(report: Report) -> list[str]:
+    cert = report.certificate
+    if not cert:
+        return []
+    verdict = "conformant" if cert["conformant"] else "**not conformant**"
+    digest = cert["digest"]
+    return [
+        "",
+        "### Certificate",
+        "",
+        f"Certified run: {verdict}; {cert['contract']} contract, kit {cert['kit_version']}, "
+        f"{_code(cert['device'])} ({_cell(cert['device_name'])}), torch {cert['torch']}, "
+        f"{len(cert['files'])} builder files hashed; digest {digest['algorithm']} "
+        f"{_code(str(digest['value']))} (check: {_code('kvref-conformance verify REPORT.json')})",
+    ]
 
 
 def summary_paths(markdown: Path | None) -> list[Path]:
