@@ -112,8 +112,8 @@ def _is_set(args: argparse.Namespace, name: str) -> bool:
 def certify_args(args: argparse.Namespace) -> CertifyInputs:
     """Check a ``--certify`` command line, fix its run, and hash the builder's files.
 
-    Sets ``args.profile``, ``args.seed`` and ``args.max_examples`` to the
-    certified run's.  Call it before the run's options are resolved.
+    Sets ``args.profile``, ``args.seed``, ``args.max_examples`` and
+    ``args.no_database`` to the certified run's.  Call it before the run's options are resolved.
 
     Raises:
         CertifyError: an option that would weaken or narrow the run was given,
@@ -138,6 +138,9 @@ def certify_args(args: argparse.Namespace) -> CertifyInputs:
     args.profile = PROFILE
     args.seed = SEED
     args.max_examples = EXAMPLES if EXAMPLES is not None else PROFILES[PROFILE]
+    # The seed's examples alone: counterexamples saved by earlier runs would make two
+    # certified runs of one builder draw different inputs.
+    args.no_database = True
     root = Path.cwd()
     # The named module's file is found without running any code: a builder that lies
     # about its files in the child process cannot keep that one out of the certificate.

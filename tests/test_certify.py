@@ -30,7 +30,7 @@ from kvref import ReferenceKVCacheConfigBuilder
 class Mine(ReferenceKVCacheConfigBuilder):
     """Plans as the reference does."""
 '''
-QUICK = ["--no-database", "--replays", "0", "--no-reach"]
+QUICK = ["--replays", "0", "--no-reach"]
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +78,7 @@ class TestCertifiedReport:
         assert cert["seed"] == certify.SEED == data["seed"]
         assert cert["device"] == "cpu" and cert["torch"] and cert["device_name"]
         assert cert["conformant"] == data["ok"]
+        assert data["options"]["database"] is None
         assert cert["digest"]["algorithm"] == "sha256"
         # Nothing narrowed the run: every invariant, no expectation.
         assert data["options"]["select"] is None and data["options"]["unsupported"] == []
