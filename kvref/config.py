@@ -16,6 +16,7 @@ import attrs
 from kvref.axes import KVCacheLayout
 from kvref.backends import AttentionBackend, get_supported_kv_cache_layouts
 from kvref.errors import ConfigError, KVRefError
+from kvref.hf import HFValue, hf_config_fields
 from kvref.layout_resolution import resolve_kv_cache_layout
 
 if TYPE_CHECKING:
@@ -83,6 +84,11 @@ def _layers(value: object) -> frozenset[str]:
                 f"PlanningConfig.host_resident_layers contains {name!r}, which is not a str"
             )
     return frozenset(value)
+
+
+def _cache_dtype(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"PlanningConfig.cache_dtype={value!r} must be a non-empty string")
 
 
 def _speculative_method(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -338,6 +344,14 @@ class PlanningConfig:
         speculative_method: vLLM's ``SpeculativeConfig.method``, one of
             :data:`SPECULATIVE_METHODS`, or ``None`` (no speculative config).
         num_speculative_tokens: vLLM's ``num_speculative_tokens`` (0 without a method).
+        hf_config: the model's Hugging Face config fields a builder may read
+            (vLLM ``model_config.hf_config``: ``model_type``, ``architectures``,
+            ``kv_lora_rank``...; :mod:`kvref.hf`), as sorted ``(name, value)``
+            pairs; a mapping is accepted.  Planning never reads them; builders may.
+            The layer counts are :attr:`num_hidden_layers` and :attr:`num_draft_layers`.
+        cache_dtype: vLLM's ``cache_config.cache_dtype`` (``"auto"``,
+            ``"fp8_ds_mla"``...): the specs carry each layer's own dtype, which
+            planning reads; builders may read this one.
 
     With a speculative method the config must be one vLLM could derive:
     ``num_prefill_lookahead_tokens`` is :attr:`derived_prefill_lookahead`
@@ -390,6 +404,12 @@ class PlanningConfig:
     num_draft_layers: int = attrs.field(default=0, validator=_int_check(0))
     speculative_method: str | None = attrs.field(default=None, validator=_speculative_method)
     num_speculative_tokens: int = attrs.field(default=0, validator=_int_check(0))
+    hf_config: tuple[tuple[str, HFValue], ...] = attrs.field(default=(), converter=hf_config_fields)
+    cache_dtype: str = attrs.field(default="auto", validator=_cache_dtype)
+
+    def hf(self, name: str, default: HFValue = None) -> HFValue:
+        """The model's Hugging Face config field ``name`` (``default`` when not described)."""
+        return dict(self.hf_config).get(name, default)
 
     def __attrs_post_init__(self) -> None:
         if self.hisparse is not None and self.host_resident_layers:

@@ -104,3 +104,19 @@ def test_example_fields_are_checked() -> None:
 def test_an_example_is_never_rebuilt_by_executing_python() -> None:
     """Replay rebuilds from data: the example type offers no way to run a report's Python."""
     assert not hasattr(Example, "from_python")
+
+
+def test_a_layout_left_to_planning_stays_left_to_it() -> None:
+    """A config whose layout planning resolves comes back resolving, as data and as Python."""
+    from conformance.report.pycode import to_python
+    from kvref import KVCacheLayout
+
+    config = PlanningConfig(kv_connector_layout=KVCacheLayout.BLHNC)
+    assert config.resolves_kv_cache_layout
+    back = decode_value(json.loads(json.dumps(encode_value(config))))
+    assert back == config and back.resolves_kv_cache_layout
+    namespace: dict[str, Any] = {}
+    exec(to_python({"config": config}), namespace)  # the kit's own source, not a report's
+    assert namespace["config"].resolves_kv_cache_layout
+    given = PlanningConfig(kv_connector_layout=KVCacheLayout.BLHNC, kv_cache_layout="BLHNC")
+    assert not decode_value(encode_value(given)).resolves_kv_cache_layout

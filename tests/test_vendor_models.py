@@ -101,6 +101,24 @@ class TestInputForms:
         assert declared.num_hidden_layers == 2 and declared.family == "vendor"
         assert speculation(declared) == Speculation("mtp", 1, 3)
 
+    def test_json_keeps_the_hf_config(self, tmp_path: Path) -> None:
+        """A dump's ``hf_config`` reaches the model, speculation kept; a bad one is named."""
+        data = json.loads(DSV4.read_text())
+        data["models"][0].update(
+            hf_config={"model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"]},
+            speculative_method="mtp",
+            num_speculative_tokens=2,
+        )
+        path = tmp_path / "hf.json"
+        path.write_text(json.dumps(data))
+        (model,) = read_json(path)
+        assert dict(model.hf_config)["model_type"] == "deepseek_v4"
+        assert isinstance(model, SpeculativeModel)
+        data["models"][0]["hf_config"] = {"num_hidden_layers": 3}
+        path.write_text(json.dumps(data))
+        with pytest.raises(VendorModelError, match=r"models\[0\].*num_hidden_layers"):
+            read_json(path)
+
     def test_python_model_keeps_its_speculation(self) -> None:
         """A SpeculativeModel given as a Python object is served as it declares."""
         (model,) = read_json(DSV4)

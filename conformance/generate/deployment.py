@@ -169,6 +169,7 @@ def _speculation(model: Model, method: object, tokens: object) -> Model:
             model.description,
             family=model.family,
             num_hidden_layers=model.num_hidden_layers,
+            hf_config=model.hf_config,
             speculative_method=method,  # type: ignore[arg-type]  # validated by the class
             num_speculative_tokens=tokens,  # type: ignore[arg-type]
         )
@@ -290,6 +291,7 @@ def deployed(
     fields: dict[str, Any] = {
         "family": model.family,
         "num_hidden_layers": model.num_hidden_layers,
+        "hf_config": model.hf_config,
         "extras": extras,
     }
     if isinstance(spec, SpeculativeModel):

@@ -13,6 +13,7 @@ from conformance.generate.estimate import blocks_per_request, promotion_succeeds
 from conformance.generate.families import models
 from conformance.generate.families.drafts import speculation
 from conformance.generate.families.extras import ExtendedModel, apply_model_extras
+from conformance.generate.hf import cache_dtype_of
 from conformance.generate.layouts import as_specs, layouts_for
 from conformance.generate.pipeline import decoder_layers, pipeline_splits
 from conformance.generate.records import Model, PlanningProblem
@@ -131,6 +132,9 @@ def _model_fields(model: Model | Mapping[str, KVCacheSpec]) -> dict[str, Any]:
         "num_draft_layers": spec.num_draft_layers,
         "speculative_method": spec.method,
         "num_speculative_tokens": spec.num_speculative_tokens,
+        # What vLLM shows a builder of this model beside its specs (generate/hf.py).
+        "hf_config": model.hf_config if isinstance(model, Model) else (),
+        "cache_dtype": cache_dtype_of(as_specs(model)),
     }
 
 

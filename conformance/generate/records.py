@@ -9,6 +9,7 @@ import attrs
 
 from conformance.generate.render import config_repr, render_layers
 from kvref.config import PlanningConfig
+from kvref.hf import HFValue, hf_config_fields
 from kvref.specs import KVCacheSpec
 
 __all__ = ["Model", "PlanningProblem"]
@@ -52,6 +53,8 @@ class Model:
         num_hidden_layers: the target's decoder-layer count, layers without a
             KV cache included (``None``: one past the highest layer index);
             pipeline splits cut between these layers.
+        hf_config: the Hugging Face config fields vLLM would show a builder of
+            this model (:mod:`conformance.generate.hf`), as sorted pairs.
     """
 
     specs: Mapping[str, KVCacheSpec] = attrs.field(converter=_read_only_specs, hash=False)
@@ -59,6 +62,9 @@ class Model:
     family: str = attrs.field(default="", kw_only=True)
     num_hidden_layers: int | None = attrs.field(
         default=None, kw_only=True, validator=_hidden_layers
+    )
+    hf_config: tuple[tuple[str, HFValue], ...] = attrs.field(
+        default=(), kw_only=True, converter=hf_config_fields
     )
 
     def __repr__(self) -> str:

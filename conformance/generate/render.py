@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -78,9 +79,24 @@ def config_repr(config: PlanningConfig) -> str:
     parts = [
         f"{field.name}={_value_repr(getattr(config, field.name))}"
         for field in attrs.fields(PlanningConfig)
-        if getattr(config, field.name) != field.default
+        if field.init and not _is_default(config, field)
     ]
     return f"PlanningConfig({', '.join(parts)})"
+
+
+def _is_default(config: PlanningConfig, field: attrs.Attribute[Any]) -> bool:
+    value = getattr(config, field.name)
+    default: Any = field.default
+    if not isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+        return bool(value == default)
+    if field.name == "kv_cache_layout":
+        # Left to planning, the layout is not an argument; given, it is one
+        # unless it is what a config describing no resolution defaults to.
+        return config.resolves_kv_cache_layout or (
+            not config.describes_kv_cache_layout and value == default.factory(config)
+        )
+    made = default.factory(config) if default.takes_self else default.factory()
+    return bool(value == made)
 
 
 def _ranges(indices: Sequence[int]) -> str:

@@ -50,7 +50,7 @@ from conformance.generate.pipeline import decoder_layers
 from conformance.generate.records import Model
 from kvref import extra_specs
 from kvref import specs as kvref_specs
-from kvref.errors import KVRefError
+from kvref.errors import ConfigError, KVRefError
 from kvref.specs import KVCacheSpec, MultipleOf
 
 __all__ = [
@@ -69,7 +69,7 @@ JSON_FORMAT = "kvref-models/1"
 _MAX_GROWTH = 8
 _INDEX = re.compile(r"^(.*?)(\d+)(?=\.|$)")
 #: The fields of one model of a ``kvref-models/1`` file.
-_MODEL_KEYS = frozenset({"name", "layers", "num_hidden_layers", *DEPLOYMENT_FIELDS})
+_MODEL_KEYS = frozenset({"name", "layers", "num_hidden_layers", "hf_config", *DEPLOYMENT_FIELDS})
 
 
 class VendorModelError(ValueError):
@@ -127,9 +127,11 @@ def _layer_spec(where: str, value: object) -> KVCacheSpec:
 
 def _as_model(where: str, value: object, name: str = "") -> Model:
     """A :class:`Model` from a Model or a ``layer -> spec`` mapping."""
+    hf: tuple[Any, ...] = ()
     if isinstance(value, Model):
         specs: Mapping[str, object] = value.specs
         hidden, description = value.num_hidden_layers, value.description or name
+        hf = value.hf_config
     elif isinstance(value, Mapping):
         specs, hidden, description = value, None, name
     else:
@@ -144,7 +146,7 @@ def _as_model(where: str, value: object, name: str = "") -> Model:
             raise VendorModelError(f"{where}: layer name {layer!r} must be a non-empty str")
         layers[layer] = _layer_spec(f"{where}[{layer!r}]", spec)
     text = f"vendor: {description or where}"
-    model = Model(layers, text, family="vendor", num_hidden_layers=hidden)
+    model = Model(layers, text, family="vendor", num_hidden_layers=hidden, hf_config=hf)
     # What the model declares about its deployment is served as declared,
     # never inferred again or dropped.
     return _deployed(where, model, deployment_of(value))
@@ -265,7 +267,14 @@ def read_json(path: str | Path) -> list[Model]:
                 f"(known: {', '.join(sorted(_MODEL_KEYS))})"
             )
         name = str(raw.get("name") or f"{Path(path).name}[{i}]")
-        model = attrs.evolve(_as_model(at, layers, name), num_hidden_layers=hidden)
+        try:
+            model = attrs.evolve(
+                _as_model(at, layers, name),
+                num_hidden_layers=hidden,
+                hf_config=raw.get("hf_config", ()),
+            )
+        except ConfigError as exc:
+            raise VendorModelError(f"{at}: {exc}") from None
         try:
             deployment = json_deployment(raw)
         except DeploymentError as exc:

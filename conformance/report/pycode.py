@@ -77,7 +77,10 @@ class PythonWriter:
     def _record(self, value: Any, fields: list[tuple[str, Any, bool]]) -> str:
         parts = []
         for name, default, init in fields:
-            if not init:
+            # A layout planning resolves is no argument (given, it is used as is).
+            if not init or (
+                name == "kv_cache_layout" and getattr(value, "resolves_kv_cache_layout", False)
+            ):
                 continue
             current = getattr(value, name)
             if _is_default(current, default):

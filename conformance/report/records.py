@@ -139,13 +139,18 @@ def _encode_record(value: Any) -> dict[str, Any]:
     _known(type(value))
     fields: dict[str, Any] = {}
     for field in attrs.fields(type(value)):
-        if not field.init:
+        if not field.init or _left_to_planning(value, field.name):
             continue
         current = getattr(value, field.name)
         if _is_default(current, field.default):
             continue
         fields[field.name] = encode_value(current)
     return {"record": type(value).__name__, "fields": fields}
+
+
+def _left_to_planning(value: Any, name: str) -> bool:
+    """A layout planning resolves is no argument: given back, it would be used as is."""
+    return name == "kv_cache_layout" and getattr(value, "resolves_kv_cache_layout", False) is True
 
 
 def _is_default(current: Any, default: Any) -> bool:

@@ -30,7 +30,16 @@ from kvref.planning import KVCachePlan
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
 
-__all__ = ["VLLMBuilderAdapter", "wrap_vllm_builder"]
+__all__ = ["NoBlockPlacementError", "VLLMBuilderAdapter", "wrap_vllm_builder"]
+
+
+class NoBlockPlacementError(ValueError):
+    """A placement asked for fewer than one block gave an answer kvref cannot represent.
+
+    A ``ValueError``, because that is what vLLM's Core takes for "this
+    length does not fit" where it probes placements (contract.md#core-flow).
+    """
+
 
 #: The signature of :func:`kvref.planning.plan_kv_cache` that ``kvref_core`` has.
 CoreFlow = Callable[
@@ -124,7 +133,18 @@ class VLLMBuilderAdapter(KVCacheConfigBuilder):
             result = self.native.get_kv_cache_config_from_groups(vcfg, groups, num_blocks)
         _mirror_groups(kv_cache_groups, groups, objects, pristine)
         kvi = iv.vllm_modules().kvi
-        placed: KVCacheConfig = _converted(iv.config_from_vllm, result, kvi.KVCacheConfig)
+        try:
+            placed: KVCacheConfig = _converted(iv.config_from_vllm, result, kvi.KVCacheConfig)
+        except iv.VLLMOutputError as exc:
+            if num_blocks >= 1:
+                raise
+            # vLLM's Core asks for no block while it tests whether a length
+            # fits (HiSparse's auto-fit), and takes a ValueError as "does not
+            # fit"; vLLM's own answer there has negative sizes kvref cannot
+            # hold.  The kit's own scenarios never ask for fewer than one.
+            raise NoBlockPlacementError(
+                f"placement for num_blocks={num_blocks} has no kvref form: {exc}"
+            ) from exc
         return placed
 
 

@@ -223,8 +223,35 @@ def _set_layers(model_config: Any, num_hidden_layers: int) -> None:
     model_config.model_arch_config.total_num_hidden_layers = num_hidden_layers
 
 
+def _describe_hf(vcfg: Any, config: PlanningConfig) -> None:
+    """The model's Hugging Face fields and the cache dtype, as vLLM shows them to a builder.
+
+    vLLM derives a few figures from ``hf_config`` once, at construction
+    (architectures, model type, whether the model is a DeepSeek-style MLA
+    model, which ``model_config.use_mla`` reads); they are derived again from
+    the described fields with vLLM's own rule.
+    """
+    vcfg.cache_config.cache_dtype = config.cache_dtype
+    if not config.hf_config:
+        return
+    model = vcfg.model_config
+    for hf in {id(c): c for c in (model.hf_config, model.hf_text_config)}.values():
+        for name, value in config.hf_config:
+            setattr(hf, name, list(value) if isinstance(value, tuple) else value)
+    arch = model.model_arch_config
+    convertor = importlib.import_module(
+        "vllm.transformers_utils.model_arch_config_convertor"
+    ).ModelArchConfigConvertorBase(model.hf_config, model.hf_text_config)
+    if config.hf("architectures") is not None:
+        arch.architectures = list(model.hf_config.architectures)
+    arch.model_type = model.hf_config.model_type
+    arch.text_model_type = getattr(model.hf_text_config, "model_type", None)
+    arch.is_deepseek_mla = convertor.is_deepseek_mla()
+
+
 def _describe_model(vcfg: Any, config: PlanningConfig) -> None:
     """The target's decoder layers and, for MTP, its ``num_nextn_predict_layers``."""
+    _describe_hf(vcfg, config)
     model = vcfg.model_config
     if config.num_hidden_layers is not None:
         _set_layers(model, config.num_hidden_layers)

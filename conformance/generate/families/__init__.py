@@ -35,6 +35,7 @@ from conformance.generate.families.classic import (
     uniform_models,
 )
 from conformance.generate.families.presets import realistic_models
+from conformance.generate.hf import hf_descriptions
 from conformance.generate.records import Model
 
 __all__ = [
@@ -119,7 +120,14 @@ def family_strategy(name: str, *, max_layers: int = 64) -> st.SearchStrategy[Mod
     if name in SPECIALISED:
         floor = st.lists(st.integers(0, 1), min_size=_CHOICE_FLOOR, max_size=_CHOICE_FLOOR)
         strategy = st.tuples(floor, strategy).map(lambda pair: pair[1])
-    return strategy.map(lambda m: _tag(name, m))
+    return strategy.flatmap(lambda m: _described(name, _tag(name, m)))
+
+
+def _described(family: str, model: Model) -> st.SearchStrategy[Model]:
+    """``model`` with the Hugging Face fields vLLM would show for it (:mod:`..hf`)."""
+    return hf_descriptions(family, model.specs).map(
+        lambda hf: attrs.evolve(model, hf_config=hf) if hf else model
+    )
 
 
 def models(
