@@ -18,7 +18,8 @@ invariant (those of the items left after ``-k`` and ``--kv-select``) as the
 CLI would, and each item reports its invariant's verdict from that run, so
 the same options judge the same examples once, whatever the number of items.
 That first item's time is the whole run's.  Under pytest-xdist every worker
-makes that run for the items it collected (not split yet).
+makes that run for the items it collected, so ``-n 2`` is no faster (the
+run is not split over workers yet; benchmarks/plugin_cost.py measures it).
 
 Verdicts map as: PASS passes; FAIL and INCONCLUSIVE fail; N/A and SKIP
 skip; XFAIL is an xfail; XPASS is pytest's non-strict XPASS (reported, not
