@@ -155,7 +155,7 @@ class _Session:
         # The collected items' ids, so no prefix of --kv-select widens them again;
         # an item run apart from the session's collection runs alone.
         ids = self.selected if self.selected and invariant in self.selected else [invariant]
-        report = check_builder(self.builder, attrs.evolve(self.options, select=ids))
+        report = _no_verdict(check_builder, self.builder, attrs.evolve(self.options, select=ids))
         if manifests:
             from conformance.expectations import apply_expectations
 
@@ -163,6 +163,30 @@ class _Session:
         if self.report is None:
             self.report = report
         return report
+
+
+def _no_verdict(check: Any, builder: Any, options: Any) -> Any:
+    """``check(builder, options)``; what is no verdict on the builder ends the session.
+
+    A builder that cannot be constructed at all is a usage error, and a
+    failure of the kit's own code an internal error, as in the CLI (exit 2
+    there): one message, not a failure per item.
+    """
+    from conformance.errors import REPORT_HINT, KitError
+    from conformance.run.options import OptionError, flag_message
+
+    try:
+        return check(builder, options)
+    except OptionError as exc:
+        pytest.exit(
+            f"kvref-conformance: {flag_message(str(exc), '--kv-')}", pytest.ExitCode.USAGE_ERROR
+        )
+    except KitError as exc:
+        detail = exc.detail or ""
+        pytest.exit(
+            f"kvref-conformance: {exc}\n{detail.rstrip()}\n{REPORT_HINT}",
+            pytest.ExitCode.INTERNAL_ERROR,
+        )
 
 
 def _reach(config: pytest.Config) -> bool | str | None:

@@ -327,6 +327,18 @@ class TestPluginFrontEnd:
         assert len(errors) == 1 and "--kv-device 'cuda' is not usable here" in errors[0]
         assert not any("collected" in line for line in result.outlines), result.outlines
 
+    def test_a_builder_that_cannot_be_constructed_is_one_usage_error(
+        self, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """As in the CLI (exit 2): one message ends the session, not a failure per item."""
+        monkeypatch.setenv("PYTHONPATH", str(TESTS))
+        result = pytester.runpytest_subprocess(
+            *PLUGIN, "--kv-builder", "hostile_builders:NeedsArguments", "-k", "KV-GROUP-P"
+        )
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        text = "\n".join(result.outlines + result.errlines)
+        assert "cannot be constructed" in text and " failed" not in text, text
+
     def test_a_builder_without_the_kits_items_is_an_error(self, pytester: pytest.Pytester) -> None:
         """``pytest --kv-builder X`` alone checks nothing: an error naming what to add."""
         pytester.makepyfile("def test_other():\n    pass\n")
