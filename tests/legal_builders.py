@@ -19,6 +19,7 @@ from kvref import (
     ReferenceKVCacheConfigBuilder,
 )
 from kvref.errors import KVRefError
+from kvref.kernel_blocks import kernel_tensor_geometries, prepare_kernel_block_sizes
 from kvref.layout import compute_layout_strides
 from kvref.placement import _spec_buckets
 from kvref.records import KVCacheTensor
@@ -266,8 +267,9 @@ class PadsTwice(ReferenceKVCacheConfigBuilder):
     it, and the padded page fixes every stride, contract.md#page-pitch), yet
     a block takes twice the bytes, so the same memory holds half the blocks:
     the kit's waste warning must fire on it, with the numbers, and no
-    verdict may change.  Where the padded groups cannot be placed (a padded
-    page cannot be split into kernel blocks) or the spec kind keeps no
+    verdict may change.  Where the padded groups cannot be placed or read
+    (a padded page cannot be split into kernel blocks, by a spec's alignment
+    or by the config's attention backends) or the spec kind keeps no
     ``page_size_padded``, it groups as the reference does.
     Not in :data:`ALL`: that tuple's builders must stay quiet on waste too.
     """
@@ -278,7 +280,11 @@ class PadsTwice(ReferenceKVCacheConfigBuilder):
         groups = super().get_kv_cache_groups(config, kv_cache_spec)
         try:
             padded = [attrs.evolve(g, kv_cache_spec=_doubled(g.kv_cache_spec)) for g in groups]
-            super().get_kv_cache_config_from_groups(config, padded, 1)
+            placed = super().get_kv_cache_config_from_groups(config, padded, 1)
+            # The worker reads a block it splits into kernel blocks as one dense
+            # page, so padding is legal only where the backends split nothing.
+            sizes = prepare_kernel_block_sizes(config, placed)
+            kernel_tensor_geometries(placed, sizes, config.kv_cache_layout)
         except (KVRefError, ValueError, TypeError):
             return groups
         return padded

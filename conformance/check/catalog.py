@@ -70,6 +70,7 @@ _MODULES = (
     "conformance.check.pitch",
     "conformance.check.processes",
     "conformance.check.device_rows",
+    "conformance.check.device_kernel",
     "conformance.check.profiling",
     "conformance.check.hisparse",
     "conformance.check.hisparse_groups",

@@ -9,6 +9,7 @@ import attrs
 from hypothesis import strategies as st
 
 from conformance.check.geometry import cdiv
+from conformance.generate.backends import kernel_backends
 from conformance.generate.estimate import blocks_per_request, promotion_succeeds, worker_estimate
 from conformance.generate.families import models
 from conformance.generate.families.drafts import speculation
@@ -107,6 +108,9 @@ def _planning_configs(
     declared = isinstance(model, ExtendedModel) and model.extras.kv_cache_grouping is not None
     if len(values) >= 2 and rarely(draw) and not declared:
         changes.update(draw(_host_resident(specs, config)))
+    backends = draw(kernel_backends(specs, layout))
+    if backends:
+        changes["attention_backends"] = backends
     return attrs.evolve(config, **changes) if changes else config
 
 
@@ -190,9 +194,12 @@ def planning_configs(
     ``disable_hybrid_kv_cache_manager`` (only when promotion gives one
     group) and host-resident layers (a proper subset of one spec's layers,
     with a host pool of at least one request; never beside a model-declared
-    grouping).  The Mamba cache mode is the model's; the config describes
-    the model (``num_hidden_layers``, ``num_draft_layers`` and the
-    speculative method and tokens of
+    grouping).  For three in four problems whose attention specs allow it, an
+    attention backend whose kernels take only blocks smaller than the cache
+    block (:func:`~conformance.generate.backends.kernel_backends`).  The
+    Mamba cache mode is the model's; the config describes the model
+    (``num_hidden_layers``, ``num_draft_layers`` and the speculative method
+    and tokens of
     :func:`~conformance.generate.families.drafts.speculation`), and draft
     layers turn on the lookahead vLLM derives for that method.
     Never a config that asks for DCP, TP replication or HiSparse.

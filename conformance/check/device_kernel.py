@@ -1,0 +1,372 @@
+"""KV-DEV-KERNEL-VIEWS: a worker's kernel views read the bytes a plan gives each block.
+
+vLLM's model runner does not read a plan through the planning views: per
+group it takes the kernel block size its attention backends support and,
+where that is smaller than the cache block, views each tensor with ``r``
+kernel blocks per cache block (kvref's :mod:`kvref.kernel_blocks` models
+that reading; the kit uses it only as *the worker's* reading).  What the
+kit expects it computes from the plan itself: kernel block ``j`` of block
+``b`` of layer ``l`` is the ``j``-th of ``r`` equal slices of that page,
+``[a + j * page / r, a + (j + 1) * page / r)`` with ``a`` the page's byte
+address in the plan (contract.md#kernel-views).
+
+On the device, a distinct tag is written to every (layer, kernel block)
+through the kernel view and read back through the planning view, then the
+other way round, one tensor at a time (aliasing between tensors is
+KV-DEV-TAGS' concern).  A plan the worker cannot read (no kernel block
+size divides a group's block size, a split block that is not one dense
+page) is a violation unless the worker cannot read the reference's plan of
+the same input either; where no group is split the invariant does not apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from conformance.check.bounds import tensor_problems
+from conformance.check.catalog import Unjudged, invariant
+from conformance.check.device_memory import check_budget, release
+from conformance.check.device_tags import _splitmix64
+from conformance.check.violations import Violation
+from conformance.check.worker import (
+    DEVICE_BACKING,
+    TensorGeometry,
+    WorkerAllocation,
+    WorkerError,
+    allocate_kv_cache,
+    resolve_layout,
+)
+from conformance.run.observations import PlacementObservation
+from kvref.builder import ReferenceKVCacheConfigBuilder
+from kvref.errors import KVRefError, LayoutError
+from kvref.kernel_blocks import (
+    KernelTensorGeometry,
+    kernel_tensor_geometries,
+    prepare_kernel_block_sizes,
+)
+from kvref.layout import KVCacheLayout
+from kvref.records import KVCacheConfig
+from kvref.specs import (
+    EncoderOnlyAttentionSpec,
+    UniformTypeKVCacheSpecs,
+)
+
+__all__ = ["KV_DEV_KERNEL_VIEWS", "kernel_view_findings"]
+
+KV_DEV_KERNEL_VIEWS = "KV-DEV-KERNEL-VIEWS"
+
+#: Elements compared per call; bounds the expected-tags temporary.
+_CHUNK_ELEMENTS = 1 << 24
+
+_WIDTH_DTYPES: dict[int, torch.dtype] = {
+    8: torch.int64,
+    4: torch.int32,
+    2: torch.int16,
+    1: torch.uint8,
+}
+
+
+def _v(message: str) -> Violation:
+    return Violation(invariant=KV_DEV_KERNEL_VIEWS, message=message)
+
+
+def _split_groups(config: KVCacheConfig, sizes: Sequence[int]) -> dict[int, tuple[int, int]]:
+    """Group ID -> (block size, kernel block size) of the groups the worker splits."""
+    out: dict[int, tuple[int, int]] = {}
+    remaining = iter(sizes)
+    for gid, group in enumerate(config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        inner = (
+            next(iter(spec.kv_cache_specs.values()))
+            if isinstance(spec, UniformTypeKVCacheSpecs)
+            else spec
+        )
+        if isinstance(inner, EncoderOnlyAttentionSpec):
+            # The worker's list skips encoder-only groups.
+            continue
+        size = next(remaining, spec.block_size)
+        if size != spec.block_size:
+            out[gid] = (spec.block_size, size)
+    return out
+
+
+def _reference_refused(obs: PlacementObservation) -> str | None:
+    """Why the worker cannot read the reference's plan of this input either (``None``: it can).
+
+    The reference groups the layers itself: a builder's grouping that pads
+    pages or changes block sizes is judged against what the reference does.
+    """
+    try:
+        reference = ReferenceKVCacheConfigBuilder()
+        groups = reference.get_kv_cache_groups(obs.config, obs.specs)
+        plan = reference.get_kv_cache_config_from_groups(obs.config, groups, obs.num_blocks)
+        layout = resolve_layout(plan, obs.config.kv_cache_layout)
+        kernel_tensor_geometries(plan, prepare_kernel_block_sizes(obs.config, plan), layout)
+    except (KVRefError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
+def _width(pairs: Sequence[tuple[TensorGeometry, KernelTensorGeometry]]) -> int:
+    # One element width for the whole check: the widest every offset, stride,
+    # content size and kernel slice of the split tensors is a multiple of.
+    values: list[int] = []
+    for plan, kernel in pairs:
+        r = kernel.split.kernel_blocks_per_block
+        values += [plan.offset, plan.shape[4], plan.page_bytes // r]
+        values += [int(s) for s in plan.strides[:4]] + [int(s) for s in kernel.strides[:4]]
+    for width in (8, 4, 2):
+        if all(v % width == 0 for v in values):
+            return width
+    return 1
+
+
+def _slice_map(plan: TensorGeometry, r: int, width: int, device: torch.device) -> torch.Tensor:
+    """For each element ``(h, s, c)`` of a planning page, the kernel block it belongs to.
+
+    Computed from the plan's own strides: the element's byte offset in its
+    page divided by the slice size ``page / r``.
+    """
+    _, _, heads, states, content = plan.shape
+    hs, ss = int(plan.strides[2]), int(plan.strides[3])
+    offset = (
+        torch.arange(heads, dtype=torch.int64)[:, None, None] * hs
+        + torch.arange(states, dtype=torch.int64)[None, :, None] * ss
+        + torch.arange(0, content, width, dtype=torch.int64)[None, None, :]
+    )
+    return (offset // (plan.page_bytes // r)).to(device)
+
+
+def _tags(
+    num_layers: int, kernel_blocks: int, first: int, seed: int, dtype: torch.dtype
+) -> torch.Tensor:
+    layers = np.arange(first, first + num_layers, dtype=np.uint64)
+    ids = layers[:, None] * np.uint64(kernel_blocks + 1) + np.arange(kernel_blocks, dtype=np.uint64)
+    mixed = _splitmix64(ids ^ np.uint64(seed)).view(np.int64)
+    return torch.from_numpy(mixed.copy()).to(dtype)
+
+
+def _block_chunks(num_blocks: int, page_elements: int) -> Iterator[slice]:
+    step = max(1, _CHUNK_ELEMENTS // max(1, page_elements))
+    for first in range(0, num_blocks, step):
+        yield slice(first, min(num_blocks, first + step))
+
+
+def _kernel_raw(allocation: WorkerAllocation, kernel: KernelTensorGeometry) -> torch.Tensor:
+    where = allocation.backing_of[kernel.index]
+    buffer = allocation.device_buffer if where == DEVICE_BACKING else allocation.host_buffers[where]
+    if buffer is None:
+        raise WorkerError(f"kv_cache_tensors[{kernel.index}] has no backing")
+    return buffer.as_strided(kernel.shape, kernel.strides, kernel.tensor.offset)
+
+
+def _first_mismatch(got: torch.Tensor, want: torch.Tensor) -> tuple[int, ...]:
+    where = (got != want).nonzero()[0].tolist()
+    return tuple(int(v) for v in where)
+
+
+def _movable(view: torch.Tensor) -> bool:
+    # torch refuses to write a view whose elements share memory; such a plan
+    # is other invariants' fault (KV-DEV-VIEWS, KV-PLACE-NO-LAYER-OVERLAP).
+    return all(s != 0 or e <= 1 for e, s in zip(view.shape, view.stride(), strict=True))
+
+
+def _tensor_findings(
+    allocation: WorkerAllocation,
+    plan: TensorGeometry,
+    kernel: KernelTensorGeometry,
+    width: int,
+    first_layer: int,
+) -> list[Violation]:
+    """Both directions for one split tensor: kernel writes, planning reads, and back."""
+    dtype = _WIDTH_DTYPES[width]
+    r = kernel.split.kernel_blocks_per_block
+    num_layers, num_blocks = plan.shape[0], plan.shape[1]
+    pview = allocation.tensor_views[plan.index].view(dtype)
+    kview = _kernel_raw(allocation, kernel).view(dtype)
+    if not (_movable(pview) and _movable(kview)):
+        return []
+    device = pview.device
+    slices = _slice_map(plan, r, width, device)
+    layer_page = int(slices.numel()) * num_layers
+    for direction, salt in (("kernel", 0x6B65726E), ("planning", 0x706C616E)):
+        tags = _tags(num_layers, num_blocks * r, first_layer, salt, dtype).to(device)
+        per_block = tags.view(num_layers, num_blocks, r)
+        if direction == "kernel":
+            kview.copy_(tags[:, :, None, None, None].expand(kview.shape))
+            for chunk in _block_chunks(num_blocks, layer_page):
+                got, want = pview[:, chunk], per_block[:, chunk][:, :, slices]
+                if not torch.equal(got, want):
+                    layer, block, h, s, c = _first_mismatch(got, want)
+                    offset = h * plan.strides[2] + s * plan.strides[3] + c * width
+                    kb = (block + chunk.start) * r + offset // (plan.page_bytes // r)
+                    address = plan.block_address(layer, block + chunk.start) + offset
+                    return [_mismatch(plan, kernel, direction, layer, kb, address)]
+        else:
+            for chunk in _block_chunks(num_blocks, layer_page):
+                pview[:, chunk].copy_(per_block[:, chunk][:, :, slices])
+            kernel_page = layer_page // r
+            for chunk in _block_chunks(num_blocks * r, kernel_page):
+                got = kview[:, chunk]
+                want = tags[:, chunk][:, :, None, None, None].expand(got.shape)
+                if not torch.equal(got, want):
+                    layer, kb, h, s, c = _first_mismatch(got, want)
+                    kb += chunk.start
+                    address = (
+                        kernel.kernel_block_address(layer, kb)
+                        + h * kernel.strides[2]
+                        + s * kernel.strides[3]
+                        + c * width
+                    )
+                    return [_mismatch(plan, kernel, direction, layer, kb, address)]
+    return []
+
+
+def _mismatch(
+    plan: TensorGeometry,
+    kernel: KernelTensorGeometry,
+    direction: str,
+    layer: int,
+    kernel_block: int,
+    address: int,
+) -> Violation:
+    r = kernel.split.kernel_blocks_per_block
+    block, j = divmod(kernel_block, r)
+    slice_bytes = plan.page_bytes // r
+    start = plan.block_address(layer, block) + j * slice_bytes
+    name = plan.tensor.layers[layer]
+    how = (
+        "written through the worker's kernel view reads back wrong through the planning view"
+        if direction == "kernel"
+        else "written through the planning view reads back wrong through the worker's kernel view"
+    )
+    return Violation(
+        invariant=KV_DEV_KERNEL_VIEWS,
+        layer=name,
+        block=block,
+        byte_range=(int(address), int(address) + 1),
+        message=(
+            f"kv_cache_tensors[{plan.index}] layer {name!r} block {block}: kernel block "
+            f"{kernel_block} (slice {j} of {r}, {kernel.split.kernel_block_size} of "
+            f"{kernel.split.block_size} tokens) {how} at byte {address}; the plan gives "
+            f"that slice bytes [{start}, {start + slice_bytes})"
+        ),
+    )
+
+
+def _device_findings(
+    config: KVCacheConfig,
+    kernels: Sequence[KernelTensorGeometry | None],
+    obs: PlacementObservation,
+    layout: KVCacheLayout,
+) -> list[Violation] | Unjudged:
+    target = torch.device(obs.device)
+    if target.type == "meta":
+        return Unjudged("meta tensors hold no data: tags not written", applicable=False)
+    budget = check_budget(config, target, obs.max_alloc_bytes, None)
+    if not (budget.device_ok and budget.host_ok):
+        return Unjudged("; ".join(budget.notes) or "above the allocation cap")
+    try:
+        allocation = allocate_kv_cache(config, target, layout=layout, zeroed=False, scratch=True)
+    except (KVRefError, WorkerError) as exc:
+        return Unjudged(f"the config cannot be allocated ({exc}); see KV-DEV-VIEWS")
+    except torch.OutOfMemoryError as exc:
+        return Unjudged(f"the device ran out of memory: {exc}")
+    try:
+        pairs: list[tuple[TensorGeometry, KernelTensorGeometry, int]] = []
+        first = 0
+        for plan, kernel in zip(allocation.geometries, kernels, strict=True):
+            if (
+                kernel is not None
+                and kernel.split.kernel_blocks_per_block > 1
+                and not plan.is_empty
+            ):
+                pairs.append((plan, kernel, first))
+            first += len(plan.tensor.layers)
+        width = _width([(p, k) for p, k, _ in pairs])
+        found: list[Violation] = []
+        for plan, kernel, layer_base in pairs:
+            found += _tensor_findings(allocation, plan, kernel, width, layer_base)
+            if len(found) >= 3:
+                break
+        return found
+    finally:
+        allocation.close()
+        del allocation
+        release(target)
+
+
+def _kernel_sizes(
+    obs: PlacementObservation, config: KVCacheConfig
+) -> tuple[int, ...] | list[Violation] | Unjudged:
+    """The kernel block size of each group, as the worker picks it, or why it cannot."""
+    try:
+        return tuple(prepare_kernel_block_sizes(obs.config, config))
+    except LayoutError as exc:
+        refused = _reference_refused(obs)
+        if refused is not None:
+            return Unjudged(f"the worker cannot read the reference's plan either: {refused}")
+        return [_v(f"the worker cannot choose a kernel block size for this plan: {exc}")]
+    except KVRefError as exc:
+        return Unjudged(f"the worker's kernel block sizes are not defined here: {exc}")
+
+
+_Reading = tuple[tuple[KernelTensorGeometry | None, ...], KVCacheLayout]
+
+
+def _worker_reading(
+    obs: PlacementObservation, config: KVCacheConfig
+) -> _Reading | list[Violation] | Unjudged:
+    """The kernel views the worker builds from ``config``, or why there are none."""
+    sizes = _kernel_sizes(obs, config)
+    if not isinstance(sizes, tuple):
+        return sizes
+    if not _split_groups(config, sizes):
+        return Unjudged(
+            "no kernel split applies: every group's kernel block is its cache block",
+            applicable=False,
+        )
+    try:
+        layout = resolve_layout(config, obs.config.kv_cache_layout)
+        return kernel_tensor_geometries(config, sizes, layout), layout
+    except LayoutError as exc:
+        refused = _reference_refused(obs)
+        if refused is not None:
+            return Unjudged(f"the worker cannot read the reference's plan either: {refused}")
+        return [_v(f"the worker cannot view this plan through its kernels: {exc}")]
+    except (KVRefError, ValueError) as exc:
+        return Unjudged(f"the config cannot be laid out for the kernels: {exc}")
+
+
+def kernel_view_findings(obs: PlacementObservation) -> list[Violation] | Unjudged:
+    """KV-DEV-KERNEL-VIEWS on one placement (see the module docstring).
+
+    Returns violations, or :class:`Unjudged` (``applicable=False`` where no
+    kernel split applies or the device holds no data).
+    """
+    config = obs.config_at(obs.num_blocks)
+    if config is None:
+        return Unjudged("the builder returned no config for this example")
+    if not config.kv_cache_tensors:
+        return Unjudged("the config has no tensor to allocate")
+    problems = tensor_problems(config)
+    if problems:
+        return Unjudged(f"the config's byte counts cannot be allocated: {problems[0]}")
+    reading = _worker_reading(obs, config)
+    if not isinstance(reading, tuple):
+        return reading
+    kernels, layout = reading
+    return _device_findings(config, kernels, obs, layout)
+
+
+@invariant(
+    KV_DEV_KERNEL_VIEWS,
+    "the worker's kernel views read each block's kernel slices where the plan puts them",
+    anchor="kernel-views",
+    scenario="device",
+)
+def _kernel_views(obs: PlacementObservation) -> list[Violation] | Unjudged:
+    return kernel_view_findings(obs)

@@ -1,0 +1,124 @@
+"""Builders whose plans a worker misreads through its kernel views (KV-DEV-KERNEL-VIEWS).
+
+Each differs from the reference only where the config describes attention
+backends whose kernels take blocks smaller than the cache block, so the
+worker splits every cache block into kernel blocks (contract.md#kernel-views).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from kvref import KVCacheConfig, KVCacheGroupSpec, PlanningConfig, ReferenceKVCacheConfigBuilder
+from kvref.layout import KVCacheLayout
+from kvref.specs import (
+    AttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    UniformTypeKVCacheSpecs,
+)
+
+__all__ = ["KernelSizeMisfit", "PaddedDenseRead", "UnpackedSingleLayers"]
+
+_BLOCK_OUTER = frozenset({KVCacheLayout.BLNHC, KVCacheLayout.BLHNC, KVCacheLayout.BHLNC})
+
+
+def _split_attention(spec: KVCacheSpec) -> bool:
+    return isinstance(spec, AttentionSpec) and not isinstance(spec, MambaSpec)
+
+
+def _map_specs(
+    spec: KVCacheSpec | UniformTypeKVCacheSpecs, change: Mapping[str, int]
+) -> KVCacheSpec | UniformTypeKVCacheSpecs:
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        inner = {n: _map_specs(s, change) for n, s in spec.kv_cache_specs.items()}
+        return attrs.evolve(spec, kv_cache_specs=inner, **change)
+    if not _split_attention(spec):
+        return spec
+    return attrs.evolve(spec, **change)  # type: ignore[arg-type]
+
+
+class PaddedDenseRead(ReferenceKVCacheConfigBuilder):
+    """Pads every attention group's page by 64 bytes when the backends split its blocks.
+
+    On paper the pages only grow (a group spec may pad), and every stride
+    steps the padded page; but a worker splitting a block reads it as one
+    dense page of kernel blocks, so each kernel block after the first would
+    straddle the padding: vLLM's worker refuses the plan.
+    """
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> list[KVCacheGroupSpec]:
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        if not config.attention_backends:
+            return groups
+        out = []
+        for group in groups:
+            spec = group.kv_cache_spec
+            layer = spec if not isinstance(spec, UniformTypeKVCacheSpecs) else None
+            if layer is None or not _split_attention(layer):
+                out.append(group)
+                continue
+            padded = attrs.evolve(layer, page_size_padded=layer.page_size_bytes + 64)  # type: ignore[call-arg]
+            out.append(attrs.evolve(group, kv_cache_spec=padded))
+        return out
+
+
+class KernelSizeMisfit(ReferenceKVCacheConfigBuilder):
+    """Grows every attention group's block size by 8 tokens when backends are described.
+
+    The kernel block sizes the backends take (16 tokens and up) then divide
+    no group's block size, so the worker has no kernel block to read it in.
+    """
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> list[KVCacheGroupSpec]:
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        if not config.attention_backends:
+            return groups
+        out = []
+        for group in groups:
+            block = group.kv_cache_spec.block_size
+            out.append(
+                attrs.evolve(
+                    group, kv_cache_spec=_map_specs(group.kv_cache_spec, {"block_size": block + 8})
+                )
+            )
+        return out
+
+
+class UnpackedSingleLayers(ReferenceKVCacheConfigBuilder):
+    """One tensor per layer in block-outermost layouts, whose layer stride is the block stride.
+
+    A one-layer tensor never steps its layer stride, so on paper any value
+    does (tests/legal_builders.py's SplitTensors keeps the reference's).  But
+    the worker tells block-outermost packing by a block stride larger than
+    the layer stride: with the two equal it takes the group as layer-outer,
+    splits its blocks and refuses, since a block holds other layers' pages.
+    """
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
+        if config.kv_cache_layout not in _BLOCK_OUTER - {KVCacheLayout.BHLNC}:
+            return result
+        tensors = []
+        for t in result.kv_cache_tensors:
+            if t.host_resident:
+                tensors.append(t)
+                continue
+            tensors += [
+                attrs.evolve(
+                    t,
+                    layers=[name],
+                    offset=t.offset + i * t.layer_stride,
+                    layer_stride=t.block_stride,
+                )
+                for i, name in enumerate(t.layers)
+            ]
+        return attrs.evolve(result, kv_cache_tensors=tensors)

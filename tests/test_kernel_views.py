@@ -1,0 +1,197 @@
+"""KV-DEV-KERNEL-VIEWS: the worker's kernel views read each block where the plan puts it.
+
+The three builders of tests/kernel_builders.py are caught with check_builder
+in its default (isolated) mode; the reference and the legal builders pass;
+the default generation draws backends whose kernel blocks split the cache
+block; and the device readback itself catches a kernel view that steps
+kernel blocks differently from the plan (contract.md#kernel-views).
+"""
+
+from __future__ import annotations
+
+import attrs
+import kernel_builders
+import legal_builders
+import pytest
+import torch
+
+import conformance.check.device_kernel as device_kernel
+from conformance import check_builder
+from conformance.check.catalog import Unjudged, by_id
+from conformance.check.violations import Violation
+from conformance.run.guard import CallResult
+from conformance.run.observations import PlacementObservation
+from kvref import (
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    PlanningConfig,
+    ReferenceKVCacheConfigBuilder,
+)
+from kvref.backends import AttentionBackend
+from kvref.kernel_blocks import KernelTensorGeometry, kernel_tensor_geometries
+from kvref.layout import KVCacheLayout
+from kvref.specs import FullAttentionSpec, KVCacheSpec
+
+ID = device_kernel.KV_DEV_KERNEL_VIEWS
+
+
+def _status(builder: object, seed: int) -> tuple[str, list[str]]:
+    report = check_builder(builder, select=[ID], seed=seed)  # type: ignore[arg-type]
+    (result,) = report.results
+    return result.status, [v.message for v in result.violations]
+
+
+class TestCatalog:
+    """The invariant is a device invariant citing its own contract section."""
+
+    def test_registered(self) -> None:
+        """Declared in the catalog with the kernel-views anchor and the device scenario."""
+        inv = by_id()[ID]
+        assert inv.anchor == "kernel-views"
+        assert inv.scenarios == ("device",)
+
+
+@pytest.mark.parametrize(
+    ("builder", "seed", "expected"),
+    [
+        (kernel_builders.PaddedDenseRead, 2, "does not store blocks as dense, unpadded pages"),
+        (kernel_builders.KernelSizeMisfit, 2, "cannot choose a kernel block size"),
+        (kernel_builders.UnpackedSingleLayers, 3, "does not store blocks as dense, unpadded pages"),
+    ],
+)
+def test_caught(builder: type[ReferenceKVCacheConfigBuilder], seed: int, expected: str) -> None:
+    """Each kernel-view builder fails KV-DEV-KERNEL-VIEWS in the default isolated run."""
+    status, messages = _status(f"kernel_builders:{builder.__name__}", seed)
+    assert status == "fail", messages
+    assert any(expected in m for m in messages), messages
+
+
+def test_reference_passes() -> None:
+    """The reference passes where the worker splits blocks, with examples judged."""
+    report = check_builder(ReferenceKVCacheConfigBuilder, select=[ID], seed=1, isolate=False)
+    (result,) = report.results
+    assert result.status == "pass", [v.message for v in result.violations]
+    assert result.examples >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "builder",
+    [*legal_builders.ALL, *legal_builders.FIELD_REGIMES],
+    ids=lambda b: b.__name__,
+)
+def test_legal_pass(builder: type[ReferenceKVCacheConfigBuilder]) -> None:
+    """The legal builders pass where the worker splits blocks."""
+    report = check_builder(builder, select=[ID], seed=1, isolate=False)
+    (result,) = report.results
+    assert result.status == "pass", [v.message for v in result.violations]
+    assert result.examples >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [2, 3])
+@pytest.mark.parametrize(
+    "builder",
+    [ReferenceKVCacheConfigBuilder, legal_builders.PadsTwice, *legal_builders.ALL],
+    ids=lambda b: b.__name__,
+)
+def test_legal_pass_more_seeds(builder: type[ReferenceKVCacheConfigBuilder], seed: int) -> None:
+    """More seeds for the legal builders, PadsTwice included."""
+    report = check_builder(builder, select=[ID], seed=seed, isolate=False)
+    (result,) = report.results
+    assert result.status == "pass", [v.message for v in result.violations]
+
+
+def test_unpacked_passes_the_rest() -> None:
+    """UnpackedSingleLayers breaks only in the kernel view: the paper and device checks pass."""
+    report = check_builder(
+        kernel_builders.UnpackedSingleLayers,
+        select=["KV-GROUP", "KV-PLACE", "KV-DEV-VIEWS", "KV-DEV-TAGS"],
+        seed=3,
+        max_examples=25,
+        isolate=False,
+    )
+    assert report.ok, [(r.id, [v.message for v in r.violations]) for r in report.failures]
+
+
+# -- the check on hand-made observations --------------------------------------------
+
+
+_SPEC = FullAttentionSpec(block_size=32, num_kv_heads=2, head_size=8, dtype=torch.float16)
+_PAGE = _SPEC.page_size_bytes
+
+
+def _observation(
+    backends: tuple[AttentionBackend, ...], num_blocks: int = 4
+) -> PlacementObservation:
+    specs: dict[str, KVCacheSpec] = {"l0": _SPEC, "l1": _SPEC}
+    config = PlanningConfig(
+        max_model_len=256, kv_cache_layout=KVCacheLayout.LBNHC, attention_backends=backends
+    )
+    reference = ReferenceKVCacheConfigBuilder()
+    groups = reference.get_kv_cache_groups(config, specs)
+    plan = reference.get_kv_cache_config_from_groups(config, groups, num_blocks)
+    return _placement(config, specs, groups, plan, num_blocks)
+
+
+def _placement(
+    config: PlanningConfig,
+    specs: dict[str, KVCacheSpec],
+    groups: list[KVCacheGroupSpec],
+    plan: KVCacheConfig,
+    num_blocks: int,
+) -> PlacementObservation:
+    ok = CallResult(hook="get_kv_cache_config_from_groups", value=plan)
+    return PlacementObservation(
+        config=config,
+        specs=specs,
+        groups=tuple(groups),
+        groups_source="builder",
+        num_blocks=num_blocks,
+        results={num_blocks: ok},
+        repeat=ok,
+        fresh=ok,
+        mutations=(),
+        pool_bytes=None,
+        empty=ok,
+    )
+
+
+class TestFindings:
+    """kernel_view_findings on observations built by hand."""
+
+    def test_not_applicable_without_split(self) -> None:
+        """No backend, or one taking the cache block: N/A with the reason, never a failure."""
+        for backends in ((), (AttentionBackend(name="any"),)):
+            outcome = device_kernel.kernel_view_findings(_observation(backends))
+            assert isinstance(outcome, Unjudged)
+            assert not outcome.applicable
+            assert "no kernel split applies" in outcome.reason
+
+    def test_split_reference_holds(self) -> None:
+        """A 32-token block read as two 16-token kernel blocks: the tags read back."""
+        backend = AttentionBackend(name="k16", supported_kernel_block_sizes=(16,))
+        assert device_kernel.kernel_view_findings(_observation((backend,))) == []
+
+    def test_readback_catches_a_misstepped_kernel_view(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A kernel view stepping kernel blocks by half a kernel page is caught on the device."""
+        real = kernel_tensor_geometries
+
+        def misstep(*args: object, **kwargs: object) -> tuple[KernelTensorGeometry | None, ...]:
+            out = real(*args, **kwargs)  # type: ignore[arg-type]
+            return tuple(
+                None
+                if g is None
+                else attrs.evolve(g, strides=(g.strides[0], g.strides[1] // 2, *g.strides[2:]))
+                for g in out
+            )
+
+        monkeypatch.setattr(device_kernel, "kernel_tensor_geometries", misstep)
+        backend = AttentionBackend(name="k16", supported_kernel_block_sizes=(16,))
+        outcome = device_kernel.kernel_view_findings(_observation((backend,)))
+        assert isinstance(outcome, list) and outcome
+        assert all(isinstance(v, Violation) for v in outcome)
+        assert "reads back wrong" in outcome[0].message
+        assert "the plan gives that slice bytes" in outcome[0].message
