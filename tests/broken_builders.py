@@ -1198,8 +1198,10 @@ class DensePadded(_Placement):
 
     CAUGHT_BY = "KV-PLACE-PAGE-PITCH"
     #: The short step also lands the group's blocks on the next block's bytes
-    #: of the groups aliasing it, beside host groups too.
-    ALSO = frozenset({"KV-PLACE-NO-BLOCK-ALIAS", "KV-HOST-DEVICE-SAFE"})
+    #: of the groups aliasing it, beside host groups too; and where the padding
+    #: comes from a block stride alignment (a compressed latent's 576-byte
+    #: multiple), the dense step is no multiple of it.
+    ALSO = frozenset({"KV-PLACE-NO-BLOCK-ALIAS", "KV-HOST-DEVICE-SAFE", "KV-PLACE-ALIGNMENT"})
     EXAMPLES = 50
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
