@@ -117,8 +117,14 @@ class AlwaysPromotes(ReferenceKVCacheConfigBuilder):
     the hybrid manager, keeping their windows; plain grouping where promotion fails.
 
     Class 3: legal promotions change the spec kind and the memory a request
-    takes, never what the layer computes.
+    takes, never what the layer computes.  A promoted window keeps a whole
+    request's blocks, so where windows are long against max_model_len the
+    plan holds fewer requests than the reference's: legal waste, which the
+    efficiency warning may rightly name.
     """
+
+    #: Legal, and may waste memory (the efficiency warning may fire on it).
+    WASTES = True
 
     def get_kv_cache_groups(
         self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]

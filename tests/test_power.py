@@ -60,13 +60,15 @@ def test_legal_builder_passes(builder: type, seed: int) -> None:
     """A legal builder that differs from the reference fails nothing, and wastes nothing.
 
     The same run carries the efficiency comparison (tests/test_waste.py): a
-    legal builder of tests/ that does not waste draws no warning.
+    legal builder of tests/ that does not waste draws no warning (one that
+    may, ``WASTES``, is only held to failing nothing).
     """
     report = _report(builder, seed)
     assert set(report.failed_ids) == set()
     waste = report.waste
     assert waste is not None and waste.compared > 0
-    assert waste.warned == 0, [w.message for w in waste.worst]
+    if not getattr(builder, "WASTES", False):
+        assert waste.warned == 0, [w.message for w in waste.worst]
 
 
 def test_new_invariants_are_in_the_catalog() -> None:

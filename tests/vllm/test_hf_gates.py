@@ -49,7 +49,7 @@ class TestVllmConfigDescribesTheModel:
 
 
 def test_the_default_run_opens_an_hf_gate_and_catches_its_bug() -> None:
-    """The bug behind ``use_mla``, the DSA model type and fp8_ds_mla is found by the default run."""
+    """The bug behind ``use_mla`` and the DSA model type is found by the default run."""
     report = check_builder(
         "tests.vllm.native_builders.hf_gated:DSAShortBackingBuilder",
         select=["KV-PLACE-BACKING-SIZE"],

@@ -244,7 +244,7 @@ class TestLoading:
         assert overrides == (native is not DefaultKVCacheConfigBuilder._get_pool_bytes_per_block)
 
 
-def _family_examples(family: str, count: int = 8) -> list[Example]:
+def _family_examples(family: str, count: int = 32) -> list[Example]:
     found: list[Example] = []
 
     @settings(

@@ -1,10 +1,10 @@
 """A vLLM-native builder whose specialised path opens only for the model vLLM says it serves.
 
 Its gate reads what vLLM shows of the model beside the specs, as platform
-builders do: ``model_config.use_mla``, ``hf_config.model_type`` (DeepSeek
-Sparse Attention: DeepSeek-V3.2 or GLM-5's ``glm_moe_dsa``) and the
-``fp8_ds_mla`` cache dtype.  Behind it sits a planted bug: the backing is
-one page short of what the last block needs (``KV-PLACE-BACKING-SIZE``).
+builders do: ``model_config.use_mla`` and ``hf_config.model_type`` (DeepSeek
+Sparse Attention: DeepSeek-V3.2 or GLM-5's ``glm_moe_dsa``).  Behind it sits
+a planted bug: the backing is one page short of what the last block needs
+(``KV-PLACE-BACKING-SIZE``).
 A kit that shows every model as a Llama never opens the gate.
 """
 
@@ -17,24 +17,20 @@ from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 _DSA_MODELS = ("deepseek_v32", "glm_moe_dsa")
 
 
-def dsa_fp8(vllm_config: Any) -> bool:
-    """Whether vLLM describes an fp8 DeepSeek Sparse Attention model."""
+def dsa(vllm_config: Any) -> bool:
+    """Whether vLLM describes a DeepSeek Sparse Attention model."""
     model = vllm_config.model_config
-    return (
-        model.use_mla
-        and model.hf_config.model_type in _DSA_MODELS
-        and vllm_config.cache_config.cache_dtype == "fp8_ds_mla"
-    )
+    return bool(model.use_mla and model.hf_config.model_type in _DSA_MODELS)
 
 
 class DSAShortBackingBuilder(DefaultKVCacheConfigBuilder):
-    """vLLM's placement, but for fp8 DSA models every backing is 4096 bytes short."""
+    """vLLM's placement, but for DSA models every backing is 4096 bytes short."""
 
     def get_kv_cache_config_from_groups(
         self, vllm_config: Any, kv_cache_groups: list[Any], num_blocks: int
     ) -> Any:
         placed = super().get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, num_blocks)
-        if dsa_fp8(vllm_config):
+        if dsa(vllm_config):
             for tensor in placed.kv_cache_tensors:
                 tensor.size -= 4096
         return placed
