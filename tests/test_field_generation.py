@@ -100,9 +100,13 @@ def test_indexer_kernel_blocks_below_the_cache_block(family: str, regime: str) -
 
 
 def test_compressed_mla_placed_layer_outer() -> None:
-    """The default models include compressed MLA latents planned in a layer-outer layout."""
+    """The default families draw compressed MLA latents planned in a layer-outer layout.
+
+    Asked of the MLA family, which draws them in half its models: over every
+    family the regime is about one problem in 300, too rare for a sure find.
+    """
     problem = find(
-        cs.planning_problems(),
+        cs.planning_problems(models_strategy=family_strategy("mla")),
         lambda p: (
             not p.config.kv_cache_layout.is_block_outermost
             and any(_compressed(s) for s in p.specs.values())
