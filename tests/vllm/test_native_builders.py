@@ -209,6 +209,8 @@ def assert_verdict(case: Case, report: Report) -> None:
 
 def run_kit(case: Case, seed: int, select: tuple[str, ...] | None, **kw: Any) -> Report:
     """The kit's default run (profile ci, 50 examples per scenario) of ``case``'s builder."""
+    # Reach is measured only where a test asks for it (TestReach).
+    kw.setdefault("reach", False)
     return check_builder(load_builder(case.qualname), seed=seed, select=select, shrink=False, **kw)
 
 
