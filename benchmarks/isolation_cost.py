@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
-import subprocess
 import sys
-import time
+
+from _timing import timed_run
 
 _FRONT_ENDS = ("cli", "check_builder", "plugin")
 
@@ -51,18 +50,6 @@ def _command(
             *mode, *extra]  # fmt: skip
 
 
-def _one(command: list[str]) -> tuple[float, float, int]:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    done = subprocess.run(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
-    )
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    return wall, cpu, done.returncode
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run every front end in both modes, in turns, and print the ratios."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -78,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         for front in fronts:
             for isolated in (True, False):
                 command = _command(front, isolated, args.builder, args.seed, args.max_examples)
-                wall, cpu, code = _one(command)
+                wall, cpu, code = timed_run(command)
                 runs.setdefault((front, isolated), []).append((wall, cpu, code))
                 mode = "isolated" if isolated else "in-process"
                 print(

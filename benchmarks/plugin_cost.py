@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
-import subprocess
 import sys
-import time
+
+from _timing import timed_run
 
 _CASES = ("cli", "plugin", "plugin-n2", "per-item")
 
@@ -65,19 +64,6 @@ def _command(case: str, builder: str, seed: int, examples: int | None) -> list[s
             *extra]  # fmt: skip
 
 
-def _one(command: list[str]) -> tuple[float, float, int]:
-    """Wall seconds, CPU seconds of the children (workers included), exit status."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    done = subprocess.run(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
-    )
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
-    return wall, cpu, done.returncode
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run every case in turns and print each one's ratio to the CLI."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -93,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[tuple[float, float, int]]] = {}
     for repeat in range(args.repeats):
         for case in cases:
-            wall, cpu, code = _one(_command(case, args.builder, args.seed, args.max_examples))
+            wall, cpu, code = timed_run(_command(case, args.builder, args.seed, args.max_examples))
             runs.setdefault(case, []).append((wall, cpu, code))
             print(
                 f"run {repeat + 1} {case:10}: {wall:7.1f} s wall, {cpu:7.1f} s cpu, exit {code}",
