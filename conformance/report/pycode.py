@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from conformance.report.records import left_to_planning
 from kvref.interop.vllm_vendor import vendor_origin
 
 __all__ = ["PythonWriter", "to_python"]
@@ -77,10 +78,7 @@ class PythonWriter:
     def _record(self, value: Any, fields: list[tuple[str, Any, bool]]) -> str:
         parts = []
         for name, default, init in fields:
-            # A layout planning resolves is no argument (given, it is used as is).
-            if not init or (
-                name == "kv_cache_layout" and getattr(value, "resolves_kv_cache_layout", False)
-            ):
+            if not init or left_to_planning(value, name):
                 continue
             current = getattr(value, name)
             if _is_default(current, default):

@@ -42,6 +42,7 @@ __all__ = [
     "encode_example",
     "encode_value",
     "example_data",
+    "left_to_planning",
     "record_types",
 ]
 
@@ -139,7 +140,7 @@ def _encode_record(value: Any) -> dict[str, Any]:
     _known(type(value))
     fields: dict[str, Any] = {}
     for field in attrs.fields(type(value)):
-        if not field.init or _left_to_planning(value, field.name):
+        if not field.init or left_to_planning(value, field.name):
             continue
         current = getattr(value, field.name)
         if _is_default(current, field.default):
@@ -148,7 +149,7 @@ def _encode_record(value: Any) -> dict[str, Any]:
     return {"record": type(value).__name__, "fields": fields}
 
 
-def _left_to_planning(value: Any, name: str) -> bool:
+def left_to_planning(value: Any, name: str) -> bool:
     """A layout planning resolves is no argument: given back, it would be used as is."""
     return name == "kv_cache_layout" and getattr(value, "resolves_kv_cache_layout", False) is True
 
