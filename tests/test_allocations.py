@@ -11,6 +11,7 @@ checks must not take pages of two allocations for one address space.
 from __future__ import annotations
 
 import legal_builders
+import pytest
 
 from conformance.check import core, memory
 from conformance.run.guard import CallResult
@@ -89,6 +90,7 @@ def test_allocations_are_separate_address_spaces() -> None:
     assert memory.find_layer_overlaps(merged, "LBNHC", separate=True)
 
 
+@pytest.mark.slow
 def test_placement_and_core_checks_pass() -> None:
     """The placement and Core invariants pass it at the default example count."""
     report = check_builder(

@@ -158,6 +158,7 @@ class TestCli:
         assert needle in captured.err and "examples" not in captured.err
 
 
+@pytest.mark.slow
 class TestPluginExpectations:
     def test_kv_expectations(
         self, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch

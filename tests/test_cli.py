@@ -149,6 +149,7 @@ class TestOutputs:
         assert "SKIP" in out and "host_resident" in out
 
 
+@pytest.mark.slow
 class TestDatabase:
     """Counterexamples are saved to, and replayed from, the example database."""
 
@@ -163,6 +164,7 @@ class TestDatabase:
         capsys.readouterr()
 
 
+@pytest.mark.slow
 class TestPlugin:
     """The pytest plugin: one item per invariant, a header naming the builder."""
 
@@ -284,6 +286,7 @@ class TestFailFast:
 PLUGIN = ["--pyargs", "conformance", "-p", "no:cacheprovider", "--kv-max-examples", "1"]
 
 
+@pytest.mark.slow
 class TestPluginFrontEnd:
     """'the plugin answers bad options with 45 tracebacks instead of one usage error'."""
 
@@ -572,6 +575,7 @@ class TestFirstContact:
         assert ET.parse(tmp_path / "r.xml").getroot().tag == "testsuites"
 
 
+@pytest.mark.slow
 class TestDroppedCtrlC:
     """A Ctrl-C Python dropped (raised in a gc callback or ``__del__``) still stops the run."""
 
@@ -691,6 +695,7 @@ class TestInstallDocs:
         assert "pip install" in text  # it still says how to install (from a checkout or wheel)
 
 
+@pytest.mark.slow
 class TestKilledRuns:
     """'A verdict nobody can forge': a killed run leaves no stale report and shows its seed."""
 

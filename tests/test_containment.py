@@ -34,6 +34,9 @@ from conformance.run.runner import check_builder
 from kvref import PlanningConfig, ReferenceKVCacheConfigBuilder
 from kvref.specs import FullAttentionSpec
 
+# Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
+pytestmark = pytest.mark.slow
+
 _TESTS = Path(__file__).resolve().parent
 
 

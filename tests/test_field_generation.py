@@ -30,6 +30,9 @@ from kvref import ReferenceKVCacheConfigBuilder
 from kvref.planning import project_kv_cache_groups_to_worker
 from kvref.specs import KVCacheSpec, MLAAttentionSpec, MultipleOf
 
+# Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
+pytestmark = pytest.mark.slow
+
 _PAPER = ["KV-CALL", "KV-GROUP", "KV-PLACE", "KV-HOST", "KV-CORE"]
 _SEEDS = [int(s) for s in os.environ.get("KVREF_POWER_SEEDS", "1").split(",")]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import attrs
 import legal_builders
+import pytest
 
 from conformance.check.pitch import pitch_findings
 from kvref import (
@@ -18,6 +19,9 @@ from kvref import (
     PlanningConfig,
     ReferenceKVCacheConfigBuilder,
 )
+
+# Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
+pytestmark = pytest.mark.slow
 
 
 def _spec(alignment: int) -> FullAttentionSpec:

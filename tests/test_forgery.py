@@ -22,6 +22,9 @@ import pytest
 
 from conformance import check_builder
 
+# Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
+pytestmark = pytest.mark.slow
+
 TESTS = Path(__file__).resolve().parent
 FORGERS = [
     "forgers.attacks:ReduceForges",

@@ -21,6 +21,9 @@ from conformance.report.render import report_to_dict
 from conformance.run.options import RunOptions
 from conformance.run.runner import check_builder
 
+# Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
+pytestmark = pytest.mark.slow
+
 TESTS = Path(__file__).resolve().parent
 
 #: builder, selected invariants, examples: each run costs seconds.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import attrs
 import broken_builders
+import pytest
 import torch
 
 from conformance.check.hisparse_runs import host_run_findings
@@ -18,6 +19,9 @@ from kvref.hisparse import resolve_hisparse_specs
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig
 from kvref.specs import MLAAttentionSpec
+
+# Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
+pytestmark = pytest.mark.slow
 
 _LATENT = MLAAttentionSpec(
     block_size=64, num_kv_heads=1, max_tp_shards=1, head_size=576, dtype=torch.bfloat16

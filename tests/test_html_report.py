@@ -23,6 +23,9 @@ from conformance.cli import main
 from conformance.report.html import format_html
 from conformance.report.memory_map import COLOURS, memory_map_svg
 
+# Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
+pytestmark = pytest.mark.slow
+
 OVERLAP = "KV-PLACE-NO-LAYER-OVERLAP"
 BROKEN = "broken_builders:OverlappingLayers"
 

@@ -18,6 +18,9 @@ from kvref import (
     ReferenceKVCacheConfigBuilder,
 )
 
+# Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
+pytestmark = pytest.mark.slow
+
 
 def _judge(*mutations: str) -> list[Violation]:
     inv = next(i for i in catalog() if i.id == "KV-GROUP-INPUT-UNCHANGED")

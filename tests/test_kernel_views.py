@@ -32,6 +32,9 @@ from kvref.kernel_blocks import KernelTensorGeometry, kernel_tensor_geometries
 from kvref.layout import KVCacheLayout
 from kvref.specs import FullAttentionSpec, KVCacheSpec
 
+# Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
+pytestmark = pytest.mark.slow
+
 ID = device_kernel.KV_DEV_KERNEL_VIEWS
 
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
+import pytest
 import torch
 from hypothesis import HealthCheck, given, seed, settings
 
@@ -29,6 +30,9 @@ from kvref.hisparse import resolve_hisparse_specs
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec
+
+# Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
+pytestmark = pytest.mark.slow
 
 LATENT = MLAAttentionSpec(
     block_size=64, num_kv_heads=1, max_tp_shards=1, head_size=576, dtype=torch.bfloat16

@@ -28,6 +28,9 @@ from kvref import (
 )
 from kvref.placement import get_kv_cache_config_from_groups
 
+# Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
+pytestmark = pytest.mark.slow
+
 _PAPER = ["KV-CALL", "KV-GROUP", "KV-PLACE", "KV-HOST", "KV-CORE"]
 _SEEDS = [int(s) for s in os.environ.get("KVREF_POWER_SEEDS", "1").split(",")]
 

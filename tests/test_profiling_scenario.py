@@ -26,6 +26,9 @@ from kvref.config import PlanningConfig
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import FullAttentionSpec, KVCacheSpec
 
+# Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
+pytestmark = pytest.mark.slow
+
 FULL = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
 
 

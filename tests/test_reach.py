@@ -13,6 +13,9 @@ from conformance.run.reach import builder_modules, format_ranges
 from conformance.run.runner import check_builder
 from kvref import FullAttentionSpec, ReferenceKVCacheConfigBuilder
 
+# Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("coverage")
 
 FAST = ["--max-examples", "3", "--seed", "1", "--no-database", "--select", "KV-GROUP-PARTITION"]

@@ -30,6 +30,9 @@ from conformance.run.replay import ReplayError
 from conformance.run.runner import check_builder
 from kvref import ReferenceKVCacheConfigBuilder
 
+# Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
+pytestmark = pytest.mark.slow
+
 _PAPER = ["KV-CALL", "KV-GROUP", "KV-PLACE", "KV-HOST", "KV-CORE"]
 _TESTS = Path(__file__).resolve().parent
 

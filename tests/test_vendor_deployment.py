@@ -27,6 +27,9 @@ from kvref.config import HiSparseConfig
 from kvref.layout import KVCacheLayout
 from kvref.specs import KVCacheSpec
 
+# Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
+pytestmark = pytest.mark.slow
+
 DEPLOYMENTS = Path(__file__).parent / "data" / "models" / "acme_deployments.json"
 FEW = settings(database=None, deadline=None, max_examples=25, phases=[Phase.generate])
 

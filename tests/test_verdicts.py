@@ -18,6 +18,9 @@ from conformance.check.catalog import catalog
 from conformance.cli import main
 from kvref import ReferenceKVCacheConfigBuilder
 
+# Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
+pytestmark = pytest.mark.slow
+
 TESTS = Path(__file__).resolve().parent
 FAST = {"max_examples": 3, "seed": 1}
 # Placement invariants that need a returned config: none can be judged when placement raises.

@@ -11,12 +11,16 @@ import json
 
 import jsonschema
 import legal_builders
+import pytest
 
 from conformance.check.waste import PlanFigures, WasteMeter, compare_plans
 from conformance.report.model import Report
 from conformance.report.render import format_report, json_schema_path, report_to_dict
 from conformance.run.runner import check_builder
 from kvref import ReferenceKVCacheConfigBuilder
+
+# Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
+pytestmark = pytest.mark.slow
 
 
 def _run(builder: type) -> Report:
