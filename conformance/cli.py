@@ -400,6 +400,7 @@ def _header_options(args: argparse.Namespace) -> tuple[str, ...]:
         ("--worker-memory", args.worker_memory),
         ("--json", args.json),
         ("--junit", args.junit),
+        ("--html", args.html),
     ):
         if value is not None:
             words += [flag, str(value)]
@@ -409,6 +410,7 @@ def _header_options(args: argparse.Namespace) -> tuple[str, ...]:
         ("--models-only", args.models_only),
         ("--no-shrink", args.no_shrink),
         ("--no-reach", args.no_reach),
+        ("--certify", args.certify),
     ):
         if on:
             words.append(flag)

@@ -258,3 +258,16 @@ def test_real_certified_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert main(["--certify", "--json", "report.json", "--no-database"]) == 0
     assert _report(tmp_path)["certificate"]["conformant"] is True
     assert main(["verify", "report.json", "--conformant"]) == 0
+
+
+class TestHeader:
+    def test_header_names_certify_and_html(self) -> None:
+        """The run header repeats --certify and --html, as it repeats --json and --junit."""
+        from conformance.cli import _header_options
+
+        args = _parser().parse_args(["--certify", "--json", "r.json", "--html", "r.html"])
+        words = _header_options(args)
+        assert "--certify" in words
+        assert words[words.index("--html") + 1] == "r.html"
+        plain = _header_options(_parser().parse_args([]))
+        assert "--certify" not in plain and "--html" not in plain
