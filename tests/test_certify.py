@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 
 from conformance import certify
-from conformance.cli import _parser, main
+from conformance.cli import _header_options, _parser, main
 from conformance.report.render import json_schema_path
 
 BUILDER = '''"""A vendor's builder: the reference's planning, under its own name."""
@@ -263,8 +263,6 @@ def test_real_certified_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 class TestHeader:
     def test_header_names_certify_and_html(self) -> None:
         """The run header repeats --certify and --html, as it repeats --json and --junit."""
-        from conformance.cli import _header_options
-
         args = _parser().parse_args(["--certify", "--json", "r.json", "--html", "r.html"])
         words = _header_options(args)
         assert "--certify" in words
