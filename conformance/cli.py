@@ -214,6 +214,10 @@ def _split(value: str | None) -> list[str] | None:
     return [v.strip() for v in value.split(",")]
 
 
+#: Whether the process is the console script's own (set by :func:`entry`), not a caller's.
+_PROCESS = {"own": False}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
     verb = _reports_verb(argv)
@@ -539,7 +543,11 @@ def _check(args: argparse.Namespace, builder: object, ci: Any, options: Any) -> 
     from conformance.report.render import format_header, format_report, write_json, write_junit
     from conformance.run.options import OptionError, flag_message
     from conformance.run.runner import check_builder
+    from kvref.interop.vllm_convert import keep_vllm_quiet
 
+    if _PROCESS["own"]:
+        # The console script's process only checks builders: vLLM's logger stays quiet.
+        keep_vllm_quiet()
     # Before the first example: a run killed outright still shows how to rerun it.
     print(format_header(_run_start(args)), flush=True)
     progress = _Progress(sys.stderr)
@@ -665,6 +673,7 @@ def entry() -> None:
     """
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _PROCESS["own"] = True
     status = main()
     sys.stdout.flush()
     sys.stderr.flush()

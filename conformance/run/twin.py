@@ -43,6 +43,7 @@ import attrs
 from conformance.run.guard import CallResult
 from conformance.run.scenarios import Context, builder_or_reference_groups, call_placement
 from kvref.config import PlanningConfig
+from kvref.interop.vllm_convert import keep_vllm_quiet
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
 
@@ -373,6 +374,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     Serves until the kit closes the pipe, then ends the process (it never returns).
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    keep_vllm_quiet()
     # Answers go on the real stdout; the builder's prints must not corrupt them.
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     sys.stdout = sys.stderr

@@ -29,6 +29,7 @@ from conformance.run import handed, wire
 from conformance.run.options import DEFAULT_WORKER_MEMORY_GIB
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
+from kvref.interop.vllm_convert import keep_vllm_quiet
 
 Ref = tuple[str, Any]
 
@@ -370,6 +371,8 @@ def serve(
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     _own_group_and_output(output)
     _watch_parent(parent)
+    # This process only plans: vLLM's logger stays quiet for good once set.
+    keep_vllm_quiet()
     headroom = WORKER_MEMORY_HEADROOM if memory is None else memory
     memory_cap = _limit_memory(headroom)
     cov = _start_reach(reach_files)

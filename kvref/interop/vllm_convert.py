@@ -65,6 +65,7 @@ __all__ = [
     "groups_to_vllm",
     "is_vllm_available",
     "layer_spec_from_vllm",
+    "keep_vllm_quiet",
     "quiet_vllm",
     "spec_from_vllm",
     "spec_to_vllm",
@@ -163,6 +164,21 @@ def is_vllm_available() -> bool:
     return True
 
 
+#: Whether this process keeps vLLM's logger at ERROR for good (see :func:`keep_vllm_quiet`).
+_QUIET = {"for_good": False}
+
+
+def keep_vllm_quiet() -> None:
+    """Leave vLLM's logger at ERROR after every :func:`quiet_vllm` block of this process.
+
+    For processes that exist only to plan (the kit's CLI, its worker and twin
+    processes): setting a logger's level clears the cache of every logger of
+    the process (hundreds once vLLM and torch are imported), which two
+    thousand planning calls a run paid twice each.
+    """
+    _QUIET["for_good"] = True
+
+
 @contextlib.contextmanager
 def quiet_vllm() -> Iterator[None]:
     """Keep vLLM's logger at ERROR for the duration of the block."""
@@ -170,11 +186,14 @@ def quiet_vllm() -> Iterator[None]:
     # makes thousands of planning calls, so keep only its errors.
     logger = logging.getLogger("vllm")
     level = logger.level
-    logger.setLevel(logging.ERROR)
+    if level != logging.ERROR:
+        # vLLM's import configures its logger afresh: set it on every block.
+        logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        if not _QUIET["for_good"] and level != logging.ERROR:
+            logger.setLevel(level)
 
 
 # ---------------------------------------------------------------------------
