@@ -1,7 +1,7 @@
 """Issue 23: power against bugs seen in the field, and no false alarm on legal layouts.
 
 Each test builds the plan it judges by hand or with a builder of
-tests/legal_builders.py and tests/broken_builders.py, and asks the kit's
+tests/legal_builders.py and tests/broken_builders/, and asks the kit's
 check functions directly, so a check that goes quiet or too strict shows here
 without a whole kit run.
 """

@@ -124,7 +124,7 @@ class TestBrokenBuildersAreCaught:
             reach=False,
         )
         # Only the meant invariant, and those the builder declares see the same
-        # bug from another side (each with its reason in broken_builders.py).
+        # bug from another side (each with its reason in tests/broken_builders/).
         broken_builders.assert_caught(report, builder.CAUGHT_BY, builder.ALSO)
         if builder in broken_builders.REPRODUCED and not wide:
             _assert_reproduces(report, builder, tmp_path)
@@ -136,7 +136,7 @@ def _assert_reproduces(report: Report, builder: type, cwd: Path) -> None:
     assert line is not None
     assert f"--select {meant}" in line and "--seed 11" in line
     assert f"--timeout {broken_builders.meta_timeout(builder):g}" in line
-    assert line.split()[1] == f"broken_builders:{builder.__name__}"
+    assert line.split()[1] == f"{builder.__module__}:{builder.__name__}"
     done = reproduce_lines.run_line(line, cwd)
     rows = dict(reproduce_lines.ROW.findall(done.stdout))
     assert done.returncode == 1, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])

@@ -156,7 +156,7 @@ def test_reproduce_line_fails_the_same_invariant(
     line = failure.reproduce
     assert f"--select {meant}" in line and "--seed 11" in line
     assert f"--timeout {broken_builders.meta_timeout(builder):g}" in line
-    assert line.split()[1] == f"broken_builders:{builder.__name__}"
+    assert line.split()[1] == f"{builder.__module__}:{builder.__name__}"
     rows = dict(_ROW.findall(rerun.stdout))
     assert rerun.returncode == 1, (rerun.returncode, rerun.stdout[-2000:], rerun.stderr[-2000:])
     assert rows == {meant: "FAIL"}, (rows, rerun.stdout[-2000:], rerun.stderr[-2000:])

@@ -37,9 +37,11 @@ from typing import Any
 import attrs
 
 from conformance.run import handed, wire
+from conformance.run.prefetch import imports_vllm
 from conformance.run.worker_side import Ref, encode_reply, serve, walk
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
+from kvref.interop.vllm_convert import VLLMUnavailableError, vllm_modules
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
 
@@ -120,6 +122,18 @@ OUTPUT_LIMIT = 64 * 1024
 MAX_DEATHS_IN_A_ROW = 2
 
 
+def _default_start_method() -> str:
+    """``fork`` where the platform has it, else ``spawn``."""
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _import_vllm_here() -> None:
+    """Import vLLM in this process before a worker is forked from it (see prefetch.py)."""
+    # Without vLLM the worker says so when it imports the builder.
+    with contextlib.suppress(VLLMUnavailableError):
+        vllm_modules()
+
+
 class _Worker:
     """One long-lived worker process for one builder; restarted when it dies."""
 
@@ -128,8 +142,7 @@ class _Worker:
     ) -> None:
         #: Bytes of private memory the worker may take over its start (None: worker_side's default).
         self.memory = memory
-        methods = multiprocessing.get_all_start_methods()
-        method = start_method or ("fork" if "fork" in methods else "spawn")
+        method = start_method or _default_start_method()
         self.context: Any = multiprocessing.get_context(method)
         if method == "fork":
             self.target: Any = target
@@ -518,6 +531,8 @@ def isolated(
         name = name or builder
         target: Any = ("name", builder)
         label = builder.rpartition(":")[2].rpartition(".")[2] or "Builder"
+        if (start_method or _default_start_method()) == "fork" and imports_vllm(builder):
+            _import_vllm_here()
     else:
         target = builder
         label = (builder if isinstance(builder, type) else type(builder)).__name__

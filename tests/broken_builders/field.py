@@ -1,0 +1,311 @@
+"""Broken builders of bugs seen in the field, and the regimes where they show."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from broken_builders._base import (
+    Groups,
+    _Base,
+    _Placement,
+    _with_layer_specs,
+    _with_tensors,
+)
+from kvref import (
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    PlanningConfig,
+)
+from kvref.specs import KVCacheSpec
+
+# -- issue 23: bugs seen in the field --------------------------------------------------------
+
+
+class ScatteredDrafts(_Base):
+    """Moves the last of a group's equal-spec draft layers into a group of its own.
+
+    Every layer keeps its spec and stays in one group, but vLLM's drafter
+    asserts that its attention layers share one KV cache group.
+    """
+
+    CAUGHT_BY = "KV-GROUP-DRAFTS-TOGETHER"
+    #: Two equal draft layers outside a model-declared grouping are rare at seed 11.
+    EXAMPLES = 60
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
+        from kvref import UniformTypeKVCacheSpecs
+
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        if getattr(config, "hisparse", None) is not None:
+            return groups  # HiSparse's groups carry roles: one bug, elsewhere
+        for i, g in enumerate(groups):
+            drafts = [n for n in g.layer_names if kv_cache_spec[n].is_draft]
+            twins = [n for n in drafts if kv_cache_spec[n] == kv_cache_spec[drafts[-1]]]
+            if len(twins) < 2:
+                continue
+            moved = twins[-1]
+            kept = [n for n in g.layer_names if n != moved]
+            spec = g.kv_cache_spec
+            if isinstance(spec, UniformTypeKVCacheSpecs):
+                spec = UniformTypeKVCacheSpecs(
+                    kv_cache_specs={n: s for n, s in spec.kv_cache_specs.items() if n != moved}
+                )
+            groups[i] = attrs.evolve(g, layer_names=kept, kv_cache_spec=spec)
+            groups.append(KVCacheGroupSpec(layer_names=[moved], kv_cache_spec=g.layer_spec(moved)))
+            return groups
+        return groups
+
+
+class HotIgnoresDecodeQuery(_Base):
+    """Sizes HiSparse's hot groups for one top-k per request, whatever the settings say.
+
+    A field bug: the hot buffer ignores speculative decoding's query length
+    and an explicit ``device_buffer_size``, so the kernels write past a
+    request's hot blocks.
+    """
+
+    CAUGHT_BY = "KV-GROUP-HISPARSE-HOT-BLOCKS"
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
+        from kvref.extra_specs import HiSparseHotSpec
+        from kvref.specs import MLAAttentionSpec
+
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        settings = getattr(config, "hisparse", None)
+        widths = [
+            s.topk_buffer_width or (settings.index_topk if settings else None)
+            for s in kv_cache_spec.values()
+            if isinstance(s, MLAAttentionSpec) and s.cache_role == "SPARSE"
+        ]
+        if settings is None or not widths or None in widths:
+            return groups
+        top_k = max(w for w in widths if w is not None)
+        for i, g in enumerate(groups):
+            spec = g.kv_cache_spec
+            if isinstance(spec, HiSparseHotSpec):
+                blocks = -(-top_k // spec.block_size)
+                groups[i] = attrs.evolve(
+                    g, kv_cache_spec=attrs.evolve(spec, blocks_per_request=blocks)
+                )
+        return groups
+
+
+class RolelessSource(_Base):
+    """Rebuilds HiSparse's source group without its role (vLLM then finds no host manager)."""
+
+    CAUGHT_BY = "KV-GROUP-HISPARSE-ROLES"
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        return [
+            attrs.evolve(g, role="DEFAULT") if g.role == "HISPARSE_SOURCE" else g for g in groups
+        ]
+
+
+class InterleavedHostPool(_Placement):
+    """Lays HiSparse's host pool out block-interleaved: each host block holds every source page.
+
+    Every host page stays in bounds and apart from the others, but vLLM's
+    runtime reads each source layer's host pages as one run of
+    ``host_num_blocks`` pages (contract.md#hisparse-host-runs).
+    """
+
+    CAUGHT_BY = "KV-HOST-HISPARSE-RUNS"
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        if config.hisparse is None:
+            return result
+        host = [t for t in result.kv_cache_tensors if t.host_resident]
+        # One host block: the aligned page of every source layer, as LBNHC laid them out.
+        block = sum(len(t.layers) * t.block_stride for t in host)
+        tensors, offset = [], 0
+        for t in result.kv_cache_tensors:
+            if not t.host_resident:
+                tensors.append(t)
+                continue
+            page = t.block_stride
+            tensors.append(attrs.evolve(t, offset=offset, layer_stride=page, block_stride=block))
+            offset += len(t.layers) * page
+        return _with_tensors(result, tensors)
+
+
+class Wraps32(_Placement):
+    """Writes strides and offsets through 32-bit descriptors: ``x & 0xFFFFFFFF``.
+
+    Right for every plan under 4 GiB; past it a layer-outer layer stride
+    (``num_blocks x page``) wraps, and the layers of a tensor alias.
+    """
+
+    CAUGHT_BY = "KV-PLACE-NO-BLOCK-ALIAS"
+    #: The wrapped stride also lands layers of one block on each other, and
+    #: device pages beside host groups are judged by their own invariant.
+    ALSO = frozenset({"KV-PLACE-NO-LAYER-OVERLAP", "KV-HOST-DEVICE-SAFE"})
+    EXAMPLES = 50
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        wrap = 0xFFFFFFFF
+        return _with_tensors(
+            result,
+            [
+                attrs.evolve(
+                    t,
+                    offset=t.offset & wrap,
+                    layer_stride=t.layer_stride & wrap,
+                    block_stride=t.block_stride & wrap,
+                )
+                for t in result.kv_cache_tensors
+            ],
+        )
+
+
+class DensePadded(_Placement):
+    """Steps a padded page's blocks by its dense bytes, as if no backend padded pages.
+
+    Layer-outer layouts only: there each layer's blocks step by its own
+    page, and a page of ``page_size_padded`` bytes must step by that
+    (contract.md#page-pitch); the dense step reads the padding as data.
+    """
+
+    CAUGHT_BY = "KV-PLACE-PAGE-PITCH"
+    #: The short step also lands the group's blocks on the next block's bytes
+    #: of the groups aliasing it, beside host groups too; and where the padding
+    #: comes from a block stride alignment (a compressed latent's 576-byte
+    #: multiple), the dense step is no multiple of it.
+    ALSO = frozenset({"KV-PLACE-NO-BLOCK-ALIAS", "KV-HOST-DEVICE-SAFE", "KV-PLACE-ALIGNMENT"})
+    EXAMPLES = 50
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        import math
+
+        from kvref.layout import compute_layer_kv_cache_shape_bytes
+
+        if config.kv_cache_layout.is_block_outermost:
+            return result
+        specs = {n: g.layer_spec(n) for g in result.kv_cache_groups for n in g.layer_names}
+        tensors = []
+        for t in result.kv_cache_tensors:
+            spec = specs.get(t.layers[0]) if t.layers else None
+            if spec is not None and spec.padded_page_size is not None and not t.host_resident:
+                dense = math.prod(compute_layer_kv_cache_shape_bytes(spec, 1)[1:])
+                blocks = result.num_blocks_of(t)
+                t = attrs.evolve(t, block_stride=dense, layer_stride=dense * blocks)  # noqa: PLW2901
+            tensors.append(t)
+        return _with_tensors(result, tensors)
+
+
+class LinearKernelPage(_Base):
+    """Takes a kernel block's page as the cache block's page scaled down: ``page x k / block``.
+
+    ``MultipleOf(b)`` asks the block stride to be a multiple of the layer's
+    page at the kernel block ``k = gcd(b, block_size)``, with the MLA
+    alignment padding recomputed at ``k`` (contract.md#views-and-strides).
+    Scaling the padded page instead is right for dense pages and wrong for
+    padded compressed ones (a DeepSeek-V4-style indexer read in 64-token
+    kernel blocks): the stride honours an alignment no kernel asked for.
+    Only a kernel block smaller than the cache block meets the bug.
+    """
+
+    CAUGHT_BY = "KV-PLACE-ALIGNMENT"
+    #: The stride it picks is also not the aligned page the layout fixes, and
+    #: device pages beside host groups are judged by their own invariant.
+    ALSO = frozenset({"KV-PLACE-PAGE-PITCH", "KV-HOST-DEVICE-SAFE"})
+    EXAMPLES = 50
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        import math
+
+        from kvref.specs import MultipleOf
+
+        def scaled(spec: KVCacheSpec) -> KVCacheSpec:
+            wanted = spec.block_stride_alignment
+            if not isinstance(wanted, MultipleOf):
+                return spec
+            kernel = math.gcd(wanted.n, spec.block_size)
+            if kernel == spec.block_size:
+                return spec
+            page = max(1, spec.page_size_bytes * kernel // spec.block_size)
+            return attrs.evolve(spec, block_stride_alignment=page)
+
+        given = [_with_layer_specs(g, scaled) for g in kv_cache_groups]
+        result = super().get_kv_cache_config_from_groups(config, given, num_blocks)
+        return attrs.evolve(result, kv_cache_groups=list(kv_cache_groups))
+
+
+class InterleavedCompressed(_Placement):
+    """Lays compressed MLA caches out block-interleaved whatever the layout.
+
+    A builder written for DeepSeek-V4's block-outer backends keeps a
+    compressed tensor's layers side by side inside each block (layer stride
+    one page, block stride the tensor's layers' pages) also in layer-outer
+    layouts.
+    The bytes stay in the tensor's region, but a layer-outer block must step
+    the layer's aligned page (contract.md#page-pitch); groups aliasing the
+    region then meet other block IDs.  Only compressed caches placed
+    layer-outer meet the bug.
+    """
+
+    CAUGHT_BY = "KV-PLACE-PAGE-PITCH"
+    #: Other groups aliasing the region see other blocks' bytes, beside host groups too.
+    ALSO = frozenset({"KV-PLACE-NO-BLOCK-ALIAS", "KV-HOST-DEVICE-SAFE"})
+    EXAMPLES = 50
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        from kvref.specs import MLAAttentionSpec
+
+        if config.kv_cache_layout.is_block_outermost:
+            return result
+        specs = {n: g.layer_spec(n) for g in result.kv_cache_groups for n in g.layer_names}
+        tensors = []
+        for t in result.kv_cache_tensors:
+            spec = specs.get(t.layers[0]) if t.layers else None
+            # One latent head: a block of every layer-outer layout is one run of the page.
+            compressed = (
+                isinstance(spec, MLAAttentionSpec)
+                and spec.tokens_per_state_value > 1
+                and spec.num_kv_heads == 1
+            )
+            if compressed and not t.host_resident and len(t.layers) > 1:
+                page = t.block_stride
+                t = attrs.evolve(t, layer_stride=page, block_stride=len(t.layers) * page)  # noqa: PLW2901
+            tensors.append(t)
+        return _with_tensors(result, tensors)
+
+
+class PlacesAbsentLayers(_Base):
+    """Places the layers a projected uniform-type group names in its wrapper, on every worker.
+
+    vLLM 0.33.0's own placement does this (contract.md#deliberate-differences,
+    difference 2): a pipeline worker holding no layer of a uniform-type group
+    gets the group with no layer names but the global wrapper, and placing
+    the wrapper's layers gives the worker tensors of layers it does not have.
+    Only a worker without any layer of such a group meets the bug.
+    """
+
+    CAUGHT_BY = "KV-PLACE-UNKNOWN-LAYER"
+    #: The absent layers' bytes may pass the sane bound of the worker's own layers.
+    ALSO = frozenset({"KV-PLACE-SIZE-BOUND"})
+    EXAMPLES = 50
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        from kvref import UniformTypeKVCacheSpecs
+
+        given = [
+            attrs.evolve(g, layer_names=list(g.kv_cache_spec.kv_cache_specs))
+            if not g.layer_names and isinstance(g.kv_cache_spec, UniformTypeKVCacheSpecs)
+            else g
+            for g in kv_cache_groups
+        ]
+        result = super().get_kv_cache_config_from_groups(config, given, num_blocks)
+        return attrs.evolve(result, kv_cache_groups=list(kv_cache_groups))
