@@ -429,8 +429,8 @@ def _placement_input(obs: PlacementObservation) -> list[Violation] | None:
             _v(
                 "KV-PLACE-INPUT-UNCHANGED",
                 f"get_kv_cache_config_from_groups changed its input: {changes}{more}. "
-                "Placement changes nothing it is given: not the group list, a group, its "
-                "spec, nor the config",
+                "Placement (and the pool-bytes hook it answers) changes nothing it is given: "
+                "not the group list, a group, its spec, nor the config",
             )
         ]
     return []

@@ -72,6 +72,8 @@ class _Checked(KVCacheConfigBuilder):
         # Core asks one instance about every worker's groups before placing
         # any of them: each placement is judged against the answer for its own groups.
         self.pools: dict[tuple[tuple[str, ...], ...], CallResult] = {}
+        # Whether the pool-bytes hook changed the groups it was asked about.
+        self.pool_changed: set[tuple[tuple[str, ...], ...]] = set()
 
     def _record(self, found: Mapping[str, tuple[Violation, ...]]) -> None:
         for invariant, violations in found.items():
@@ -131,7 +133,11 @@ class _Checked(KVCacheConfigBuilder):
                 validate=config_validator,
             )
             self._answer(results[1])
-        mutations = () if given == pristine else ("placement changed the groups it was given",)
+        mutations: tuple[str, ...] = ()
+        if given != pristine:
+            mutations += ("placement changed the groups it was given",)
+        if _groups_key(kv_cache_groups) in self.pool_changed:
+            mutations += ("_get_pool_bytes_per_block changed the groups it was given",)
         self._record(
             judge_placement(
                 config,
@@ -147,15 +153,20 @@ class _Checked(KVCacheConfigBuilder):
     def _get_pool_bytes_per_block(
         self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]
     ) -> int | None:
+        given = [deep_copy(g) for g in kv_cache_groups]
+        pristine = deep_copy(given)
         result = _direct(
             "_get_pool_bytes_per_block",
             self.inner._get_pool_bytes_per_block,
             config,
-            [deep_copy(g) for g in kv_cache_groups],
+            given,
             validate=pool_validator,
         )
         declared: int | None = self._answer(result)
-        self.pools[_groups_key(kv_cache_groups)] = result
+        key = _groups_key(kv_cache_groups)
+        self.pools[key] = result
+        if given != pristine:
+            self.pool_changed.add(key)
         return declared
 
 

@@ -285,15 +285,27 @@ def call_pool_bytes(
     builder: KVCacheConfigBuilder,
     config: PlanningConfig,
     groups: Sequence[KVCacheGroupSpec],
-) -> CallResult:
-    """Ask ``_get_pool_bytes_per_block`` about fresh copies of ``groups`` (never an empty list)."""
-    return guard.call(
+) -> tuple[CallResult, tuple[str, ...]]:
+    """Ask ``_get_pool_bytes_per_block`` about fresh copies of ``groups`` (never an empty list).
+
+    Returns the call and how it changed its input: the hook is part of
+    placement (Core asks it before it places), and it too may change nothing
+    it is given (contract.md#hook-purity).
+    """
+    given = [deep_copy(g) for g in groups]
+    pristine = deep_copy(given)
+    handed_config = deep_copy(config)
+    result = guard.call(
         "_get_pool_bytes_per_block",
         builder._get_pool_bytes_per_block,
-        config,
-        [deep_copy(g) for g in groups],
+        handed_config,
+        given,
         validate=pool_validator,
     )
+    changes = _config_changes(handed_config, config, result)
+    if given != pristine:
+        changes.append("the groups it was given")
+    return result, tuple(f"_get_pool_bytes_per_block changed {c}" for c in changes)
 
 
 # -- observers ------------------------------------------------------------------
@@ -370,7 +382,9 @@ def observe_placement(
     repeat, changed = call_placement(ctx.guard, builder, config, groups, num_blocks)
     fresh, _ = call_placement(ctx.guard, ctx.factory(), config, groups, num_blocks)
     # Core never asks about an empty group list (its probe answers 0 itself).
-    pool = call_pool_bytes(ctx.guard, builder, config, groups) if groups else None
+    pool, pool_changed = (
+        call_pool_bytes(ctx.guard, builder, config, groups) if groups else (None, ())
+    )
     empty, _ = call_placement(ctx.guard, builder, config, [], 1)
     return PlacementObservation(
         config=config,
@@ -381,7 +395,7 @@ def observe_placement(
         results=results,
         repeat=repeat,
         fresh=fresh,
-        mutations=mutations + changed,
+        mutations=mutations + changed + pool_changed,
         pool_bytes=pool,
         empty=empty,
         device=ctx.device,
@@ -403,7 +417,7 @@ def observe_host(
     if valid_groups(config, specs, groups_result):
         groups = list(groups_result.value)
         placed, _ = call_placement(ctx.guard, builder, config, groups, num_blocks)
-        pool = call_pool_bytes(ctx.guard, builder, config, groups) if groups else None
+        pool = call_pool_bytes(ctx.guard, builder, config, groups)[0] if groups else None
         if placed.ok and pool is not None and pool.ok:
             from conformance.check.gate import judge_pool_bytes
 

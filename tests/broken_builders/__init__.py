@@ -56,6 +56,7 @@ from broken_builders.placement import (
     OutOfBoundsOffset,
     OverlappingBlocks,
     OverlappingLayers,
+    PoolBytesClearsGroups,
     SharedInstance,
     SizeOneBlockTooBig,
     StatefulPlacement,
@@ -115,6 +116,7 @@ ALL: tuple[type[_Base], ...] = (
     ConstructsOnce,
     SharedInstance,
     HiSparsePoolShort,
+    PoolBytesClearsGroups,
 )
 
 #: One broken builder per class of issue 13 (tests/test_power.py: caught at 50 examples).
@@ -214,6 +216,7 @@ __all__ = [
     "OverlappingLayers",
     "POWER",
     "PlacesAbsentLayers",
+    "PoolBytesClearsGroups",
     "PoolBytesCountHost",
     "REPRODUCED",
     "RaisesOnEmptyGroup",

@@ -1,4 +1,4 @@
-"""Broken builders whose bug is in the placement of one plan."""
+"""Broken builders of placement, host residency and pool bytes, and later grouping ones."""
 
 from __future__ import annotations
 
@@ -229,6 +229,24 @@ class LyingPoolBytes(_Base):
     ) -> int | None:
         probe = super().get_kv_cache_config_from_groups(config, kv_cache_groups, 2)
         return max(probe.device_size // 4, 1)
+
+
+class PoolBytesClearsGroups(_Base):
+    """Empties the group list it is asked about in ``_get_pool_bytes_per_block``.
+
+    Core asks the hook about the groups it then places: a hook that changes
+    them changes what Core places next (contract.md#hook-purity).
+    """
+
+    CAUGHT_BY = "KV-PLACE-INPUT-UNCHANGED"
+
+    def _get_pool_bytes_per_block(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]
+    ) -> int | None:
+        answer = super()._get_pool_bytes_per_block(config, kv_cache_groups)
+        if isinstance(kv_cache_groups, list):
+            kv_cache_groups.clear()
+        return answer
 
 
 class HostTensorOnDevice(_Placement):

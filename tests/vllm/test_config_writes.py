@@ -31,8 +31,13 @@ class TestVllmConfigWrites:
                 "KV-PLACE-INPUT-UNCHANGED",
                 "vllm_config.cache_config.num_gpu_blocks_override: None -> ",
             ),
+            (
+                "PinsOverrideInPoolBytes",
+                "KV-PLACE-INPUT-UNCHANGED",
+                "_get_pool_bytes_per_block changed vllm_config.cache_config.num_gpu_blocks",
+            ),
         ],
-        ids=["grouping", "placement"],
+        ids=["grouping", "placement", "pool-bytes"],
     )
     def test_a_written_vllm_config_fails_the_hooks_purity(
         self, name: str, meant: str, field: str, isolate: bool

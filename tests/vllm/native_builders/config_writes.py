@@ -32,3 +32,15 @@ class PinsBlockOverride(DefaultKVCacheConfigBuilder):
     ) -> Any:
         vllm_config.cache_config.num_gpu_blocks_override = num_blocks
         return super().get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, num_blocks)
+
+
+class PinsOverrideInPoolBytes(DefaultKVCacheConfigBuilder):
+    """Sets ``cache_config.num_gpu_blocks_override`` while it answers the pool-bytes hook.
+
+    The hook answers "let Core probe" (``None``), as vLLM's default does; the
+    write is its only fault.
+    """
+
+    def _get_pool_bytes_per_block(self, vllm_config: Any, kv_cache_groups: list[Any]) -> Any:
+        vllm_config.cache_config.num_gpu_blocks_override = 1
+        return None
