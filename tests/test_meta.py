@@ -57,9 +57,10 @@ def meta_selection(builder: type, *, wide: bool = False) -> list[str]:
     read.  KV-GROUP-HASH-STABLE starts a second process per run; only the
     builder meant for it needs that.
     """
-    chosen = [inv for inv in catalog() if inv.id.startswith(tuple(_PAPER))]
+    invariants = catalog()
+    chosen = [inv for inv in invariants if inv.id.startswith(tuple(_PAPER))]
     if not wide:
-        by_id = {inv.id: inv for inv in catalog()}
+        by_id = {inv.id: inv for inv in invariants}
         seen = {s for i in (builder.CAUGHT_BY, *builder.ALSO) for s in by_id[i].scenarios}
         chosen = [inv for inv in chosen if set(inv.scenarios) <= seen]
     return [

@@ -268,16 +268,27 @@ def call_placement(
         validate=config_validator,
     )
     mutations = _config_changes(handed_config, config, result)
+    mutations += _group_changes(given, objects, pristine)
+    return result, tuple(mutations)
+
+
+def _group_changes(
+    given: Sequence[KVCacheGroupSpec],
+    objects: Sequence[KVCacheGroupSpec],
+    pristine: Sequence[KVCacheGroupSpec],
+) -> list[str]:
+    """How a hook changed the group list it was handed (``objects``: its groups as handed)."""
+    changes: list[str] = []
     if len(given) != len(pristine) or any(a is not b for a, b in zip(given, objects, strict=False)):
-        mutations.append("the group list was changed")
+        changes.append("the group list was changed")
     for i, (group, clean) in enumerate(zip(objects, pristine, strict=True)):
         if group != clean:
-            mutations += _spec_changes(f"group {i}", group, clean)
+            changes += _spec_changes(f"group {i}", group, clean)
             if group.kv_cache_spec != clean.kv_cache_spec:
-                mutations += _spec_changes(
+                changes += _spec_changes(
                     f"group {i}'s spec", group.kv_cache_spec, clean.kv_cache_spec
                 )
-    return result, tuple(mutations)
+    return changes
 
 
 def call_pool_bytes(
@@ -293,7 +304,8 @@ def call_pool_bytes(
     it is given (contract.md#hook-purity).
     """
     given = [deep_copy(g) for g in groups]
-    pristine = deep_copy(given)
+    objects = list(given)
+    pristine = deep_copy(objects)
     handed_config = deep_copy(config)
     result = guard.call(
         "_get_pool_bytes_per_block",
@@ -303,8 +315,7 @@ def call_pool_bytes(
         validate=pool_validator,
     )
     changes = _config_changes(handed_config, config, result)
-    if given != pristine:
-        changes.append("the groups it was given")
+    changes += _group_changes(given, objects, pristine)
     return result, tuple(f"_get_pool_bytes_per_block changed {c}" for c in changes)
 
 
