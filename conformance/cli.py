@@ -163,6 +163,13 @@ def _parser() -> argparse.ArgumentParser:
         "(default 16): a hook that leaks past it fails KV-CALL-RAISES",
     )
     parser.add_argument(
+        "--focus",
+        metavar="SPEC",
+        help="where the run draws its extra examples: learned from where the builder's answers "
+        "differ from the reference's (default), 'off', or family=PATH,...;... as a report's "
+        "reproduce line gives it",
+    )
+    parser.add_argument(
         "--min-reach",
         type=float,
         metavar="PERCENT",
@@ -402,6 +409,7 @@ def _header_options(args: argparse.Namespace) -> tuple[str, ...]:
         ("--reach", args.reach),
         ("--min-reach", args.min_reach),
         ("--worker-memory", args.worker_memory),
+        ("--focus", args.focus),
         ("--json", args.json),
         ("--junit", args.junit),
         ("--html", args.html),
@@ -505,6 +513,7 @@ def _options(args: argparse.Namespace, xfail: list[str]) -> Any:
         models_only=args.models_only,
         replays=args.replays,
         worker_memory=args.worker_memory,
+        focus=args.focus,
     )
 
 

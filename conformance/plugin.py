@@ -103,6 +103,15 @@ _OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
         },
     ),
     (
+        "--kv-focus",
+        {
+            "default": None,
+            "metavar": "SPEC",
+            "help": "where the run draws its extra examples: learned (default), 'off', "
+            "or a reproduce line's family=PATH,...;...",
+        },
+    ),
+    (
         "--kv-worker-memory",
         {
             "type": float,
@@ -225,6 +234,7 @@ def _options(config: pytest.Config) -> Any:
         models_only=config.getoption("--kv-models-only") or None,
         isolate=config.getoption("--kv-isolate"),
         worker_memory=config.getoption("--kv-worker-memory"),
+        focus=config.getoption("--kv-focus"),
         reach=_reach(config),
         min_reach=config.getoption("--kv-min-reach"),
     )

@@ -84,7 +84,7 @@ class TestDrawn:
         attention_free = [attrs.evolve(s, not_in=frozenset()) for s in BUILTIN]
         attention_free = [s for s in attention_free if s.name == "attention_free"]
         drawn: list[object] = []
-        empty = draw("host", attention_free, 1, 1, "ci", lambda _s, ex: drawn.append(ex))
+        empty = draw("host", attention_free, 1, 1, "ci", lambda _s, ex, _f: drawn.append(ex))
         assert empty == ["attention_free"] and not drawn
 
     def test_families_that_cannot_serve_a_scenario_get_no_examples(self) -> None:

@@ -43,7 +43,7 @@ def draw_examples(scenario: str, seed: int, max_examples: int) -> list[Any]:
         max_examples,
         seed,
         "ci",
-        lambda _stratum, ex: drawn.append(ex),
+        lambda _stratum, ex, _first: drawn.append(ex),
     )
     return drawn
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from conformance.generate import strategies as kst
 from conformance.report.pycode import to_python
 from conformance.report.records import decode_example
+from conformance.run.engine_paths import EnginePath, engine_path
 from conformance.run.limits import NO_LIMITS, Limits
 from kvref.config import PlanningConfig
 from kvref.specs import KVCacheSpec
@@ -103,25 +104,30 @@ def examples(
     models: st.SearchStrategy[kst.Model] | None = None,
     profile: str = "ci",
     limits: Limits = NO_LIMITS,
+    paths: frozenset[EnginePath] | None = None,
 ) -> st.SearchStrategy[Any]:
     """The examples of ``scenario``, drawn from ``models`` (default: the built-in families).
 
     ``profile`` sizes what grows with it (the request streams of ``serve``);
-    ``limits`` says what the builder cannot be given (never drawn for it).
+    ``limits`` says what the builder cannot be given (never drawn for it);
+    ``paths``: only problems on these engine paths (conformance.run.focus).
     """
     if scenario == "serve":
         from conformance.serve.scenario import OPS_BY_PROFILE, serve_examples
 
         return serve_examples(models, max_ops=OPS_BY_PROFILE[profile])
-    return problem_examples(scenario, models, limits)
+    return problem_examples(scenario, models, limits, paths)
 
 
 def problem_examples(
-    scenario: str, models: st.SearchStrategy[kst.Model] | None = None, limits: Limits = NO_LIMITS
+    scenario: str,
+    models: st.SearchStrategy[kst.Model] | None = None,
+    limits: Limits = NO_LIMITS,
+    paths: frozenset[EnginePath] | None = None,
 ) -> st.SearchStrategy[Example]:
     """The planning-problem part of ``scenario``'s examples (what ``serve`` builds on)."""
     # Decorated once, at import: a composite made per call costs a source parse.
-    return _problem_example(scenario, models, limits)
+    return _problem_example(scenario, models, limits, paths)
 
 
 @st.composite
@@ -130,6 +136,7 @@ def _problem_example(
     scenario: str,
     models: st.SearchStrategy[kst.Model] | None,
     limits: Limits,
+    paths: frozenset[EnginePath] | None,
 ) -> Example:
     chosen = models
     if scenario == "host" and models is None and draw(st.booleans()):
@@ -168,6 +175,8 @@ def _problem_example(
         # bytes, admission) are judged on the builder's own answers.
         config = attrs.evolve(config, host_resident_layers=frozenset(), host_pool_bytes=None)
     config = limits.fit(config)
+    if paths is not None and engine_path(config) not in paths:
+        hypothesis.reject()  # a focus keeps the engine paths the builder acted on
     if not reference_accepts(config, workers):
         # Only problems the reference can plan are valid inputs for a builder.
         hypothesis.reject()

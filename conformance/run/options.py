@@ -21,6 +21,8 @@ from typing import Any
 
 import attrs
 
+from conformance.run.engine_paths import EnginePath, parse
+
 __all__ = [
     "DEFAULT_WORKER_MEMORY_GIB",
     "PROFILES",
@@ -108,6 +110,10 @@ class RunOptions:
         worker_memory: GiB of private memory the isolated worker may take over
             its size at start (``RLIMIT_DATA``): a leaking hook then fails
             ``KV-CALL-RAISES`` with the limit named.
+        focus: where the run draws its extra examples (:mod:`conformance.run.focus`):
+            ``None`` (the default) learns it from the builder's answers, ``"off"``
+            draws none, ``family=PATH,...;...`` replays a run's (its reproduce lines
+            carry it).
     """
 
     builder: str | None
@@ -131,6 +137,7 @@ class RunOptions:
     min_reach: float | None = None
     replays: int = 2
     worker_memory: float = DEFAULT_WORKER_MEMORY_GIB
+    focus: str | None = None
 
     @classmethod
     def create(cls, builder: str | None, **values: Any) -> RunOptions:
@@ -206,9 +213,37 @@ class RunOptions:
             )
         if self.reach is False and self.min_reach is not None:
             raise OptionError("min_reach needs reach measured (reach=True or module names)")
+        self.focus_pins()
 
-    def reproduce(self, invariant: str) -> str:
-        """A command that reruns this run's examples for ``invariant`` alone."""
+    def focus_pins(self) -> dict[str, frozenset[EnginePath]] | None:
+        """:attr:`focus` read: ``None`` to learn, else the pins to use (``{}``: ``off``).
+
+        Raises:
+            OptionError: ``focus`` is malformed or names an unknown family,
+                layout or flag (the message names it).
+        """
+        if self.focus is None:
+            return None
+        if not isinstance(self.focus, str):
+            raise OptionError(f"focus={self.focus!r} must be a string")
+        if self.focus.strip() == "off":
+            return {}
+        from conformance.generate.families import DEFAULT_FAMILIES
+
+        try:
+            pins = parse(self.focus, ["vendor", *DEFAULT_FAMILIES])
+        except ValueError as exc:
+            raise OptionError(f"focus={self.focus!r}: {exc}") from None
+        if not pins:
+            raise OptionError(f"focus={self.focus!r} names no family; use 'off' for no focus")
+        return pins
+
+    def reproduce(self, invariant: str, focus: str | None = None) -> str:
+        """A command that reruns this run's examples for ``invariant`` alone.
+
+        ``focus``: the run's focus spelled (:func:`conformance.run.focus.spell`),
+        which a run of one invariant could not learn from its own scenarios.
+        """
         builder = self.builder or "<builder: pass it to check_builder>"
         words = ["kvref-conformance", builder, "--select", invariant, "--seed", str(self.seed)]
         words += ["--max-examples", str(self.max_examples), "--profile", self.profile]
@@ -221,6 +256,9 @@ class RunOptions:
             words += ["--models", self.models]
         if self.models_only:
             words.append("--models-only")
+        focus = self.focus if focus is None else focus
+        if focus:
+            words += ["--focus", focus]
         if not self.shrink:
             words.append("--no-shrink")
         # Said either way: a crash contained in a worker may end an in-process run.

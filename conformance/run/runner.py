@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -32,8 +32,10 @@ from conformance.run.boundary import (
     prepare,
     vllm_default_builder,
 )
+from conformance.run.engine_paths import EnginePath, spell
 from conformance.run.examples import Example
 from conformance.run.flakes import replay_failure
+from conformance.run.focus import FOCUSED_SCENARIOS, Focus
 from conformance.run.guard import Guard, clear_interrupt
 from conformance.run.limits import CAPABILITIES, Limits
 from conformance.run.observations import builder_spoiled
@@ -41,7 +43,7 @@ from conformance.run.options import PROFILES, OptionError, RunOptions, check_dev
 from conformance.run.profiling import isolated_resolver, resolvable_qualname
 from conformance.run.scenarios import ConstructionFailedError, Context, make_factory, observe
 from conformance.run.search import Namespaced, search
-from conformance.run.strata import Stratum, draw, run_strata, stratum_seed
+from conformance.run.strata import Stratum, draw, draw_focus, run_strata, stratum_seed
 from conformance.run.tally import Tally, select_invariants
 from conformance.run.timing import InvariantClock
 from conformance.run.upstream import matching_defect
@@ -105,6 +107,7 @@ def check_builder(
     models_only: bool | None = None,
     replays: int | None = None,
     worker_memory: float | None = None,
+    focus: str | None = None,
 ) -> Report:
     """Check ``builder`` against the invariant catalog and return a :class:`Report`.
 
@@ -155,6 +158,10 @@ def check_builder(
         worker_memory: GiB of private memory the isolated worker may take over
             its size at start (default 16): a hook that leaks past it fails
             ``KV-CALL-RAISES`` with the limit named.
+        focus: where the run draws extra examples (:mod:`conformance.run.focus`):
+            ``None`` learns it from where the builder's answers differ from the
+            reference's, ``"off"`` draws none, ``family=PATH,...;...`` replays a
+            report's (its reproduce lines carry it).
 
     Raises:
         OptionError: an option has an unusable value (a ``ValueError``; the
@@ -181,6 +188,7 @@ def check_builder(
         "models_only": models_only,
         "replays": replays,
         "worker_memory": worker_memory,
+        "focus": focus,
     }
     options = _options(builder, options, name, keywords)
     invariants = catalog()
@@ -315,6 +323,8 @@ class _Run:
         self.empty: dict[str, list[str]] = {}
         # Efficiency warnings from the core plans (never a verdict).
         self.waste = WasteMeter.for_builder(builder)
+        # Where the builder's answers differed from the reference's (focus.py).
+        self.focus = Focus(options.focus_pins())
         self.clock = InvariantClock()  # per-invariant time (run/timing.py)
 
     def observe(self, scenario: str, example: Example) -> Any:
@@ -349,6 +359,13 @@ class _Run:
                 finally:
                     # The tag check's reused backing is for one scenario's examples.
                     drop_scratch()
+            # Every scenario's focus after every first deal: each learns from all of them.
+            for scenario, checks in plan:
+                if scenario in FOCUSED_SCENARIOS:
+                    try:
+                        self._scenario(scenario, checks, total, total, focus=self.focus.pins())
+                    finally:
+                        drop_scratch()
             self._replay(active)
         except KeyboardInterrupt:
             # Ctrl-C: report what was found so far; the rest is inconclusive.
@@ -356,14 +373,22 @@ class _Run:
             self.interrupted = True
 
     def _scenario(
-        self, scenario: str, checks: Sequence[Invariant], done_before: int, total: int
+        self,
+        scenario: str,
+        checks: Sequence[Invariant],
+        done_before: int,
+        total: int,
+        focus: Mapping[str, frozenset[EnginePath]] | None = None,
     ) -> None:
+        """Judge ``scenario``'s first deal, or with ``focus`` its focus (focus.py)."""
         done = done_before
 
-        def judge(stratum: Stratum, ex: Example) -> None:
+        def judge(stratum: Stratum, ex: Example, first_deal: bool) -> None:
             nonlocal done
             self.drawn.setdefault(scenario, []).append(ex)
             obs = self.clock.observe(scenario, self.observe, scenario, ex)
+            if first_deal:
+                self.focus.note(stratum.name, ex.config, obs)
             if scenario == "core":
                 self.waste.add(obs, ex)
             for inv in checks:
@@ -379,14 +404,11 @@ class _Run:
             if self.progress is not None:
                 self.progress(scenario, min(done, total), total)
 
-        self.empty[scenario] = draw(
-            scenario,
-            self.strata,
-            self.options.max_examples,
-            self.options.seed,
-            self.options.profile,
-            judge,
-        )
+        args = (scenario, self.strata, self.options.max_examples, self.options.seed)
+        if focus is None:
+            self.empty[scenario] = draw(*args, self.options.profile, judge)
+        else:
+            self.focus.drew(scenario, draw_focus(*args, self.options.profile, judge, focus))
 
     def _database(self, inv: Invariant, stratum: Stratum) -> ExampleDatabase | None:
         if self.options.database is None:
@@ -456,6 +478,8 @@ class _Run:
         covered = coverage(self.drawn.get(scenario, []))
         if self.empty.get(scenario):
             covered["no_valid_examples"] = sorted(self.empty[scenario])
+        if self.focus.extra.get(scenario):
+            covered["focus"] = dict(self.focus.extra[scenario])
         return covered
 
     def _result(self, inv: Invariant) -> InvariantResult:
@@ -531,7 +555,7 @@ class _Run:
             "counterexample_python": minimal.to_python(),
             "counterexample_data": example_data(minimal),
             "scenario": scenario,
-            "reproduce": self.options.reproduce(inv.id),
+            "reproduce": self.options.reproduce(inv.id, focus=spell(self.focus.pins()) or None),
             # Deterministic or flaky (run/flakes.py): the same observation, judged again.
             "replays": replay_failure(
                 lambda: _judge(inv, self.observe(scenario, minimal)),

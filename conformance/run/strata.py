@@ -23,9 +23,10 @@ reproduce line replays it exactly.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -35,10 +36,20 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from conformance.generate.records import Model
+from conformance.run.engine_paths import EnginePath
 from conformance.run.examples import Example, examples
+from conformance.run.focus import FOCUS_SHARE
 from conformance.run.limits import NO_LIMITS, Limits
 
-__all__ = ["VENDOR_SHARE", "Stratum", "deal", "draw", "run_strata", "stratum_seed"]
+__all__ = [
+    "VENDOR_SHARE",
+    "Stratum",
+    "deal",
+    "draw",
+    "draw_focus",
+    "run_strata",
+    "stratum_seed",
+]
 
 #: Share of a scenario's examples dealt to the vendor's models when they are
 #: mixed with the built-in families.
@@ -67,9 +78,16 @@ class Stratum:
     not_in: frozenset[str] = frozenset()
     limits: Limits = NO_LIMITS
 
-    def examples(self, scenario: str, profile: str) -> st.SearchStrategy[Example]:
-        """This stratum's examples of ``scenario``, fit to the builder's limits."""
-        return examples(scenario, models=self.models, profile=profile, limits=self.limits)
+    def examples(
+        self, scenario: str, profile: str, paths: frozenset[EnginePath] | None = None
+    ) -> st.SearchStrategy[Example]:
+        """This stratum's examples of ``scenario``, fit to the builder's limits.
+
+        ``paths``: only examples on these engine paths (a focus, focus.py).
+        """
+        return examples(
+            scenario, models=self.models, profile=profile, limits=self.limits, paths=paths
+        )
 
 
 #: Families that cannot serve a scenario: an attention-free model has no
@@ -143,15 +161,20 @@ def stratum_seed(seed: int, scenario: str, stratum: str) -> int:
     return (seed + zlib.crc32(f"{scenario}/{stratum}".encode())) % 2**32
 
 
+#: What a scenario's body is told: the stratum, the example, and whether the
+#: example is of the first deal (the focus learns from those alone).
+Body = Callable[[Stratum, Example, bool], Any]
+
+
 def draw(
     scenario: str,
     strata: Sequence[Stratum],
     total: int,
     seed: int,
     profile: str,
-    body: Callable[[Stratum, Example], Any],
+    body: Body,
 ) -> list[str]:
-    """Run ``body`` on every example of ``scenario``, stratum by stratum.
+    """Run ``body`` on every example of ``scenario``'s first deal, stratum by stratum.
 
     Returns the strata that could draw no valid example for ``scenario``
     (an attention-free model has nothing to keep on the host, say): the
@@ -167,15 +190,54 @@ def draw(
     return empty
 
 
+def draw_focus(
+    scenario: str,
+    strata: Sequence[Stratum],
+    total: int,
+    seed: int,
+    profile: str,
+    body: Body,
+    pins: Mapping[str, frozenset[EnginePath]],
+) -> list[tuple[str, int]]:
+    """Run ``body`` on ``scenario``'s focus: :data:`FOCUS_SHARE` of ``total`` more examples.
+
+    They are dealt equally over the strata ``pins`` names, each drawn on its
+    engine paths only (conformance.run.focus).  Returns the examples dealt
+    to each stratum.
+    """
+    focused = [attrs.evolve(s, share=0.0) for s in strata if s.name in pins]
+    if not focused:
+        return []
+    label = f"{scenario}/focus"
+    extra = deal(focused, max(1, int(total * FOCUS_SHARE)), seed, label)
+    for stratum, count in extra:
+        # No valid example on those paths: the first deal's verdicts stand alone.
+        with contextlib.suppress(hypothesis.errors.Unsatisfiable):
+            _one_run(
+                scenario,
+                stratum,
+                count,
+                seed,
+                profile,
+                body,
+                skip_simplest=True,
+                paths=pins[stratum.name],
+                label=label,
+            )
+    return [(s.name, n) for s, n in extra]
+
+
 def _one_run(
     scenario: str,
     stratum: Stratum,
     count: int,
     seed: int,
     profile: str,
-    body: Callable[[Stratum, Example], Any],
+    body: Body,
     *,
     skip_simplest: bool,
+    paths: frozenset[EnginePath] | None = None,
+    label: str | None = None,
 ) -> None:
     skip = [skip_simplest]
 
@@ -186,13 +248,13 @@ def _one_run(
         suppress_health_check=list(HealthCheck),
         phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
     )
-    @hypothesis.seed(stratum_seed(seed, scenario, stratum.name))
-    @hypothesis.given(stratum.examples(scenario, profile))
+    @hypothesis.seed(stratum_seed(seed, label or scenario, stratum.name))
+    @hypothesis.given(stratum.examples(scenario, profile, paths))
     def run(ex: Example) -> None:
         if skip[0]:
             # The family's simplest model (module docstring).
             skip[0] = False
             hypothesis.reject()
-        body(stratum, ex)
+        body(stratum, ex, paths is None)
 
     run()

@@ -1,0 +1,173 @@
+"""Focus: more examples where the builder's own code acts.
+
+A vendor builder answers with ``super()`` for most problems and acts on a
+few: one model family, and within it only the engine paths its gates accept
+(a block-outermost layout, the hybrid manager on, no HiSparse connector, no
+model-declared grouping).  The first deal of a scenario (strata.py) gives
+every family an equal share, two or three examples at 50 per scenario, and
+only some of those take the path the gate wants; a bug that needs one more
+feature of the model (an MTP draft layer, every layer indexed) is then found
+at some seeds and not at others.
+
+So the run learns, from the first deal of every scenario, the families on
+whose examples the builder's answer differed from kvref's reference (another
+grouping, placement, pool-bytes answer or Core plan, or an answer where the
+reference refuses, or the other way round) and the engine paths of those
+examples (:func:`~conformance.run.engine_paths.engine_path`: layout, hybrid
+manager, HiSparse, model-declared grouping, host residency).  After every
+first deal, each scenario of :data:`FOCUSED_SCENARIOS` draws
+:data:`FOCUS_SHARE` more of its examples, dealt equally over those families
+and restricted to those paths; models, splits, memory and block counts are
+drawn afresh, so the builder's code is entered again on other structures of
+the same family.  Learning from every scenario, not only the one that draws,
+matters: a family gets two or three examples per scenario, and a gate that
+one scenario's few examples missed, another's opened.
+
+Why a difference from the reference is the signal: a wrong answer always
+differs from a conforming one, so the examples on which an answer invariant
+can fail lie where the builder's answers differ; it is measured in every
+front end, with or without coverage.py, from answers the kit already has.
+It is a hint for where to look, never a verdict: a legal builder may answer
+differently everywhere, and then every family is focused on, which spreads
+the extra examples as the first deal did.  A builder that answers as the
+reference does everywhere (the reference itself) draws no extra example.
+
+A run of one invariant runs fewer scenarios and could learn another focus,
+so the reproduce lines name the run's focus (``--focus``), which a run then
+uses instead of learning one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from conformance.run.engine_paths import EnginePath, engine_path
+from conformance.run.guard import CallResult
+from conformance.run.observations import (
+    CoreObservation,
+    GroupingObservation,
+    HostObservation,
+    PlacementObservation,
+)
+from kvref.builder import ReferenceKVCacheConfigBuilder
+from kvref.config import PlanningConfig
+from kvref.errors import KVRefError
+from kvref.planning import plan_kv_cache
+from kvref.records import KVCacheGroupSpec
+from kvref.specs import KVCacheSpec
+
+__all__ = ["FOCUSED_SCENARIOS", "FOCUS_SHARE", "Focus", "answers_differ"]
+
+#: Extra examples a scenario deals to the families where the builder acted,
+#: as a share of its examples per scenario.
+FOCUS_SHARE = 0.4
+
+#: The scenarios that draw a focus.  Serving builds its own request streams
+#: over the problems, and the twin process asks the questions of placement
+#: again in another process: a focus there would repeat what placement drew.
+FOCUSED_SCENARIOS = ("grouping", "placement", "host", "core", "profiling", "device")
+
+_REFERENCE = ReferenceKVCacheConfigBuilder()
+
+
+def _differs(result: CallResult | None, expected: Callable[[], Any]) -> bool:
+    """Whether the builder's call answered otherwise than the reference would.
+
+    Both refusing (an admission error, say) is the same answer whatever the
+    errors' types: a vLLM-native builder raises vLLM's.
+    """
+    if result is None:
+        return False
+    try:
+        want = expected()
+    except KVRefError:
+        return result.ok
+    if not result.ok:
+        return True
+    got = result.value
+    if isinstance(got, (list, tuple)) and isinstance(want, (list, tuple)):
+        return list(got) != list(want)
+    return bool(got != want)
+
+
+def _groups(config: PlanningConfig, specs: Mapping[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
+    return _REFERENCE.get_kv_cache_groups(config, dict(specs))
+
+
+def _placement_differs(obs: PlacementObservation) -> bool:
+    groups = list(obs.groups)
+    if obs.groups_source != "builder":
+        # The builder's own groups broke the grouping invariants.
+        return True
+    config = obs.config
+    placed = obs.results.get(obs.num_blocks)
+    return (
+        list(groups) != _groups(config, obs.specs)
+        or _differs(
+            placed,
+            lambda: _REFERENCE.get_kv_cache_config_from_groups(config, groups, obs.num_blocks),
+        )
+        or _differs(obs.pool_bytes, lambda: _REFERENCE._get_pool_bytes_per_block(config, groups))
+    )
+
+
+def _host_differs(obs: HostObservation) -> bool:
+    if _differs(obs.groups, lambda: _groups(obs.config, obs.specs)):
+        return True
+    groups = list(obs.groups.value)
+    return _differs(
+        obs.placed,
+        lambda: _REFERENCE.get_kv_cache_config_from_groups(obs.config, groups, obs.num_blocks),
+    )
+
+
+def answers_differ(obs: Any) -> bool | None:
+    """Whether the builder answered ``obs``'s example otherwise than the reference.
+
+    ``None`` for observations with no comparable answer (profiling, serving,
+    the twin process): those scenarios draw no focus.
+    """
+    if isinstance(obs, GroupingObservation):
+        return _differs(obs.first, lambda: _groups(obs.config, obs.specs))
+    if isinstance(obs, PlacementObservation):
+        return _placement_differs(obs)
+    if isinstance(obs, HostObservation):
+        return _host_differs(obs)
+    if isinstance(obs, CoreObservation):
+        return _differs(
+            obs.result,
+            lambda: plan_kv_cache(_REFERENCE, obs.config, obs.workers, obs.available_memory),
+        )
+    return None
+
+
+class Focus:
+    """The families and engine paths on which the builder's answers differed from the reference's.
+
+    Learned from the first deal of every scenario (:meth:`note`), then used
+    by every scenario's focus; or given (``--focus``, a reproduce line), in
+    which case nothing is learned and the run replays those pins.
+    """
+
+    def __init__(self, given: Mapping[str, frozenset[EnginePath]] | None = None) -> None:
+        self.given = given
+        self._paths: dict[str, set[EnginePath]] = {}
+        #: Per scenario, the extra examples dealt to each family.
+        self.extra: dict[str, dict[str, int]] = {}
+
+    def note(self, stratum: str, config: PlanningConfig, obs: Any) -> None:
+        """Record one first-deal example of ``stratum``."""
+        if self.given is None and answers_differ(obs):
+            self._paths.setdefault(stratum, set()).add(engine_path(config))
+
+    def pins(self) -> dict[str, frozenset[EnginePath]]:
+        """The families focused on, each with its engine paths."""
+        if self.given is not None:
+            return dict(self.given)
+        return {s: frozenset(p) for s, p in self._paths.items()}
+
+    def drew(self, scenario: str, counts: Sequence[tuple[str, int]]) -> None:
+        """Record the extra examples dealt in ``scenario`` (the report's ``coverage``)."""
+        if counts:
+            self.extra[scenario] = dict(counts)
