@@ -170,6 +170,20 @@ def _parser() -> argparse.ArgumentParser:
         "reproduce line gives it",
     )
     parser.add_argument(
+        "--explore",
+        type=float,
+        metavar="SECONDS",
+        help="after the run, explore for SECONDS: keep examples that reach new lines of the "
+        "builder, mutate them, judge each by every invariant; the corpus is saved in the "
+        "database and judged first next time (needs reach measured)",
+    )
+    parser.add_argument(
+        "--explore-candidates",
+        type=int,
+        metavar="N",
+        help="stop exploring after N candidates (reproducible; --explore still limits the time)",
+    )
+    parser.add_argument(
         "--min-reach",
         type=float,
         metavar="PERCENT",
@@ -410,6 +424,8 @@ def _header_options(args: argparse.Namespace) -> tuple[str, ...]:
         ("--min-reach", args.min_reach),
         ("--worker-memory", args.worker_memory),
         ("--focus", args.focus),
+        ("--explore", args.explore),
+        ("--explore-candidates", args.explore_candidates),
         ("--json", args.json),
         ("--junit", args.junit),
         ("--html", args.html),
@@ -514,6 +530,8 @@ def _options(args: argparse.Namespace, xfail: list[str]) -> Any:
         replays=args.replays,
         worker_memory=args.worker_memory,
         focus=args.focus,
+        explore=args.explore,
+        explore_candidates=args.explore_candidates,
     )
 
 

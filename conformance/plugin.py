@@ -112,6 +112,24 @@ _OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
         },
     ),
     (
+        "--kv-explore",
+        {
+            "type": float,
+            "default": None,
+            "metavar": "SECONDS",
+            "help": "seconds of coverage-guided exploration after the run (0: none)",
+        },
+    ),
+    (
+        "--kv-explore-candidates",
+        {
+            "type": int,
+            "default": None,
+            "metavar": "N",
+            "help": "stop exploring after N candidates",
+        },
+    ),
+    (
         "--kv-worker-memory",
         {
             "type": float,
@@ -235,6 +253,8 @@ def _options(config: pytest.Config) -> Any:
         isolate=config.getoption("--kv-isolate"),
         worker_memory=config.getoption("--kv-worker-memory"),
         focus=config.getoption("--kv-focus"),
+        explore=config.getoption("--kv-explore"),
+        explore_candidates=config.getoption("--kv-explore-candidates"),
         reach=_reach(config),
         min_reach=config.getoption("--kv-min-reach"),
     )

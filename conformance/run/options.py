@@ -114,6 +114,10 @@ class RunOptions:
             ``None`` (the default) learns it from the builder's answers, ``"off"``
             draws none, ``family=PATH,...;...`` replays a run's (its reproduce lines
             carry it).
+        explore: seconds of coverage-guided exploration after the run's deals
+            (:mod:`conformance.run.explore`; 0: none).  Needs reach measured.
+        explore_candidates: stop exploring after this many candidates, whatever
+            time is left (``None``: only the time limits it).
     """
 
     builder: str | None
@@ -138,6 +142,8 @@ class RunOptions:
     replays: int = 2
     worker_memory: float = DEFAULT_WORKER_MEMORY_GIB
     focus: str | None = None
+    explore: float = 0.0
+    explore_candidates: int | None = None
 
     @classmethod
     def create(cls, builder: str | None, **values: Any) -> RunOptions:
@@ -214,6 +220,17 @@ class RunOptions:
         if self.reach is False and self.min_reach is not None:
             raise OptionError("min_reach needs reach measured (reach=True or module names)")
         self.focus_pins()
+        if isinstance(self.explore, bool) or not isinstance(self.explore, (int, float)):
+            raise OptionError(f"explore={self.explore!r} must be a number of seconds")
+        if self.explore:
+            _positive_number("explore", self.explore, "seconds")
+            if self.measured_reach is False:
+                raise OptionError(
+                    f"explore={self.explore:g} steers by reach: it needs reach measured "
+                    "(drop --no-reach / reach=False; coverage.py must be installed)"
+                )
+        if self.explore_candidates is not None:
+            _positive_int("explore_candidates", self.explore_candidates)
 
     def focus_pins(self) -> dict[str, frozenset[EnginePath]] | None:
         """:attr:`focus` read: ``None`` to learn, else the pins to use (``{}``: ``off``).

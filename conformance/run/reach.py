@@ -305,6 +305,10 @@ class ReachMeter:
             found.setdefault(str(Path(path).resolve()), set()).update(data.lines(path) or ())
         return found
 
+    def executed_count(self) -> int:
+        """How many lines of the traced files have run so far (exploration's signal)."""
+        return sum(len(lines) for lines in self._executed().values())
+
     def _callees(self, executed: dict[str, set[int]], own: Sequence[Path]) -> list[Path]:
         """The platform's other modules whose functions ran (a platform builder's callees)."""
         if self.platform is None:
@@ -386,7 +390,8 @@ def _lines(data: dict[str, Any]) -> list[str]:
         more = f" and {len(unreached) - 8} more" if len(unreached) > 8 else ""
         lines.append(
             f"  WARNING: never entered: {shown}{more}. Verdicts say nothing about that code; "
-            "give the kit your models with --models so it reaches it."
+            "give the kit your models with --models, or explore with --explore SECONDS, so it "
+            "reaches it."
         )
     if data["below_minimum"]:
         lines.append(

@@ -34,6 +34,7 @@ from conformance.run.boundary import (
 )
 from conformance.run.engine_paths import EnginePath, spell
 from conformance.run.examples import Example
+from conformance.run.explore import EXPLORED_SCENARIOS, Corpus, Explorer
 from conformance.run.flakes import replay_failure
 from conformance.run.focus import FOCUSED_SCENARIOS, Focus
 from conformance.run.guard import Guard, clear_interrupt
@@ -41,9 +42,10 @@ from conformance.run.limits import CAPABILITIES, Limits
 from conformance.run.observations import builder_spoiled
 from conformance.run.options import PROFILES, OptionError, RunOptions, check_device
 from conformance.run.profiling import isolated_resolver, resolvable_qualname
+from conformance.run.reach import ReachMeter
 from conformance.run.scenarios import ConstructionFailedError, Context, make_factory, observe
 from conformance.run.search import Namespaced, search
-from conformance.run.strata import Stratum, draw, draw_focus, run_strata, stratum_seed
+from conformance.run.strata import Stratum, draw, draw_focus, run_strata, sample, stratum_seed
 from conformance.run.tally import Tally, select_invariants
 from conformance.run.timing import InvariantClock
 from conformance.run.upstream import matching_defect
@@ -108,6 +110,8 @@ def check_builder(
     replays: int | None = None,
     worker_memory: float | None = None,
     focus: str | None = None,
+    explore: float | None = None,
+    explore_candidates: int | None = None,
 ) -> Report:
     """Check ``builder`` against the invariant catalog and return a :class:`Report`.
 
@@ -162,6 +166,11 @@ def check_builder(
             ``None`` learns it from where the builder's answers differ from the
             reference's, ``"off"`` draws none, ``family=PATH,...;...`` replays a
             report's (its reproduce lines carry it).
+        explore: seconds of coverage-guided exploration after the run
+            (:mod:`conformance.run.explore`; default 0: none).  Needs reach
+            measured; its corpus is saved in ``database`` and judged first next time.
+        explore_candidates: stop exploring after this many candidates (the
+            time limit still holds): a reproducible exploration.
 
     Raises:
         OptionError: an option has an unusable value (a ``ValueError``; the
@@ -189,6 +198,8 @@ def check_builder(
         "replays": replays,
         "worker_memory": worker_memory,
         "focus": focus,
+        "explore": explore,
+        "explore_candidates": explore_candidates,
     }
     options = _options(builder, options, name, keywords)
     invariants = catalog()
@@ -252,6 +263,7 @@ def _check(
         # Isolated, the builder's code runs only in its worker, which traces it;
         # tracing this process's threads too would cost time and find nothing.
         meter.start(trace_here=not isolate)
+        run.reach_lines = functools.partial(_lines_reached, meter, builder)
     try:
         run.execute(selected)
     finally:
@@ -268,7 +280,10 @@ def _check(
         # The run's twin process ends with the run, not whenever its guard is collected.
         close_twin(run.ctx)
     if meter is not None:
-        report = attrs.evolve(report, reach=meter.summary())
+        reach = meter.summary()
+        if run.explorer is not None:
+            reach["explore"] = run.explorer.summary.as_dict()
+        report = attrs.evolve(report, reach=reach)
     worker = getattr(builder, "_kvref_worker", None)
     if worker is not None:
         report = attrs.evolve(report, builder_output=worker.output_tail())
@@ -325,6 +340,9 @@ class _Run:
         self.waste = WasteMeter.for_builder(builder)
         # Where the builder's answers differed from the reference's (focus.py).
         self.focus = Focus(options.focus_pins())
+        #: How many of the builder's lines have run so far (set when reach is measured).
+        self.reach_lines: Callable[[], int] = lambda: 0
+        self.explorer: Explorer | None = None
         self.clock = InvariantClock()  # per-invariant time (run/timing.py)
 
     def observe(self, scenario: str, example: Example) -> Any:
@@ -352,7 +370,12 @@ class _Run:
             prestart(self.ctx, self.builder)
         from conformance.check.worker import drop_scratch
 
+        explorer = self._explorer(plan)
         try:
+            if explorer is not None:
+                # An earlier exploration's corpus is judged first (explore.py).
+                explorer.replay(explorer.corpus.load())
+                drop_scratch()
             for index, (scenario, checks) in enumerate(plan):
                 try:
                     self._scenario(scenario, checks, index * self.options.max_examples, total)
@@ -366,11 +389,48 @@ class _Run:
                         self._scenario(scenario, checks, total, total, focus=self.focus.pins())
                     finally:
                         drop_scratch()
+            if explorer is not None and self.options.explore:
+                try:
+                    explorer.run(self.options.explore, self.options.explore_candidates)
+                finally:
+                    drop_scratch()
+                    explorer.corpus.save([ex for _, ex in explorer.kept])
             self._replay(active)
         except KeyboardInterrupt:
             # Ctrl-C: report what was found so far; the rest is inconclusive.
             clear_interrupt()
             self.interrupted = True
+
+    def _explorer(self, plan: Sequence[tuple[str, Sequence[Invariant]]]) -> Explorer | None:
+        """The run's exploration, or ``None`` when it neither explores nor has a corpus."""
+        corpus = Corpus(self.options.database, self.options.builder or repr(self.builder))
+        if not self.options.explore and (corpus.path is None or not corpus.path.is_file()):
+            return None
+        explored = [(s, checks) for s, checks in plan if s in EXPLORED_SCENARIOS]
+
+        def judge(stratum: Any, ex: Example) -> None:
+            for scenario, checks in explored:
+                self._judge_one(scenario, checks, stratum, ex)
+
+        def fresh(round_: int) -> list[tuple[Any, Example]]:
+            label = f"explore/{round_}"
+            seed, profile = self.options.seed, self.options.profile
+            return [
+                (stratum, ex)
+                for stratum in self.strata
+                for ex in sample("placement", stratum, 1, seed, profile, label)
+            ]
+
+        self.explorer = Explorer(
+            judge=judge,
+            lines=self.reach_lines,
+            fresh=fresh,
+            strata_by_name={s.name: s for s in self.strata},
+            limits=self.limits,
+            seed=self.options.seed,
+            corpus=corpus,
+        )
+        return self.explorer
 
     def _scenario(
         self,
@@ -385,21 +445,7 @@ class _Run:
 
         def judge(stratum: Stratum, ex: Example, first_deal: bool) -> None:
             nonlocal done
-            self.drawn.setdefault(scenario, []).append(ex)
-            obs = self.clock.observe(scenario, self.observe, scenario, ex)
-            if first_deal:
-                self.focus.note(stratum.name, ex.config, obs)
-            if scenario == "core":
-                self.waste.add(obs, ex)
-            for inv in checks:
-                self.tallies[inv.id].add(
-                    self.clock.judge(inv.id, _judge, inv, obs),
-                    scenario,
-                    ex,
-                    primary=scenario == inv.scenario,
-                    stratum=stratum,
-                    spoiled=functools.partial(builder_spoiled, obs),
-                )
+            self._judge_one(scenario, checks, stratum, ex, first_deal=first_deal)
             done += 1
             if self.progress is not None:
                 self.progress(scenario, min(done, total), total)
@@ -409,6 +455,37 @@ class _Run:
             self.empty[scenario] = draw(*args, self.options.profile, judge)
         else:
             self.focus.drew(scenario, draw_focus(*args, self.options.profile, judge, focus))
+
+    def _judge_one(
+        self,
+        scenario: str,
+        checks: Sequence[Invariant],
+        stratum: Stratum,
+        ex: Example,
+        *,
+        first_deal: bool = False,
+    ) -> None:
+        """Observe ``ex`` in ``scenario`` and count what each of ``checks`` says of it."""
+        self.drawn.setdefault(scenario, []).append(ex)
+        seeding = first_deal and self.explorer is not None and bool(self.options.explore)
+        before = self.reach_lines() if seeding else 0
+        obs = self.clock.observe(scenario, self.observe, scenario, ex)
+        if seeding and self.explorer is not None and self.reach_lines() > before:
+            # The examples that grew reach seed exploration's corpus, as in any fuzzer.
+            self.explorer.seed(stratum, ex)
+        if first_deal:
+            self.focus.note(stratum.name, ex.config, obs)
+        if scenario == "core":
+            self.waste.add(obs, ex)
+        for inv in checks:
+            self.tallies[inv.id].add(
+                self.clock.judge(inv.id, _judge, inv, obs),
+                scenario,
+                ex,
+                primary=scenario == inv.scenario,
+                stratum=stratum,
+                spoiled=functools.partial(builder_spoiled, obs),
+            )
 
     def _database(self, inv: Invariant, stratum: Stratum) -> ExampleDatabase | None:
         if self.options.database is None:
@@ -555,7 +632,7 @@ class _Run:
             "counterexample_python": minimal.to_python(),
             "counterexample_data": example_data(minimal),
             "scenario": scenario,
-            "reproduce": self.options.reproduce(inv.id, focus=spell(self.focus.pins()) or None),
+            "reproduce": self._reproduce(inv, failing),
             # Deterministic or flaky (run/flakes.py): the same observation, judged again.
             "replays": replay_failure(
                 lambda: _judge(inv, self.observe(scenario, minimal)),
@@ -563,6 +640,17 @@ class _Run:
                 callable_again=self.guard.hung is None and not self.interrupted,
             ),
         }
+
+    def _reproduce(self, inv: Invariant, failing: Example) -> str:
+        """The command that fails ``inv`` again."""
+        if self.explorer is not None and self.explorer.owns(failing):
+            # Exploration follows this run's reach, which a run of one invariant
+            # would not repeat: its example is replayed from the report's data.
+            return (
+                'python -c "import conformance; print(conformance.reproduce('
+                f"'REPORT.json', '{inv.id}'))\"  # REPORT.json: this run's --json report"
+            )
+        return self.options.reproduce(inv.id, focus=spell(self.focus.pins()) or None)
 
     def _inherited(self, inv: Invariant, scenario: str, example: Example) -> str | None:
         """Whether the builder's parent builder fails the same way on the counterexample."""
@@ -624,6 +712,14 @@ class _Run:
         # The stratum that drew the failure shrinks it: its strategy can draw it again.
         found = self._search(inv, scenario, stratum, phases, failing)
         return found or failing
+
+
+def _lines_reached(meter: ReachMeter, builder: object) -> int:
+    """The builder's lines run so far, here and in its worker (exploration's signal)."""
+    worker = getattr(builder, "_kvref_worker", None)
+    if worker is not None:
+        meter.add_lines(worker.reach_lines())
+    return meter.executed_count()
 
 
 def _judge(inv: Invariant, obs: Any) -> Any:

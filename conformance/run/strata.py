@@ -48,6 +48,7 @@ __all__ = [
     "draw",
     "draw_focus",
     "run_strata",
+    "sample",
     "stratum_seed",
 ]
 
@@ -225,6 +226,29 @@ def draw_focus(
                 label=label,
             )
     return [(s.name, n) for s, n in extra]
+
+
+def sample(
+    scenario: str, stratum: Stratum, count: int, seed: int, profile: str, label: str
+) -> list[Example]:
+    """``count`` examples of ``stratum`` for ``scenario``, drawn with ``label``'s own seed.
+
+    For exploration (conformance.run.explore): fresh candidates, none of them
+    the family's simplest example.  Empty when the stratum has no valid one.
+    """
+    drawn: list[Example] = []
+    with contextlib.suppress(hypothesis.errors.Unsatisfiable):
+        _one_run(
+            scenario,
+            stratum,
+            count,
+            seed,
+            profile,
+            lambda _s, ex, _first: drawn.append(ex),
+            skip_simplest=True,
+            label=label,
+        )
+    return drawn
 
 
 def _one_run(

@@ -253,11 +253,13 @@ class HostTensorOnDevice(_Placement):
     """Marks host-resident tensors as device tensors."""
 
     CAUGHT_BY = "KV-HOST-TENSORS"
-    #: Host layers placed in device tensors break the device placement itself.
+    #: Host layers placed in device tensors break the device placement itself
+    #: (their pages then share device bytes with device layers' pages).
     ALSO = frozenset(
         {
             "KV-PLACE-IN-BOUNDS",
             "KV-PLACE-NO-BLOCK-ALIAS",
+            "KV-PLACE-NO-LAYER-OVERLAP",
             "KV-PLACE-PAGE-PITCH",
             "KV-PLACE-SINGLE-BACKING",
             "KV-PLACE-SIZE-BOUND",
@@ -275,8 +277,9 @@ class HostCountedOnDevice(_Placement):
     """Grows the device backing by the host pages when host groups exist."""
 
     CAUGHT_BY = "KV-HOST-EXCLUDED"
-    #: Host pages counted on the device make the device backing larger than its layers.
-    ALSO = frozenset({"KV-PLACE-SIZE-BOUND"})
+    #: Host pages counted on the device make the device backing larger than its
+    #: layers, and than ``num_blocks`` device blocks.
+    ALSO = frozenset({"KV-PLACE-SIZE-BOUND", "KV-PLACE-BACKING-SIZE"})
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         host = [t for t in result.kv_cache_tensors if t.host_resident]

@@ -1,0 +1,415 @@
+"""Coverage-guided exploration (``--explore SECONDS``): keep what reaches new builder lines.
+
+The default run deals its examples blind (strata.py, focus.py).  Exploration
+steers by the builder's own lines, which the run already measures (reach.py):
+each candidate example is judged by every invariant of the scenarios in
+:data:`EXPLORED_SCENARIOS`, and one after which more of the builder's lines
+have run than before is kept in a corpus.  Candidates are fresh draws from
+the families, or structural mutations of a kept example (:data:`MUTATIONS`:
+another layout, the hybrid manager toggled, the pipeline stages merged, a
+decoder layer's cache or a whole cache role dropped, a spec made its base
+class, another block count or memory budget), since a vendor's gates test
+structure (exact spec classes, a role present and another absent) and a
+mutation of an example that opened one gate is the likeliest to open the
+next.  Exploration ends when its time is spent, after ``max_candidates``,
+or when :data:`PATIENCE` candidates in a row reached nothing new.
+
+Why a corpus of the kit's own and not Hypothesis' ``target()``: ``target``
+climbs a number, and reach is a set (new lines, not more lines); the
+mutations that open a gate are on the example's structure, which Hypothesis
+sees only as a choice sequence.  Hypothesis still draws the fresh
+candidates, each family with its own seeded run.
+
+The corpus is saved beside the example database (``explore/`` in it, one
+file per builder) and judged first by the next run of the same builder, so a
+vendor's CI gets deeper with every run, as Hypothesis' database does for
+failures; with ``--no-database`` nothing is saved or replayed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from conformance.generate.coverage import family_of
+from conformance.generate.layouts import allowed_layouts
+from conformance.generate.problems import model_config_fields
+from conformance.generate.records import PlanningProblem
+from conformance.report.records import RecordError, example_data
+from conformance.run.examples import Example, reference_accepts
+from conformance.run.limits import Limits
+from kvref.builder import ReferenceKVCacheConfigBuilder
+from kvref.config import PlanningConfig
+from kvref.errors import KVRefError
+from kvref.planning import plan_kv_cache
+from kvref.specs import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+
+__all__ = [
+    "EXPLORED_SCENARIOS",
+    "MUTATIONS",
+    "PATIENCE",
+    "Corpus",
+    "ExploreSummary",
+    "Explorer",
+    "mutate",
+]
+
+_REFERENCE = ReferenceKVCacheConfigBuilder()
+
+#: The scenarios a candidate is judged in: those that take any planning
+#: problem as it is (host and profiling draw their own configs, serving its
+#: request streams, the twin process repeats placement's questions).
+EXPLORED_SCENARIOS = ("grouping", "placement", "core", "device")
+#: Candidates in a row that reach nothing new before exploration stops.
+PATIENCE = 300
+#: Examples a corpus file keeps (the newest first).
+CORPUS_LIMIT = 200
+
+Workers = tuple[Mapping[str, KVCacheSpec], ...]
+
+
+def _relayout(rng: random.Random, ex: Example) -> Example | None:
+    """Another layout vLLM's resolution could pick for the model (the generator's rule)."""
+    others = [m for m in allowed_layouts(ex.merged) if m is not ex.config.kv_cache_layout]
+    if not others:
+        return None
+    # The drawn backends were chosen for the old layout; none is a valid choice for any.
+    config = attrs.evolve(ex.config, kv_cache_layout=rng.choice(others), attention_backends=())
+    return _with(ex, config=config)
+
+
+def _hybrid(rng: random.Random, ex: Example) -> Example | None:
+    """The hybrid manager back on (the generator turns it off only where promotion allows)."""
+    if not ex.config.disable_hybrid_kv_cache_manager:
+        return None
+    return _with(ex, config=attrs.evolve(ex.config, disable_hybrid_kv_cache_manager=False))
+
+
+def _blocks(rng: random.Random, ex: Example) -> Example | None:
+    choices = [1, rng.randint(2, 4), 2 * rng.randint(2, 31) + 1, rng.randint(17, 1024)]
+    choices.append(rng.randint(1025, 1 << 16))
+    return _with(ex, num_blocks=rng.choice(choices))
+
+
+def _memory(rng: random.Random, ex: Example) -> Example | None:
+    factor = rng.choice([0.5, 0.9, 1.1, 2.0, 8.0])
+    return _with(ex, available_memory=tuple(int(m * factor) for m in ex.available_memory))
+
+
+def _one_stage(rng: random.Random, ex: Example) -> Example | None:
+    if len(ex.workers) < 2:
+        return None
+    return _with(
+        ex,
+        config=attrs.evolve(ex.config, pipeline_parallel_size=1),
+        workers=(ex.merged,),
+        available_memory=(max(ex.available_memory),),
+    )
+
+
+def _without(ex: Example, dropped: set[str]) -> Example | None:
+    workers = tuple({n: s for n, s in w.items() if n not in dropped} for w in ex.workers)
+    config = ex.config
+    if not dropped or any(not w for w in workers):
+        return None
+    if config.hisparse is not None or config.model_kv_cache_grouping is not None:
+        return None  # HiSparse and a declared grouping name their layers themselves
+    # The config describes the model (its decoder and draft layers): describe the new one.
+    fields = model_config_fields({n: s for w in workers for n, s in w.items()})
+    fields.pop("hf_config")
+    config = attrs.evolve(config, **fields)
+    if config.host_resident_layers & dropped:
+        host = config.host_resident_layers - dropped
+        pool = config.host_pool_bytes if host else None
+        config = attrs.evolve(config, host_resident_layers=host, host_pool_bytes=pool)
+    return _with(ex, config=config, workers=workers)
+
+
+def _drop_layer(rng: random.Random, ex: Example) -> Example | None:
+    names = sorted(ex.merged)
+    return _without(ex, {rng.choice(names)}) if names else None
+
+
+def _drop_role(rng: random.Random, ex: Example) -> Example | None:
+    """Every cache of one role (``...indexer``, ``...attn``) gone: a role absent, the rest kept."""
+    roles = sorted({name.rpartition(".")[2] for name in ex.merged})
+    if len(roles) < 2:
+        return None
+    role = rng.choice(roles)
+    return _without(ex, {n for n in ex.merged if n.rpartition(".")[2] == role})
+
+
+def _base_class(rng: random.Random, ex: Example) -> Example | None:
+    """Every spec of one class rebuilt as its parent class: an exact-type gate's other side."""
+    classes = sorted({type(s) for s in ex.merged.values()}, key=lambda c: c.__qualname__)
+    rng.shuffle(classes)
+    for cls in classes:
+        base = cls.__mro__[1]
+        if base not in _BASES:
+            continue
+        try:
+            workers = tuple(
+                {n: _as(base, s) if type(s) is cls else s for n, s in w.items()} for w in ex.workers
+            )
+        except (TypeError, ValueError):
+            continue
+        return _with(ex, workers=workers)
+    return None
+
+
+#: The parents a spec may become: the concrete classes vLLM has too (an abstract
+#: base sizes no page, and a vLLM-native builder must be handed vLLM's classes).
+#: (A state spec's parent sizes no state, so no state class is among them.)
+_BASES = (FullAttentionSpec, SlidingWindowSpec)
+
+
+def _as(base: type, spec: KVCacheSpec) -> KVCacheSpec:
+    fields = {f.name: getattr(spec, f.name) for f in attrs.fields(base) if f.init}
+    made: KVCacheSpec = base(**fields)
+    try:
+        made.page_size_bytes  # noqa: B018 - a base that sizes no page is not a spec to hand over
+    except NotImplementedError:
+        raise TypeError(f"{base.__name__} is not a concrete spec class") from None
+    return made
+
+
+#: ``(name, operator)``: each returns the mutated example, or ``None`` where it does not apply.
+MUTATIONS: tuple[tuple[str, Callable[[random.Random, Example], Example | None]], ...] = (
+    ("layout", _relayout),
+    ("hybrid", _hybrid),
+    ("blocks", _blocks),
+    ("memory", _memory),
+    ("one-stage", _one_stage),
+    ("drop-layer", _drop_layer),
+    ("drop-role", _drop_role),
+    ("base-class", _base_class),
+)
+
+
+def _with(ex: Example, **changes: Any) -> Example | None:
+    try:
+        return attrs.evolve(ex, **changes)
+    except (TypeError, ValueError):
+        # A combination PlanningConfig refuses (its validators name why).
+        return None
+
+
+def mutate(rng: random.Random, ex: Example, limits: Limits) -> tuple[str, Example] | None:
+    """One structural mutation of ``ex`` that is still a valid problem, or ``None``.
+
+    Valid as every generated example is: what the builder can be given
+    (``limits``) and what the reference can plan.
+    """
+    order = list(MUTATIONS)
+    rng.shuffle(order)
+    for name, operator in order:
+        try:
+            made = operator(rng, ex)
+        except (TypeError, ValueError):
+            made = None
+        if made is None:
+            continue
+        config = limits.fit(made.config)
+        if reference_accepts(config, made.workers) and _core_can_plan(made, config):
+            made = attrs.evolve(made, config=config)
+            return name, attrs.evolve(made, description=describe(made, ex.description, name))
+    return None
+
+
+def _core_can_plan(ex: Example, config: PlanningConfig) -> bool:
+    """Whether the reference's Core flow answers the mutant (a typed refusal is an answer).
+
+    A mutant on which kvref itself fails untyped is outside what the
+    generator makes; judging a builder on it would blame the builder.
+    """
+    try:
+        plan_kv_cache(_REFERENCE, config, ex.workers, ex.available_memory)
+    except KVRefError:
+        return True
+    except Exception:
+        return False
+    return True
+
+
+def describe(ex: Example, parent: str, operator: str) -> str:
+    """The readable counterexample of a mutated example: its own values, its origin named.
+
+    The parent's description (``PlanningProblem('<family>: <model>; ...', ...)``)
+    lends its first line, so the family stays readable (coverage, reports).
+    """
+    head, sep, _ = parent.partition("',\n")
+    title = head.removeprefix("PlanningProblem('") if sep else family_of(parent)
+    problem = PlanningProblem(
+        ex.config,
+        list(ex.workers),
+        list(ex.available_memory),
+        f"{title}; explored: {operator}",
+    )
+    return f"{problem!r}, num_blocks={ex.num_blocks}"
+
+
+class Corpus:
+    """The kept examples of one builder, saved as data (never as code) under the database."""
+
+    def __init__(self, database: str | None, builder: str) -> None:
+        digest = hashlib.sha256(builder.encode()).hexdigest()[:16]
+        self.path = None if database is None else Path(database) / "explore" / f"{digest}.json"
+
+    def load(self) -> list[Example]:
+        """The saved examples (none when there is no file, or one this kit cannot read)."""
+        if self.path is None or not self.path.is_file():
+            return []
+        try:
+            entries = json.loads(self.path.read_text(encoding="utf-8"))
+            return [Example.from_data(e["data"], e["description"]) for e in entries]
+        except (OSError, ValueError, KeyError, TypeError, RecordError):
+            # A corpus of another kit version: exploration starts afresh.
+            return []
+
+    def save(self, examples: Sequence[Example]) -> None:
+        """Keep ``examples`` and the file's (newest first, at most :data:`CORPUS_LIMIT`)."""
+        if self.path is None:
+            return
+        entries: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for ex in [*examples, *self.load()]:
+            data = example_data(ex)
+            key = json.dumps(data, sort_keys=True)
+            if data is None or key in seen:
+                continue
+            seen.add(key)
+            entries.append({"description": ex.description, "data": data})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(entries[:CORPUS_LIMIT]), encoding="utf-8")
+
+
+@attrs.define
+class ExploreSummary:
+    """What exploration did (the report's ``reach.explore``)."""
+
+    seconds: float = 0.0
+    candidates: int = 0
+    kept: int = 0
+    seeds: int = 0
+    replayed: int = 0
+    lines_before: int = 0
+    lines_after: int = 0
+    kept_by: dict[str, int] = attrs.field(factory=dict)
+    stopped: str = "not run"
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able."""
+        return attrs.asdict(self)
+
+
+#: Judges one example in the explored scenarios (the runner binds its tallies).
+Judge = Callable[[Any, Example], None]
+
+
+class Explorer:
+    """One run's exploration (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        judge: Judge,
+        lines: Callable[[], int],
+        fresh: Callable[[int], list[tuple[Any, Example]]],
+        strata_by_name: Mapping[str, Any],
+        limits: Limits,
+        seed: int,
+        corpus: Corpus,
+    ) -> None:
+        self.judge = judge
+        self.corpus = corpus
+        self.lines = lines
+        self.fresh = fresh
+        self.strata_by_name = strata_by_name
+        self.limits = limits
+        self.rng = random.Random(f"explore/{seed}")
+        self.kept: list[tuple[Any, Example]] = []
+        self.summary = ExploreSummary()
+        #: Batches of fresh candidates drawn so far (each its own seed).
+        self.rounds = 0
+        self._judged: set[int] = set()
+        # Keeps the judged examples alive, so that no other object takes their ids.
+        self._alive: list[Example] = []
+
+    def owns(self, ex: Example) -> bool:
+        """Whether ``ex`` was judged by exploration (a candidate or a replayed corpus entry)."""
+        return id(ex) in self._judged
+
+    def _judge(self, stratum: Any, ex: Example) -> None:
+        self._judged.add(id(ex))
+        self._alive.append(ex)
+        self.judge(stratum, ex)
+
+    def _stratum_of(self, ex: Example) -> Any:
+        found = self.strata_by_name.get(family_of(ex.description))
+        return found if found is not None else next(iter(self.strata_by_name.values()))
+
+    def seed(self, stratum: Any, ex: Example) -> None:
+        """Keep a first-deal example that reached new lines (the corpus' seeds)."""
+        self.kept.append((stratum, ex))
+        self.summary.seeds += 1
+
+    def replay(self, saved: Sequence[Example]) -> None:
+        """Judge a saved corpus first: the kept examples of earlier runs."""
+        for ex in saved:
+            stratum = self._stratum_of(ex)
+            self._judge(stratum, ex)
+            self.kept.append((stratum, ex))
+        self.summary.replayed = len(saved)
+
+    def run(self, seconds: float, max_candidates: int | None = None) -> ExploreSummary:
+        """Explore for ``seconds`` (or ``max_candidates`` candidates, whichever ends first)."""
+        started = time.perf_counter()
+        summary = self.summary
+        summary.lines_before = reached = self.lines()
+        batch: list[tuple[Any, Example]] = []
+        idle = 0
+        summary.stopped = "time spent"
+        while time.perf_counter() - started < seconds:
+            if max_candidates is not None and summary.candidates >= max_candidates:
+                summary.stopped = f"{max_candidates} candidates"
+                break
+            if idle >= PATIENCE:
+                summary.stopped = f"{PATIENCE} candidates in a row reached nothing new"
+                break
+            picked = self._candidate(batch)
+            if picked is None:
+                continue
+            how, stratum, ex = picked
+            self._judge(stratum, ex)
+            summary.candidates += 1
+            now = self.lines()
+            if now > reached:
+                reached, idle = now, 0
+                self.kept.append((stratum, ex))
+                summary.kept += 1
+                summary.kept_by[how] = summary.kept_by.get(how, 0) + 1
+            else:
+                idle += 1
+        summary.lines_after = reached
+        summary.seconds = round(time.perf_counter() - started, 3)
+        return summary
+
+    def _candidate(self, batch: list[tuple[Any, Example]]) -> tuple[str, Any, Example] | None:
+        if self.kept and self.rng.random() < 0.7:
+            stratum, parent = self.rng.choice(self.kept)
+            made = mutate(self.rng, parent, self.limits)
+            return None if made is None else (made[0], stratum, made[1])
+        if not batch:
+            batch.extend(self.fresh(self.rounds))
+            self.rounds += 1
+            if not batch:
+                return None
+        stratum, ex = batch.pop()
+        return "fresh", stratum, ex
