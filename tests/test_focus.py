@@ -163,8 +163,6 @@ class TestSpelling:
                     st.sampled_from([m.name for m in KVCacheLayout]),
                     st.booleans(),
                     st.booleans(),
-                    st.booleans(),
-                    st.booleans(),
                 ),
                 min_size=1,
             ),

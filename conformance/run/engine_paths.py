@@ -18,33 +18,35 @@ if TYPE_CHECKING:
 
 __all__ = ["EnginePath", "engine_path", "parse", "spell", "spell_path"]
 
-#: ``(layout, hybrid manager off, HiSparse, model-declared grouping, host layers)``.
-EnginePath = tuple[str, bool, bool, bool, bool]
+#: ``(layout, hybrid manager off, HiSparse)``.
+EnginePath = tuple[str, bool, bool]
 
 
 def engine_path(config: PlanningConfig) -> EnginePath:
     """The settings that decide which planning path an engine takes.
 
     These are what a platform's gates read besides the model (which layout
-    its kernels run, whether per-kind tables exist, whether a connector or
-    the model owns the grouping), not sizes: a focus keeps them and redraws
-    everything else.
+    its kernels run, whether per-kind tables exist, whether a connector owns
+    the grouping), not sizes: a focus keeps them and redraws everything else.
+    Host residency and a model-declared grouping are left out: scenarios
+    set or clear them themselves (the host scenario draws its own host
+    layers and drops a declared grouping), so a path learned in one
+    scenario would never be drawn in another; a declared grouping comes
+    with its family anyway.
     """
     return (
         config.kv_cache_layout.name,
         config.disable_hybrid_kv_cache_manager,
         config.hisparse is not None,
-        config.model_kv_cache_grouping is not None,
-        bool(config.host_resident_layers),
     )
 
 
 #: The flags of an engine path's spelling, in :data:`EnginePath`'s order after the layout.
-_FLAGS = ("hybrid-off", "hisparse", "declared", "host")
+_FLAGS = ("hybrid-off", "hisparse")
 
 
 def spell_path(path: EnginePath) -> str:
-    """``BLNHC`` or ``LBNHC/hybrid-off/host``: the layout, then the flags that are set."""
+    """``BLNHC`` or ``LBNHC/hybrid-off/hisparse``: the layout, then the flags that are set."""
     return "/".join([path[0], *(f for f, on in zip(_FLAGS, path[1:], strict=True) if on)])
 
 
@@ -84,7 +86,6 @@ def parse(value: str, families: Sequence[str]) -> dict[str, frozenset[EnginePath
                     f"focus path {one.strip()!r} of {name}: flag {unknown[0]!r} is not one of "
                     f"{', '.join(_FLAGS)}"
                 )
-            on = [f in flags for f in _FLAGS]
-            paths.add((layout, on[0], on[1], on[2], on[3]))
+            paths.add((layout, "hybrid-off" in flags, "hisparse" in flags))
         pins[name] = frozenset(paths)
     return pins

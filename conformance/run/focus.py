@@ -14,8 +14,8 @@ whose examples the builder's answer differed from kvref's reference (another
 grouping, placement, pool-bytes answer or Core plan, or an answer where the
 reference refuses, or the other way round) and the engine paths of those
 examples (:func:`~conformance.run.engine_paths.engine_path`: layout, hybrid
-manager, HiSparse, model-declared grouping, host residency).  After every
-first deal, each scenario of :data:`FOCUSED_SCENARIOS` draws
+manager, HiSparse).  After every first deal, each scenario of
+:data:`FOCUSED_SCENARIOS` draws
 :data:`FOCUS_SHARE` more of its examples, dealt equally over those families
 and restricted to those paths; models, splits, memory and block counts are
 drawn afresh, so the builder's code is entered again on other structures of
