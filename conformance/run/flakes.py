@@ -1,7 +1,7 @@
 """Replaying a failure: is it deterministic, or flaky?
 
 After the runner has shrunk a failure and observed its minimal
-counterexample once more (``runner._failure``), :func:`replay_failure` runs
+counterexample once more (``findings.Findings._failure``), :func:`replay_failure` runs
 that same observation and judgement ``runs`` more times, each on a freshly
 constructed builder as every observation is.  A failure that breaks the
 invariant on every replay is ``deterministic``; one that held, or could not

@@ -16,26 +16,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
-import hypothesis
-from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
-from conformance.check.catalog import SCENARIOS, Invariant, Unjudged, catalog
+from conformance.check.catalog import SCENARIOS, Invariant, catalog
 from conformance.check.waste import WasteMeter
 from conformance.contract import version_note
 from conformance.generate.coverage import coverage
 from conformance.report.model import InvariantResult, Report
-from conformance.report.records import example_data
 from conformance.run.boundary import (
     builder_name,
-    is_vllm_native,
-    parent_builder,
     prepare,
-    vllm_default_builder,
 )
-from conformance.run.engine_paths import EnginePath, spell
+from conformance.run.engine_paths import EnginePath
 from conformance.run.examples import Example
 from conformance.run.explore import EXPLORED_SCENARIOS, Corpus, Explorer
-from conformance.run.flakes import replay_failure
+from conformance.run.findings import Findings, judge_outcome
 from conformance.run.focus import FOCUSED_SCENARIOS, Focus
 from conformance.run.guard import Guard, clear_interrupt
 from conformance.run.limits import CAPABILITIES, Limits
@@ -44,11 +38,9 @@ from conformance.run.options import PROFILES, OptionError, RunOptions, check_dev
 from conformance.run.profiling import isolated_resolver, resolvable_qualname
 from conformance.run.reach import ReachMeter
 from conformance.run.scenarios import ConstructionFailedError, Context, make_factory, observe
-from conformance.run.search import Namespaced, search
-from conformance.run.strata import Stratum, draw, draw_focus, run_strata, sample, stratum_seed
+from conformance.run.strata import Stratum, draw, draw_focus, run_strata, sample
 from conformance.run.tally import Tally, select_invariants
 from conformance.run.timing import InvariantClock
-from conformance.run.upstream import matching_defect
 from kvref.builder import KVCacheConfigBuilder
 
 __all__ = [
@@ -264,6 +256,7 @@ def _check(
         # tracing this process's threads too would cost time and find nothing.
         meter.start(trace_here=not isolate)
         run.reach_lines = functools.partial(_lines_reached, meter, builder)
+        run.measures_reach = True
     try:
         run.execute(selected)
     finally:
@@ -281,6 +274,7 @@ def _check(
         close_twin(run.ctx)
     if meter is not None:
         reach = meter.summary()
+        reach["over_time"] = run.reach_curve
         if run.explorer is not None:
             reach["explore"] = run.explorer.summary.as_dict()
         report = attrs.evolve(report, reach=reach)
@@ -301,7 +295,7 @@ def _strata(models: object | None, options: RunOptions, limits: Limits) -> tuple
     return run_strata(vendor, only=options.models_only, limits=limits)
 
 
-class _Run:
+class _Run(Findings):
     """One run's state: the tallies of every invariant and the examples that broke them."""
 
     def __init__(
@@ -342,6 +336,9 @@ class _Run:
         self.focus = Focus(options.focus_pins())
         #: How many of the builder's lines have run so far (set when reach is measured).
         self.reach_lines: Callable[[], int] = lambda: 0
+        self.measures_reach = False
+        #: ``{"after": phase, "examples": judged so far, "lines": builder lines run}``.
+        self.reach_curve: list[dict[str, Any]] = []
         self.explorer: Explorer | None = None
         self.clock = InvariantClock()  # per-invariant time (run/timing.py)
 
@@ -382,6 +379,7 @@ class _Run:
                 finally:
                     # The tag check's reused backing is for one scenario's examples.
                     drop_scratch()
+                self._mark_reach(scenario)
             # Every scenario's focus after every first deal: each learns from all of them.
             for scenario, checks in plan:
                 if scenario in FOCUSED_SCENARIOS:
@@ -389,9 +387,11 @@ class _Run:
                         self._scenario(scenario, checks, total, total, focus=self.focus.pins())
                     finally:
                         drop_scratch()
+                    self._mark_reach(f"{scenario} focus")
             if explorer is not None and self.options.explore:
                 try:
                     explorer.run(self.options.explore, self.options.explore_candidates)
+                    self._mark_reach("explore")
                 finally:
                     drop_scratch()
                     explorer.corpus.save([ex for _, ex in explorer.kept])
@@ -400,6 +400,14 @@ class _Run:
             # Ctrl-C: report what was found so far; the rest is inconclusive.
             clear_interrupt()
             self.interrupted = True
+
+    def _mark_reach(self, phase: str) -> None:
+        """Note the builder's lines run so far against the examples judged (reach over time)."""
+        if self.measures_reach:
+            judged = sum(len(examples) for examples in self.drawn.values())
+            self.reach_curve.append(
+                {"after": phase, "examples": judged, "lines": self.reach_lines()}
+            )
 
     def _explorer(self, plan: Sequence[tuple[str, Sequence[Invariant]]]) -> Explorer | None:
         """The run's exploration, or ``None`` when it neither explores nor has a corpus."""
@@ -479,59 +487,13 @@ class _Run:
             self.waste.add(obs, ex)
         for inv in checks:
             self.tallies[inv.id].add(
-                self.clock.judge(inv.id, _judge, inv, obs),
+                self.clock.judge(inv.id, judge_outcome, inv, obs),
                 scenario,
                 ex,
                 primary=scenario == inv.scenario,
                 stratum=stratum,
                 spoiled=functools.partial(builder_spoiled, obs),
             )
-
-    def _database(self, inv: Invariant, stratum: Stratum) -> ExampleDatabase | None:
-        if self.options.database is None:
-            return None
-        store = DirectoryBasedExampleDatabase(self.options.database)
-        return Namespaced(store, f"{self.options.builder}|{inv.id}|", stratum=stratum.name)
-
-    def _search(
-        self,
-        inv: Invariant,
-        scenario: str,
-        stratum: Stratum,
-        phases: Sequence[hypothesis.Phase],
-        failing: Example | None = None,
-    ) -> Example | None:
-        return search(
-            inv,
-            scenario,
-            stratum.examples(scenario, self.options.profile),
-            self.observe,
-            stratum_seed(self.options.seed, scenario, stratum.name),
-            database=self._database(inv, stratum),
-            phases=phases,
-            failing=failing,
-        )
-
-    def _replay(self, active: Sequence[Invariant]) -> None:
-        if self.options.database is None or self.guard.hung is not None:
-            return
-        store = DirectoryBasedExampleDatabase(self.options.database)
-        # Counterexamples saved by earlier runs fail again first, whatever the seed.
-        for inv in active:
-            tally = self.tallies[inv.id]
-            if tally.failure is not None or inv.id.startswith("KV-CALL"):
-                continue
-            saved = Namespaced(store, f"{self.options.builder}|{inv.id}|").strata()
-            for scenario in inv.scenarios:
-                for stratum in (s for s in self.strata if s.name in saved):
-                    reuse = [hypothesis.Phase.reuse]
-                    replayed = self.clock.judge(inv.id, self._search, inv, scenario, stratum, reuse)
-                    if replayed is not None:
-                        tally.failure = (scenario, replayed, stratum)
-                        tally.judged += 1
-                        break
-                if tally.failure is not None:
-                    break
 
     def report(self, selected: Sequence[Invariant], seconds: float) -> Report:
         results = [self._result(inv) for inv in selected]
@@ -559,160 +521,6 @@ class _Run:
             covered["focus"] = dict(self.focus.extra[scenario])
         return covered
 
-    def _result(self, inv: Invariant) -> InvariantResult:
-        tally = self.tallies.get(inv.id, Tally())
-
-        def make(status: str, **extra: Any) -> InvariantResult:
-            return InvariantResult(
-                id=inv.id,
-                title=inv.title,
-                reference=inv.reference,
-                status=status,
-                examples=tally.judged,
-                inconclusive=tally.unjudged,
-                seconds=self.clock.seconds(inv.id),
-                **extra,
-            )
-
-        if inv.id in self.skipped:
-            return make("skipped", reason=self.skipped[inv.id])
-        expected = inv.id in self.options.xfail
-        if tally.failure is not None:
-            found = self.clock.judge(inv.id, self._failure, inv, tally)
-            return make("xfail" if expected else "fail", **found)
-        if tally.judged:
-            return make("xpass" if expected else "pass")
-        if tally.spoiled:
-            # The builder's own failed calls left these examples unjudged: what
-            # it broke is not "not applicable" (contract.md#verdicts).
-            reason = (
-                f"{tally.spoiled} of the examples that reached it could not judge it because "
-                f"a call of the builder failed (see KV-CALL-*): {tally.reason or 'no answer'}"
-            )
-            return make("xfail" if expected else "inconclusive", reason=reason)
-        if tally.not_applicable:
-            reason = f"not applicable in this run: {tally.na_reason}"
-            return make("not-applicable", reason=reason)
-        if self.interrupted:
-            reason = "the run was interrupted before an example judged it"
-        elif tally.unjudged:
-            reason = (
-                f"none of the {tally.unjudged} examples that reached it could judge it: "
-                f"{tally.reason or 'a call it needs failed (see KV-CALL-*)'}"
-            )
-        else:
-            reason = "no example reached it"
-        return make("xfail" if expected else "inconclusive", reason=reason)
-
-    def _failure(self, inv: Invariant, tally: Tally) -> dict[str, Any]:
-        """The shrunk counterexample of a failed invariant and how to reproduce it."""
-        if tally.failure is None:
-            raise ValueError(f"{inv.id} has no failure to report")
-        scenario, failing, stratum = tally.failure
-        minimal = failing
-        if self.options.shrink and self.guard.hung is None and not self.interrupted:
-            try:
-                minimal = self._shrink(inv, scenario, failing, stratum)
-            except KeyboardInterrupt:
-                clear_interrupt()
-                self.interrupted = True
-        outcome = _judge(inv, self.observe(scenario, minimal))
-        if not outcome or isinstance(outcome, Unjudged):
-            minimal = failing
-            outcome = _judge(inv, self.observe(scenario, failing))
-        violations = () if not outcome or isinstance(outcome, Unjudged) else tuple(outcome)
-        if not violations:
-            # A builder that hung is not called again: keep what the run saw.
-            violations = tally.found
-        return {
-            "inherited": self._inherited(inv, scenario, minimal),
-            "upstream": self._upstream(inv, scenario, minimal),
-            "violations": violations[:5],
-            "counterexample": repr(minimal),
-            "counterexample_python": minimal.to_python(),
-            "counterexample_data": example_data(minimal),
-            "scenario": scenario,
-            "reproduce": self._reproduce(inv, failing),
-            # Deterministic or flaky (run/flakes.py): the same observation, judged again.
-            "replays": replay_failure(
-                lambda: _judge(inv, self.observe(scenario, minimal)),
-                self.options.replays,
-                callable_again=self.guard.hung is None and not self.interrupted,
-            ),
-        }
-
-    def _reproduce(self, inv: Invariant, failing: Example) -> str:
-        """The command that fails ``inv`` again."""
-        if self.explorer is not None and self.explorer.owns(failing):
-            # Exploration follows this run's reach, which a run of one invariant
-            # would not repeat: its example is replayed from the report's data.
-            return (
-                'python -c "import conformance; print(conformance.reproduce('
-                f"'REPORT.json', '{inv.id}'))\"  # REPORT.json: this run's --json report"
-            )
-        return self.options.reproduce(inv.id, focus=spell(self.focus.pins()) or None)
-
-    def _inherited(self, inv: Invariant, scenario: str, example: Example) -> str | None:
-        """Whether the builder's parent builder fails the same way on the counterexample."""
-        parent = parent_builder(self.builder)
-        if parent is None or not self._fails_with(parent, inv, scenario, example):
-            return None
-        return (
-            f"also fails with the parent builder {builder_name(parent)} on this "
-            "counterexample: inherited, not introduced by this builder"
-        )
-
-    def _upstream(self, inv: Invariant, scenario: str, example: Example) -> str | None:
-        """The documented vLLM defect a vLLM-native builder's failure matches (``None``: none).
-
-        It matches when the inputs have the defect's shape and vLLM's own
-        default builder fails the same invariant on them (run/upstream.py).
-        """
-        if not is_vllm_native(self.builder):
-            return None
-        defect = matching_defect(inv.id, example)
-        if defect is None:
-            return None
-        default = vllm_default_builder()
-        if default is None or not self._fails_with(default, inv, scenario, example):
-            return None
-        return (
-            f"{defect.describe()}; vLLM's own DefaultKVCacheConfigBuilder fails it on this "
-            "counterexample too"
-        )
-
-    def _fails_with(self, other: Any, inv: Invariant, scenario: str, example: Example) -> bool:
-        """Whether ``other`` (a default builder, run here) fails ``inv`` on ``example``."""
-        if self.guard.hung is not None:
-            return False
-        guard = Guard(self.options.timeout)
-        qualname, note = resolvable_qualname(other, builder_name(other))
-        ctx = attrs.evolve(
-            self.ctx,
-            factory=make_factory(other, guard),
-            guard=guard,
-            core=getattr(other, "kvref_core", None),
-            qualname=qualname,
-            qualname_note=note,
-            # The default builder runs in this process, so resolution does too.
-            resolver=None,
-        )
-        try:
-            broken = _judge(inv, observe(ctx, scenario, example))
-        except Exception:
-            return False
-        return bool(broken) and not isinstance(broken, Unjudged)
-
-    def _shrink(self, inv: Invariant, scenario: str, failing: Example, stratum: Stratum) -> Example:
-        if inv.id == "KV-CALL-TIMEOUT":
-            return failing
-        phases = [hypothesis.Phase.generate, hypothesis.Phase.shrink]
-        if self.options.database is not None:
-            phases.insert(0, hypothesis.Phase.reuse)
-        # The stratum that drew the failure shrinks it: its strategy can draw it again.
-        found = self._search(inv, scenario, stratum, phases, failing)
-        return found or failing
-
 
 def _lines_reached(meter: ReachMeter, builder: object) -> int:
     """The builder's lines run so far, here and in its worker (exploration's signal)."""
@@ -720,15 +528,6 @@ def _lines_reached(meter: ReachMeter, builder: object) -> int:
     if worker is not None:
         meter.add_lines(worker.reach_lines())
     return meter.executed_count()
-
-
-def _judge(inv: Invariant, obs: Any) -> Any:
-    """``inv``'s outcome on ``obs``; a builder that could not be built judges only construction."""
-    from conformance.run.observations import ConstructFailure
-
-    if isinstance(obs, ConstructFailure) and inv.id != "KV-CALL-CONSTRUCT":
-        return Unjudged("the builder could not be constructed for this example (KV-CALL-CONSTRUCT)")
-    return inv.check(obs)
 
 
 #: The notes already raised as Python warnings in this process.

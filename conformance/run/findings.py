@@ -1,0 +1,276 @@
+"""What a run reports of each invariant: verdicts, failures, their shrinking and replay.
+
+The runner (:mod:`conformance.run.runner`) judges examples; this part turns
+its tallies into results: a failure's minimal counterexample (shrunk by its
+stratum's strategy), its reproduce line, whether the builder's parent or
+vLLM's default fails the same way, and the saved counterexamples replayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import hypothesis
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+
+from conformance.check.catalog import Invariant, Unjudged
+from conformance.check.waste import WasteMeter
+from conformance.report.model import InvariantResult
+from conformance.report.records import example_data
+from conformance.run.boundary import (
+    builder_name,
+    is_vllm_native,
+    parent_builder,
+    vllm_default_builder,
+)
+from conformance.run.engine_paths import spell
+from conformance.run.examples import Example
+from conformance.run.explore import Explorer
+from conformance.run.flakes import replay_failure
+from conformance.run.focus import Focus
+from conformance.run.guard import Guard, clear_interrupt
+from conformance.run.options import RunOptions
+from conformance.run.profiling import resolvable_qualname
+from conformance.run.scenarios import Context, make_factory, observe
+from conformance.run.search import Namespaced, search
+from conformance.run.strata import Stratum, stratum_seed
+from conformance.run.tally import Tally
+from conformance.run.timing import InvariantClock
+from conformance.run.upstream import matching_defect
+from kvref.builder import KVCacheConfigBuilder
+
+__all__ = ["Findings", "judge_outcome"]
+
+
+class Findings:
+    """The reporting half of a run (the runner's ``_Run`` is the judging half)."""
+
+    builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder]
+    options: RunOptions
+    guard: Guard
+    tallies: dict[str, Tally]
+    skipped: dict[str, str]
+    strata: tuple[Stratum, ...]
+    drawn: dict[str, list[Example]]
+    empty: dict[str, list[str]]
+    focus: Focus
+    explorer: Explorer | None
+    waste: WasteMeter
+    clock: InvariantClock
+    interrupted: bool
+    ctx: Context
+
+    def observe(self, scenario: str, example: Example) -> Any:
+        """Observe ``example`` in ``scenario`` (the runner's)."""
+        raise NotImplementedError
+
+    def _database(self, inv: Invariant, stratum: Stratum) -> ExampleDatabase | None:
+        if self.options.database is None:
+            return None
+        store = DirectoryBasedExampleDatabase(self.options.database)
+        return Namespaced(store, f"{self.options.builder}|{inv.id}|", stratum=stratum.name)
+
+    def _search(
+        self,
+        inv: Invariant,
+        scenario: str,
+        stratum: Stratum,
+        phases: Sequence[hypothesis.Phase],
+        failing: Example | None = None,
+    ) -> Example | None:
+        return search(
+            inv,
+            scenario,
+            stratum.examples(scenario, self.options.profile),
+            self.observe,
+            stratum_seed(self.options.seed, scenario, stratum.name),
+            database=self._database(inv, stratum),
+            phases=phases,
+            failing=failing,
+        )
+
+    def _replay(self, active: Sequence[Invariant]) -> None:
+        if self.options.database is None or self.guard.hung is not None:
+            return
+        store = DirectoryBasedExampleDatabase(self.options.database)
+        # Counterexamples saved by earlier runs fail again first, whatever the seed.
+        for inv in active:
+            tally = self.tallies[inv.id]
+            if tally.failure is not None or inv.id.startswith("KV-CALL"):
+                continue
+            saved = Namespaced(store, f"{self.options.builder}|{inv.id}|").strata()
+            for scenario in inv.scenarios:
+                for stratum in (s for s in self.strata if s.name in saved):
+                    reuse = [hypothesis.Phase.reuse]
+                    replayed = self.clock.judge(inv.id, self._search, inv, scenario, stratum, reuse)
+                    if replayed is not None:
+                        tally.failure = (scenario, replayed, stratum)
+                        tally.judged += 1
+                        break
+                if tally.failure is not None:
+                    break
+
+    def _result(self, inv: Invariant) -> InvariantResult:
+        tally = self.tallies.get(inv.id, Tally())
+
+        def make(status: str, **extra: Any) -> InvariantResult:
+            return InvariantResult(
+                id=inv.id,
+                title=inv.title,
+                reference=inv.reference,
+                status=status,
+                examples=tally.judged,
+                inconclusive=tally.unjudged,
+                seconds=self.clock.seconds(inv.id),
+                **extra,
+            )
+
+        if inv.id in self.skipped:
+            return make("skipped", reason=self.skipped[inv.id])
+        expected = inv.id in self.options.xfail
+        if tally.failure is not None:
+            found = self.clock.judge(inv.id, self._failure, inv, tally)
+            return make("xfail" if expected else "fail", **found)
+        if tally.judged:
+            return make("xpass" if expected else "pass")
+        if tally.spoiled:
+            # The builder's own failed calls left these examples unjudged: what
+            # it broke is not "not applicable" (contract.md#verdicts).
+            reason = (
+                f"{tally.spoiled} of the examples that reached it could not judge it because "
+                f"a call of the builder failed (see KV-CALL-*): {tally.reason or 'no answer'}"
+            )
+            return make("xfail" if expected else "inconclusive", reason=reason)
+        if tally.not_applicable:
+            reason = f"not applicable in this run: {tally.na_reason}"
+            return make("not-applicable", reason=reason)
+        if self.interrupted:
+            reason = "the run was interrupted before an example judged it"
+        elif tally.unjudged:
+            reason = (
+                f"none of the {tally.unjudged} examples that reached it could judge it: "
+                f"{tally.reason or 'a call it needs failed (see KV-CALL-*)'}"
+            )
+        else:
+            reason = "no example reached it"
+        return make("xfail" if expected else "inconclusive", reason=reason)
+
+    def _failure(self, inv: Invariant, tally: Tally) -> dict[str, Any]:
+        """The shrunk counterexample of a failed invariant and how to reproduce it."""
+        if tally.failure is None:
+            raise ValueError(f"{inv.id} has no failure to report")
+        scenario, failing, stratum = tally.failure
+        minimal = failing
+        if self.options.shrink and self.guard.hung is None and not self.interrupted:
+            try:
+                minimal = self._shrink(inv, scenario, failing, stratum)
+            except KeyboardInterrupt:
+                clear_interrupt()
+                self.interrupted = True
+        outcome = judge_outcome(inv, self.observe(scenario, minimal))
+        if not outcome or isinstance(outcome, Unjudged):
+            minimal = failing
+            outcome = judge_outcome(inv, self.observe(scenario, failing))
+        violations = () if not outcome or isinstance(outcome, Unjudged) else tuple(outcome)
+        if not violations:
+            # A builder that hung is not called again: keep what the run saw.
+            violations = tally.found
+        return {
+            "inherited": self._inherited(inv, scenario, minimal),
+            "upstream": self._upstream(inv, scenario, minimal),
+            "violations": violations[:5],
+            "counterexample": repr(minimal),
+            "counterexample_python": minimal.to_python(),
+            "counterexample_data": example_data(minimal),
+            "scenario": scenario,
+            "reproduce": self._reproduce(inv, failing),
+            # Deterministic or flaky (run/flakes.py): the same observation, judged again.
+            "replays": replay_failure(
+                lambda: judge_outcome(inv, self.observe(scenario, minimal)),
+                self.options.replays,
+                callable_again=self.guard.hung is None and not self.interrupted,
+            ),
+        }
+
+    def _reproduce(self, inv: Invariant, failing: Example) -> str:
+        """The command that fails ``inv`` again."""
+        if self.explorer is not None and self.explorer.owns(failing):
+            # Exploration follows this run's reach, which a run of one invariant
+            # would not repeat: its example is replayed from the report's data.
+            return (
+                'python -c "import conformance; print(conformance.reproduce('
+                f"'REPORT.json', '{inv.id}'))\"  # REPORT.json: this run's --json report"
+            )
+        return self.options.reproduce(inv.id, focus=spell(self.focus.pins()) or None)
+
+    def _inherited(self, inv: Invariant, scenario: str, example: Example) -> str | None:
+        """Whether the builder's parent builder fails the same way on the counterexample."""
+        parent = parent_builder(self.builder)
+        if parent is None or not self._fails_with(parent, inv, scenario, example):
+            return None
+        return (
+            f"also fails with the parent builder {builder_name(parent)} on this "
+            "counterexample: inherited, not introduced by this builder"
+        )
+
+    def _upstream(self, inv: Invariant, scenario: str, example: Example) -> str | None:
+        """The documented vLLM defect a vLLM-native builder's failure matches (``None``: none).
+
+        It matches when the inputs have the defect's shape and vLLM's own
+        default builder fails the same invariant on them (run/upstream.py).
+        """
+        if not is_vllm_native(self.builder):
+            return None
+        defect = matching_defect(inv.id, example)
+        if defect is None:
+            return None
+        default = vllm_default_builder()
+        if default is None or not self._fails_with(default, inv, scenario, example):
+            return None
+        return (
+            f"{defect.describe()}; vLLM's own DefaultKVCacheConfigBuilder fails it on this "
+            "counterexample too"
+        )
+
+    def _fails_with(self, other: Any, inv: Invariant, scenario: str, example: Example) -> bool:
+        """Whether ``other`` (a default builder, run here) fails ``inv`` on ``example``."""
+        if self.guard.hung is not None:
+            return False
+        guard = Guard(self.options.timeout)
+        qualname, note = resolvable_qualname(other, builder_name(other))
+        ctx = attrs.evolve(
+            self.ctx,
+            factory=make_factory(other, guard),
+            guard=guard,
+            core=getattr(other, "kvref_core", None),
+            qualname=qualname,
+            qualname_note=note,
+            # The default builder runs in this process, so resolution does too.
+            resolver=None,
+        )
+        try:
+            broken = judge_outcome(inv, observe(ctx, scenario, example))
+        except Exception:
+            return False
+        return bool(broken) and not isinstance(broken, Unjudged)
+
+    def _shrink(self, inv: Invariant, scenario: str, failing: Example, stratum: Stratum) -> Example:
+        if inv.id == "KV-CALL-TIMEOUT":
+            return failing
+        phases = [hypothesis.Phase.generate, hypothesis.Phase.shrink]
+        if self.options.database is not None:
+            phases.insert(0, hypothesis.Phase.reuse)
+        # The stratum that drew the failure shrinks it: its strategy can draw it again.
+        found = self._search(inv, scenario, stratum, phases, failing)
+        return found or failing
+
+
+def judge_outcome(inv: Invariant, obs: Any) -> Any:
+    """``inv``'s outcome on ``obs``; a builder that could not be built judges only construction."""
+    from conformance.run.observations import ConstructFailure
+
+    if isinstance(obs, ConstructFailure) and inv.id != "KV-CALL-CONSTRUCT":
+        return Unjudged("the builder could not be constructed for this example (KV-CALL-CONSTRUCT)")
+    return inv.check(obs)
