@@ -374,7 +374,7 @@ class Explorer:
         summary = self.summary
         summary.lines_before = reached = self.lines()
         batch: list[tuple[Any, Example]] = []
-        idle = 0
+        idle = barren = 0
         summary.stopped = "time spent"
         while time.perf_counter() - started < seconds:
             if max_candidates is not None and summary.candidates >= max_candidates:
@@ -385,7 +385,12 @@ class Explorer:
                 break
             picked = self._candidate(batch)
             if picked is None:
+                barren += 1
+                if barren >= PATIENCE:
+                    summary.stopped = f"{PATIENCE} tries in a row made no valid candidate"
+                    break
                 continue
+            barren = 0
             how, stratum, ex = picked
             self._judge(stratum, ex)
             summary.candidates += 1
