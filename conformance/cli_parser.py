@@ -1,0 +1,186 @@
+"""The ``kvref-conformance`` command line: its options and their help.
+
+Kept apart from :mod:`conformance.cli` (which runs them) so that ``--help``
+and a usage error import nothing but argparse and this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["DEFAULT_BUILDER", "parser"]
+
+#: Also in :mod:`conformance.run.adapters`; repeated here so ``--help`` needs no import of it.
+DEFAULT_BUILDER = _DEFAULT_BUILDER = "kvref:ReferenceKVCacheConfigBuilder"
+_PROFILES = ("ci", "thorough")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvref")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "unknown"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``, looked up only when asked: ``--help`` stays free of importlib.metadata."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the kit's version and exit")
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"{parser.prog} {_version()}")
+        parser.exit()
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line's parser (every option, with its help)."""
+    return _parser()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvref-conformance",
+        description="Check a KV cache config builder against vLLM 0.33.0's builder contract "
+        "(docs/contract.md).",
+    )
+    parser.add_argument(
+        "builder",
+        nargs="?",
+        default=_DEFAULT_BUILDER,
+        help="module:Class, module.Class or path/to/file.py:Class of the builder "
+        f"(default: {_DEFAULT_BUILDER}); the current directory is on the import path",
+    )
+    parser.add_argument("--version", action=_VersionAction)
+    parser.add_argument("--device", default="cpu", help="torch device for the device checks")
+    parser.add_argument("--max-examples", type=int, help="examples per scenario (>= 1)")
+    parser.add_argument("--seed", type=int, help="seed of the run (printed in the report)")
+    parser.add_argument(
+        "--select", help="comma-separated invariant ids or prefixes (e.g. KV-PLACE,KV-CORE-SLACK)"
+    )
+    parser.add_argument("--xfail-file", type=Path, help="file of invariant ids expected to fail")
+    parser.add_argument(
+        "--expectations",
+        action="append",
+        default=[],
+        metavar="NAME|PATH",
+        help="expectations manifest (TOML; repeatable): a file, or one the kit ships "
+        "(vllm-0.33.0: vLLM 0.33.0's documented defects)",
+    )
+    parser.add_argument(
+        "--update-expectations",
+        type=Path,
+        metavar="FILE",
+        help="write or refresh this manifest from the run (new failures get TODO reasons)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="REPORT.json",
+        help="an earlier run's --json report: fail (exit 1) only on failures it did not have",
+    )
+    parser.add_argument(
+        "--replays",
+        type=int,
+        default=2,
+        help="replays of each failure's minimal counterexample: deterministic or flaky "
+        "(default 2; 0: none)",
+    )
+    parser.add_argument(
+        "--markdown",
+        type=Path,
+        metavar="FILE",
+        help="write a Markdown summary here (also appended to $GITHUB_STEP_SUMMARY when set)",
+    )
+    parser.add_argument(
+        "--unsupported",
+        default="",
+        help="comma-separated capabilities the builder lacks (e.g. host_resident)",
+    )
+    parser.add_argument("--json", type=Path, help="write the report as JSON to this path")
+    parser.add_argument("--junit", type=Path, help="write the report as JUnit XML to this path")
+    parser.add_argument("--profile", default="ci", choices=_PROFILES)
+    parser.add_argument("--timeout", type=float, default=10.0, help="per-call deadline, seconds")
+    parser.add_argument("--max-alloc-bytes", type=int, help="cap of one device allocation (> 0)")
+    parser.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
+    parser.add_argument(
+        "--database",
+        default=".hypothesis/kvref-conformance",
+        help="Hypothesis example database: saved counterexamples are replayed first "
+        "(default: .hypothesis/kvref-conformance)",
+    )
+    parser.add_argument(
+        "--no-database", action="store_true", help="neither replay nor save counterexamples"
+    )
+    parser.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the builder in a worker process: a hook that exits, crashes or patches the "
+        "kit is reported as a failure of the builder (default: on; --no-isolate runs it in "
+        "the kit's process, e.g. for a debugger)",
+    )
+    parser.add_argument(
+        "--reach",
+        metavar="MODULES",
+        help="comma-separated modules whose lines reach is measured in (default: the "
+        "builder's module and package; measured whenever coverage.py is installed)",
+    )
+    parser.add_argument("--no-reach", action="store_true", help="do not measure reach")
+    parser.add_argument(
+        "--worker-memory",
+        type=float,
+        metavar="GIB",
+        help="GiB of private memory the builder's worker may take over its size at start "
+        "(default 16): a hook that leaks past it fails KV-CALL-RAISES",
+    )
+    parser.add_argument(
+        "--focus",
+        metavar="SPEC",
+        help="where the run draws its extra examples: learned from where the builder's answers "
+        "differ from the reference's (default), 'off', or family=PATH,...;... as a report's "
+        "reproduce line gives it",
+    )
+    parser.add_argument(
+        "--explore",
+        type=float,
+        metavar="SECONDS",
+        help="after the run, explore for SECONDS: keep examples that reach new lines of the "
+        "builder, mutate them, judge each by every invariant; the corpus is saved in the "
+        "database and judged first next time (needs reach measured)",
+    )
+    parser.add_argument(
+        "--explore-candidates",
+        type=int,
+        metavar="N",
+        help="stop exploring after N candidates (reproducible; --explore still limits the time)",
+    )
+    parser.add_argument(
+        "--min-reach",
+        type=float,
+        metavar="PERCENT",
+        help="fail (exit 1) when the run executed less of the builder's code than this",
+    )
+    parser.add_argument(
+        "--models",
+        metavar="SPEC",
+        help="your own models, mixed into generation: module:attr (a strategy of models, a "
+        "callable, a list or dict of models) or a kvref-models/1 JSON file (docs/vendors.md)",
+    )
+    parser.add_argument("--models-only", action="store_true", help="generate from --models alone")
+    parser.add_argument("--list", action="store_true", help="list the invariants and exit")
+    from conformance.cli_reports import add_options
+
+    # Certified runs, `verify` and HTML reports: conformance/cli_reports.py.
+    add_options(parser)
+    return parser
