@@ -149,3 +149,13 @@ class TestOptions:
     ) -> None:
         assert main(["--explore", "5", "--no-reach", "--seed", "1", "--no-database"]) == 2
         assert "--explore" in capsys.readouterr().err
+
+
+def test_a_corpus_of_another_kit_starts_afresh(tmp_path: Path) -> None:
+    """A corpus file this kit cannot read is ignored, never a failure of the run."""
+    corpus = Corpus(str(tmp_path), GATED)
+    assert corpus.path is not None
+    corpus.path.parent.mkdir(parents=True)
+    corpus.path.write_text('[{"description": "x", "data": {"not": "an example"}}]')
+    assert corpus.load() == []
+    assert Corpus(None, GATED).load() == []
