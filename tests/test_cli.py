@@ -28,6 +28,21 @@ TESTS = ROOT / "tests"
 SCRIPT = Path(sys.executable).parent / "kvref-conformance"
 
 
+#: Starts the command after it with SIGINT at its default, as a terminal's
+#: foreground job has it.  A shell that starts a job in the background without
+#: job control (``cmd &`` in a script, some CI runners) sets SIGINT to ignored
+#: and children inherit that; the kit rightly runs on through a Ctrl-C it was
+#: told to ignore, so a test of its Ctrl-C handling must not inherit the
+#: runner's disposition.  (``preexec_fn`` would do it too, but is unsafe in a
+#: process with threads.)
+AS_FOREGROUND_JOB = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])",
+]
+
+
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HYPOTHESIS"))}
     return {**env, **extra}
@@ -512,6 +527,7 @@ class TestFirstContact:
         report.write_text('{"ok": true, "results": []}')  # a stale (or planted) report
         proc = subprocess.Popen(
             [
+                *AS_FOREGROUND_JOB,
                 str(SCRIPT),
                 isolate,
                 "verdict_builders:Slow",
