@@ -195,11 +195,15 @@ def _worker_meter(proxy: type[Any], min_reach: float | None) -> ReachMeter:
     scope = proxy.__dict__.get("kvref_reach_scope", {})
     own = scope.get("own")
     platform = scope.get("platform")
+    counted = scope.get("counted")
     return ReachMeter(
         files=files,
         min_reach=min_reach,
         own=None if own is None else [Path(f) for f in own],
         platform=None if platform is None else Path(platform),
+        counted=None
+        if counted is None
+        else {path: frozenset(names) for path, names in counted.items()},
     )
 
 

@@ -8,10 +8,12 @@ Reach is measured with coverage.py (the ``reach`` extra, or ``pip install
 coverage``).  Which modules count is :func:`reach_scope`'s rule
 (docs/vendors.md, "Which modules reach counts"):
 
-- a vendor's builder: the modules that define the classes of its MRO in
-  its own top-level package, and every module of that package they import,
-  directly or through each other, entered or not (a gated helper module the
-  run never entered counts as unreached); every function in them counts;
+- a vendor's builder: the classes of its MRO in its own top-level package,
+  whole, and every function and class of that package their code names,
+  directly or through each other, entered or not (a gated helper the run
+  never entered counts as unreached).  A helper of the same package that
+  none of this code names (another builder's) is not this builder's code
+  (:mod:`conformance.run.callees` gives the rule);
 - a builder of a platform the kit plans against (kvref's reference, vLLM's
   default builder): the modules that define the classes of its MRO, every
   function counted, plus the modules of the platform whose functions its
@@ -33,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
+from conformance.run.callees import callee_closure
 
 __all__ = [
     "PLATFORMS",
@@ -85,14 +89,18 @@ class ReachScope:
     """The modules reach counts for one builder (see :func:`reach_scope`).
 
     Attributes:
-        own: modules every function of which counts (the builder's own code).
+        own: modules whose counted functions are the builder's own code.
         platform: the platform's package directory when the builder is a
             platform's own; its other modules count where the hooks entered
             them, over the functions entered only.  ``None`` for a vendor's builder.
+        counted: for a vendor's builder, each own module's top-level names
+            whose functions count (``*``: every function); a module not in it
+            counts whole.  ``None``: every own module counts whole.
     """
 
     own: tuple[Path, ...]
     platform: Path | None = None
+    counted: dict[str, frozenset[str]] | None = None
 
 
 def _builder_class(builder: object) -> type:
@@ -100,44 +108,6 @@ def _builder_class(builder: object) -> type:
     # A vLLM-native builder wrapped by the kit's adapter is the native class's code.
     native: type = getattr(cls, "native_cls", cls)
     return native
-
-
-def _imported(source: Path, module_name: str) -> set[str]:
-    """The modules ``source`` (module ``module_name``) imports, relative imports resolved."""
-    tree = ast.parse(source.read_text(encoding="utf-8"))
-    is_package = source.name == "__init__.py"
-    package = module_name if is_package else module_name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                anchor = ".".join(parts[: len(parts) - node.level + 1])
-                base = f"{anchor}.{base}" if base else anchor
-            found.add(base)
-            # ``from pkg import mod`` names a submodule as often as a function.
-            found.update(f"{base}.{alias.name}" for alias in node.names)
-    return found
-
-
-def _import_closure(roots: Sequence[str], top: str) -> list[Path]:
-    """``roots`` and the modules of package ``top`` they import, transitively, as files."""
-    seen: dict[str, Path] = {}
-    todo = list(roots)
-    while todo:
-        name = todo.pop()
-        if name in seen or not (name == top or name.startswith(f"{top}.")):
-            continue
-        source = _source_of(name)
-        if source is None:
-            continue
-        seen[name] = source
-        todo.extend(_imported(source, name))
-    # A package's __init__ counts only where a module imports the package itself.
-    return sorted({p for n, p in seen.items() if p.name != "__init__.py" or n in roots})
 
 
 def reach_scope(builder: object) -> ReachScope:
@@ -154,12 +124,19 @@ def reach_scope(builder: object) -> ReachScope:
         for c in cls.__mro__
         if c is not object and c.__module__.partition(".")[0] == top
     ]
-    roots = list(dict.fromkeys(mro_modules))
     if top in PLATFORMS:
+        roots = list(dict.fromkeys(mro_modules))
         own = sorted({p for m in roots if (p := _source_of(m)) is not None})
         package = _source_of(top)
         return ReachScope(tuple(own), None if package is None else package.parent)
-    return ReachScope(tuple(_import_closure(roots, top)))
+    classes = [
+        (c.__module__, c.__qualname__.partition(".")[0])
+        for c in cls.__mro__
+        if c is not object and c.__module__.partition(".")[0] == top
+    ]
+    found = callee_closure(classes, top, _source_of)
+    files = {m: path.resolve() for m, path in found.files.items()}
+    return ReachScope(tuple(sorted(set(files.values()))), None, {str(files[m]): names for m, names in found.names.items()})
 
 
 def builder_modules(builder: object) -> list[Path]:
@@ -236,6 +213,8 @@ class ReachMeter:
     remote: dict[str, set[int]] = attrs.field(factory=dict)
     own: Sequence[Path] | None = attrs.field(default=None, kw_only=True)
     platform: Path | None = attrs.field(default=None, kw_only=True)
+    #: Per own module (resolved path), the top-level names that count (:class:`ReachScope`).
+    counted: dict[str, frozenset[str]] | None = attrs.field(default=None, kw_only=True)
 
     def add_lines(self, lines: dict[str, set[int]]) -> None:
         """Count ``lines`` (file to executed line numbers) as reached too."""
@@ -266,7 +245,13 @@ class ReachMeter:
         if scope.platform is not None:
             # A glob: coverage.py's '*' crosses directories, so every module of the platform.
             traced.append(scope.platform / "*")
-        return cls(files=traced, min_reach=min_reach, own=scope.own, platform=scope.platform)
+        return cls(
+            files=traced,
+            min_reach=min_reach,
+            own=scope.own,
+            platform=scope.platform,
+            counted=scope.counted,
+        )
 
     def start(self, *, trace_here: bool = True) -> None:
         """Start tracing the threads that call the builder from now on.
@@ -325,6 +310,10 @@ class ReachMeter:
         """One module's figures; a callee (``whole=False``) over its entered functions only."""
         _, all_statements, _excluded, _missing, _ = self._cov.analysis2(str(path))
         functions = _functions(path)
+        names = (self.counted or {}).get(str(Path(path).resolve()))
+        if whole and names is not None and "*" not in names:
+            # Another builder's helpers in a shared module are not this builder's code.
+            functions = [(n, body) for n, body in functions if n.partition(".")[0] in names]
         if not whole:
             # Only what the hooks entered is the builder's; the rest is the platform's.
             functions = [(n, body) for n, body in functions if body & executed]

@@ -339,6 +339,9 @@ def _describe(builder: Any, name: str | None, reach: Any) -> dict[str, Any]:
         scope = {
             "own": None if meter.own is None else [str(f) for f in meter.own],
             "platform": None if meter.platform is None else str(meter.platform),
+            "counted": None
+            if meter.counted is None
+            else {path: sorted(names) for path, names in meter.counted.items()},
         }
     return {
         "class": f"{cls.__module__}:{cls.__qualname__}",
