@@ -19,8 +19,8 @@ from conformance.run.limits import NO_LIMITS
 from conformance.run.options import OptionError, RunOptions
 from conformance.run.runner import check_builder
 
-GATED = "explore_builders:NoTailShortBacking"
-LEGAL = "explore_builders:NoTailSplitTensors"
+GATED = "explore_builders:IndexCacheShortBacking"
+LEGAL = "explore_builders:IndexCacheSplitTensors"
 MEANT = "KV-PLACE-BACKING-SIZE"
 #: Candidates, not seconds, end these explorations: the same at any machine load
 #: (the time limit is far beyond what they take on a loaded 2-core machine).
@@ -88,7 +88,7 @@ class TestExploration:
     def test_the_default_run_never_enters_the_gate(self) -> None:
         report = _run(GATED)
         assert report.results[0].status == "pass"
-        assert "NoTailShortBacking._specialise()" in " ".join(report.reach["lines"])
+        assert "IndexCacheShortBacking._specialise()" in " ".join(report.reach["lines"])
 
     def test_exploration_finds_the_bug_behind_the_gate(self, tmp_path: Path) -> None:
         report = _run(GATED, explore=SECONDS, explore_candidates=CANDIDATES)
@@ -113,7 +113,7 @@ class TestExploration:
         )
         failed = [r.id for r in report.results if r.status in ("fail", "inconclusive")]
         assert not failed
-        assert "NoTailSplitTensors._specialise()" not in " ".join(report.reach["lines"])
+        assert "IndexCacheSplitTensors._specialise()" not in " ".join(report.reach["lines"])
 
     def test_the_corpus_is_judged_first_by_the_next_run(self, tmp_path: Path) -> None:
         database = str(tmp_path / "db")

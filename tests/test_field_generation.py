@@ -28,7 +28,7 @@ from conformance.generate.records import PlanningProblem
 from conformance.run.runner import check_builder
 from kvref import ReferenceKVCacheConfigBuilder
 from kvref.planning import project_kv_cache_groups_to_worker
-from kvref.specs import KVCacheSpec, MLAAttentionSpec, MultipleOf
+from kvref.specs import CircularBufferSpec, KVCacheSpec, MLAAttentionSpec, MultipleOf
 
 # Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
 pytestmark = pytest.mark.slow
@@ -119,6 +119,17 @@ def test_compressed_mla_placed_layer_outer() -> None:
         settings=_REACH,
     )
     assert any(_compressed(s) for s in problem.specs.values())
+
+
+def test_glm5_placed_layer_outer() -> None:
+    """GLM-5's kpool indexer is planned layer-outer too (the variant that keeps no tail ring)."""
+    problem = find(
+        cs.planning_problems(models_strategy=family_strategy("glm5")),
+        lambda p: not p.config.kv_cache_layout.is_block_outermost,
+        settings=_REACH,
+    )
+    assert any(_compressed(s) for s in problem.specs.values())
+    assert not any(isinstance(s, CircularBufferSpec) for s in problem.specs.values())
 
 
 def test_deepseek_v4_backends_stay_block_outer() -> None:

@@ -598,12 +598,27 @@ class TestSpecialisedFamilies:
 
     def test_glm5_shapes(self) -> None:
         """GLM-5: KDA states, MLA, a kpool indexer with 16 tokens per state, a tail ring."""
+
+        def ringed(model: Model) -> bool:
+            return any(isinstance(s, CircularBufferSpec) for s in model.specs.values())
+
+        # The simplest GLM-5 keeps its rings: an absent part is not the minimum.
         model = find(cs.glm5_models(), lambda m: True, settings=OCCURS)
+        assert ringed(model)
         kinds = {type(s).__name__ for s in model.specs.values()}
         assert kinds == {"MambaSpec", "MLAAttentionSpec", "CircularBufferSpec"}
         indexers = [s for n, s in model.specs.items() if n.endswith("indexer.k_cache")]
         assert indexers
         assert all(s.tokens_per_state_value == 16 for s in indexers)
+        # One tail ring per indexer, or none (the indexer recomputes its tail).
+        rings = [n for n in model.specs if n.endswith("indexer.tail_cache")]
+        assert len(rings) == len(indexers)
+
+    def test_glm5_ringless_variant_takes_layer_outer_layouts(self) -> None:
+        """GLM-5 without tail rings is drawn, and may be placed layer-outer as field builders do."""
+        model = find(cs.glm5_models(), lambda m: "no tail ring" in m.description, settings=OCCURS)
+        assert not any(n.endswith("tail_cache") for n in model.specs)
+        assert {KVCacheLayout.LBNHC, KVCacheLayout.LBHNC} <= set(cs.allowed_layouts(model))
 
     def test_every_kind_and_dtype_reachable_by_default(self) -> None:
         """The default models reach every planned spec kind and every KV dtype."""

@@ -133,8 +133,18 @@ def _without(ex: Example, dropped: set[str]) -> Example | None:
 
 
 def _drop_layer(rng: random.Random, ex: Example) -> Example | None:
-    names = sorted(ex.merged)
-    return _without(ex, {rng.choice(names)}) if names else None
+    """One cache gone: of a role drawn first, so a rare role's caches are dropped as often.
+
+    Drawn over names alone, a GLM-5 model's dozen state layers would take
+    nearly every drop, and its one indexer (whose absence a gate may test) almost none.
+    """
+    by_role: dict[str, list[str]] = {}
+    for name in sorted(ex.merged):
+        by_role.setdefault(name.rpartition(".")[2], []).append(name)
+    if not by_role:
+        return None
+    role = rng.choice(sorted(by_role))
+    return _without(ex, {rng.choice(by_role[role])})
 
 
 def _drop_role(rng: random.Random, ex: Example) -> Example | None:

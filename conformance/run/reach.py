@@ -136,7 +136,11 @@ def reach_scope(builder: object) -> ReachScope:
     ]
     found = callee_closure(classes, top, _source_of)
     files = {m: path.resolve() for m, path in found.files.items()}
-    return ReachScope(tuple(sorted(set(files.values()))), None, {str(files[m]): names for m, names in found.names.items()})
+    return ReachScope(
+        tuple(sorted(set(files.values()))),
+        None,
+        {str(files[m]): names for m, names in found.names.items()},
+    )
 
 
 def builder_modules(builder: object) -> list[Path]:

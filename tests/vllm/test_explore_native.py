@@ -1,8 +1,8 @@
 """Exploration on vLLM-native builders: a gate the default run never opens (tests/test_explore.py).
 
 The vLLM form of the kvref-native proof: ``explore_gated`` specialises the
-GLM-5 variant without the indexer's tail ring, which no built-in family
-draws.  Each run costs minutes on 2 cores (the worker converts every
+IndexCache-style GLM-5 variant (fewer indexers than latents), which no
+built-in family draws.  Each run costs minutes on 2 cores (the worker converts every
 candidate to vLLM), so both live in the slow tier; the fast tier proves the
 same on the kvref-native pair.
 """
@@ -35,15 +35,17 @@ def _run(name: str, explore: float) -> Report:
 
 
 def test_the_default_run_misses_the_planted_bug() -> None:
-    report = check_builder(f"{PKG}:NoTailShortBackingNative", select=[MEANT], seed=1, shrink=False)
+    report = check_builder(
+        f"{PKG}:IndexCacheShortBackingNative", select=[MEANT], seed=1, shrink=False
+    )
     assert report.results[0].status == "pass"
-    assert "NoTailShortBackingNative._specialise()" in " ".join(report.reach["lines"])
+    assert "IndexCacheShortBackingNative._specialise()" in " ".join(report.reach["lines"])
 
 
 def test_exploration_finds_it_and_keeps_the_legal_twin_green() -> None:
-    broken = _run("NoTailShortBackingNative", 900.0)
+    broken = _run("IndexCacheShortBackingNative", 900.0)
     assert broken.results[0].status == "fail", broken.reach["explore"]
     assert "explored:" in broken.results[0].counterexample
-    legal = _run("NoTailReorderedNative", 900.0)
+    legal = _run("IndexCacheReorderedNative", 900.0)
     assert legal.results[0].status == "pass", legal.results[0]
     assert legal.reach["explore"]["kept"] >= 1

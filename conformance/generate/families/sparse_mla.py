@@ -291,6 +291,12 @@ def _glm5_models(draw: st.DrawFn, max_layers: int) -> Model:
         padded: int | None = block * token_bytes
     else:
         block, padded = max(64, ring), None
+    # A kpool indexer whose tail (the tokens of a chunk not yet compressed) is
+    # kept in a ring, or recomputed from the latent with no ring: the ringless
+    # variant takes every layout (layer-outer ones too, as field builders place
+    # it; allowed_layouts), the ring only BLHNC.  Shrinks to the ring kept, as
+    # V3.2 shrinks to every layer indexed: an absent part is not the minimum.
+    tail = not draw(st.booleans())
     mode = draw(st.sampled_from(["align", "none", "all"]))
     checkpoint = rarely(draw)
     kda = MambaSpec(
@@ -313,25 +319,27 @@ def _glm5_models(draw: st.DrawFn, max_layers: int) -> Model:
             specs[f"model.layers.{i}.self_attn"] = kda
             continue
         prefix = f"model.layers.{i}.self_attn"
-        specs.update(_glm5_indexed_layer(prefix, block, ring, draft, kernel))
+        specs.update(_glm5_indexed_layer(prefix, block, ring if tail else None, draft, kernel))
     return Model(
         specs,
         f"GLM-5-like (TP {tp}, {'pre-shaped' if shaped else 'unpadded'} pages, mode {mode}): "
         f"{3 * periods} KDA + {periods} indexed MLA"
         + (" + MTP" if mtp else "")
+        + ("" if tail else ", no tail ring")
         + _kernel_note(kernel),
         num_hidden_layers=layers,
     )
 
 
 def _glm5_indexed_layer(
-    prefix: str, block: int, ring: int, draft: bool, kernel: MultipleOf | None = None
+    prefix: str, block: int, ring: int | None, draft: bool, kernel: MultipleOf | None = None
 ) -> dict[str, KVCacheSpec]:
     """MLA, the kpool indexer (16 tokens per state) and its tail ring of one GLM-5 layer.
 
-    ``kernel`` is the indexer backend's kernel block (``None``: the cache block).
+    ``ring`` is the tail ring's block size (``None``: no ring); ``kernel`` is the
+    indexer backend's kernel block (``None``: the cache block).
     """
-    return {
+    specs: dict[str, KVCacheSpec] = {
         f"{prefix}.attn": MLAAttentionSpec(
             block_size=block,
             num_kv_heads=1,
@@ -343,7 +351,9 @@ def _glm5_indexed_layer(
             is_draft=draft,
         ),
         f"{prefix}.indexer.k_cache": _indexer(block, 16, draft, block_stride_alignment=kernel),
-        f"{prefix}.indexer.tail_cache": CircularBufferSpec(
+    }
+    if ring is not None:
+        specs[f"{prefix}.indexer.tail_cache"] = CircularBufferSpec(
             block_size=ring,
             num_kv_heads=2,
             head_size=128,
@@ -351,8 +361,8 @@ def _glm5_indexed_layer(
             dtype=torch.bfloat16,
             dcp_sharded=False,
             is_draft=draft,
-        ),
-    }
+        )
+    return specs
 
 
 def glm5_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
@@ -361,8 +371,10 @@ def glm5_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
     Three KDA linear-attention layers (Mamba specs, ``LINEAR``: bf16 conv
     over q/k/v and fp32 128x128 states, TP-sharded heads) per indexed MLA
     layer, which holds a 512-wide MLA latent, the kpool indexer's fp8 key
-    cache with ``tokens_per_state`` 16 and its bf16 tail ring
-    (``CircularBufferSpec``, which only BLHNC serves).  The indexer's
+    cache with ``tokens_per_state`` 16 and, in the variant that keeps the
+    indexer's tail in a ring rather than recomputing it, its bf16 tail ring
+    (``CircularBufferSpec``, which only BLHNC serves; without it every layout
+    the rules allow, layer-outer included).  The indexer's
     kernel block is the cache block or a smaller one
     (:func:`~conformance.generate.specs.kernel_block_alignments`).  Pages
     either pre-shaped by the platform (the MLA block raised until one page

@@ -1,11 +1,11 @@
 """vLLM-native builders whose own code the default run never enters: what ``--explore`` is for.
 
 The vLLM form of ``tests/explore_builders.py``: a GLM-5-style platform that
-specialises the variant whose indexer keeps no tail ring (Mamba state
-layers, MLA latents and an indexer key cache present, the indexer's tail
-ring absent), each condition tested strictly and on its own line, vLLM's
-default builder for everything else.  No built-in family draws that variant,
-so only exploration (a dropped cache role) opens the gate.
+specialises the IndexCache-style variant (Mamba state layers, the indexers'
+tail rings and MLA latents present, fewer indexer key caches than latents),
+each condition tested strictly and on its own line, vLLM's default builder
+for everything else.  No built-in family draws that variant, so only
+exploration (a dropped indexer) opens the gate.
 """
 
 from __future__ import annotations
@@ -25,28 +25,30 @@ from vllm.v1.kv_cache_interface import (
 
 from tests.vllm.native_builders._common import layer_specs
 
-__all__ = ["NoTailReorderedNative", "NoTailShortBackingNative"]
+__all__ = ["IndexCacheReorderedNative", "IndexCacheShortBackingNative"]
 
 
-class _NoTailGate(DefaultKVCacheConfigBuilder):
-    """vLLM's default everywhere except the no-tail GLM-5 variant."""
+class _IndexCacheGate(DefaultKVCacheConfigBuilder):
+    """vLLM's default everywhere except the IndexCache-style GLM-5 variant."""
 
-    def _is_no_tail_glm(self, groups: list[KVCacheGroupSpec]) -> bool:
+    def _is_index_cached_glm(self, groups: list[KVCacheGroupSpec]) -> bool:
         specs = [spec for group in groups for _, spec in layer_specs(group)]
         if not any(type(s) is MambaSpec for s in specs):
             return False
+        if not any(type(s) is CircularBufferSpec for s in specs):
+            return False
         mla = [s for s in specs if type(s) is MLAAttentionSpec]
-        if not any(s.cache_role is SparseCacheRole.SPARSE for s in mla):
+        latents = sum(1 for s in mla if s.cache_role is SparseCacheRole.SPARSE)
+        indexers = sum(1 for s in mla if s.cache_role is SparseCacheRole.INDEXER)
+        if not indexers:
             return False
-        if not any(s.cache_role is SparseCacheRole.INDEXER for s in mla):
-            return False
-        return not any(type(s) is CircularBufferSpec for s in specs)
+        return indexers < latents
 
     def get_kv_cache_config_from_groups(
         self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec], num_blocks: int
     ) -> KVCacheConfig:
         result = super().get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, num_blocks)
-        if not self._is_no_tail_glm(kv_cache_groups):
+        if not self._is_index_cached_glm(kv_cache_groups):
             return result
         return self._specialise(result, num_blocks)
 
@@ -54,8 +56,8 @@ class _NoTailGate(DefaultKVCacheConfigBuilder):
         raise NotImplementedError
 
 
-class NoTailShortBackingNative(_NoTailGate):
-    """Broken: the no-tail variant's tensors are one block short (``KV-PLACE-BACKING-SIZE``)."""
+class IndexCacheShortBackingNative(_IndexCacheGate):
+    """Broken: the IndexCache variant's tensors are one block short (``KV-PLACE-BACKING-SIZE``)."""
 
     def _specialise(self, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         tensors = [
@@ -65,8 +67,8 @@ class NoTailShortBackingNative(_NoTailGate):
         return dataclasses.replace(result, kv_cache_tensors=tensors)
 
 
-class NoTailReorderedNative(_NoTailGate):
-    """Legal: the no-tail variant's tensors in reverse order (the same bytes, another list)."""
+class IndexCacheReorderedNative(_IndexCacheGate):
+    """Legal: the IndexCache variant's tensors in reverse order (the same bytes, another list)."""
 
     def _specialise(self, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         return dataclasses.replace(result, kv_cache_tensors=list(result.kv_cache_tensors)[::-1])
