@@ -80,6 +80,9 @@ class PlacementObservation:
         empty: the call with no groups (an attention-free model).
         device: the torch device of the run's device checks.
         max_alloc_bytes: cap of one allocation of the device checks (``None``: the default).
+        stage: the pipeline stage placed, its layers ``specs`` and ``groups`` the
+            whole model's groups projected onto them (``None``: one stage, placed whole).
+        model_specs: every layer of the model when a stage is placed (``None``: ``specs``).
     """
 
     config: PlanningConfig
@@ -95,6 +98,8 @@ class PlacementObservation:
     empty: CallResult
     device: str = "cpu"
     max_alloc_bytes: int | None = None
+    stage: int | None = None
+    model_specs: Mapping[str, KVCacheSpec] | None = None
 
     @property
     def mutated(self) -> bool:

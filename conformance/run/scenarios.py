@@ -23,6 +23,7 @@ from conformance.run.observations import (
 )
 from kvref.builder import KVCacheConfigBuilder, ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
+from kvref.planning import project_kv_cache_groups_to_worker
 from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
 
@@ -374,15 +375,44 @@ def builder_or_reference_groups(
     return tuple(_REFERENCE.get_kv_cache_groups(config, dict(specs))), "reference"
 
 
+def _stage_to_place(
+    groups: Sequence[KVCacheGroupSpec], workers: Sequence[Mapping[str, KVCacheSpec]]
+) -> int:
+    """The pipeline stage whose placement is judged: the one with most groups it holds no layer of.
+
+    vLLM never places a pipeline-parallel model whole: each stage places the
+    groups projected onto its layers, and a stage that holds no layer of a
+    group is the edge a builder gets wrong (the last stage on ties: it holds
+    the draft layers).
+    """
+
+    def empty(stage: int) -> int:
+        held = workers[stage]
+        return sum(1 for g in groups if not any(n in held for n in g.layer_names))
+
+    return max(range(len(workers)), key=lambda stage: (empty(stage), stage))
+
+
 def observe_placement(
     ctx: Context,
     config: PlanningConfig,
     specs: Mapping[str, KVCacheSpec],
     num_blocks: int,
+    workers: Sequence[Mapping[str, KVCacheSpec]] = (),
 ) -> PlacementObservation:
-    """Place the groups at 1, ``num_blocks`` and a larger count; repeat; fresh; empty."""
+    """Place the groups at 1, ``num_blocks`` and a larger count; repeat; fresh; empty.
+
+    With several pipeline stages (``workers``), the groups are those of the
+    whole model projected onto one stage (:func:`_stage_to_place`), as Core
+    hands them to that stage's worker, and ``specs`` become that stage's layers.
+    """
     config = attrs.evolve(config, num_gpu_blocks_override=None)
     groups, source = builder_or_reference_groups(ctx, config, specs)
+    stage, model = None, None
+    if len(workers) > 1:
+        stage, model = _stage_to_place(groups, workers), dict(specs)
+        specs = workers[stage]
+        groups = tuple(project_kv_cache_groups_to_worker(groups, specs))
     builder = ctx.factory()
     counts = sorted({1, num_blocks, num_blocks + 1 + num_blocks // 2})
     results: dict[int, CallResult] = {}
@@ -411,6 +441,8 @@ def observe_placement(
         empty=empty,
         device=ctx.device,
         max_alloc_bytes=ctx.max_alloc_bytes,
+        stage=stage,
+        model_specs=model,
     )
 
 
@@ -492,8 +524,12 @@ def observe(ctx: Context, scenario: str, example: Any) -> Any:
 
 OBSERVERS: dict[str, Callable[[Context, Any], Any]] = {
     "grouping": lambda ctx, ex: observe_grouping(ctx, ex.config, ex.merged),
-    "placement": lambda ctx, ex: observe_placement(ctx, ex.config, ex.merged, ex.num_blocks),
-    "device": lambda ctx, ex: observe_placement(ctx, ex.config, ex.merged, ex.num_blocks),
+    "placement": lambda ctx, ex: observe_placement(
+        ctx, ex.config, ex.merged, ex.num_blocks, ex.workers
+    ),
+    "device": lambda ctx, ex: observe_placement(
+        ctx, ex.config, ex.merged, ex.num_blocks, ex.workers
+    ),
     "host": lambda ctx, ex: observe_host(ctx, ex.config, ex.merged, ex.num_blocks),
     "core": lambda ctx, ex: observe_core(ctx, ex.config, ex.workers, ex.available_memory),
     "profiling": lambda ctx, ex: _observe_profiling(ctx, ex.config, ex.workers, ex.num_blocks),
