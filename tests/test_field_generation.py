@@ -26,7 +26,7 @@ from conformance.generate.families import family_strategy
 from conformance.generate.problems import FOUR_GIB
 from conformance.generate.records import PlanningProblem
 from conformance.run.runner import check_builder
-from kvref import ReferenceKVCacheConfigBuilder
+from kvref import KVCacheLayout, ReferenceKVCacheConfigBuilder
 from kvref.planning import project_kv_cache_groups_to_worker
 from kvref.specs import CircularBufferSpec, KVCacheSpec, MLAAttentionSpec, MultipleOf
 
@@ -121,15 +121,21 @@ def test_compressed_mla_placed_layer_outer() -> None:
     assert any(_compressed(s) for s in problem.specs.values())
 
 
-def test_glm5_placed_layer_outer() -> None:
-    """GLM-5's kpool indexer is planned layer-outer too (the variant that keeps no tail ring)."""
+def test_layer_outer_refused_where_unification_refuses() -> None:
+    """No GLM-5 problem is drawn layer-outer: vLLM's unification (and kvref's) refuses them.
+
+    Field builders place GLM-5 layer-outer with their own placement; the
+    reference cannot plan those inputs, so the kit would only reject them.
+    Block-outer ringless GLM-5 problems are drawn instead (BLNHC too).
+    """
     problem = find(
         cs.planning_problems(models_strategy=family_strategy("glm5")),
-        lambda p: not p.config.kv_cache_layout.is_block_outermost,
+        lambda p: p.config.kv_cache_layout is KVCacheLayout.BLNHC,
         settings=_REACH,
     )
-    assert any(_compressed(s) for s in problem.specs.values())
     assert not any(isinstance(s, CircularBufferSpec) for s in problem.specs.values())
+    model = {n: s for w in problem.workers for n, s in w.items()}
+    assert all(m.is_block_outermost for m in cs.allowed_layouts(model))
 
 
 def test_deepseek_v4_backends_stay_block_outer() -> None:

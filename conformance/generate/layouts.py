@@ -5,7 +5,7 @@ See contract.md#default-placement and contract.md#memory-safety and contract.md#
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from hypothesis import strategies as st
 
@@ -15,7 +15,7 @@ from kvref.layout import (
     KVCacheLayout,
     compute_layer_kv_cache_shape_bytes,
 )
-from kvref.specs import CircularBufferSpec, KVCacheSpec
+from kvref.specs import CircularBufferSpec, KVCacheSpec, MambaSpec, MLAAttentionSpec
 
 __all__ = ["allowed_layouts", "as_specs", "layouts_for"]
 
@@ -39,6 +39,10 @@ def allowed_layouts(model: Model | Mapping[str, KVCacheSpec]) -> tuple[KVCacheLa
       page, no padding and no ``block_stride_alignment``;
     - a model with a ring buffer (``CircularBufferSpec``): BLHNC only, the
       one layout its backend supports (GLM-5's kpool tail too);
+    - a model with Mamba states and an MLA cache whose page divides none of
+      the largest: block-outer only, since layer-outer placement unifies a
+      hybrid's page sizes, pads only Mamba and non-MLA attention pages, and
+      refuses such an MLA page (GLM-5's kpool indexer beside KDA states);
     - a model with DeepSeek-V4's compressed MLA caches (an MLA spec of
       ``model_version`` ``deepseek_v4``): block-outer layouts only, the only
       ones DeepSeek-V4's attention and indexer backends allow.  Other
@@ -63,11 +67,21 @@ def allowed_layouts(model: Model | Mapping[str, KVCacheSpec]) -> tuple[KVCacheLa
             allowed |= {KVCacheLayout.LHBNC, KVCacheLayout.BHLNC}
     if any(isinstance(s, CircularBufferSpec) for s in specs):
         allowed &= {KVCacheLayout.BLHNC}
+    if _unification_refuses(specs):
+        allowed &= {KVCacheLayout.BLNHC, KVCacheLayout.BLHNC}
     if any(_deepseek_v4(s) for s in specs):
         # DeepSeek-V4's indexer backend packs its pages beside the latent's
         # inside each block: the layer dimension must sit inside the block's.
         allowed &= {KVCacheLayout.BLNHC, KVCacheLayout.BLHNC}
     return tuple(layout for layout in DEFAULT_LAYOUT_PREFERENCE if layout in allowed)
+
+
+def _unification_refuses(specs: Sequence[KVCacheSpec]) -> bool:
+    """Whether a hybrid's layer-outer page-size unification would refuse an MLA page."""
+    if not any(isinstance(s, MambaSpec) for s in specs):
+        return False
+    largest = max(s.page_size_bytes for s in specs)
+    return any(isinstance(s, MLAAttentionSpec) and largest % s.page_size_bytes for s in specs)
 
 
 def _deepseek_v4(spec: KVCacheSpec) -> bool:

@@ -8,11 +8,14 @@ have run than before is kept in a corpus.  Candidates are fresh draws from
 the families, or structural mutations of a kept example (:data:`MUTATIONS`:
 another layout, the hybrid manager toggled, the pipeline stages merged, a
 decoder layer's cache or a whole cache role dropped, a spec made its base
-class, another block count or memory budget), since a vendor's gates test
-structure (exact spec classes, a role present and another absent) and a
-mutation of an example that opened one gate is the likeliest to open the
-next.  Exploration ends when its time is spent, after ``max_candidates``,
-or when :data:`PATIENCE` candidates in a row reached nothing new.
+class, another block count or memory budget; one to three of them stacked,
+:data:`STACK`), since a vendor's gates test structure (exact spec classes, a
+role present and another absent) and a mutation of an example that opened
+one gate is the likeliest to open the next.  A kept example is mutated in
+proportion to the new lines it reached (its energy, as in a coverage-guided
+fuzzer).  Exploration ends when its time is spent, after
+``max_candidates``, or when :data:`PATIENCE` candidates per kept example in
+a row reached nothing new.
 
 Why a corpus of the kit's own and not Hypothesis' ``target()``: ``target``
 climbs a number, and reach is a set (new lines, not more lines); the
@@ -55,6 +58,7 @@ __all__ = [
     "EXPLORED_SCENARIOS",
     "MUTATIONS",
     "PATIENCE",
+    "STACK",
     "Corpus",
     "ExploreSummary",
     "Explorer",
@@ -67,7 +71,7 @@ _REFERENCE = ReferenceKVCacheConfigBuilder()
 #: problem as it is (host and profiling draw their own configs, serving its
 #: request streams, the twin process repeats placement's questions).
 EXPLORED_SCENARIOS = ("grouping", "placement", "core", "device")
-#: Candidates in a row that reach nothing new before exploration stops.
+#: Candidates in a row that reach nothing new, per kept example, before exploration stops.
 PATIENCE = 300
 #: Examples a corpus file keeps (the newest first).
 CORPUS_LIMIT = 200
@@ -211,12 +215,16 @@ def _with(ex: Example, **changes: Any) -> Example | None:
         return None
 
 
-def mutate(rng: random.Random, ex: Example, limits: Limits) -> tuple[str, Example] | None:
-    """One structural mutation of ``ex`` that is still a valid problem, or ``None``.
+#: How many operators one candidate stacks, drawn from these.  As a fuzzer's
+#: "havoc" stage does: a change that reaches nothing new on its own (one
+#: pipeline stage) and one that then opens a gate (a dropped indexer) make one
+#: candidate, where a corpus that keeps only reach-growing examples would
+#: never keep the first to try the second on it.
+STACK = (1, 1, 2, 3)
 
-    Valid as every generated example is: what the builder can be given
-    (``limits``) and what the reference can plan.
-    """
+
+def _apply_one(rng: random.Random, ex: Example) -> tuple[str, Example] | None:
+    """The first operator, in a random order, that applies to ``ex`` (not yet validated)."""
     order = list(MUTATIONS)
     rng.shuffle(order)
     for name, operator in order:
@@ -224,12 +232,47 @@ def mutate(rng: random.Random, ex: Example, limits: Limits) -> tuple[str, Exampl
             made = operator(rng, ex)
         except (TypeError, ValueError):
             made = None
-        if made is None:
+        if made is not None:
+            return name, made
+    return None
+
+
+def _valid(made: Example, limits: Limits) -> Example | None:
+    config = limits.fit(made.config)
+    if reference_accepts(config, made.workers) and _core_can_plan(made, config):
+        return attrs.evolve(made, config=config)
+    return None
+
+
+def mutate(rng: random.Random, ex: Example, limits: Limits) -> tuple[str, Example] | None:
+    """One to three stacked structural mutations of ``ex``, still a valid problem, or ``None``.
+
+    Valid as every generated example is: what the builder can be given
+    (``limits``) and what the reference can plan.  The name is the
+    operators', joined by ``+`` (``one-stage+drop-layer``).
+    """
+    names: list[str] = []
+    current = ex
+    for _ in range(rng.choice(STACK)):
+        step = _apply_one(rng, current)
+        if step is None:
+            break
+        names.append(step[0])
+        current = step[1]
+    if len(names) > 1 and (stacked := _valid(current, limits)) is not None:
+        name = "+".join(names)
+        return name, attrs.evolve(stacked, description=describe(stacked, ex.description, name))
+    # One operator: each in turn until one makes a valid problem.
+    order = list(MUTATIONS)
+    rng.shuffle(order)
+    for name, operator in order:
+        try:
+            made = operator(rng, ex)
+        except (TypeError, ValueError):
+            made = None
+        if made is None or (valid := _valid(made, limits)) is None:
             continue
-        config = limits.fit(made.config)
-        if reference_accepts(config, made.workers) and _core_can_plan(made, config):
-            made = attrs.evolve(made, config=config)
-            return name, attrs.evolve(made, description=describe(made, ex.description, name))
+        return name, attrs.evolve(valid, description=describe(valid, ex.description, name))
     return None
 
 
@@ -345,6 +388,8 @@ class Explorer:
         self.limits = limits
         self.rng = random.Random(f"explore/{seed}")
         self.kept: list[tuple[Any, Example]] = []
+        #: Per kept example, the new lines it reached: its share of the mutations.
+        self.gains: list[int] = []
         self.summary = ExploreSummary()
         #: Batches of fresh candidates drawn so far (each its own seed).
         self.rounds = 0
@@ -365,17 +410,22 @@ class Explorer:
         found = self.strata_by_name.get(family_of(ex.description))
         return found if found is not None else next(iter(self.strata_by_name.values()))
 
-    def seed(self, stratum: Any, ex: Example) -> None:
-        """Keep a first-deal example that reached new lines (the corpus' seeds)."""
-        self.kept.append((stratum, ex))
+    def seed(self, stratum: Any, ex: Example, gain: int = 1) -> None:
+        """Keep a first-deal example that reached ``gain`` new lines (the corpus' seeds)."""
+        self._keep(stratum, ex, gain)
         self.summary.seeds += 1
+
+    def _keep(self, stratum: Any, ex: Example, gain: int) -> None:
+        self.kept.append((stratum, ex))
+        self.gains.append(max(1, gain))
 
     def replay(self, saved: Sequence[Example]) -> None:
         """Judge a saved corpus first: the kept examples of earlier runs."""
         for ex in saved:
             stratum = self._stratum_of(ex)
+            before = self.lines()
             self._judge(stratum, ex)
-            self.kept.append((stratum, ex))
+            self._keep(stratum, ex, self.lines() - before)
         self.summary.replayed = len(saved)
 
     def run(self, seconds: float, max_candidates: int | None = None) -> ExploreSummary:
@@ -390,8 +440,10 @@ class Explorer:
             if max_candidates is not None and summary.candidates >= max_candidates:
                 summary.stopped = f"{max_candidates} candidates"
                 break
-            if idle >= PATIENCE:
-                summary.stopped = f"{PATIENCE} candidates in a row reached nothing new"
+            # Every kept example is owed its own mutations before exploration gives up.
+            patience = PATIENCE * max(1, len(self.kept))
+            if idle >= patience:
+                summary.stopped = f"{patience} candidates in a row reached nothing new"
                 break
             picked = self._candidate(batch)
             if picked is None:
@@ -406,8 +458,8 @@ class Explorer:
             summary.candidates += 1
             now = self.lines()
             if now > reached:
+                self._keep(stratum, ex, now - reached)
                 reached, idle = now, 0
-                self.kept.append((stratum, ex))
                 summary.kept += 1
                 summary.kept_by[how] = summary.kept_by.get(how, 0) + 1
             else:
@@ -418,7 +470,9 @@ class Explorer:
 
     def _candidate(self, batch: list[tuple[Any, Example]]) -> tuple[str, Any, Example] | None:
         if self.kept and self.rng.random() < 0.7:
-            stratum, parent = self.rng.choice(self.kept)
+            # As a fuzzer's energy: an example that opened more new code is
+            # mutated more often (it reaches deeper into the builder).
+            stratum, parent = self.rng.choices(self.kept, weights=self.gains)[0]
             made = mutate(self.rng, parent, self.limits)
             return None if made is None else (made[0], stratum, made[1])
         if not batch:

@@ -478,9 +478,9 @@ class _Run(Findings):
         seeding = first_deal and self.explorer is not None and bool(self.options.explore)
         before = self.reach_lines() if seeding else 0
         obs = self.clock.observe(scenario, self.observe, scenario, ex)
-        if seeding and self.explorer is not None and self.reach_lines() > before:
+        if seeding and self.explorer is not None and (gain := self.reach_lines() - before) > 0:
             # The examples that grew reach seed exploration's corpus, as in any fuzzer.
-            self.explorer.seed(stratum, ex)
+            self.explorer.seed(stratum, ex, gain)
         if first_deal:
             self.focus.note(stratum.name, ex.config, obs)
         if scenario == "core":

@@ -8,6 +8,8 @@ catalog to judge.  :data:`OBSERVERS` maps scenario names to observers.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -376,21 +378,30 @@ def builder_or_reference_groups(
 
 
 def _stage_to_place(
-    groups: Sequence[KVCacheGroupSpec], workers: Sequence[Mapping[str, KVCacheSpec]]
+    groups: Sequence[KVCacheGroupSpec],
+    workers: Sequence[Mapping[str, KVCacheSpec]],
+    num_blocks: int,
 ) -> int:
-    """The pipeline stage whose placement is judged: the one with most groups it holds no layer of.
+    """The pipeline stage whose placement is judged.
 
     vLLM never places a pipeline-parallel model whole: each stage places the
-    groups projected onto its layers, and a stage that holds no layer of a
-    group is the edge a builder gets wrong (the last stage on ties: it holds
-    the draft layers).
+    groups projected onto its layers.  Two stages matter most: the one that
+    holds no layer of the most groups (the edge a builder gets wrong) and
+    the one holding the most layers (where a vendor's gates, which test a
+    stage's whole structure, open).  Each takes half the problems, by a
+    stable digest of the problem's layers and block count, so a replayed
+    example places the same stage (the last one on ties: it holds the drafts).
     """
 
     def empty(stage: int) -> int:
         held = workers[stage]
         return sum(1 for g in groups if not any(n in held for n in g.layer_names))
 
-    return max(range(len(workers)), key=lambda stage: (empty(stage), stage))
+    stages = range(len(workers))
+    edge = max(stages, key=lambda stage: (empty(stage), stage))
+    fullest = max(stages, key=lambda stage: (len(workers[stage]), stage))
+    key = json.dumps([sorted(w) for w in workers] + [num_blocks]).encode()
+    return edge if hashlib.sha256(key).digest()[0] % 2 == 0 else fullest
 
 
 def observe_placement(
@@ -410,7 +421,7 @@ def observe_placement(
     groups, source = builder_or_reference_groups(ctx, config, specs)
     stage, model = None, None
     if len(workers) > 1:
-        stage, model = _stage_to_place(groups, workers), dict(specs)
+        stage, model = _stage_to_place(groups, workers, num_blocks), dict(specs)
         specs = workers[stage]
         groups = tuple(project_kv_cache_groups_to_worker(groups, specs))
     builder = ctx.factory()

@@ -283,6 +283,12 @@ def _glm5_models(draw: st.DrawFn, max_layers: int) -> Model:
     token_bytes = 512 * 2  # the 512-wide bf16 latent (kv_lora_rank 512, no RoPE part)
     kpool, spec_tokens = 16, draw(st.sampled_from([0, 1, 3]))
     ring = kpool * (1 << max(0, cdiv(kpool + spec_tokens, kpool) - 1).bit_length())
+    # A kpool indexer whose tail (the tokens of a chunk not yet compressed) is
+    # kept in a ring, or recomputed from the latent with no ring: the ring
+    # takes BLHNC only, the ringless variant both block-outer layouts
+    # (allowed_layouts).  Shrinks to the ring kept, as V3.2 shrinks to every
+    # layer indexed: an absent part is not the minimum.
+    tail = not draw(st.booleans())
     shaped = draw(st.booleans())
     if shaped:
         # The platform raises the attention block so an MLA page holds the
@@ -291,12 +297,6 @@ def _glm5_models(draw: st.DrawFn, max_layers: int) -> Model:
         padded: int | None = block * token_bytes
     else:
         block, padded = max(64, ring), None
-    # A kpool indexer whose tail (the tokens of a chunk not yet compressed) is
-    # kept in a ring, or recomputed from the latent with no ring: the ringless
-    # variant takes every layout (layer-outer ones too, as field builders place
-    # it; allowed_layouts), the ring only BLHNC.  Shrinks to the ring kept, as
-    # V3.2 shrinks to every layer indexed: an absent part is not the minimum.
-    tail = not draw(st.booleans())
     mode = draw(st.sampled_from(["align", "none", "all"]))
     checkpoint = rarely(draw)
     kda = MambaSpec(
@@ -373,8 +373,10 @@ def glm5_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
     layer, which holds a 512-wide MLA latent, the kpool indexer's fp8 key
     cache with ``tokens_per_state`` 16 and, in the variant that keeps the
     indexer's tail in a ring rather than recomputing it, its bf16 tail ring
-    (``CircularBufferSpec``, which only BLHNC serves; without it every layout
-    the rules allow, layer-outer included).  The indexer's
+    (``CircularBufferSpec``, which only BLHNC serves; without it BLNHC too).
+    Never layer-outer: vLLM 0.33.0 unifies a hybrid's page sizes there, and
+    the indexer's page divides no state page, so its planner refuses (as
+    kvref does) the layouts field builders use with their own placement.  The indexer's
     kernel block is the cache block or a smaller one
     (:func:`~conformance.generate.specs.kernel_block_alignments`).  Pages
     either pre-shaped by the platform (the MLA block raised until one page
