@@ -161,8 +161,27 @@ def assert_common_stride_difference(config: PlanningConfig, ref: Outcome, vl: Ou
     if ref.plan is not None:
         for c in ref.plan.configs:
             assert find_block_overlaps(c, config.kv_cache_layout) == []
-    if vl.plan is not None and vl.plan.num_blocks >= 2:
-        assert any(find_block_overlaps(c, config.kv_cache_layout) for c in vl.plan.configs)
+    if vl.plan is None or vl.plan.num_blocks < 2:
+        return
+    # Block IDs alias inside one worker's tensors: only a worker that holds
+    # layers of two strides has them (a pipeline split may give each worker one).
+    mixed = [
+        c
+        for c in vl.plan.configs
+        if len({c.kv_cache_groups[g].layer_spec(n).block_stride for g, n in _device_layers(c)}) > 1
+    ]
+    if mixed:
+        assert any(find_block_overlaps(c, config.kv_cache_layout) for c in mixed)
+
+
+def _device_layers(config: Any) -> list[tuple[int, str]]:
+    """``(group index, layer)`` of every layer of the config's device groups."""
+    return [
+        (g, name)
+        for g, group in enumerate(config.kv_cache_groups)
+        if not group.host_resident
+        for name in group.layer_names
+    ]
 
 
 def assert_pp_projection_defect(vl: Outcome, workers: Workers) -> None:

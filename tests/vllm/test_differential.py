@@ -328,6 +328,30 @@ class TestWorkedNumbers:
             assert outcome.error.estimated_max_model_len == 25_808  # type: ignore[union-attr]
 
 
+def test_pipeline_split_of_two_strides_gives_each_worker_one() -> None:
+    """Aligned hybrid split 1+2: no worker holds two strides, so vLLM aliases nothing.
+
+    kvref still plans the common stride (contract.md#deliberate-differences);
+    vLLM's plan has no aliasing block IDs to find (a generated case once
+    failed the difference's assertion here).
+    """
+    common = {"block_size": 1, "num_kv_heads": 64, "head_size": 256, "dtype": "bfloat16"}
+    full = FullAttentionSpec(block_stride_alignment=64, **common)
+    window = SlidingWindowSpec(block_stride_alignment=576, sliding_window=1024, **common)
+    config = PlanningConfig(
+        max_model_len=2048,
+        max_num_batched_tokens=2048,
+        kv_cache_layout=KVCacheLayout.LBNHC,
+        pipeline_parallel_size=2,
+        num_hidden_layers=3,
+    )
+    workers: Workers = (
+        {"model.layers.0.self_attn.attn": full},
+        {"model.layers.1.self_attn.attn": window, "model.layers.2.self_attn.attn": window},
+    )
+    assert assert_agree(config, workers, (537_395_200, GIB)) == "common-stride"
+
+
 class TestGenerated:
     """Hypothesis problems from the kit's own strategies (few examples: vLLM calls are slow)."""
 
