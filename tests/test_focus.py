@@ -73,7 +73,10 @@ class TestAnswersDiffer:
         """SplitTensors gives every layer its own tensor: not the reference's answer."""
         found = [
             answers_differ(_observe(legal_builders.SplitTensors, "placement", ex))
-            for ex in _examples()
+            # Pipeline stages often hold one layer per group, where one tensor
+            # per layer is the reference's answer too: enough examples for some
+            # with several.
+            for ex in _examples(30)
         ]
         assert any(found)
 

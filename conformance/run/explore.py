@@ -6,7 +6,7 @@ each candidate example is judged by every invariant of the scenarios in
 :data:`EXPLORED_SCENARIOS`, and one after which more of the builder's lines
 have run than before is kept in a corpus.  Candidates are fresh draws from
 the families, or structural mutations of a kept example (:data:`MUTATIONS`:
-another layout, the hybrid manager toggled, the pipeline stages merged, a
+another layout, the hybrid manager toggled, host offload dropped, the pipeline stages merged, a
 decoder layer's cache or a whole cache role dropped, a spec made its base
 class, another block count or memory budget; one to three of them stacked,
 :data:`STACK`), since a vendor's gates test structure (exact spec classes, a
@@ -94,6 +94,16 @@ def _hybrid(rng: random.Random, ex: Example) -> Example | None:
     if not ex.config.disable_hybrid_kv_cache_manager:
         return None
     return _with(ex, config=attrs.evolve(ex.config, disable_hybrid_kv_cache_manager=False))
+
+
+def _no_host(rng: random.Random, ex: Example) -> Example | None:
+    """Every layer back on the device: host offload is a deployment's option, not the model's."""
+    config = ex.config
+    if not config.host_resident_layers or config.hisparse is not None:
+        return None  # HiSparse's host pool is its own, sized by its settings
+    return _with(
+        ex, config=attrs.evolve(config, host_resident_layers=frozenset(), host_pool_bytes=None)
+    )
 
 
 def _blocks(rng: random.Random, ex: Example) -> Example | None:
@@ -198,6 +208,7 @@ def _as(base: type, spec: KVCacheSpec) -> KVCacheSpec:
 MUTATIONS: tuple[tuple[str, Callable[[random.Random, Example], Example | None]], ...] = (
     ("layout", _relayout),
     ("hybrid", _hybrid),
+    ("no-host", _no_host),
     ("blocks", _blocks),
     ("memory", _memory),
     ("one-stage", _one_stage),
