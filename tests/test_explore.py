@@ -26,6 +26,15 @@ MEANT = "KV-PLACE-BACKING-SIZE"
 #: (the time limit is far beyond what they take on a loaded 2-core machine).
 CANDIDATES = 400
 SECONDS = 600.0
+#: The tests that need exploration to open the gate at seed 1, which it does not yet.
+GATE_MISSED_AT_SEED_1 = pytest.mark.xfail(
+    strict=False,
+    reason=(
+        "exploration opens the IndexCache gate at 7 of 10 seeds with 400 candidates, not at "
+        "seed 1: a GLM-5 seed with one indexed layer cannot reach it by dropping caches "
+        "(an add-decoder-layer mutation is the missing piece; see the stop 30 note)"
+    ),
+)
 
 
 def _run(builder: str, seed: int = 1, **kw: Any) -> Any:
@@ -91,14 +100,7 @@ class TestExploration:
         assert "IndexCacheShortBacking._specialise()" in " ".join(report.reach["lines"])
 
     @pytest.mark.slow
-    @pytest.mark.xfail(
-        strict=False,
-        reason=(
-            "exploration opens the IndexCache gate at 7 of 10 seeds with 400 candidates, not at "
-            "seed 1: a GLM-5 seed with one indexed layer cannot reach it by dropping caches "
-            "(an add-decoder-layer mutation is the missing piece; see the stop 30 note)"
-        ),
-    )
+    @GATE_MISSED_AT_SEED_1
     def test_exploration_finds_the_bug_behind_the_gate(self, tmp_path: Path) -> None:
         report = _run(GATED, explore=SECONDS, explore_candidates=CANDIDATES)
         (result,) = report.results
@@ -113,14 +115,7 @@ class TestExploration:
         assert conformance.reproduce(path, MEANT)
 
     @pytest.mark.slow
-    @pytest.mark.xfail(
-        strict=False,
-        reason=(
-            "exploration opens the IndexCache gate at 7 of 10 seeds with 400 candidates, not at "
-            "seed 1: a GLM-5 seed with one indexed layer cannot reach it by dropping caches "
-            "(an add-decoder-layer mutation is the missing piece; see the stop 30 note)"
-        ),
-    )
+    @GATE_MISSED_AT_SEED_1
     def test_a_legal_builder_behind_the_same_gate_passes(self) -> None:
         report = check_builder(
             LEGAL,
@@ -134,14 +129,7 @@ class TestExploration:
         assert "IndexCacheSplitTensors._specialise()" not in " ".join(report.reach["lines"])
 
     @pytest.mark.slow
-    @pytest.mark.xfail(
-        strict=False,
-        reason=(
-            "exploration opens the IndexCache gate at 7 of 10 seeds with 400 candidates, not at "
-            "seed 1: a GLM-5 seed with one indexed layer cannot reach it by dropping caches "
-            "(an add-decoder-layer mutation is the missing piece; see the stop 30 note)"
-        ),
-    )
+    @GATE_MISSED_AT_SEED_1
     def test_the_corpus_is_judged_first_by_the_next_run(self, tmp_path: Path) -> None:
         database = str(tmp_path / "db")
         first = _run(GATED, explore=SECONDS, explore_candidates=CANDIDATES, database=database)

@@ -48,7 +48,6 @@ from kvref.kernel_blocks import (
     prepare_kernel_block_sizes,
 )
 from kvref.layout import KVCacheLayout
-from kvref.planning import project_kv_cache_groups_to_worker
 from kvref.records import KVCacheConfig
 from kvref.specs import (
     EncoderOnlyAttentionSpec,
@@ -102,10 +101,7 @@ def _reference_refused(obs: PlacementObservation) -> str | None:
     """
     try:
         reference = ReferenceKVCacheConfigBuilder()
-        groups = reference.get_kv_cache_groups(obs.config, obs.model_specs or obs.specs)
-        if obs.model_specs is not None:
-            # A pipeline stage: the whole model's groups, as Core hands them to its worker.
-            groups = project_kv_cache_groups_to_worker(groups, obs.specs)
+        groups = obs.reference_groups()
         plan = reference.get_kv_cache_config_from_groups(obs.config, groups, obs.num_blocks)
         layout = resolve_layout(plan, obs.config.kv_cache_layout)
         kernel_tensor_geometries(plan, prepare_kernel_block_sizes(obs.config, plan), layout)

@@ -35,7 +35,7 @@ import hashlib
 import json
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -234,8 +234,8 @@ def _with(ex: Example, **changes: Any) -> Example | None:
 STACK = (1, 1, 2, 3)
 
 
-def _apply_one(rng: random.Random, ex: Example) -> tuple[str, Example] | None:
-    """The first operator, in a random order, that applies to ``ex`` (not yet validated)."""
+def _applied(rng: random.Random, ex: Example) -> Iterator[tuple[str, Example]]:
+    """The operators that apply to ``ex``, in a random order, each result not yet validated."""
     order = list(MUTATIONS)
     rng.shuffle(order)
     for name, operator in order:
@@ -244,8 +244,7 @@ def _apply_one(rng: random.Random, ex: Example) -> tuple[str, Example] | None:
         except (TypeError, ValueError):
             made = None
         if made is not None:
-            return name, made
-    return None
+            yield name, made
 
 
 def _valid(made: Example, limits: Limits) -> Example | None:
@@ -265,7 +264,7 @@ def mutate(rng: random.Random, ex: Example, limits: Limits) -> tuple[str, Exampl
     names: list[str] = []
     current = ex
     for _ in range(rng.choice(STACK)):
-        step = _apply_one(rng, current)
+        step = next(_applied(rng, current), None)
         if step is None:
             break
         names.append(step[0])
@@ -274,16 +273,9 @@ def mutate(rng: random.Random, ex: Example, limits: Limits) -> tuple[str, Exampl
         name = "+".join(names)
         return name, attrs.evolve(stacked, description=describe(stacked, ex.description, name))
     # One operator: each in turn until one makes a valid problem.
-    order = list(MUTATIONS)
-    rng.shuffle(order)
-    for name, operator in order:
-        try:
-            made = operator(rng, ex)
-        except (TypeError, ValueError):
-            made = None
-        if made is None or (valid := _valid(made, limits)) is None:
-            continue
-        return name, attrs.evolve(valid, description=describe(valid, ex.description, name))
+    for name, made in _applied(rng, ex):
+        if (valid := _valid(made, limits)) is not None:
+            return name, attrs.evolve(valid, description=describe(valid, ex.description, name))
     return None
 
 

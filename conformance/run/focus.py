@@ -53,7 +53,7 @@ from conformance.run.observations import (
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.errors import KVRefError
-from kvref.planning import plan_kv_cache, project_kv_cache_groups_to_worker
+from kvref.planning import plan_kv_cache
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
 
@@ -102,12 +102,8 @@ def _placement_differs(obs: PlacementObservation) -> bool:
         return True
     config = obs.config
     placed = obs.results.get(obs.num_blocks)
-    expected = _groups(config, obs.model_specs or obs.specs)
-    if obs.model_specs is not None:
-        # A pipeline stage is handed the whole model's groups, projected onto its layers.
-        expected = project_kv_cache_groups_to_worker(expected, obs.specs)
     return (
-        list(groups) != expected
+        list(groups) != obs.reference_groups()
         or _differs(
             placed,
             lambda: _REFERENCE.get_kv_cache_config_from_groups(config, groups, obs.num_blocks),

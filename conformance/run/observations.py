@@ -16,9 +16,10 @@ import attrs
 
 from conformance.check.violations import Violation
 from conformance.run.guard import CallResult
+from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.layout import KVCacheLayout
-from kvref.planning import KVCachePlan
+from kvref.planning import KVCachePlan, project_kv_cache_groups_to_worker
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
 
@@ -105,6 +106,19 @@ class PlacementObservation:
     def mutated(self) -> bool:
         """Whether a call changed what it was given."""
         return bool(self.mutations)
+
+    def reference_groups(self) -> list[KVCacheGroupSpec]:
+        """The reference's groups, as this placement was handed them (projected onto its stage).
+
+        Raises:
+            KVRefError: the reference cannot group the model.
+        """
+        model = self.specs if self.model_specs is None else self.model_specs
+        groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(self.config, dict(model))
+        if self.model_specs is None:
+            return groups
+        # A pipeline stage is handed the whole model's groups, projected onto its layers.
+        return project_kv_cache_groups_to_worker(groups, self.specs)
 
     @property
     def declared_pool_bytes(self) -> int | None:
