@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from kvref.hf import HFValue
 from kvref.specs import KVCacheSpec, MLAAttentionSpec
 
-__all__ = ["cache_dtype_of", "hf_descriptions"]
+__all__ = ["cache_dtype_of", "described_again", "hf_descriptions"]
 
 _MLA_DIMS: dict[str, HFValue] = {"kv_lora_rank": 512, "qk_rope_head_dim": 64}
 #: DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2's published config).
@@ -128,6 +128,21 @@ def hf_descriptions(
     if not choices:
         return st.just(())
     return st.sampled_from([tuple(sorted(c.items())) for c in choices])
+
+
+def described_again(
+    hf_config: tuple[tuple[str, HFValue], ...], specs: Mapping[str, KVCacheSpec]
+) -> tuple[tuple[str, HFValue], ...]:
+    """``hf_config`` of a model whose layers changed: its per-layer fields derived again.
+
+    A mutated model (a layer added or dropped) keeps its published
+    description, but a field that lists every decoder layer
+    (``compress_ratios``) must list the new ones, as vLLM would read it.
+    """
+    if not any(name == "compress_ratios" for name, _ in hf_config):
+        return hf_config
+    ratios = _compress_ratios(specs)
+    return tuple((n, ratios if n == "compress_ratios" else v) for n, v in hf_config)
 
 
 def cache_dtype_of(specs: Mapping[str, KVCacheSpec]) -> str:

@@ -7,7 +7,8 @@ each candidate example is judged by every invariant of the scenarios in
 have run than before is kept in a corpus.  Candidates are fresh draws from
 the families, or structural mutations of a kept example (:data:`MUTATIONS`:
 another layout, the hybrid manager toggled, host offload dropped, the pipeline stages merged, a
-decoder layer's cache or a whole cache role dropped, a spec made its base
+decoder layer added (a copy of another), a decoder layer's cache or a whole
+cache role dropped, a spec made its base
 class, another block count or memory budget; one to three of them stacked,
 :data:`STACK`), since a vendor's gates test structure (exact spec classes, a
 role present and another absent) and a mutation of an example that opened
@@ -34,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -42,6 +44,7 @@ from typing import Any
 import attrs
 
 from conformance.generate.coverage import family_of
+from conformance.generate.hf import described_again
 from conformance.generate.layouts import allowed_layouts
 from conformance.generate.problems import model_config_fields
 from conformance.generate.records import PlanningProblem
@@ -128,22 +131,96 @@ def _one_stage(rng: random.Random, ex: Example) -> Example | None:
     )
 
 
-def _without(ex: Example, dropped: set[str]) -> Example | None:
-    workers = tuple({n: s for n, s in w.items() if n not in dropped} for w in ex.workers)
+def _restructured(ex: Example, workers: Workers, host: frozenset[str]) -> Example | None:
+    """``ex`` with other layers: the config describes the new model (decoder and draft layers).
+
+    ``host`` is what stays host-resident.  HiSparse and a declared grouping
+    name their layers themselves, so their examples are not restructured.
+    """
     config = ex.config
-    if not dropped or any(not w for w in workers):
-        return None
     if config.hisparse is not None or config.model_kv_cache_grouping is not None:
-        return None  # HiSparse and a declared grouping name their layers themselves
-    # The config describes the model (its decoder and draft layers): describe the new one.
-    fields = model_config_fields({n: s for w in workers for n, s in w.items()})
-    fields.pop("hf_config")
+        return None
+    if any(not w for w in workers):
+        return None
+    merged = {n: s for w in workers for n, s in w.items()}
+    fields = model_config_fields(merged)
+    fields["hf_config"] = described_again(config.hf_config, merged)
     config = attrs.evolve(config, **fields)
-    if config.host_resident_layers & dropped:
-        host = config.host_resident_layers - dropped
+    if host != config.host_resident_layers:
         pool = config.host_pool_bytes if host else None
         config = attrs.evolve(config, host_resident_layers=host, host_pool_bytes=pool)
     return _with(ex, config=config, workers=workers)
+
+
+def _without(ex: Example, dropped: set[str]) -> Example | None:
+    if not dropped:
+        return None
+    workers = tuple({n: s for n, s in w.items() if n not in dropped} for w in ex.workers)
+    return _restructured(ex, workers, ex.config.host_resident_layers - dropped)
+
+
+#: A decoder layer's cache: ``<head>layers.<index><tail>`` (``model.layers.7.self_attn.attn``).
+_DECODER = re.compile(r"^(?P<head>(?:.+\.)?layers\.)(?P<index>\d+)(?P<tail>\..+)?$")
+
+
+def _tail(name: str) -> str:
+    """What follows a decoder layer's index in ``name`` (``.self_attn.attn``)."""
+    found = _DECODER.match(name)
+    return "" if found is None else found["tail"] or ""
+
+
+def _add_layer(rng: random.Random, ex: Example) -> Example | None:
+    """One more target decoder layer: a copy of a drawn one's caches, after the last one.
+
+    Half the time the copy leaves one of its caches out: a layer that lacks
+    a role its neighbours carry.  The new layer takes the next index of its
+    namespace and joins the stage that holds the last target layer; layers
+    numbered after it there (an MTP draft, ``model.layers.{n}``) move one
+    up, as the model's own numbering would.  A gate that counts layers or
+    wants two of a kind (two indexed layers, one of them without its
+    indexer) needs a layer that no dropping can make.
+    """
+    layers: dict[tuple[str, int], list[str]] = {}
+    for name, spec in ex.merged.items():
+        found = _DECODER.match(name)
+        if found is not None and not spec.is_draft:
+            layers.setdefault((found["head"], int(found["index"])), []).append(name)
+    if not layers:
+        return None
+    # The layer's kind (the caches it holds) drawn first, as drop-layer draws
+    # a role: a model's one indexed layer among a dozen state layers is copied as often.
+    kinds: dict[tuple[str, ...], list[tuple[str, int]]] = {}
+    for key, names in sorted(layers.items()):
+        kinds.setdefault(tuple(sorted(_tail(n) for n in names)), []).append(key)
+    head, index = rng.choice(kinds[rng.choice(sorted(kinds))])
+    new = max(i for h, i in layers if h == head) + 1
+    last = set(layers[(head, new - 1)])
+
+    def moved(name: str) -> str:
+        found = _DECODER.match(name)
+        if found is None or found["head"] != head or int(found["index"]) < new:
+            return name
+        return f"{head}{int(found['index']) + 1}{found['tail'] or ''}"
+
+    copied = layers[(head, index)]
+    if len(copied) > 1 and rng.random() < 0.5:
+        # A layer without one of the roles its model's layers carry (a layer
+        # that reuses another's indexer, as IndexCache's do).
+        left_out = rng.choice(copied)
+        copied = [n for n in copied if n != left_out]
+    copies = {f"{head}{new}{_tail(n)}": ex.merged[n] for n in copied}
+    workers: list[dict[str, KVCacheSpec]] = []
+    for worker in ex.workers:
+        made: dict[str, KVCacheSpec] = {}
+        for name, spec in worker.items():
+            made[moved(name)] = spec
+            if name in last:
+                last.discard(name)
+                if not last:
+                    made.update(copies)
+        workers.append(made)
+    host = frozenset(moved(n) for n in ex.config.host_resident_layers)
+    return _restructured(ex, tuple(workers), host)
 
 
 def _drop_layer(rng: random.Random, ex: Example) -> Example | None:
@@ -212,6 +289,7 @@ MUTATIONS: tuple[tuple[str, Callable[[random.Random, Example], Example | None]],
     ("blocks", _blocks),
     ("memory", _memory),
     ("one-stage", _one_stage),
+    ("add-layer", _add_layer),
     ("drop-layer", _drop_layer),
     ("drop-role", _drop_role),
     ("base-class", _base_class),
