@@ -69,13 +69,7 @@ def meta_selection(builder: type, *, wide: bool = False) -> list[str]:
 
 
 #: Broken builders the default generation no longer reaches (known gaps, named).
-_GAPS = {
-    "ScatteredDrafts": (
-        "KV-GROUP-DRAFTS-TOGETHER is not judged in pipeline-parallel runs (the profiling "
-        "path's worker slices split a drafter's layers legally, which failed the reference); "
-        "the drafter examples that scattered drafts were pipeline-parallel ones"
-    ),
-}
+_GAPS: dict[str, str] = {}
 
 
 #: Broken builders whose catch tests/test_power.py and tests/test_field_generation.py

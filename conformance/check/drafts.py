@@ -61,14 +61,12 @@ def _first_group(groups: list[KVCacheGroupSpec]) -> dict[str, int]:
     in_core=True,
 )
 def _drafts_together(obs: GroupingObservation) -> list[Violation] | Unjudged | None:
-    if obs.config.pipeline_parallel_size > 1:
+    if not obs.whole_model:
         # The profiling path groups one pipeline worker's slice, where grouping
         # may split a drafter's layers that Core's global grouping keeps
         # together (the reference does, on a worker holding only the drafter);
         # vLLM's drafter checks the planned config, not the profiling one.
-        # Which layers a worker's slice holds is not in the observation, so
-        # pipeline runs are not judged (a known loss of power).
-        return Unjudged("pipeline-parallel runs are not judged (a worker's slice may split)")
+        return Unjudged("one pipeline worker's slice (the profiling path) is not judged")
     if obs.config.model_kv_cache_grouping is not None:
         # The model's own grouping hook decides the groups; the builder only echoes it.
         return Unjudged("the model declares its grouping")

@@ -52,10 +52,24 @@ def judge(
 
 
 def judge_grouping(
-    config: PlanningConfig, specs: Mapping[str, KVCacheSpec], result: CallResult
+    config: PlanningConfig,
+    specs: Mapping[str, KVCacheSpec],
+    result: CallResult,
+    *,
+    whole_model: bool = True,
 ) -> dict[str, tuple[Violation, ...]]:
-    """The grouping invariants one grouping answer was judged by."""
-    obs = GroupingObservation(config=config, specs=specs, first=result, second=result, fresh=result)
+    """The grouping invariants one grouping answer was judged by.
+
+    ``whole_model`` is false for one pipeline worker's slice (the profiling path).
+    """
+    obs = GroupingObservation(
+        config=config,
+        specs=specs,
+        first=result,
+        second=result,
+        fresh=result,
+        whole_model=whole_model,
+    )
     return judge("grouping", obs)
 
 

@@ -46,6 +46,8 @@ class GroupingObservation:
         fresh: a fresh instance, same input.
         mutations: how the calls changed what they were given (layers of the
             dict, or fields of the spec objects), one line each.
+        whole_model: whether ``specs`` are every worker's layers (Core's
+            planning call), not one pipeline worker's slice (its profiling call).
     """
 
     config: PlanningConfig
@@ -54,6 +56,7 @@ class GroupingObservation:
     second: CallResult
     fresh: CallResult
     mutations: tuple[str, ...] = ()
+    whole_model: bool = True
 
     @property
     def mutated(self) -> bool:

@@ -227,7 +227,11 @@ def _one_worker(
     grouped, _ = call_grouping(ctx.guard, builder, config, specs)
     if not grouped.ok:
         return [grouped]
-    if _merge(verdicts, _on_worker(judge_grouping(config, specs, grouped), index)):
+    # A worker's slice is the whole model only without pipeline stages.
+    whole = config.pipeline_parallel_size == 1
+    if _merge(
+        verdicts, _on_worker(judge_grouping(config, specs, grouped, whole_model=whole), index)
+    ):
         # vLLM's partition check stops the profiling path here.
         return [grouped]
     groups = list(grouped.value)

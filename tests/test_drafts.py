@@ -1,0 +1,63 @@
+"""The draft-group clause (conformance/check/drafts.py, contract.md#grouping-draft-layers)."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from conformance.check.gate import judge_grouping
+from conformance.generate.problems import model_config_fields
+from conformance.run.guard import CallResult
+from kvref import FullAttentionSpec, KVCacheGroupSpec, PlanningConfig
+from kvref.specs import KVCacheSpec
+
+ID = "KV-GROUP-DRAFTS-TOGETHER"
+FULL = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype="bfloat16")
+DRAFT = attrs.evolve(FULL, is_draft=True)
+#: Two target layers, then an EAGLE-style drafter of two equal layers.
+SPECS: dict[str, KVCacheSpec] = {
+    "model.layers.0.self_attn.attn": FULL,
+    "model.layers.1.self_attn.attn": FULL,
+    "model.layers.2.self_attn.attn": DRAFT,
+    "model.layers.3.self_attn.attn": DRAFT,
+}
+
+
+def _config(stages: int) -> PlanningConfig:
+    return PlanningConfig(
+        max_model_len=4096, pipeline_parallel_size=stages, **model_config_fields(SPECS)
+    )
+
+
+def _groups(*names: list[str]) -> CallResult:
+    value = [KVCacheGroupSpec(layer_names=list(n), kv_cache_spec=FULL) for n in names]
+    return CallResult(hook="get_kv_cache_groups", value=value)
+
+
+SCATTERED = _groups(
+    ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"],
+    ["model.layers.2.self_attn.attn"],
+    ["model.layers.3.self_attn.attn"],
+)
+TOGETHER = _groups(
+    ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"],
+    ["model.layers.2.self_attn.attn", "model.layers.3.self_attn.attn"],
+)
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_scattered_drafts_fail_on_the_whole_model(stages: int) -> None:
+    """Core's grouping of every worker's layers is judged, pipeline stages or not."""
+    (violation,) = judge_grouping(_config(stages), SPECS, SCATTERED)[ID]
+    assert "spread over groups [1, 2]" in violation.message
+    assert violation.layer == "model.layers.2.self_attn.attn"
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_drafts_together_pass(stages: int) -> None:
+    assert judge_grouping(_config(stages), SPECS, TOGETHER)[ID] == ()
+
+
+def test_one_workers_slice_is_not_judged() -> None:
+    """The profiling path's grouping of one pipeline worker may legally split them."""
+    assert ID not in judge_grouping(_config(2), SPECS, SCATTERED, whole_model=False)
