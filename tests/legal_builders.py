@@ -39,6 +39,7 @@ __all__ = [
     "KernelAlignedOffsets",
     "PadsTwice",
     "Padded4KiB",
+    "ScattersTargets",
     "SeparateAllocations",
     "SortedGroups",
     "SpacedCompressedRuns",
@@ -149,6 +150,51 @@ class SortedGroups(ReferenceKVCacheConfigBuilder):
     ) -> list[KVCacheGroupSpec]:
         groups = super().get_kv_cache_groups(config, kv_cache_spec)
         return sorted(groups, key=lambda g: g.layer_names[0])
+
+
+class ScattersTargets(ReferenceKVCacheConfigBuilder):
+    """Gives every target layer a group of its own; a group's draft layers stay together.
+
+    Issue 23, the edge of the draft clause: the contract binds the draft
+    layers (``is_draft``) of one spec to one group and says nothing of
+    target layers (contract.md#grouping-draft-layers), so shattering them
+    is legal, as a field builder that put 36 state layers in 36 groups was:
+    it wastes memory (each group takes blocks of its own), which the kit
+    warns about but never fails.  A declared grouping, HiSparse's groups
+    (which carry roles) and groups its own placement cannot lay out (mixed
+    pages over several groups of a layer-compact layout) are the reference's.
+    """
+
+    #: One-layer groups hold fewer requests in the same memory (contract.md#efficiency).
+    WASTES = True
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> list[KVCacheGroupSpec]:
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        if config.hisparse is not None or config.model_kv_cache_grouping is not None:
+            return groups
+        out: list[KVCacheGroupSpec] = []
+        for group in groups:
+            drafts = [n for n in group.layer_names if kv_cache_spec[n].is_draft]
+            parts = [[n] for n in group.layer_names if not kv_cache_spec[n].is_draft]
+            out += [_part(group, names) for names in ([drafts] if drafts else []) + parts]
+        try:
+            # A layer-compact layout cannot hold mixed pages over several groups.
+            super().get_kv_cache_config_from_groups(config, out, 1)
+        except KVRefError:
+            return groups
+        return out
+
+
+def _part(group: KVCacheGroupSpec, names: list[str]) -> KVCacheGroupSpec:
+    """The group of ``names``, part of ``group``: the group's spec, or its layers' specs."""
+    if len(names) == len(group.layer_names):
+        return group
+    spec = group.kv_cache_spec
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        spec = UniformTypeKVCacheSpecs(kv_cache_specs={n: spec.kv_cache_specs[n] for n in names})
+    return attrs.evolve(group, layer_names=names, kv_cache_spec=spec)
 
 
 class DisjointRegions(ReferenceKVCacheConfigBuilder):
@@ -445,9 +491,11 @@ ALL: tuple[type[ReferenceKVCacheConfigBuilder], ...] = (
 
 #: Issue 23's field regimes: a legal builder at the edge of each class
 #: (kernel blocks below the cache block, compressed MLA placed layer-outer,
-#: a worker without any layer of a group), asserted to pass beside :data:`ALL`.
+#: a worker without any layer of a group, target layers scattered over groups
+#: of their own beside a drafter's), asserted to pass beside :data:`ALL`.
 FIELD_REGIMES: tuple[type[ReferenceKVCacheConfigBuilder], ...] = (
     KernelAlignedOffsets,
     SpacedCompressedRuns,
     DeclaresPoolBytes,
+    ScattersTargets,
 )

@@ -33,7 +33,7 @@ from conformance.run.focus import Focus
 from conformance.run.guard import Guard, clear_interrupt
 from conformance.run.options import RunOptions
 from conformance.run.profiling import resolvable_qualname
-from conformance.run.scenarios import Context, make_factory, observe
+from conformance.run.scenarios import Context, call_grouping, make_factory, observe
 from conformance.run.search import Namespaced, search
 from conformance.run.strata import Stratum, stratum_seed
 from conformance.run.tally import Tally
@@ -42,6 +42,9 @@ from conformance.run.upstream import matching_defect
 from kvref.builder import KVCacheConfigBuilder
 
 __all__ = ["Findings", "judge_outcome"]
+
+#: The scenarios that place the builder's own groups (scenarios.observe_placement).
+_PLACING = frozenset({"placement", "device"})
 
 
 class Findings:
@@ -206,13 +209,24 @@ class Findings:
         return self.options.reproduce(inv.id, focus=spell(self.focus.pins()) or None)
 
     def _inherited(self, inv: Invariant, scenario: str, example: Example) -> str | None:
-        """Whether the builder's parent builder fails the same way on the counterexample."""
+        """Whether the builder's parent builder fails the same way on the counterexample.
+
+        In the scenarios that place the builder's own groups, the parent also
+        places those groups: a builder that regroups and leaves placement to
+        ``super()`` ships its parent's placement, defects included.
+        """
         parent = parent_builder(self.builder)
-        if parent is None or not self._fails_with(parent, inv, scenario, example):
+        if parent is None:
+            return None
+        if self._fails_with(parent, inv, scenario, example):
+            how = "on this counterexample"
+        elif self._fails_placing_own_groups(parent, inv, scenario, example):
+            how = "placing this builder's own groups of this counterexample"
+        else:
             return None
         return (
-            f"also fails with the parent builder {builder_name(parent)} on this "
-            "counterexample: inherited, not introduced by this builder"
+            f"also fails with the parent builder {builder_name(parent)} {how}: "
+            "inherited, not introduced by this builder"
         )
 
     def _upstream(self, inv: Invariant, scenario: str, example: Example) -> str | None:
@@ -227,12 +241,40 @@ class Findings:
         if defect is None:
             return None
         default = vllm_default_builder()
-        if default is None or not self._fails_with(default, inv, scenario, example):
+        if default is None:
             return None
-        return (
-            f"{defect.describe()}; vLLM's own DefaultKVCacheConfigBuilder fails it on this "
-            "counterexample too"
+        if self._fails_with(default, inv, scenario, example):
+            how = "on this counterexample too"
+        elif self._fails_placing_own_groups(default, inv, scenario, example):
+            how = "placing this builder's own groups of this counterexample too"
+        else:
+            return None
+        return f"{defect.describe()}; vLLM's own DefaultKVCacheConfigBuilder fails it {how}"
+
+    def _fails_placing_own_groups(
+        self, other: Any, inv: Invariant, scenario: str, example: Example
+    ) -> bool:
+        """Whether ``other`` fails ``inv`` on ``example`` when it places this builder's groups.
+
+        Only the placing scenarios place the builder's own groups; the groups
+        are asked of the builder again (through the run's guard), as they were.
+        """
+        if scenario not in _PLACING or not isinstance(other, type) or self.guard.hung is not None:
+            return False
+        ctx = self.ctx
+
+        def builders_groups(config: Any, specs: Any) -> list[Any]:
+            result, _ = call_grouping(ctx.guard, ctx.factory(), config, specs)
+            if not result.ok:
+                raise ValueError(f"the builder's grouping failed: {result.describe()}")
+            return list(result.value)
+
+        placing = type(
+            f"{other.__name__}PlacingBuildersGroups",
+            (other,),
+            {"get_kv_cache_groups": lambda self, config, specs: builders_groups(config, specs)},
         )
+        return self._fails_with(placing, inv, scenario, example)
 
     def _fails_with(self, other: Any, inv: Invariant, scenario: str, example: Example) -> bool:
         """Whether ``other`` (a default builder, run here) fails ``inv`` on ``example``."""

@@ -118,6 +118,8 @@ LEGAL = (
     Case("deepseek_v32:DeepSeekV32TupleBuilder", "deepseek_v32"),
     Case("glm5:GLM5TopDownBuilder", "glm5"),
     Case("deepseek_v4:DeepSeekV4TupleBuilder", "deepseek_v4", fast=False),
+    # Every target layer in a group of its own, drafters kept together (wasteful, legal).
+    Case("drafts:ScattersTargetsBuilder", None),
 )
 BROKEN = (
     Case(
@@ -166,6 +168,7 @@ BROKEN = (
         # Core sizes the pool with the short block and plans more blocks than fit.
         frozenset({"KV-CORE-MEMORY", "KV-CORE-SLACK", "KV-CORE-ADMISSION"}),
     ),
+    Case("drafts:ScattersDraftsBuilder", "drafts", "KV-GROUP-DRAFTS-TOGETHER"),
 )
 ALL = LEGAL + BROKEN
 
