@@ -15,7 +15,7 @@ import attrs
 
 from kvref.axes import KVCacheLayout
 from kvref.backends import AttentionBackend, get_supported_kv_cache_layouts
-from kvref.errors import ConfigError, KVRefError
+from kvref.errors import BuilderResolutionError, ConfigError, KVRefError
 from kvref.hf import HFValue, hf_config_fields
 from kvref.layout_resolution import resolve_kv_cache_layout
 
@@ -32,6 +32,7 @@ __all__ = [
     "HiSparseConfig",
     "PlanningConfig",
     "SupportsKVCacheGrouping",
+    "qualname_parts",
 ]
 
 _MAMBA_CACHE_MODES = ("none", "align", "all")
@@ -199,13 +200,31 @@ def _grouping_hook(inst: object, attribute: attrs.Attribute[Any], value: object)
     )
 
 
-def _builder_qualname(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is None:
-        return
-    # Imported here: resolution imports the builder, which imports this module.
-    from kvref.resolution import resolve_builder_class
+def qualname_parts(qualname: object, field: str) -> tuple[str, str]:
+    """``(module, attribute)`` of a builder qualname, ``module.Class`` or ``module:Class``.
 
-    resolve_builder_class(value, f"PlanningConfig.{attribute.name}")
+    Only the form is checked: as in vLLM, the name is resolved (its module
+    imported) when a builder is asked for (:mod:`kvref.resolution`).
+
+    Raises:
+        BuilderResolutionError: ``qualname`` is not a str of either form.
+    """
+    if not isinstance(qualname, str):
+        raise BuilderResolutionError(f"{field}={qualname!r} must be a qualname str")
+    if ":" in qualname:
+        module, _, attr = qualname.partition(":")
+    else:
+        module, _, attr = qualname.rpartition(".")
+    if not module or not attr:
+        raise BuilderResolutionError(
+            f"{field}={qualname!r} must be a qualname, 'module.Class' or 'module:Class'"
+        )
+    return module, attr
+
+
+def _builder_qualname(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None:
+        qualname_parts(value, f"PlanningConfig.{attribute.name}")
 
 
 @attrs.frozen(kw_only=True)

@@ -11,6 +11,7 @@ typed exception whose message names the field and the value.
 from __future__ import annotations
 
 __all__ = [
+    "BuilderResolutionError",
     "ConfigError",
     "ConflictingWindowError",
     "GroupingError",
@@ -40,6 +41,10 @@ class SpecError(KVRefError):
 
 class ConfigError(KVRefError):
     """A :class:`~kvref.PlanningConfig` field, memory figure or block count is invalid."""
+
+
+class BuilderResolutionError(ConfigError):
+    """A builder qualname is not one, cannot be imported, or does not name a concrete builder."""
 
 
 class HiSparseError(ConfigError):

@@ -3,7 +3,9 @@
 vLLM asks the current platform for the qualname of its builder class
 (``Platform.get_kv_cache_config_builder_cls``, which defaults to vLLM's
 default builder) and returns a new instance of that class on every call.
-kvref reads the same choice from :class:`~kvref.config.PlanningConfig`:
+kvref reads the same choice from :class:`~kvref.config.PlanningConfig`,
+which checks only the names' form; they are resolved here, when a builder
+is asked for, as vLLM resolves the platform's answer:
 
 1. ``platform_builder_cls``, the platform hook's answer, if set;
 2. else ``model_builder_cls``, a builder the model declares, if set;
@@ -20,8 +22,8 @@ import importlib
 import inspect
 
 from kvref.builder import KVCacheConfigBuilder
-from kvref.config import PlanningConfig
-from kvref.errors import ConfigError
+from kvref.config import PlanningConfig, qualname_parts
+from kvref.errors import BuilderResolutionError
 
 __all__ = [
     "DEFAULT_BUILDER_QUALNAME",
@@ -35,25 +37,9 @@ __all__ = [
 DEFAULT_BUILDER_QUALNAME = "kvref.builder.ReferenceKVCacheConfigBuilder"
 
 
-class BuilderResolutionError(ConfigError):
-    """A builder qualname cannot be imported, or does not name a concrete builder class."""
-
-
-def _split(qualname: str, field: str) -> tuple[str, str]:
-    if ":" in qualname:
-        module, _, attr = qualname.partition(":")
-    else:
-        module, _, attr = qualname.rpartition(".")
-    if not module or not attr:
-        raise BuilderResolutionError(
-            f"{field}={qualname!r} must be a qualname, 'module.Class' or 'module:Class'"
-        )
-    return module, attr
-
-
 @functools.lru_cache(maxsize=128)
 def _resolve(qualname: str, field: str) -> type[KVCacheConfigBuilder]:
-    module_name, attr = _split(qualname, field)
+    module_name, attr = qualname_parts(qualname, field)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import-time failure makes the name unusable

@@ -105,21 +105,41 @@ class TestResolution:
     @pytest.mark.parametrize(
         ("field", "value", "message"),
         [
+            ("model_builder_cls", "Builder", "must be a qualname"),
+            ("platform_builder_cls", ":Builder", "must be a qualname"),
+            ("platform_builder_cls", 42, "must be a qualname str"),
+        ],
+    )
+    def test_malformed_qualname_is_refused_at_construction(
+        self, field: str, value: object, message: str
+    ) -> None:
+        """The config checks the name's form, naming the field and the value."""
+        with pytest.raises(BuilderResolutionError, match=message) as info:
+            PlanningConfig(**{field: value})  # type: ignore[arg-type]
+        assert f"PlanningConfig.{field}={value!r}" in str(info.value)
+        assert isinstance(info.value, ConfigError)
+
+    @pytest.mark.parametrize(
+        ("field", "value", "message"),
+        [
             ("platform_builder_cls", "no_such_module_xyz.Builder", "cannot import module"),
             ("model_builder_cls", f"{HERE}.NoSuchBuilder", "has no attribute 'NoSuchBuilder'"),
             ("platform_builder_cls", f"{HERE}.NOT_A_BUILDER", "not a subclass"),
             ("model_builder_cls", "kvref.config.PlanningConfig", "not a subclass"),
             ("platform_builder_cls", "kvref.KVCacheConfigBuilder", "abstract class"),
-            ("model_builder_cls", "Builder", "must be a qualname"),
-            ("platform_builder_cls", 42, "must be a qualname str"),
         ],
     )
-    def test_bad_qualname_is_a_typed_error_naming_field_and_value(
+    def test_unresolvable_qualname_is_a_typed_error_on_use(
         self, field: str, value: object, message: str
     ) -> None:
-        """The config refuses the name at construction, naming the field and the value."""
+        """As in vLLM, the name is resolved when a builder is asked for, not before.
+
+        A config naming a module that does not import is built (importing
+        nothing); asking it for its builder names the field and the value.
+        """
+        config = PlanningConfig(**{field: value})  # type: ignore[arg-type]
         with pytest.raises(BuilderResolutionError, match=message) as info:
-            PlanningConfig(**{field: value})  # type: ignore[arg-type]
+            get_kv_cache_config_builder(config)
         assert f"PlanningConfig.{field}={value!r}" in str(info.value)
         assert isinstance(info.value, ConfigError)
 
