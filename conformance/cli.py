@@ -206,7 +206,8 @@ def _start_outputs(args: argparse.Namespace, start: Any) -> None:
     was there: a stale or planted report never survives a run.  The final
     report overwrites the marker.
     """
-    from conformance.report.render import write_incomplete_json, write_incomplete_junit
+    from conformance.report.junit import write_incomplete_junit
+    from conformance.report.render import write_incomplete_json
 
     outputs = [
         (option, path, write)
@@ -403,7 +404,8 @@ def _check(args: argparse.Namespace, builder: object, ci: Any, options: Any) -> 
     import attrs
 
     from conformance.ci import exit_status, finish, write_outputs
-    from conformance.report.render import format_header, format_report, write_json, write_junit
+    from conformance.report.junit import write_junit
+    from conformance.report.render import format_header, format_report, write_json
     from conformance.run.options import OptionError, flag_message
     from conformance.run.runner import check_builder
     from kvref.interop.vllm_convert import keep_vllm_quiet

@@ -21,6 +21,7 @@ import xmlschema
 from verdict_builders import ColourfulError
 
 from conformance import InvariantResult, Report, Violation, check_builder
+from conformance.report.junit import write_incomplete_junit, write_junit
 from conformance.report.render import (
     JSON_SCHEMA_VERSION,
     RunStart,
@@ -31,9 +32,7 @@ from conformance.report.render import (
     json_schema_path,
     read_xfail_file,
     report_to_dict,
-    write_incomplete_junit,
     write_json,
-    write_junit,
 )
 from conformance.run.runner import UnknownIdWarning
 from kvref import ReferenceKVCacheConfigBuilder

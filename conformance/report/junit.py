@@ -40,7 +40,7 @@ from conformance.report.render import (
     _kit_version,
 )
 
-__all__ = ["write_incomplete_report_junit", "write_report_junit"]
+__all__ = ["write_incomplete_junit", "write_junit"]
 
 _CLASSNAME = "kvref.conformance"
 
@@ -82,7 +82,7 @@ def _write(suites: ET.Element, path: Path) -> None:
         ET.ElementTree(suites).write(out, encoding="utf-8", xml_declaration=True)
 
 
-def write_incomplete_report_junit(start: RunStart, path: Path) -> None:
+def write_incomplete_junit(start: RunStart, path: Path) -> None:
     """Write a JUnit file with one ``error`` case saying the run is incomplete.
 
     Raises:
@@ -115,7 +115,7 @@ def write_incomplete_report_junit(start: RunStart, path: Path) -> None:
     _write(suites, path)
 
 
-def write_report_junit(report: Report, path: Path) -> None:
+def write_junit(report: Report, path: Path) -> None:
     """Write the report as JUnit XML: one test case per invariant (layout: module docstring).
 
     FAIL is a ``failure``, and so is the XPASS of a strict expectation;

@@ -24,9 +24,7 @@ __all__ = [
     "read_xfail_file",
     "report_to_dict",
     "write_incomplete_json",
-    "write_incomplete_junit",
     "write_json",
-    "write_junit",
 ]
 
 #: Version of the JSON report's layout (``conformance/report/report.schema.json``).
@@ -300,20 +298,6 @@ def write_incomplete_json(start: RunStart, path: Path) -> None:
         out.write(json.dumps(incomplete_report_dict(start), indent=2))
 
 
-def write_incomplete_junit(start: RunStart, path: Path) -> None:
-    """Write a JUnit file with one ``error`` case saying the run is incomplete.
-
-    A CI that reads it before the final report overwrites it (or after the
-    run was killed) sees an error, never a pass (:mod:`conformance.report.junit`).
-
-    Raises:
-        OSError: ``path`` cannot be opened for writing.
-    """
-    from conformance.report.junit import write_incomplete_report_junit
-
-    write_incomplete_report_junit(start, path)
-
-
 def json_schema_path() -> Path:
     """The JSON Schema (draft 2020-12) of the files :func:`write_json` writes."""
     return Path(__file__).with_name("report.schema.json")
@@ -326,14 +310,3 @@ def write_json(report: Report, path: Path) -> None:
 
 def _clean(text: str) -> str:
     return _CONTROL.sub("", _ANSI.sub("", text))
-
-
-def write_junit(report: Report, path: Path) -> None:
-    """Write the report as JUnit XML, one test case per invariant.
-
-    Valid against Jenkins xunit's ``junit-10.xsd`` and the Ant JUnit schema;
-    the layout and what each verdict becomes: :mod:`conformance.report.junit`.
-    """
-    from conformance.report.junit import write_report_junit
-
-    write_report_junit(report, path)

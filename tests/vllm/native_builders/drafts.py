@@ -9,10 +9,11 @@ vLLM's drafter asserts that its attention layers share one KV cache group
 - :class:`ScattersDraftsBuilder`, meant invariant ``KV-GROUP-DRAFTS-TOGETHER``:
   moves the last of a group's equal-spec draft layers into a group of its own.
 
-Both leave HiSparse's groups (which carry roles) and a model-declared
-grouping to vLLM's default, and the legal one also groups that its own
-placement cannot lay out (a layer-compact layout refuses mixed pages over
-several groups).
+The legal one regroups only where a platform's kernels would run its own
+grouping (:func:`~tests.vllm.native_builders._common.plain_engine`: a
+block-outermost layout, the hybrid manager on, no HiSparse, no
+model-declared grouping); the broken one everywhere but HiSparse and a
+model-declared grouping, which own the groups.  Everything else is vLLM's default.
 """
 
 from __future__ import annotations
@@ -23,15 +24,9 @@ from vllm.config import VllmConfig
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 from vllm.v1.kv_cache_interface import KVCacheGroupSpec, KVCacheSpec, UniformTypeKVCacheSpecs
 
+from tests.vllm.native_builders._common import plain_engine
+
 __all__ = ["ScattersDraftsBuilder", "ScattersTargetsBuilder"]
-
-
-def _owns_groups(vllm_config: VllmConfig) -> bool:
-    """Whether HiSparse or the model decides the groups (the builder then keeps vLLM's)."""
-    return (
-        vllm_config.attention_config.hisparse_config is not None
-        or vllm_config.model_config.supports_kv_cache_grouping
-    )
 
 
 def _part(group: KVCacheGroupSpec, names: list[str]) -> KVCacheGroupSpec:
@@ -51,17 +46,13 @@ class ScattersTargetsBuilder(DefaultKVCacheConfigBuilder):
         self, vllm_config: VllmConfig, kv_cache_spec: dict[str, KVCacheSpec]
     ) -> list[KVCacheGroupSpec]:
         groups = super().get_kv_cache_groups(vllm_config, kv_cache_spec)
-        if _owns_groups(vllm_config):
+        if not plain_engine(vllm_config):
             return groups
         out: list[KVCacheGroupSpec] = []
         for group in groups:
             drafts = [n for n in group.layer_names if kv_cache_spec[n].is_draft]
             parts = [[n] for n in group.layer_names if not kv_cache_spec[n].is_draft]
             out += [_part(group, names) for names in ([drafts] if drafts else []) + parts]
-        try:
-            self.get_kv_cache_config_from_groups(vllm_config, out, 1)
-        except (ValueError, AssertionError):
-            return groups
         return out
 
 
@@ -72,7 +63,8 @@ class ScattersDraftsBuilder(DefaultKVCacheConfigBuilder):
         self, vllm_config: VllmConfig, kv_cache_spec: dict[str, KVCacheSpec]
     ) -> list[KVCacheGroupSpec]:
         groups = super().get_kv_cache_groups(vllm_config, kv_cache_spec)
-        if _owns_groups(vllm_config):
+        owned = vllm_config.attention_config.hisparse_config is not None
+        if owned or vllm_config.model_config.supports_kv_cache_grouping:
             return groups
         for i, group in enumerate(groups):
             drafts = [n for n in group.layer_names if kv_cache_spec[n].is_draft]
