@@ -3,9 +3,10 @@
 vLLM's drafter asserts that its attention layers share one KV cache group
 (contract.md#grouping-draft-layers); nothing binds target layers.
 
-- :class:`ScattersTargetsBuilder` (legal) gives every target layer a group
-  of its own and keeps each group's draft layers together: legal, and
-  wasteful (each group takes blocks of its own).
+- :class:`ScattersTargetsBuilder` (legal) gives every target layer of plain
+  full or sliding-window attention a group of its own and keeps each
+  group's draft layers together: legal, and wasteful (each group takes
+  blocks of its own).
 - :class:`ScattersDraftsBuilder`, meant invariant ``KV-GROUP-DRAFTS-TOGETHER``:
   moves the last of a group's equal-spec draft layers into a group of its own.
 
@@ -22,7 +23,13 @@ import dataclasses
 
 from vllm.config import VllmConfig
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
-from vllm.v1.kv_cache_interface import KVCacheGroupSpec, KVCacheSpec, UniformTypeKVCacheSpecs
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
+)
 
 from tests.vllm.native_builders._common import plain_engine
 
@@ -39,6 +46,18 @@ def _part(group: KVCacheGroupSpec, names: list[str]) -> KVCacheGroupSpec:
     return dataclasses.replace(group, layer_names=list(names), kv_cache_spec=spec)
 
 
+def _plain_attention(group: KVCacheGroupSpec) -> bool:
+    """Whether every layer of ``group`` is exactly full or sliding-window attention.
+
+    The platform regroups only the caches its own kernels read as plain
+    pages; compressed and state caches (whose blocks the worker may split
+    into kernel blocks only as vLLM packs them) keep vLLM's groups.
+    """
+    spec = group.kv_cache_spec
+    specs = spec.kv_cache_specs.values() if isinstance(spec, UniformTypeKVCacheSpecs) else [spec]
+    return all(type(s) in (FullAttentionSpec, SlidingWindowSpec) for s in specs)
+
+
 class ScattersTargetsBuilder(DefaultKVCacheConfigBuilder):
     """Every target layer in a group of its own; a group's draft layers stay together."""
 
@@ -50,6 +69,9 @@ class ScattersTargetsBuilder(DefaultKVCacheConfigBuilder):
             return groups
         out: list[KVCacheGroupSpec] = []
         for group in groups:
+            if not _plain_attention(group):
+                out.append(group)
+                continue
             drafts = [n for n in group.layer_names if kv_cache_spec[n].is_draft]
             parts = [[n] for n in group.layer_names if not kv_cache_spec[n].is_draft]
             out += [_part(group, names) for names in ([drafts] if drafts else []) + parts]
