@@ -61,3 +61,36 @@ def test_drafts_together_pass(stages: int) -> None:
 def test_one_workers_slice_is_not_judged() -> None:
     """The profiling path's grouping of one pipeline worker may legally split them."""
     assert ID not in judge_grouping(_config(2), SPECS, SCATTERED, whole_model=False)
+
+
+def _described(model_type: str, method: str = "mtp", **fields: object) -> PlanningConfig:
+    described = {"model_type": model_type, **fields}
+    # One speculative token: the lookahead vLLM derives stays 1 for every method.
+    return attrs.evolve(
+        _config(1),
+        speculative_method=method,
+        num_speculative_tokens=1,
+        hf_config=tuple(sorted(described.items())),
+    )
+
+
+@pytest.mark.parametrize(
+    ("model_type", "fields"),
+    [
+        ("step3p5", {}),
+        ("step3p7", {}),
+        ("llama", {"architectures": ("Step3p5ForCausalLM",)}),
+        ("gemma4", {}),
+    ],
+)
+def test_a_drafter_served_in_several_groups_is_not_bound(
+    model_type: str, fields: dict[str, object]
+) -> None:
+    """vLLM serves Step-3.5's MTP and Gemma-4's assistant with proposers that waive the rule."""
+    assert ID not in judge_grouping(_described(model_type, **fields), SPECS, SCATTERED)
+
+
+def test_the_same_model_with_an_eagle_drafter_is_bound() -> None:
+    """Only the MTP proposer of those models waives the rule; EAGLE's base proposer keeps it."""
+    config = _described("step3p5", method="eagle")
+    assert judge_grouping(config, SPECS, SCATTERED)[ID]

@@ -26,10 +26,11 @@ from conformance.check.catalog import violation as _v
 from conformance.check.grouping import returned_groups
 from conformance.check.violations import Violation
 from conformance.run.observations import GroupingObservation
+from kvref.config import PlanningConfig
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
 
-__all__ = ["draft_kinds"]
+__all__ = ["draft_kinds", "drafter_accepts_several_groups"]
 
 _ID = "KV-GROUP-DRAFTS-TOGETHER"
 
@@ -41,6 +42,28 @@ def draft_kinds(specs: Mapping[str, KVCacheSpec]) -> dict[str, set[str]]:
         if spec.is_draft:
             kinds.setdefault(spec, set()).add(name)
     return {f"{type(s).__name__} ({min(n)!r}'s spec)": n for s, n in kinds.items()}
+
+
+#: Target models whose MTP drafter vLLM 0.33.0 serves with a proposer that
+#: accepts draft layers in several groups (it overrides
+#: ``validate_same_kv_cache_group``): Step-3.5's MTP (``Step3p5MTPProposer``,
+#: for ``step3p5``/``step3p7`` targets) and Gemma-4's assistant (``Gemma4Proposer``).
+_SEVERAL_GROUPS_MODEL_TYPES = frozenset({"step3p5", "step3p7", "gemma4", "gemma4_text"})
+_SEVERAL_GROUPS_ARCHITECTURES = frozenset({"Step3p5ForCausalLM", "Step3p7ForConditionalGeneration"})
+
+
+def drafter_accepts_several_groups(config: PlanningConfig) -> bool:
+    """Whether vLLM serves ``config``'s drafter with a proposer that needs no single group."""
+    if config.speculative_method != "mtp":
+        return False
+    if config.hf("model_type") in _SEVERAL_GROUPS_MODEL_TYPES:
+        return True
+    architectures = config.hf("architectures")
+    return (
+        isinstance(architectures, tuple)
+        and bool(architectures)
+        and architectures[0] in _SEVERAL_GROUPS_ARCHITECTURES
+    )
 
 
 def _first_group(groups: list[KVCacheGroupSpec]) -> dict[str, int]:
@@ -67,6 +90,9 @@ def _drafts_together(obs: GroupingObservation) -> list[Violation] | Unjudged | N
         # together (the reference does, on a worker holding only the drafter);
         # vLLM's drafter checks the planned config, not the profiling one.
         return Unjudged("one pipeline worker's slice (the profiling path) is not judged")
+    if drafter_accepts_several_groups(obs.config):
+        # The clause is the base proposer's; this model's proposer waives it.
+        return None
     if obs.config.model_kv_cache_grouping is not None:
         # The model's own grouping hook decides the groups; the builder only echoes it.
         return Unjudged("the model declares its grouping")
