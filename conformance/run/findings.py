@@ -33,7 +33,13 @@ from conformance.run.focus import Focus
 from conformance.run.guard import Guard, clear_interrupt
 from conformance.run.options import RunOptions
 from conformance.run.profiling import resolvable_qualname
-from conformance.run.scenarios import Context, call_grouping, make_factory, observe
+from conformance.run.scenarios import (
+    Context,
+    call_grouping,
+    make_factory,
+    observe,
+    valid_groups,
+)
 from conformance.run.search import Namespaced, search
 from conformance.run.strata import Stratum, stratum_seed
 from conformance.run.tally import Tally
@@ -43,8 +49,9 @@ from kvref.builder import KVCacheConfigBuilder
 
 __all__ = ["Findings", "judge_outcome"]
 
-#: The scenarios that place the builder's own groups (scenarios.observe_placement).
-_PLACING = frozenset({"placement", "device"})
+#: The scenarios that place the builder's own groups: placement and device
+#: (scenarios.observe_placement), and Core's flow, which projects and places them.
+_PLACING = frozenset({"placement", "device", "core"})
 
 
 class Findings:
@@ -221,7 +228,7 @@ class Findings:
         if self._fails_with(parent, inv, scenario, example):
             how = "on this counterexample"
         elif self._fails_placing_own_groups(parent, inv, scenario, example):
-            how = "placing this builder's own groups of this counterexample"
+            how = "with this builder's own groups of this counterexample"
         else:
             return None
         return (
@@ -246,7 +253,7 @@ class Findings:
         if self._fails_with(default, inv, scenario, example):
             how = "on this counterexample too"
         elif self._fails_placing_own_groups(default, inv, scenario, example):
-            how = "placing this builder's own groups of this counterexample too"
+            how = "with this builder's own groups of this counterexample too"
         else:
             return None
         return f"{defect.describe()}; vLLM's own DefaultKVCacheConfigBuilder fails it {how}"
@@ -257,7 +264,9 @@ class Findings:
         """Whether ``other`` fails ``inv`` on ``example`` when it places this builder's groups.
 
         Only the placing scenarios place the builder's own groups; the groups
-        are asked of the builder again (through the run's guard), as they were.
+        are asked of the builder again (through the run's guard), as they were,
+        and used only when they keep the grouping invariants (a failure that
+        invalid groups cause is the builder's own).
         """
         if scenario not in _PLACING or not isinstance(other, type) or self.guard.hung is not None:
             return False
@@ -265,8 +274,8 @@ class Findings:
 
         def builders_groups(config: Any, specs: Any) -> list[Any]:
             result, _ = call_grouping(ctx.guard, ctx.factory(), config, specs)
-            if not result.ok:
-                raise ValueError(f"the builder's grouping failed: {result.describe()}")
+            if not valid_groups(config, specs, result):
+                raise ValueError("the builder's groups break the grouping invariants")
             return list(result.value)
 
         placing = type(
