@@ -18,6 +18,7 @@ from kvref import (
     PlanningConfig,
     ReferenceKVCacheConfigBuilder,
 )
+from kvref.backends import select_common_block_size
 from kvref.errors import KVRefError
 from kvref.kernel_blocks import kernel_tensor_geometries, prepare_kernel_block_sizes
 from kvref.layout import compute_layout_strides
@@ -321,8 +322,9 @@ class PadsTwice(ReferenceKVCacheConfigBuilder):
     the kit's waste warning must fire on it, with the numbers, and no
     verdict may change.  Where the padded groups cannot be placed or read
     (a padded page cannot be split into kernel blocks, by a spec's alignment
-    or by the config's attention backends) or the spec kind keeps no
-    ``page_size_padded``, it groups as the reference does.
+    or by the config's attention backends, on the whole model or on a
+    pipeline stage that holds one layer of a group) or the spec kind keeps
+    no ``page_size_padded``, it groups as the reference does.
     Not in :data:`ALL`: that tuple's builders must stay quiet on waste too.
     """
 
@@ -337,9 +339,28 @@ class PadsTwice(ReferenceKVCacheConfigBuilder):
             # page, so padding is legal only where the backends split nothing.
             sizes = prepare_kernel_block_sizes(config, placed)
             kernel_tensor_geometries(placed, sizes, config.kv_cache_layout)
+            if _split_on_some_stage(config, padded):
+                return groups
         except (KVRefError, ValueError, TypeError):
             return groups
         return padded
+
+
+def _split_on_some_stage(config: PlanningConfig, groups: Sequence[KVCacheGroupSpec]) -> bool:
+    """Whether a worker could read some group's blocks as several kernel blocks.
+
+    Placed whole, a group's pages may sit packed between other layers' pages
+    (read unsplit); a pipeline stage that holds one layer of it gets an
+    unpacked tensor, which the worker splits where its backends take
+    smaller kernel blocks, and a padded page cannot be split.  The builder
+    groups the whole model and never knows the stages, so it pads nowhere
+    such a split could happen.
+    """
+    for group in groups:
+        block = group.kv_cache_spec.block_size
+        if select_common_block_size(block, config.backends_of(group.layer_names)) < block:
+            return True
+    return False
 
 
 def _doubled(spec: object) -> object:
