@@ -223,13 +223,8 @@ class Findings:
         ``super()`` ships its parent's placement, defects included.
         """
         parent = parent_builder(self.builder)
-        if parent is None:
-            return None
-        if self._fails_with(parent, inv, scenario, example):
-            how = "on this counterexample"
-        elif self._fails_placing_own_groups(parent, inv, scenario, example):
-            how = "with this builder's own groups of this counterexample"
-        else:
+        how = None if parent is None else self._also_fails(parent, inv, scenario, example)
+        if parent is None or how is None:
             return None
         return (
             f"also fails with the parent builder {builder_name(parent)} {how}: "
@@ -248,15 +243,24 @@ class Findings:
         if defect is None:
             return None
         default = vllm_default_builder()
-        if default is None:
+        how = None if default is None else self._also_fails(default, inv, scenario, example)
+        if how is None:
             return None
-        if self._fails_with(default, inv, scenario, example):
-            how = "on this counterexample too"
-        elif self._fails_placing_own_groups(default, inv, scenario, example):
-            how = "with this builder's own groups of this counterexample too"
-        else:
-            return None
-        return f"{defect.describe()}; vLLM's own DefaultKVCacheConfigBuilder fails it {how}"
+        return f"{defect.describe()}; vLLM's own DefaultKVCacheConfigBuilder fails it {how} too"
+
+    def _also_fails(
+        self, other: Any, inv: Invariant, scenario: str, example: Example
+    ) -> str | None:
+        """How ``other`` fails ``inv`` on ``example`` too (``None``: it does not).
+
+        On the counterexample itself, or, where the scenario places the
+        builder's own groups, with those groups.
+        """
+        if self._fails_with(other, inv, scenario, example):
+            return "on this counterexample"
+        if self._fails_placing_own_groups(other, inv, scenario, example):
+            return "with this builder's own groups of this counterexample"
+        return None
 
     def _fails_placing_own_groups(
         self, other: Any, inv: Invariant, scenario: str, example: Example
