@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import attrs
 import pytest
+from hypothesis import Phase, find, given, settings
 
+from conformance.check.drafts import draft_kinds
 from conformance.check.gate import judge_grouping
+from conformance.generate.families import family_strategy
 from conformance.generate.problems import model_config_fields
+from conformance.generate.records import Model
 from conformance.run.guard import CallResult
-from kvref import FullAttentionSpec, KVCacheGroupSpec, PlanningConfig
+from kvref import (
+    FullAttentionSpec,
+    KVCacheGroupSpec,
+    PlanningConfig,
+    ReferenceKVCacheConfigBuilder,
+)
 from kvref.specs import KVCacheSpec
 
 ID = "KV-GROUP-DRAFTS-TOGETHER"
@@ -94,3 +103,47 @@ def test_the_same_model_with_an_eagle_drafter_is_bound() -> None:
     """Only the MTP proposer of those models waives the rule; EAGLE's base proposer keeps it."""
     config = _described("step3p5", method="eagle")
     assert judge_grouping(config, SPECS, SCATTERED)[ID]
+
+
+def test_a_drafter_of_one_layer_per_spec_is_not_counted() -> None:
+    """Nothing could spread it, so the example does not count as a pass (N/A)."""
+    specs = {n: s for n, s in SPECS.items() if n != "model.layers.3.self_attn.attn"}
+    config = PlanningConfig(max_model_len=4096, **model_config_fields(specs))
+    one = _groups(
+        ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"],
+        ["model.layers.2.self_attn.attn"],
+    )
+    assert ID not in judge_grouping(config, specs, one)
+
+
+_DRAWS = settings(max_examples=300, database=None, phases=[Phase.generate], deadline=None)
+
+
+def _several_of_one_spec(model: Model) -> bool:
+    return any(len(n) > 1 for n in draft_kinds(model.specs).values())
+
+
+def test_the_drafts_family_draws_drafters_of_several_layers() -> None:
+    """The layers the clause binds are drawn: EAGLE heads and MTP modules of 2-3 layers."""
+    for method in ("EAGLE", "MTP"):
+
+        def wanted(model: Model, method: str = method) -> bool:
+            return f"+ {method} (" in model.description and _several_of_one_spec(model)
+
+        assert wanted(find(family_strategy("drafts"), wanted, settings=_DRAWS))
+
+
+@settings(max_examples=60, database=None, deadline=None)
+@given(family_strategy("drafts"))
+def test_drawn_drafters_are_ones_vllm_serves(model: Model) -> None:
+    """vLLM's own grouping (the reference's) keeps every drawn drafter in one group.
+
+    A multi-layer head on gpt-oss would be split by it (contract.md#grouping-draft-layers),
+    so the family keeps gpt-oss's heads to one layer.
+    """
+    if "gpt_oss" in model.description:
+        assert sum(s.is_draft for s in model.specs.values()) == 1
+    config = PlanningConfig(max_model_len=4096, **model_config_fields(model.specs))
+    groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(config, model.specs)
+    result = CallResult(hook="get_kv_cache_groups", value=groups)
+    assert judge_grouping(config, model.specs, result).get(ID, ()) == ()

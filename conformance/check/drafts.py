@@ -96,12 +96,17 @@ def _drafts_together(obs: GroupingObservation) -> list[Violation] | Unjudged | N
     if obs.config.model_kv_cache_grouping is not None:
         # The model's own grouping hook decides the groups; the builder only echoes it.
         return Unjudged("the model declares its grouping")
+    kinds = {k: n for k, n in draft_kinds(obs.specs).items() if len(n) > 1}
+    if not kinds:
+        # A drafter of one layer per spec cannot be spread: counting such
+        # examples would report a pass no builder could fail.
+        return Unjudged("no drafter with two layers of one spec", applicable=False)
     groups = returned_groups(obs.first)
     if groups is None:
         return None
     where = _first_group(groups)
     out = []
-    for kind, names in sorted(draft_kinds(obs.specs).items()):
+    for kind, names in sorted(kinds.items()):
         placed = {n: where[n] for n in names if n in where}
         used = sorted(set(placed.values()))
         if len(used) <= 1:

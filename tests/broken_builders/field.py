@@ -31,6 +31,9 @@ class ScatteredDrafts(_Base):
     """
 
     CAUGHT_BY = "KV-GROUP-DRAFTS-TOGETHER"
+    #: Its own second consequence: the moved draft layer's group next to a
+    #: target group of another page, which a layer-outer layout cannot hold.
+    ALSO = frozenset({"KV-CALL-RAISES"})
     #: Two equal draft layers outside a model-declared grouping are rare at seed 11.
     EXAMPLES = 60
 

@@ -163,7 +163,17 @@ def _draft_models(draw: st.DrawFn, max_layers: int) -> Model:
     specs, like = _target(kind, layers, dtype)
     methods = ["mtp", "eagle3"] if kind == "deepseek_v3" else ["eagle", "eagle3"]
     method = draw(st.sampled_from(methods))
-    drafts = draw(st.integers(1, 3)) if method == "mtp" else 1
+    # vLLM's EAGLE and EAGLE-3 heads build ``num_hidden_layers`` decoder layers
+    # (``llama_eagle.py``, ``llama_eagle3.py``), MTP ``num_nextn_predict_layers``
+    # modules: a drafter of several layers of one spec is what the draft-group
+    # clause binds, so it is drawn often.  Not on gpt-oss: vLLM 0.33.0's own
+    # grouping cuts its full layers into groups as small as its sliding ones,
+    # which splits a two-layer head, and its worker then refuses to start; it
+    # serves gpt-oss with one-layer heads.
+    if method == "mtp":
+        drafts = draw(st.integers(1, 3))
+    else:
+        drafts = draw(st.integers(1, 3)) if kind == "llama" else 1
     draft: KVCacheSpec = attrs.evolve(like, is_draft=True)
     if method == "eagle3" and isinstance(like, FullAttentionSpec) and kind != "deepseek_v3":
         # EAGLE-3 heads keep the target's head size but not always its KV heads.
@@ -191,10 +201,11 @@ def _draft_models(draw: st.DrawFn, max_layers: int) -> Model:
 def draft_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
     """Targets with draft layers (Llama-3 + EAGLE/EAGLE-3, gpt-oss + EAGLE-3, DeepSeek-V3 + MTP).
 
-    The target has 1-8 layers; EAGLE adds one draft layer of the target's
-    geometry, EAGLE-3 one whose KV heads may differ (other pages) and MTP
+    The target has 1-8 layers; EAGLE adds 1-3 draft layers of the target's
+    geometry (one on gpt-oss), EAGLE-3 as many whose KV heads may differ
+    (other pages) and MTP
     1-3 MLA draft layers, or a full-attention EAGLE-3 head on the MLA
-    target.  Every model has a draft layer.
+    target.  Every model has a draft layer; a drafter's layers share one spec.
     """
     return _draft_models(max_layers)
 
