@@ -203,9 +203,9 @@ def draft_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
 
     The target has 1-8 layers; EAGLE adds 1-3 draft layers of the target's
     geometry (one on gpt-oss), EAGLE-3 as many whose KV heads may differ
-    (other pages) and MTP
-    1-3 MLA draft layers, or a full-attention EAGLE-3 head on the MLA
-    target.  Every model has a draft layer; a drafter's layers share one spec.
+    (other pages) and MTP 1-3 MLA draft layers, or a full-attention EAGLE-3
+    head on the MLA target.  Every model has a draft layer; a drafter's
+    layers share one spec.
     """
     return _draft_models(max_layers)
 
