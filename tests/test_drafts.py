@@ -116,6 +116,40 @@ def test_a_drafter_of_one_layer_per_spec_is_not_counted() -> None:
     assert ID not in judge_grouping(config, specs, one)
 
 
+def _host_split() -> tuple[PlanningConfig, dict[str, KVCacheSpec]]:
+    """A drafter of three equal layers, two of them host-resident by configuration."""
+    specs = {**SPECS, "model.layers.4.self_attn.attn": DRAFT}
+    host = {"model.layers.3.self_attn.attn", "model.layers.4.self_attn.attn"}
+    config = PlanningConfig(
+        max_model_len=4096, host_resident_layers=host, **model_config_fields(specs)
+    )
+    return config, specs
+
+
+def test_a_drafter_split_by_its_configuration_passes_the_reference() -> None:
+    """Host-resident layers go to the host group: each side of the drafter is bound apart."""
+    config, specs = _host_split()
+    groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(config, specs)
+    where = {n: i for i, g in enumerate(groups) for n in g.layer_names}
+    # The configuration did split the drafter, so the case is the one meant.
+    assert where["model.layers.2.self_attn.attn"] != where["model.layers.3.self_attn.attn"]
+    result = CallResult(hook="get_kv_cache_groups", value=groups)
+    assert judge_grouping(config, specs, result)[ID] == ()
+
+
+def test_the_host_side_of_a_split_drafter_is_still_bound() -> None:
+    config, specs = _host_split()
+    spread = _groups(
+        ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"],
+        ["model.layers.2.self_attn.attn"],
+        ["model.layers.3.self_attn.attn"],
+        ["model.layers.4.self_attn.attn"],
+    )
+    (violation,) = judge_grouping(config, specs, spread)[ID]
+    assert "host-resident" in violation.message
+    assert "spread over groups [2, 3]" in violation.message
+
+
 _DRAWS = settings(max_examples=300, database=None, phases=[Phase.generate], deadline=None)
 
 

@@ -67,6 +67,19 @@ class TestMutations:
                 assert child != ex
         assert made > 50
 
+    def test_an_added_layer_follows_decoder_layers_that_hold_no_cache(self) -> None:
+        """A model whose last decoder layers are cache-less (MLP) grows by one layer, at its end."""
+        spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype="bfloat16")
+        workers = ({f"model.layers.{i}.self_attn.attn": spec for i in (0, 1)},)
+        config = PlanningConfig(
+            max_model_len=4096, **{**model_config_fields(workers[0]), "num_hidden_layers": 4}
+        )
+        ex = Example(config, workers, (1 << 30,), 8, "two caches over four decoder layers")
+        child = dict(MUTATIONS)["add-layer"](random.Random(0), ex)
+        assert child is not None
+        assert sorted(child.merged) == sorted([*workers[0], "model.layers.4.self_attn.attn"])
+        assert child.config.num_hidden_layers == 5
+
     def test_a_dropped_role_is_gone_from_every_worker(self) -> None:
         operator = dict(MUTATIONS)["drop-role"]
         for ex in _examples():

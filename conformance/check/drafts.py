@@ -8,7 +8,9 @@ group", ``validate_same_kv_cache_group`` in vLLM 0.33.0's
 (``is_draft`` specs) over several groups stops the engine there
 (contract.md#grouping-draft-layers).
 
-The kit binds draft layers of one spec (equal specs, ``is_draft`` aside):
+The kit binds draft layers of one spec (equal specs, ``is_draft`` aside)
+and one residency (a configuration's ``host_resident_layers`` go to a host
+group of their own, so a drafter it splits is bound on each side apart):
 drafters whose caches are of several kinds (sliding and full attention, an
 MLA layer with an indexer's and a compressor's side caches) are grouped by
 kind by vLLM's own default grouping, and vLLM gives such drafters proposers
@@ -35,13 +37,24 @@ __all__ = ["draft_kinds", "drafter_accepts_several_groups"]
 _ID = "KV-GROUP-DRAFTS-TOGETHER"
 
 
-def draft_kinds(specs: Mapping[str, KVCacheSpec]) -> dict[str, set[str]]:
-    """The draft layers (``is_draft``) by equal spec, each kind named after its first layer."""
-    kinds: dict[KVCacheSpec, set[str]] = {}
+def draft_kinds(
+    specs: Mapping[str, KVCacheSpec], host: frozenset[str] = frozenset()
+) -> dict[str, set[str]]:
+    """The draft layers (``is_draft``) by equal spec and residency, named after their first layer.
+
+    ``host`` is the configuration's ``host_resident_layers``: the contract
+    puts those layers in a host group of their own, so a drafter the
+    configuration splits between host and device is two kinds, each bound
+    on its own side.
+    """
+    kinds: dict[tuple[KVCacheSpec, bool], set[str]] = {}
     for name, spec in specs.items():
         if spec.is_draft:
-            kinds.setdefault(spec, set()).add(name)
-    return {f"{type(s).__name__} ({min(n)!r}'s spec)": n for s, n in kinds.items()}
+            kinds.setdefault((spec, name in host), set()).add(name)
+    return {
+        f"{type(s).__name__}{' host-resident' if h else ''} ({min(n)!r}'s spec)": n
+        for (s, h), n in kinds.items()
+    }
 
 
 #: Target models whose MTP drafter vLLM 0.33.0 serves with a proposer that
@@ -96,7 +109,11 @@ def _drafts_together(obs: GroupingObservation) -> list[Violation] | Unjudged | N
     if obs.config.model_kv_cache_grouping is not None:
         # The model's own grouping hook decides the groups; the builder only echoes it.
         return Unjudged("the model declares its grouping")
-    kinds = {k: n for k, n in draft_kinds(obs.specs).items() if len(n) > 1}
+    kinds = {
+        k: n
+        for k, n in draft_kinds(obs.specs, obs.config.host_resident_layers).items()
+        if len(n) > 1
+    }
     if not kinds:
         # A drafter of one layer per spec cannot be spread: counting such
         # examples would report a pass no builder could fail.

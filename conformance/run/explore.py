@@ -173,10 +173,11 @@ def _add_layer(rng: random.Random, ex: Example) -> Example | None:
     """One more target decoder layer: a copy of a drawn one's caches, after the last one.
 
     Half the time the copy leaves one of its caches out: a layer that lacks
-    a role its neighbours carry.  The new layer takes the next index of its
-    namespace and joins the stage that holds the last target layer; layers
-    numbered after it there (an MTP draft, ``model.layers.{n}``) move one
-    up, as the model's own numbering would.  A gate that counts layers or
+    a role its neighbours carry.  The new layer takes the index after its
+    namespace's last decoder layer (cache-less ones counted) and joins the
+    stage that holds the last target layer; layers numbered after it there
+    (an MTP draft, ``model.layers.{n}``) move one up, as the model's own
+    numbering would.  A gate that counts layers or
     wants two of a kind (two indexed layers, one of them without its
     indexer) needs a layer that no dropping can make.
     """
@@ -187,14 +188,20 @@ def _add_layer(rng: random.Random, ex: Example) -> Example | None:
             layers.setdefault((found["head"], int(found["index"])), []).append(name)
     if not layers:
         return None
+    main = next(iter(layers))[0]
     # The layer's kind (the caches it holds) drawn first, as drop-layer draws
     # a role: a model's one indexed layer among a dozen state layers is copied as often.
     kinds: dict[tuple[str, ...], list[tuple[str, int]]] = {}
     for key, names in sorted(layers.items()):
         kinds.setdefault(tuple(sorted(_tail(n) for n in names)), []).append(key)
     head, index = rng.choice(kinds[rng.choice(sorted(kinds))])
-    new = max(i for h, i in layers if h == head) + 1
-    last = set(layers[(head, new - 1)])
+    last_index = max(i for h, i in layers if h == head)
+    last = set(layers[(head, last_index)])
+    new = last_index + 1
+    if head == main and ex.config.num_hidden_layers is not None:
+        # Decoder layers after the last cache (a Nemotron-H pattern ending in
+        # MLP layers) are still layers: the new one comes after them all.
+        new = max(new, ex.config.num_hidden_layers)
 
     def moved(name: str) -> str:
         found = _DECODER.match(name)
