@@ -20,15 +20,18 @@ import torch
 
 from kvref.axes import HOST_LAYOUT
 from kvref.errors import PlacementError
-from kvref.kernel_blocks import kernel_tensor_geometries
-from kvref.layout import (
-    KVCacheLayout,
-    Strides,
-    compute_layer_kv_cache_shape_bytes,
-    compute_layout_strides,
-)
+from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig, KVCacheTensor
-from kvref.specs import KVCacheSpec
+
+# The geometry lives in kvref.views; it is re-exported here, where it was first published.
+from kvref.views import (
+    TensorGeometry,
+    ViewProblem,
+    kernel_geometries,
+    resolve_layout,
+    tensor_geometries,
+    view_problems,
+)
 
 __all__ = [
     "HOST_LAYOUT",
@@ -49,17 +52,6 @@ __all__ = [
 #: Index in ``KVCacheAllocation.backing_of`` meaning "the device buffer".
 DEVICE_BACKING = -1
 
-_STRIDE_NAMES = ("layer_stride", "block_stride", "head_stride", "state_stride")
-
-
-def resolve_layout(
-    kv_cache_config: KVCacheConfig, layout: KVCacheLayout | str | None = None
-) -> KVCacheLayout:
-    """Return the layout of the device tensors: ``layout``, else the config's, else LBNHC."""
-    if layout is not None:
-        return KVCacheLayout.parse(layout)
-    return kv_cache_config.kv_cache_layout or KVCacheLayout.LBNHC
-
 
 def planned_device_bytes(kv_cache_config: KVCacheConfig) -> int:
     """Bytes of the device backing the config asks for (0 without device tensors).
@@ -72,249 +64,6 @@ def planned_device_bytes(kv_cache_config: KVCacheConfig) -> int:
 def planned_host_bytes(kv_cache_config: KVCacheConfig) -> int:
     """Bytes of all host backings: one per distinct host-resident tensor size."""
     return sum({t.size for t in kv_cache_config.host_tensors})
-
-
-@attrs.frozen(kw_only=True)
-class TensorGeometry:
-    """Where one :class:`KVCacheTensor` puts its bytes: a 5-D strided view of its backing.
-
-    Attributes:
-        index: position of the tensor in ``kv_cache_config.kv_cache_tensors``.
-        tensor: the tensor record.
-        spec: the per-layer spec of ``tensor.layers[0]`` (``None`` for a tensor without layers).
-        layout: the layout the strides were computed in.
-        shape: extents ``(L, N, H, S, C)``; ``C`` in bytes.
-        strides: byte strides ``(L, B, H, S, C)``.
-
-    """
-
-    index: int
-    tensor: KVCacheTensor
-    spec: KVCacheSpec | None
-    layout: KVCacheLayout
-    shape: tuple[int, int, int, int, int]
-    strides: Strides
-
-    @property
-    def offset(self) -> int:
-        """Byte offset of layer 0, block 0 in the backing."""
-        return self.tensor.offset
-
-    @property
-    def is_empty(self) -> bool:
-        """Whether the tensor addresses no byte at all (no layers, no blocks...)."""
-        return 0 in self.shape
-
-    @property
-    def page_bytes(self) -> int:
-        """Footprint bytes of one (layer, block) page: ``H * S * C`` (padding excluded)."""
-        return self.shape[2] * self.shape[3] * self.shape[4]
-
-    def layer_start(self, layer: int) -> int:
-        """Byte where layer index ``layer`` starts (its block 0, head 0, state 0)."""
-        return self.offset + layer * self.strides[0]
-
-    def layer_end(self, layer: int) -> int:
-        """One past the last byte layer index ``layer`` addresses (its start when empty)."""
-        start = self.layer_start(layer)
-        if self.is_empty:
-            return start
-        # Strides are non-negative, so the last element along every axis is the farthest.
-        reach = sum((e - 1) * s for e, s in zip(self.shape[1:], self.strides[1:], strict=True))
-        return start + reach + 1
-
-    @property
-    def end(self) -> int:
-        """One past the last byte of the whole tensor (0 when empty)."""
-        return 0 if self.is_empty else self.layer_end(self.shape[0] - 1)
-
-    def block_address(self, layer: int, block: int) -> int:
-        """Byte where ``(layer, block)``'s page starts."""
-        return self.layer_start(layer) + block * self.strides[1]
-
-
-@attrs.frozen(kw_only=True)
-class ViewProblem:
-    """Why a layer's view cannot be built.
-
-    Attributes:
-        kind: ``"bounds"`` (outside the backing) or ``"dtype"`` (cannot be reinterpreted).
-        tensor_index: position of the tensor in the config.
-        layer: the layer concerned.
-        message: what is wrong, with the numbers.
-        byte_range: the bytes the layer would address, end exclusive, for ``"bounds"``.
-
-    """
-
-    kind: str
-    tensor_index: int
-    layer: str
-    message: str
-    byte_range: tuple[int, int] | None = None
-
-
-def _first_group_of(kv_cache_config: KVCacheConfig) -> dict[str, int]:
-    owner: dict[str, int] = {}
-    for index, group in enumerate(kv_cache_config.kv_cache_groups):
-        for name in group.layer_names:
-            owner.setdefault(name, index)
-    return owner
-
-
-def tensor_geometries(
-    kv_cache_config: KVCacheConfig, layout: KVCacheLayout | str | None = None
-) -> tuple[TensorGeometry, ...]:
-    """Return the geometry of every tensor of the config, in config order.
-
-    See contract.md#views-and-strides.
-
-    Device tensors use ``layout`` (see :func:`resolve_layout`); host tensors
-    use :data:`HOST_LAYOUT` and ``host_num_blocks``.
-
-    Raises:
-        PlacementError: a tensor's first layer belongs to no group.
-        LayoutError: the spec's padded page cannot be expressed in the layout.
-
-    """
-    device_layout = resolve_layout(kv_cache_config, layout)
-    owner = _first_group_of(kv_cache_config)
-    out: list[TensorGeometry] = []
-    for index, tensor in enumerate(kv_cache_config.kv_cache_tensors):
-        this_layout = HOST_LAYOUT if tensor.host_resident else device_layout
-        if not tensor.layers:
-            out.append(
-                TensorGeometry(
-                    index=index,
-                    tensor=tensor,
-                    spec=None,
-                    layout=this_layout,
-                    shape=(0, 0, 0, 0, 0),
-                    strides=(tensor.layer_stride, tensor.block_stride, 0, 0, 1),
-                )
-            )
-            continue
-        first = tensor.layers[0]
-        if first not in owner:
-            raise PlacementError(
-                f"kv_cache_tensors[{index}]: layer {first!r} belongs to no KV cache group, "
-                "so its spec (and page shape) is unknown"
-            )
-        # The worker views every layer of a tensor with its first layer's spec
-        # (contract.md#records).
-        spec = kv_cache_config.kv_cache_groups[owner[first]].layer_spec(first)
-        num_blocks = kv_cache_config.num_blocks_of(tensor)
-        blocks, heads, states, content = compute_layer_kv_cache_shape_bytes(spec, num_blocks)
-        strides = compute_layout_strides(
-            spec,
-            num_blocks,
-            len(tensor.layers),
-            this_layout,
-            fixed=(tensor.layer_stride, tensor.block_stride, None, None, None),
-        )
-        out.append(
-            TensorGeometry(
-                index=index,
-                tensor=tensor,
-                spec=spec,
-                layout=this_layout,
-                shape=(len(tensor.layers), blocks, heads, states, content),
-                strides=strides,
-            )
-        )
-    return tuple(out)
-
-
-def view_problems(geometry: TensorGeometry, backing_bytes: int) -> list[ViewProblem]:
-    """Why the views of ``geometry`` cannot be built in a backing of ``backing_bytes`` bytes.
-
-    Checks the footprint bound of contract.md#memory-safety (the first layer out of bounds is
-    reported) and the typed-view divisibility of P10 (every stride a view
-    needs, plus ``C`` and each layer's storage offset).  An empty list means
-    :func:`torch.as_strided` and ``Tensor.view(dtype)`` will both succeed.
-    """
-    problems: list[ViewProblem] = []
-    tensor = geometry.tensor
-    if geometry.spec is None:
-        return problems
-    num_layers, num_blocks, heads, states, content = geometry.shape
-    if not geometry.is_empty and geometry.end > backing_bytes:
-        # layer_end is increasing in the layer index: find the first layer that leaves.
-        rest = geometry.layer_end(0) - geometry.offset
-        stride = geometry.strides[0]
-        first_out = 0 if stride == 0 else (backing_bytes - geometry.offset - rest) // stride + 1
-        first_out = min(max(first_out, 0), num_layers - 1)
-        start, end = geometry.layer_start(first_out), geometry.layer_end(first_out)
-        problems.append(
-            ViewProblem(
-                kind="bounds",
-                tensor_index=geometry.index,
-                layer=tensor.layers[first_out],
-                message=(
-                    f"kv_cache_tensors[{geometry.index}] layer {tensor.layers[first_out]!r} "
-                    f"(index {first_out}) spans bytes [{start}, {end}) but its backing holds "
-                    f"{backing_bytes} bytes (offset={tensor.offset}, "
-                    f"layer_stride={tensor.layer_stride}, block_stride={tensor.block_stride}, "
-                    f"num_blocks={num_blocks}, (H, S, C)=({heads}, {states}, {content}))"
-                ),
-                byte_range=(start, end),
-            )
-        )
-    dtype = geometry.spec.view_dtype if geometry.spec is not None else None
-    itemsize = int(dtype.itemsize) if dtype is not None else 1
-    if dtype is not None and itemsize > 1:
-        fields: list[tuple[str, int]] = [("offset", tensor.offset)]
-        # A single layer's view never uses the layer stride: only its storage offset.
-        if num_layers > 1:
-            fields.append(("layer_stride", geometry.strides[0]))
-        fields += list(zip(_STRIDE_NAMES[1:], geometry.strides[1:4], strict=True))
-        fields.append(("state_content_bytes (C)", content))
-        for name, value in fields:
-            if value % itemsize:
-                problems.append(
-                    ViewProblem(
-                        kind="dtype",
-                        tensor_index=geometry.index,
-                        layer=tensor.layers[0],
-                        message=(
-                            f"kv_cache_tensors[{geometry.index}] layer {tensor.layers[0]!r}: "
-                            f"{name}={value} is not a multiple of sizeof({dtype})={itemsize}, "
-                            f"so the layer's bytes cannot be viewed as {dtype}"
-                        ),
-                    )
-                )
-                break
-    return problems
-
-
-def kernel_geometries(
-    kv_cache_config: KVCacheConfig,
-    kernel_block_sizes: Sequence[int],
-    layout: KVCacheLayout | str | None = None,
-) -> tuple[TensorGeometry | None, ...]:
-    """Every tensor's geometry as the attention kernels read it, in config order.
-
-    Shapes count kernel blocks (``N * r``) and strides step them
-    (:func:`kvref.kernel_blocks.kernel_tensor_geometries`); ``None`` for a
-    tensor without per-layer views.  ``layout`` as in :func:`resolve_layout`.
-
-    Raises:
-        PlacementError: a tensor's first layer belongs to no group.
-        LayoutError: a split block that is not one dense page.
-    """
-    chosen = resolve_layout(kv_cache_config, layout)
-    return tuple(
-        None
-        if k is None
-        else TensorGeometry(
-            index=k.index,
-            tensor=k.tensor,
-            spec=k.spec,
-            layout=k.layout,
-            shape=k.shape,
-            strides=k.strides,
-        )
-        for k in kernel_tensor_geometries(kv_cache_config, kernel_block_sizes, chosen)
-    )
 
 
 def _single_size(tensors: Sequence[KVCacheTensor], what: str) -> int | None:
@@ -514,74 +263,18 @@ def allocate_kv_cache(
     """
     target = torch.device(device)
     chosen = resolve_layout(kv_cache_config, layout)
-    _single_size(kv_cache_config.device_tensors, "device")
-    geometries = tensor_geometries(kv_cache_config, chosen)
-    seen: dict[str, int] = {}
-    for geometry in geometries:
-        problems = view_problems(geometry, geometry.tensor.size)
-        if problems:
-            raise PlacementError(problems[0].message)
-        for name in geometry.tensor.layers:
-            if name in seen:
-                raise PlacementError(
-                    f"layer {name!r} appears in kv_cache_tensors[{seen[name]}] and "
-                    f"kv_cache_tensors[{geometry.index}]; a layer needs exactly one view"
-                )
-            seen[name] = geometry.index
-
-    kernel = (
-        ()
-        if kernel_block_sizes is None
-        else kernel_geometries(kv_cache_config, kernel_block_sizes, chosen)
-    )
-    for kernel_geometry in kernel:
-        problems = (
-            []
-            if kernel_geometry is None
-            else view_problems(kernel_geometry, kernel_geometry.tensor.size)
-        )
-        if problems:
-            raise PlacementError(f"kernel view: {problems[0].message}")
-
+    geometries = _checked_geometries(kv_cache_config, chosen)
+    kernel = _checked_kernel_geometries(kv_cache_config, kernel_block_sizes, chosen)
     device_buffer, host_buffers, pinned = allocate_backings(
         kv_cache_config, target, pin_host=pin_host, host_device=host_device
     )
-    host_index = {buf.numel(): i for i, buf in enumerate(host_buffers)}
-    backing_of: list[int] = []
-    tensor_views: list[torch.Tensor] = []
-    views: dict[str, torch.Tensor] = {}
-    for geometry in geometries:
-        if geometry.tensor.host_resident:
-            where = host_index[geometry.tensor.size]
-            buffer = host_buffers[where]
-        else:
-            where = DEVICE_BACKING
-            assert device_buffer is not None  # allocated because this tensor exists
-            buffer = device_buffer
-        backing_of.append(where)
-        raw = _raw_view(buffer, geometry)
-        tensor_views.append(raw)
-        dtype = geometry.spec.view_dtype if geometry.spec is not None else None
-        if geometry.spec is not None and not getattr(geometry.spec, "has_layer_views", True):
-            # HiSparse resident and hot layers address the backing themselves.
-            views.update(dict.fromkeys(geometry.tensor.layers, buffer))
-            continue
-        for index, name in enumerate(geometry.tensor.layers):
-            layer_view = raw[index]
-            if dtype is not None:
-                layer_view = layer_view.view(dtype)
-            views[name] = layer_view
+    backings = _Backings(device_buffer, host_buffers)
+    backing_of, tensor_views, views = _layer_views(geometries, backings)
     kernel_views: dict[str, torch.Tensor] = {}
     for kernel_geometry in kernel:
-        if kernel_geometry is None:
-            continue
-        where = backing_of[kernel_geometry.index]
-        backing = device_buffer if where == DEVICE_BACKING else host_buffers[where]
-        assert backing is not None  # a device tensor implies a device buffer
-        raw = _raw_view(backing, kernel_geometry)
-        dtype = kernel_geometry.spec.view_dtype if kernel_geometry.spec is not None else None
-        for index, name in enumerate(kernel_geometry.tensor.layers):
-            kernel_views[name] = raw[index] if dtype is None else raw[index].view(dtype)
+        if kernel_geometry is not None:
+            backing = backings.buffer(backing_of[kernel_geometry.index])
+            kernel_views.update(_views_of(kernel_geometry, _raw_view(backing, kernel_geometry)))
     return KVCacheAllocation(
         device=target,
         layout=chosen,
@@ -596,3 +289,89 @@ def allocate_kv_cache(
         kernel_geometries=kernel,
         kernel_views=kernel_views,
     )
+
+
+@attrs.frozen
+class _Backings:
+    """The buffers one allocation made: the device backing and the host ones."""
+
+    device: torch.Tensor | None
+    host: Sequence[torch.Tensor]
+
+    def buffer(self, where: int) -> torch.Tensor:
+        """The buffer ``where`` names (:data:`DEVICE_BACKING` or a host index)."""
+        if where != DEVICE_BACKING:
+            return self.host[where]
+        if self.device is None:
+            # allocate_backings makes the device buffer whenever a device tensor exists.
+            raise PlacementError("a device tensor without a device backing")
+        return self.device
+
+    def of(self, tensor: KVCacheTensor) -> int:
+        """Where ``tensor``'s bytes live: the device backing, or the host buffer of its size."""
+        if not tensor.host_resident:
+            return DEVICE_BACKING
+        return next(i for i, b in enumerate(self.host) if b.numel() == tensor.size)
+
+
+def _checked_geometries(config: KVCacheConfig, layout: KVCacheLayout) -> tuple[TensorGeometry, ...]:
+    """Every tensor's geometry, each view inside its tensor and each layer in one tensor."""
+    _single_size(config.device_tensors, "device")
+    geometries = tensor_geometries(config, layout)
+    seen: dict[str, int] = {}
+    for geometry in geometries:
+        problems = view_problems(geometry, geometry.tensor.size)
+        if problems:
+            raise PlacementError(problems[0].message)
+        for name in geometry.tensor.layers:
+            if name in seen:
+                raise PlacementError(
+                    f"layer {name!r} appears in kv_cache_tensors[{seen[name]}] and "
+                    f"kv_cache_tensors[{geometry.index}]; a layer needs exactly one view"
+                )
+            seen[name] = geometry.index
+    return geometries
+
+
+def _checked_kernel_geometries(
+    config: KVCacheConfig, kernel_block_sizes: Sequence[int] | None, layout: KVCacheLayout
+) -> tuple[TensorGeometry | None, ...]:
+    """The kernel views' geometries (none without kernel block sizes), each inside its tensor."""
+    if kernel_block_sizes is None:
+        return ()
+    kernel = tuple(kernel_geometries(config, kernel_block_sizes, layout))
+    for geometry in kernel:
+        problems = [] if geometry is None else view_problems(geometry, geometry.tensor.size)
+        if problems:
+            raise PlacementError(f"kernel view: {problems[0].message}")
+    return kernel
+
+
+def _views_of(geometry: TensorGeometry, raw: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each layer of ``geometry``'s tensor: its slice of ``raw``, in its spec's view dtype."""
+    dtype = geometry.spec.view_dtype if geometry.spec is not None else None
+    return {
+        name: raw[index] if dtype is None else raw[index].view(dtype)
+        for index, name in enumerate(geometry.tensor.layers)
+    }
+
+
+def _layer_views(
+    geometries: Sequence[TensorGeometry], backings: _Backings
+) -> tuple[list[int], list[torch.Tensor], dict[str, torch.Tensor]]:
+    """Per tensor its backing and raw view; per layer its view."""
+    backing_of: list[int] = []
+    tensor_views: list[torch.Tensor] = []
+    views: dict[str, torch.Tensor] = {}
+    for geometry in geometries:
+        where = backings.of(geometry.tensor)
+        buffer = backings.buffer(where)
+        backing_of.append(where)
+        raw = _raw_view(buffer, geometry)
+        tensor_views.append(raw)
+        if geometry.spec is not None and not getattr(geometry.spec, "has_layer_views", True):
+            # HiSparse resident and hot layers address the backing themselves.
+            views.update(dict.fromkeys(geometry.tensor.layers, buffer))
+        else:
+            views.update(_views_of(geometry, raw))
+    return backing_of, tensor_views, views
