@@ -62,96 +62,57 @@ def _parser() -> argparse.ArgumentParser:
         f"(default: {_DEFAULT_BUILDER}); the current directory is on the import path",
     )
     parser.add_argument("--version", action=_VersionAction)
-    parser.add_argument("--device", default="cpu", help="torch device for the device checks")
-    parser.add_argument("--max-examples", type=int, help="examples per scenario (>= 1)")
-    parser.add_argument("--seed", type=int, help="seed of the run (printed in the report)")
-    parser.add_argument(
+    _run_options(parser.add_argument_group("what is checked, and how hard"))
+    _example_options(parser.add_argument_group("where the examples come from"))
+    _builder_options(parser.add_argument_group("the builder's process and reach"))
+    _expectation_options(parser.add_argument_group("expectations, baselines and replays"))
+    _output_options(parser.add_argument_group("reports"))
+    from conformance.cli_reports import add_options
+
+    # Certified runs, `verify` and HTML reports: conformance/cli_reports.py.
+    add_options(parser)
+    return parser
+
+
+def _run_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--device", default="cpu", help="torch device for the device checks")
+    group.add_argument("--max-examples", type=int, help="examples per scenario (>= 1)")
+    group.add_argument("--seed", type=int, help="seed of the run (printed in the report)")
+    group.add_argument(
         "--select", help="comma-separated invariant ids or prefixes (e.g. KV-PLACE,KV-CORE-SLACK)"
     )
-    parser.add_argument("--xfail-file", type=Path, help="file of invariant ids expected to fail")
-    parser.add_argument(
-        "--expectations",
-        action="append",
-        default=[],
-        metavar="NAME|PATH",
-        help="expectations manifest (TOML; repeatable): a file, or one the kit ships "
-        "(vllm-0.33.0: vLLM 0.33.0's documented defects)",
+    group.add_argument(
+        "--profile",
+        default="ci",
+        choices=_PROFILES,
+        help="ci (the default: 50 examples per scenario) or thorough (500)",
     )
-    parser.add_argument(
-        "--update-expectations",
-        type=Path,
-        metavar="FILE",
-        help="write or refresh this manifest from the run (new failures get TODO reasons)",
-    )
-    parser.add_argument(
-        "--baseline",
-        type=Path,
-        metavar="REPORT.json",
-        help="an earlier run's --json report: fail (exit 1) only on failures it did not have",
-    )
-    parser.add_argument(
-        "--replays",
-        type=int,
-        default=2,
-        help="replays of each failure's minimal counterexample: deterministic or flaky "
-        "(default 2; 0: none)",
-    )
-    parser.add_argument(
-        "--markdown",
-        type=Path,
-        metavar="FILE",
-        help="write a Markdown summary here (also appended to $GITHUB_STEP_SUMMARY when set)",
-    )
-    parser.add_argument(
+    group.add_argument("--timeout", type=float, default=10.0, help="per-call deadline, seconds")
+    group.add_argument("--max-alloc-bytes", type=int, help="cap of one device allocation (> 0)")
+    group.add_argument(
         "--unsupported",
         default="",
         help="comma-separated capabilities the builder lacks (e.g. host_resident)",
     )
-    parser.add_argument("--json", type=Path, help="write the report as JSON to this path")
-    parser.add_argument("--junit", type=Path, help="write the report as JUnit XML to this path")
-    parser.add_argument("--profile", default="ci", choices=_PROFILES)
-    parser.add_argument("--timeout", type=float, default=10.0, help="per-call deadline, seconds")
-    parser.add_argument("--max-alloc-bytes", type=int, help="cap of one device allocation (> 0)")
-    parser.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
-    parser.add_argument(
-        "--database",
-        default=".hypothesis/kvref-conformance",
-        help="Hypothesis example database: saved counterexamples are replayed first "
-        "(default: .hypothesis/kvref-conformance)",
+    group.add_argument("--list", action="store_true", help="list the invariants and exit")
+
+
+def _example_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--models",
+        metavar="SPEC",
+        help="your own models, mixed into generation: module:attr (a strategy of models, a "
+        "callable, a list or dict of models) or a kvref-models/1 JSON file (docs/vendors.md)",
     )
-    parser.add_argument(
-        "--no-database", action="store_true", help="neither replay nor save counterexamples"
-    )
-    parser.add_argument(
-        "--isolate",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="run the builder in a worker process: a hook that exits, crashes or patches the "
-        "kit is reported as a failure of the builder (default: on; --no-isolate runs it in "
-        "the kit's process, e.g. for a debugger)",
-    )
-    parser.add_argument(
-        "--reach",
-        metavar="MODULES",
-        help="comma-separated modules whose lines reach is measured in (default: the "
-        "builder's module and package; measured whenever coverage.py is installed)",
-    )
-    parser.add_argument("--no-reach", action="store_true", help="do not measure reach")
-    parser.add_argument(
-        "--worker-memory",
-        type=float,
-        metavar="GIB",
-        help="GiB of private memory the builder's worker may take over its size at start "
-        "(default 16): a hook that leaks past it fails KV-CALL-RAISES",
-    )
-    parser.add_argument(
+    group.add_argument("--models-only", action="store_true", help="generate from --models alone")
+    group.add_argument(
         "--focus",
         metavar="SPEC",
         help="where the run draws its extra examples: learned from where the builder's answers "
         "differ from the reference's (default), 'off', or family=PATH,...;... as a report's "
         "reproduce line gives it",
     )
-    parser.add_argument(
+    group.add_argument(
         "--explore",
         type=float,
         metavar="SECONDS",
@@ -159,28 +120,92 @@ def _parser() -> argparse.ArgumentParser:
         "builder, mutate them, judge each by every invariant; the corpus is saved in the "
         "database and judged first next time (needs reach measured)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--explore-candidates",
         type=int,
         metavar="N",
         help="stop exploring after N candidates (reproducible; --explore still limits the time)",
     )
-    parser.add_argument(
+    group.add_argument(
+        "--database",
+        default=".hypothesis/kvref-conformance",
+        help="Hypothesis example database: saved counterexamples are replayed first "
+        "(default: .hypothesis/kvref-conformance)",
+    )
+    group.add_argument(
+        "--no-database", action="store_true", help="neither replay nor save counterexamples"
+    )
+    group.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
+
+
+def _builder_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the builder in a worker process: a hook that exits, crashes or patches the "
+        "kit is reported as a failure of the builder (default: on; --no-isolate runs it in "
+        "the kit's process, e.g. for a debugger)",
+    )
+    group.add_argument(
+        "--worker-memory",
+        type=float,
+        metavar="GIB",
+        help="GiB of private memory the builder's worker may take over its size at start "
+        "(default 16): a hook that leaks past it fails KV-CALL-RAISES",
+    )
+    group.add_argument(
+        "--reach",
+        metavar="MODULES",
+        help="comma-separated modules whose lines reach is measured in (default: the "
+        "builder's module and package; measured whenever coverage.py is installed)",
+    )
+    group.add_argument("--no-reach", action="store_true", help="do not measure reach")
+    group.add_argument(
         "--min-reach",
         type=float,
         metavar="PERCENT",
         help="fail (exit 1) when the run executed less of the builder's code than this",
     )
-    parser.add_argument(
-        "--models",
-        metavar="SPEC",
-        help="your own models, mixed into generation: module:attr (a strategy of models, a "
-        "callable, a list or dict of models) or a kvref-models/1 JSON file (docs/vendors.md)",
-    )
-    parser.add_argument("--models-only", action="store_true", help="generate from --models alone")
-    parser.add_argument("--list", action="store_true", help="list the invariants and exit")
-    from conformance.cli_reports import add_options
 
-    # Certified runs, `verify` and HTML reports: conformance/cli_reports.py.
-    add_options(parser)
-    return parser
+
+def _expectation_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--xfail-file", type=Path, help="file of invariant ids expected to fail")
+    group.add_argument(
+        "--expectations",
+        action="append",
+        default=[],
+        metavar="NAME|PATH",
+        help="expectations manifest (TOML; repeatable): a file, or one the kit ships "
+        "(vllm-0.33.0: vLLM 0.33.0's documented defects)",
+    )
+    group.add_argument(
+        "--update-expectations",
+        type=Path,
+        metavar="FILE",
+        help="write or refresh this manifest from the run (new failures get TODO reasons)",
+    )
+    group.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="REPORT.json",
+        help="an earlier run's --json report: fail (exit 1) only on failures it did not have",
+    )
+    group.add_argument(
+        "--replays",
+        type=int,
+        default=2,
+        help="replays of each failure's minimal counterexample: deterministic or flaky "
+        "(default 2; 0: none)",
+    )
+
+
+def _output_options(group: argparse._ArgumentGroup) -> None:
+    group.add_argument("--json", type=Path, help="write the report as JSON to this path")
+    group.add_argument("--junit", type=Path, help="write the report as JUnit XML to this path")
+    group.add_argument(
+        "--markdown",
+        type=Path,
+        metavar="FILE",
+        help="write a Markdown summary here (also appended to $GITHUB_STEP_SUMMARY when set)",
+    )
