@@ -94,13 +94,19 @@ class Padded4KiB(ReferenceKVCacheConfigBuilder):
             return result
         bpb = device[0].size // num_blocks
         outermost = config.kv_cache_layout.is_block_outermost
-        # Block-outermost blocks step the whole block: keep every layer's alignment too.
-        unit = 4096
+        padded = -(-bpb // 4096) * 4096
         if outermost:
+            # Block-outermost blocks step the whole block: keep every device layer's
+            # alignment too.  Rounding to their common multiple after the 4 KiB (not to
+            # lcm(4096, alignment), which an odd alignment makes thousands of times a
+            # page) keeps the padding under the contract's size bound; host layers
+            # must not change device bytes at all (contract.md#host-residency).
+            unit = 1
             for g in kv_cache_groups:
-                for spec in iter_layer_specs(g.kv_cache_spec):
-                    unit = math.lcm(unit, spec.get_block_stride_alignment())
-        padded = -(-bpb // unit) * unit
+                if not g.host_resident:
+                    for spec in iter_layer_specs(g.kv_cache_spec):
+                        unit = math.lcm(unit, spec.get_block_stride_alignment())
+            padded = -(-padded // unit) * unit
         tensors = [
             t
             if t.host_resident
