@@ -123,6 +123,8 @@ LEGAL = (
     Case("deepseek_v4:DeepSeekV4TupleBuilder", "deepseek_v4", fast=False),
     # Every target layer in a group of its own, drafters kept together (wasteful, legal).
     Case("drafts:ScattersTargetsBuilder", None),
+    # vLLM's plan on a backing padded to 4 KiB per block (legal padding).
+    Case("padded:Padded4KiBBuilder", None),
 )
 BROKEN = (
     Case(

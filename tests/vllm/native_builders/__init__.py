@@ -24,6 +24,10 @@ Legal builders (the kit must pass them, up to vLLM's own upstream defects):
   0, groups overlaid at one block ID);
 - :mod:`.deepseek_v4`: ``DeepSeekV4TupleBuilder``, its own grouping (one table
   per kind and block size) and placement (per-decoder-layer shared tuples).
+- :mod:`.drafts`: ``ScattersTargetsBuilder``, every target layer in a group of
+  its own, drafters kept together;
+- :mod:`.padded`: ``Padded4KiBBuilder``, vLLM's plan on a backing padded to
+  4 KiB per block (and the device layers' block-stride alignment).
 
 Broken builders (one planted bug each; the docstring names the invariant):
 
