@@ -29,6 +29,7 @@ import kvref.allocation
 import kvref.layout
 import kvref.placement
 import kvref.planning
+import kvref.views
 from conformance.check import geometry as geo
 from conformance.check.catalog import Unjudged, by_id
 from conformance.check.device import check_device_tags
@@ -226,8 +227,9 @@ def _buggy_strides(
 
 
 def _plant_strides(monkeypatch: pytest.MonkeyPatch) -> None:
-    # kvref's placement and allocation imported the function by name: patch every copy.
-    for module in (kvref.layout, kvref.placement, kvref.allocation):
+    # kvref's placement and views (allocation's geometry) imported the function by name:
+    # patch every copy.
+    for module in (kvref.layout, kvref.placement, kvref.views):
         monkeypatch.setattr(module, "compute_layout_strides", _buggy_strides)
 
 
