@@ -268,12 +268,11 @@ def allocate_kv_cache(
     device_buffer, host_buffers, pinned = allocate_backings(
         kv_cache_config, target, pin_host=pin_host, host_device=host_device
     )
-    backings = _Backings(device_buffer, host_buffers)
-    backing_of, tensor_views, views = _layer_views(geometries, backings)
+    backing_of, tensor_views, views = _layer_views(geometries, device_buffer, host_buffers)
     kernel_views: dict[str, torch.Tensor] = {}
     for kernel_geometry in kernel:
         if kernel_geometry is not None:
-            backing = backings.buffer(backing_of[kernel_geometry.index])
+            backing = _buffer(backing_of[kernel_geometry.index], device_buffer, host_buffers)
             kernel_views.update(_views_of(kernel_geometry, _raw_view(backing, kernel_geometry)))
     return KVCacheAllocation(
         device=target,
@@ -291,27 +290,16 @@ def allocate_kv_cache(
     )
 
 
-@attrs.frozen
-class _Backings:
-    """The buffers one allocation made: the device backing and the host ones."""
-
-    device: torch.Tensor | None
-    host: Sequence[torch.Tensor]
-
-    def buffer(self, where: int) -> torch.Tensor:
-        """The buffer ``where`` names (:data:`DEVICE_BACKING` or a host index)."""
-        if where != DEVICE_BACKING:
-            return self.host[where]
-        if self.device is None:
-            # allocate_backings makes the device buffer whenever a device tensor exists.
-            raise PlacementError("a device tensor without a device backing")
-        return self.device
-
-    def of(self, tensor: KVCacheTensor) -> int:
-        """Where ``tensor``'s bytes live: the device backing, or the host buffer of its size."""
-        if not tensor.host_resident:
-            return DEVICE_BACKING
-        return next(i for i, b in enumerate(self.host) if b.numel() == tensor.size)
+def _buffer(
+    where: int, device_buffer: torch.Tensor | None, host_buffers: Sequence[torch.Tensor]
+) -> torch.Tensor:
+    """The buffer ``where`` names: :data:`DEVICE_BACKING`, or an index into ``host_buffers``."""
+    if where != DEVICE_BACKING:
+        return host_buffers[where]
+    if device_buffer is None:
+        # allocate_backings makes the device buffer whenever a device tensor exists.
+        raise PlacementError("a device tensor without a device backing")
+    return device_buffer
 
 
 def _checked_geometries(config: KVCacheConfig, layout: KVCacheLayout) -> tuple[TensorGeometry, ...]:
@@ -357,15 +345,22 @@ def _views_of(geometry: TensorGeometry, raw: torch.Tensor) -> dict[str, torch.Te
 
 
 def _layer_views(
-    geometries: Sequence[TensorGeometry], backings: _Backings
+    geometries: Sequence[TensorGeometry],
+    device_buffer: torch.Tensor | None,
+    host_buffers: Sequence[torch.Tensor],
 ) -> tuple[list[int], list[torch.Tensor], dict[str, torch.Tensor]]:
-    """Per tensor its backing and raw view; per layer its view."""
+    """Per tensor its backing and raw view; per layer its view.
+
+    A host tensor lives in the host buffer of its size (one buffer per distinct size).
+    """
+    host_index = {buf.numel(): i for i, buf in enumerate(host_buffers)}
     backing_of: list[int] = []
     tensor_views: list[torch.Tensor] = []
     views: dict[str, torch.Tensor] = {}
     for geometry in geometries:
-        where = backings.of(geometry.tensor)
-        buffer = backings.buffer(where)
+        tensor = geometry.tensor
+        where = host_index[tensor.size] if tensor.host_resident else DEVICE_BACKING
+        buffer = _buffer(where, device_buffer, host_buffers)
         backing_of.append(where)
         raw = _raw_view(buffer, geometry)
         tensor_views.append(raw)
