@@ -14,6 +14,7 @@ from conformance.run.engine_paths import engine_path, parse, spell
 from conformance.run.examples import Example, problem_examples
 from conformance.run.focus import FOCUS_SHARE, answers_differ
 from conformance.run.guard import Guard
+from conformance.run.limits import HOST_OUTSIDE_HISPARSE, Limits
 from conformance.run.options import OptionError, RunOptions
 from conformance.run.runner import check_builder
 from conformance.run.scenarios import Context, make_factory, observe
@@ -129,6 +130,28 @@ class TestFocusRuns:
         assert extra == [("glm5", int(20 * FOCUS_SHARE))]
         assert seen and all(s.name == "glm5" for s, _ in seen)
         assert all(engine_path(ex.config) in pins["glm5"] for _, ex in seen)
+
+    def test_a_family_that_cannot_serve_the_scenario_gets_no_extras(self) -> None:
+        """A vLLM-native run's host focus goes to HiSparse alone, never to a family it excludes.
+
+        The focus once dealt its host examples to every focused family, so a
+        family that could draw no valid host example rejected draws by the
+        thousand (most of a vLLM-native run's time) and judged nothing.
+        """
+        limits = Limits(frozenset({HOST_OUTSIDE_HISPARSE}))
+        strata = [
+            s
+            for s in run_strata(None, only=False, limits=limits)
+            if s.name in ("hisparse", "hybrid")
+        ]
+        assert [s.name for s in strata if "host" in s.not_in] == ["hybrid"]
+        pins = {s.name: frozenset({("BLNHC", False, s.name == "hisparse")}) for s in strata}
+        seen: list[str] = []
+        extra = draw_focus(
+            "host", strata, 20, 1, "ci", lambda s, ex, first: seen.append(s.name), pins
+        )
+        assert extra == [("hisparse", int(20 * FOCUS_SHARE))]
+        assert seen and set(seen) == {"hisparse"}
 
     def test_the_reproduce_line_names_the_focus_and_replays_it(self) -> None:
         """A run of the failing invariant alone, with the line's --focus, fails it again."""

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+from hypothesis import reject
 from hypothesis import strategies as st
 
 from conformance.check.geometry import cdiv
@@ -15,7 +16,7 @@ from conformance.generate.families import models
 from conformance.generate.families.drafts import speculation
 from conformance.generate.families.extras import ExtendedModel, apply_model_extras
 from conformance.generate.hf import cache_dtype_of
-from conformance.generate.layouts import as_specs, layouts_for
+from conformance.generate.layouts import allowed_layouts, as_specs, layouts_for
 from conformance.generate.pipeline import decoder_layers, pipeline_splits
 from conformance.generate.records import Model, PlanningProblem
 from conformance.generate.specs import (
@@ -24,11 +25,15 @@ from conformance.generate.specs import (
     MAX_NUM_BATCHED_TOKENS,
     rarely,
 )
+from kvref.axes import KVCacheLayout
+from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
+from kvref.errors import KVRefError
 from kvref.specs import CrossAttentionSpec, KVCacheSpec, MambaSpec
 
 __all__ = [
     "DEFAULT_MAX_MEMORY_BYTES",
+    "Steer",
     "memory_budgets",
     "num_blocks",
     "num_blocks_for",
@@ -42,16 +47,40 @@ __all__ = [
 DEFAULT_MAX_MEMORY_BYTES = 2**30
 
 
+@attrs.frozen
+class Steer:
+    """What a problem's config must be drawn with (``None``: drawn as usual).
+
+    A focus (conformance.run.focus) wants the few engine paths a builder
+    acted on; drawing them directly, instead of rejecting every other
+    problem after it is drawn, costs a tenth of the generation.
+
+    Attributes:
+        layouts: the layouts to draw from (those the model allows among them).
+        hybrid_off: whether the hybrid KV cache manager is switched off.
+    """
+
+    layouts: frozenset[KVCacheLayout] | None = None
+    hybrid_off: bool | None = None
+
+
 @st.composite
 def _planning_configs(
     draw: st.DrawFn,
     model: Model | Mapping[str, KVCacheSpec],
     pipeline_parallel_size: int,
     max_memory_bytes: int | None,
+    steer: Steer,
 ) -> PlanningConfig:
     specs = as_specs(model)
     values = list(specs.values())
-    layout = draw(layouts_for(specs))
+    if steer.layouts is None:
+        layout = draw(layouts_for(specs))
+    else:
+        wanted = [lay for lay in allowed_layouts(specs) if lay in steer.layouts]
+        if not wanted:
+            reject()  # the model cannot take the wanted layouts
+        layout = draw(st.sampled_from(wanted))
     modes = {s.mamba_cache_mode for s in values if isinstance(s, MambaSpec)}
     mamba_mode = next(iter(modes)) if len(modes) == 1 else "none"
     auto_fit = rarely(draw)
@@ -93,7 +122,12 @@ def _planning_configs(
         changes["eagle_block_drop"] = draw(st.booleans())
     elif rarely(draw) and changes["speculative_method"] is None:
         changes["num_prefill_lookahead_tokens"] = draw(st.sampled_from([2, 4]))  # MTP
-    if rarely(draw) and promotion_succeeds(values):
+    if steer.hybrid_off is None:
+        if rarely(draw) and promotion_succeeds(values):
+            changes["disable_hybrid_kv_cache_manager"] = True
+    elif steer.hybrid_off:
+        if not promotion_succeeds(values):
+            reject()  # the hybrid manager can be switched off for one group only
         changes["disable_hybrid_kv_cache_manager"] = True
     if values and rarely(draw):
         page_sum = sum(s.block_stride for s in values)
@@ -183,6 +217,7 @@ def planning_configs(
     *,
     pipeline_parallel_size: int = 1,
     max_memory_bytes: int | None = None,
+    steer: Steer | None = None,
 ) -> st.SearchStrategy[PlanningConfig]:
     """Planning configs consistent with ``model``.
 
@@ -203,8 +238,9 @@ def planning_configs(
     :func:`~conformance.generate.families.drafts.speculation`), and draft
     layers turn on the lookahead vLLM derives for that method.
     Never a config that asks for DCP, TP replication or HiSparse.
+    ``steer`` draws only the layouts and hybrid-manager setting it names.
     """
-    return _planning_configs(model, pipeline_parallel_size, max_memory_bytes)
+    return _planning_configs(model, pipeline_parallel_size, max_memory_bytes, steer or Steer())
 
 
 def memory_budgets(
@@ -315,19 +351,32 @@ def problem_num_blocks(problem: PlanningProblem) -> st.SearchStrategy[int]:
     return num_blocks_for(sum(strides), layer_bytes=max(strides, default=0))
 
 
+def _groupable(config: PlanningConfig, specs: Mapping[str, KVCacheSpec]) -> bool:
+    """Whether the reference groups ``specs`` under ``config`` (a valid input)."""
+    try:
+        ReferenceKVCacheConfigBuilder().get_kv_cache_groups(config, dict(specs))
+    except KVRefError:
+        return False
+    return True
+
+
 @st.composite
 def _planning_problems(
     draw: st.DrawFn,
     model_strategy: st.SearchStrategy[Model],
     max_workers: int,
     max_memory_bytes: int,
+    steer: Steer,
 ) -> PlanningProblem:
     model = draw(model_strategy)
     split = draw(pipeline_splits(model, max_workers=max_workers))
     workers = list(split.workers)
     config = draw(
         planning_configs(
-            model, pipeline_parallel_size=len(workers), max_memory_bytes=max_memory_bytes
+            model,
+            pipeline_parallel_size=len(workers),
+            max_memory_bytes=max_memory_bytes,
+            steer=steer,
         )
     )
     # Settings the model brings (HiSparse, a declared grouping) need the drawn length.
@@ -336,6 +385,11 @@ def _planning_problems(
     if host and any(w and all(n in host for n in w) for w in workers):
         # A worker with only host layers has no device group; keep the
         # problem about device placement instead.
+        config = attrs.evolve(config, host_resident_layers=frozenset(), host_pool_bytes=None)
+    elif host and not _groupable(config, {n: s for w in workers for n, s in w.items()}):
+        # The host layers drawn can leave device layers that no grouping
+        # packs (page sizes with no whole repeat): vLLM refuses that model,
+        # so the problem keeps its layers on the device.
         config = attrs.evolve(config, host_resident_layers=frozenset(), host_pool_bytes=None)
     regime = draw(st.sampled_from(["roomy", "boundary", "short"]))
     budgets = []
@@ -371,6 +425,7 @@ def planning_problems(
     models_strategy: st.SearchStrategy[Model] | None = None,
     max_workers: int = 4,
     max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
+    steer: Steer | None = None,
 ) -> st.SearchStrategy[PlanningProblem]:
     """Whole planning problems: a model, a config, a PP split and each worker's free memory.
 
@@ -386,7 +441,8 @@ def planning_problems(
     when the request fits in it, so most plans are allocatable; the
     attention-free model gets any budget.  Never a problem whose layout
     vLLM would refuse, or with a worker without device layers (unless the
-    model is attention-free).
+    model is attention-free).  ``steer`` draws only the layouts and
+    hybrid-manager setting it names (a focus's engine paths).
     """
     strategy = models_strategy if models_strategy is not None else models()
-    return _planning_problems(strategy, max_workers, max_memory_bytes)
+    return _planning_problems(strategy, max_workers, max_memory_bytes, steer or Steer())

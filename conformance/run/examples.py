@@ -10,10 +10,12 @@ import hypothesis
 from hypothesis import strategies as st
 
 from conformance.generate import strategies as kst
+from conformance.generate.problems import Steer
 from conformance.report.pycode import to_python
 from conformance.report.records import decode_example
 from conformance.run.engine_paths import EnginePath, engine_path
 from conformance.run.limits import NO_LIMITS, Limits
+from kvref.axes import KVCacheLayout
 from kvref.config import PlanningConfig
 from kvref.specs import KVCacheSpec
 
@@ -130,6 +132,17 @@ def problem_examples(
     return _problem_example(scenario, models, limits, paths)
 
 
+def _steer(paths: frozenset[EnginePath] | None) -> Steer | None:
+    """The config settings a focus's engine paths fix (the rest is drawn, then checked)."""
+    if paths is None:
+        return None
+    flags = {off for _, off, _ in paths}
+    return Steer(
+        layouts=frozenset(KVCacheLayout[layout] for layout, _, _ in paths),
+        hybrid_off=next(iter(flags)) if len(flags) == 1 else None,
+    )
+
+
 @st.composite
 def _problem_example(
     draw: st.DrawFn,
@@ -145,7 +158,7 @@ def _problem_example(
         from conformance.generate.families.hisparse import hisparse_models
 
         chosen = hisparse_models()
-    problem = draw(kst.planning_problems(models_strategy=chosen))
+    problem = draw(kst.planning_problems(models_strategy=chosen, steer=_steer(paths)))
     # Spread over 1, small, odd, large and past-4-GiB backings of this model
     # (serving sizes its own pool).
     if scenario == "serve":

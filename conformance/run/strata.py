@@ -206,7 +206,10 @@ def draw_focus(
     engine paths only (conformance.run.focus).  Returns the examples dealt
     to each stratum.
     """
-    focused = [attrs.evolve(s, share=0.0) for s in strata if s.name in pins]
+    # The scenario's own exclusions (deal is told the focus's label, not the scenario).
+    focused = [
+        attrs.evolve(s, share=0.0) for s in strata if s.name in pins and scenario not in s.not_in
+    ]
     if not focused:
         return []
     label = f"{scenario}/focus"
