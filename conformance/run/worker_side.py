@@ -378,7 +378,10 @@ def serve(
     keep_vllm_quiet()
     headroom = WORKER_MEMORY_HEADROOM if memory is None else memory
     memory_cap = _limit_memory(headroom)
+    from conformance.run.vllm_adapter import VLLMBuilderAdapter, set_native_scope
+
     cov = _start_reach(reach_files)
+    set_native_scope(lambda: _traced(cov))
     instances: dict[int, Any] = {}
     builder: Any = None
     while True:
@@ -414,7 +417,9 @@ def serve(
                 snapshot = _Snapshot(args)
                 method = getattr(instances[key], hook)
                 handed.drain()
-                with _traced(cov):
+                # A vLLM-native builder's adapter traces the native calls alone.
+                adapted = isinstance(instances[key], VLLMBuilderAdapter)
+                with contextlib.nullcontext() if adapted else _traced(cov):
                     value = method(*args)
                 reply = encode_reply("ok", value, snapshot.changes(), handed.drain())
         except BaseException as exc:  # the builder's, even SystemExit: report, keep serving
