@@ -10,7 +10,7 @@ feature of the model (an MTP draft layer, every layer indexed) is then found
 at some seeds and not at others.
 
 So the run learns, from the first deal of every scenario, the families on
-whose examples the builder's answer differed from kvref's reference (another
+whose examples the builder's answer differed from its baseline's (another
 grouping, placement, pool-bytes answer or Core plan, or an answer where the
 reference refuses, or the other way round) and the engine paths of those
 examples (:func:`~conformance.run.engine_paths.engine_path`: layout, hybrid
@@ -23,7 +23,15 @@ the same family.  Learning from every scenario, not only the one that draws,
 matters: a family gets two or three examples per scenario, and a gate that
 one scenario's few examples missed, another's opened.
 
-Why a difference from the reference is the signal: a wrong answer always
+The baseline is the builder's parent when it specialises one (vLLM's
+``DefaultKVCacheConfigBuilder`` for a vLLM-native subclass of it), else
+kvref's reference: a vLLM-native builder that calls ``super()`` answers as
+vLLM does, and where vLLM's answers differ from the reference's (its
+documented defects, ``docs/vllm.md``) every such builder differs alike; a
+focus learned against the reference would spread over those families and
+starve the one where the vendor's own code acts.
+
+Why a difference from the baseline is the signal: a wrong answer always
 differs from a conforming one, so the examples on which an answer invariant
 can fail lie where the builder's answers differ; it is measured in every
 front end, with or without coverage.py, from answers the kit already has.
@@ -42,6 +50,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
+
+from conformance.errors import KitError
 from conformance.run.engine_paths import EnginePath, engine_path
 from conformance.run.guard import CallResult
 from conformance.run.observations import (
@@ -53,11 +64,10 @@ from conformance.run.observations import (
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.errors import KVRefError
-from kvref.planning import plan_kv_cache
+from kvref.planning import plan_kv_cache, project_kv_cache_groups_to_worker
 from kvref.records import KVCacheGroupSpec
-from kvref.specs import KVCacheSpec
 
-__all__ = ["FOCUSED_SCENARIOS", "FOCUS_SHARE", "Focus", "answers_differ"]
+__all__ = ["FOCUSED_SCENARIOS", "FOCUS_SHARE", "REFERENCE", "Baseline", "Focus", "answers_differ"]
 
 #: Extra examples a scenario deals to the families where the builder acted,
 #: as a share of its examples per scenario.
@@ -68,11 +78,39 @@ FOCUS_SHARE = 0.4
 #: again in another process: a focus there would repeat what placement drew.
 FOCUSED_SCENARIOS = ("grouping", "placement", "host", "core", "profiling", "device")
 
-_REFERENCE = ReferenceKVCacheConfigBuilder()
+
+@attrs.frozen
+class Baseline:
+    """What the builder's answers are compared with.
+
+    Attributes:
+        builder: a builder instance answering the hooks (kvref's records in and out).
+        core: Core's flow for it, with :func:`~kvref.planning.plan_kv_cache`'s signature.
+        refusals: the exceptions that mean it refuses a problem (any answer
+            then differs; a refusal of the builder's is the same answer).
+    """
+
+    builder: Any
+    core: Callable[..., Any] = plan_kv_cache
+    refusals: tuple[type[BaseException], ...] = (KVRefError,)
+
+    @classmethod
+    def of(cls, parent: type[Any] | None) -> Baseline:
+        """The baseline of a builder whose parent builder is ``parent`` (``None``: none)."""
+        if parent is None or parent is ReferenceKVCacheConfigBuilder:
+            return REFERENCE
+        # vLLM's default refuses with vLLM's errors (ValueError, AssertionError, ...).
+        return cls(parent(), getattr(parent, "kvref_core", None) or plan_kv_cache, (Exception,))
 
 
-def _differs(result: CallResult | None, expected: Callable[[], Any]) -> bool:
-    """Whether the builder's call answered otherwise than the reference would.
+#: kvref's reference, the baseline of builders that specialise no default.
+REFERENCE = Baseline(ReferenceKVCacheConfigBuilder())
+
+
+def _differs(
+    result: CallResult | None, expected: Callable[[], Any], baseline: Baseline = REFERENCE
+) -> bool:
+    """Whether the builder's call answered otherwise than the baseline would.
 
     Both refusing (an admission error, say) is the same answer whatever the
     errors' types: a vLLM-native builder raises vLLM's.
@@ -81,7 +119,9 @@ def _differs(result: CallResult | None, expected: Callable[[], Any]) -> bool:
         return False
     try:
         want = expected()
-    except KVRefError:
+    except KitError:
+        raise
+    except baseline.refusals:
         return result.ok
     if not result.ok:
         return True
@@ -91,74 +131,101 @@ def _differs(result: CallResult | None, expected: Callable[[], Any]) -> bool:
     return bool(got != want)
 
 
-def _groups(config: PlanningConfig, specs: Mapping[str, KVCacheSpec]) -> list[KVCacheGroupSpec]:
-    return _REFERENCE.get_kv_cache_groups(config, dict(specs))
+def _stage_groups(obs: PlacementObservation, baseline: Baseline) -> list[KVCacheGroupSpec]:
+    """The baseline's groups as ``obs``'s placement was handed them (projected onto its stage)."""
+    model = obs.specs if obs.model_specs is None else obs.model_specs
+    groups = list(baseline.builder.get_kv_cache_groups(obs.config, dict(model)))
+    if obs.model_specs is None:
+        return groups
+    return project_kv_cache_groups_to_worker(groups, obs.specs)
 
 
-def _placement_differs(obs: PlacementObservation) -> bool:
+def _placement_differs(obs: PlacementObservation, baseline: Baseline) -> bool:
     groups = list(obs.groups)
     if obs.groups_source != "builder":
         # The builder's own groups broke the grouping invariants.
         return True
-    config = obs.config
+    config, parent = obs.config, baseline.builder
     placed = obs.results.get(obs.num_blocks)
+    try:
+        regrouped = groups != _stage_groups(obs, baseline)
+    except KitError:
+        raise
+    except baseline.refusals:
+        regrouped = True
     return (
-        list(groups) != obs.reference_groups()
+        regrouped
         or _differs(
             placed,
-            lambda: _REFERENCE.get_kv_cache_config_from_groups(config, groups, obs.num_blocks),
+            lambda: parent.get_kv_cache_config_from_groups(config, groups, obs.num_blocks),
+            baseline,
         )
-        or _differs(obs.pool_bytes, lambda: _REFERENCE._get_pool_bytes_per_block(config, groups))
+        or _differs(
+            obs.pool_bytes, lambda: parent._get_pool_bytes_per_block(config, groups), baseline
+        )
     )
 
 
-def _host_differs(obs: HostObservation) -> bool:
-    if _differs(obs.groups, lambda: _groups(obs.config, obs.specs)):
+def _host_differs(obs: HostObservation, baseline: Baseline) -> bool:
+    parent = baseline.builder
+    regrouped = lambda: parent.get_kv_cache_groups(obs.config, dict(obs.specs))  # noqa: E731
+    if _differs(obs.groups, regrouped, baseline):
         return True
     groups = list(obs.groups.value)
     return _differs(
         obs.placed,
-        lambda: _REFERENCE.get_kv_cache_config_from_groups(obs.config, groups, obs.num_blocks),
+        lambda: parent.get_kv_cache_config_from_groups(obs.config, groups, obs.num_blocks),
+        baseline,
     )
 
 
-def answers_differ(obs: Any) -> bool | None:
-    """Whether the builder answered ``obs``'s example otherwise than the reference.
+def answers_differ(obs: Any, baseline: Baseline = REFERENCE) -> bool | None:
+    """Whether the builder answered ``obs``'s example otherwise than ``baseline``.
 
     ``None`` for observations with no comparable answer (profiling, serving,
     the twin process): those scenarios draw no focus.
     """
     if isinstance(obs, GroupingObservation):
-        return _differs(obs.first, lambda: _groups(obs.config, obs.specs))
+        return _differs(
+            obs.first,
+            lambda: baseline.builder.get_kv_cache_groups(obs.config, dict(obs.specs)),
+            baseline,
+        )
     if isinstance(obs, PlacementObservation):
-        return _placement_differs(obs)
+        return _placement_differs(obs, baseline)
     if isinstance(obs, HostObservation):
-        return _host_differs(obs)
+        return _host_differs(obs, baseline)
     if isinstance(obs, CoreObservation):
         return _differs(
             obs.result,
-            lambda: plan_kv_cache(_REFERENCE, obs.config, obs.workers, obs.available_memory),
+            lambda: baseline.core(baseline.builder, obs.config, obs.workers, obs.available_memory),
+            baseline,
         )
     return None
 
 
 class Focus:
-    """The families and engine paths on which the builder's answers differed from the reference's.
+    """The families and engine paths on which the builder's answers differed from its baseline's.
 
     Learned from the first deal of every scenario (:meth:`note`), then used
     by every scenario's focus; or given (``--focus``, a reproduce line), in
     which case nothing is learned and the run replays those pins.
     """
 
-    def __init__(self, given: Mapping[str, frozenset[EnginePath]] | None = None) -> None:
+    def __init__(
+        self,
+        given: Mapping[str, frozenset[EnginePath]] | None = None,
+        baseline: Baseline = REFERENCE,
+    ) -> None:
         self.given = given
+        self.baseline = baseline
         self._paths: dict[str, set[EnginePath]] = {}
         #: Per scenario, the extra examples dealt to each family.
         self.extra: dict[str, dict[str, int]] = {}
 
     def note(self, stratum: str, config: PlanningConfig, obs: Any) -> None:
         """Record one first-deal example of ``stratum``."""
-        if self.given is None and answers_differ(obs):
+        if self.given is None and answers_differ(obs, self.baseline):
             self._paths.setdefault(stratum, set()).add(engine_path(config))
 
     def pins(self) -> dict[str, frozenset[EnginePath]]:

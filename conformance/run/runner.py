@@ -22,15 +22,12 @@ from conformance.check.waste import WasteMeter
 from conformance.contract import version_note
 from conformance.generate.coverage import coverage
 from conformance.report.model import InvariantResult, Report
-from conformance.run.boundary import (
-    builder_name,
-    prepare,
-)
+from conformance.run.boundary import builder_name, parent_builder, prepare
 from conformance.run.engine_paths import EnginePath
 from conformance.run.examples import Example
 from conformance.run.explore import EXPLORED_SCENARIOS, Corpus, Explorer
 from conformance.run.findings import Findings, judge_outcome
-from conformance.run.focus import FOCUSED_SCENARIOS, Focus
+from conformance.run.focus import FOCUSED_SCENARIOS, REFERENCE, Baseline, Focus
 from conformance.run.guard import Guard, clear_interrupt
 from conformance.run.limits import CAPABILITIES, Limits
 from conformance.run.observations import builder_spoiled
@@ -332,8 +329,10 @@ class _Run(Findings):
         self.empty: dict[str, list[str]] = {}
         # Efficiency warnings from the core plans (never a verdict).
         self.waste = WasteMeter.for_builder(builder)
-        # Where the builder's answers differed from the reference's (focus.py).
-        self.focus = Focus(options.focus_pins())
+        # Where the builder's answers differed from its parent's or the reference's (focus.py).
+        pins = options.focus_pins()
+        baseline = REFERENCE if pins is not None else Baseline.of(parent_builder(builder))
+        self.focus = Focus(pins, baseline)
         #: How many of the builder's lines have run so far (set when reach is measured).
         self.reach_lines: Callable[[], int] = lambda: 0
         self.measures_reach = False

@@ -177,13 +177,10 @@ BROKEN = (
         "drafts:ScattersDraftsBuilder",
         "drafts",
         "KV-GROUP-DRAFTS-TOGETHER",
-        some_seeds=(
-            "only a drafter with two layers of one spec can show it, and the default "
-            "generation deals the drafts family 2-3 examples per scenario, about a third "
-            "of them such drafters (Llama EAGLE heads, DeepSeek-V3 MTP); the "
-            "whole-catalog run caught it at seed 1 and drew none at seed 2, where the "
-            "clause is N/A (measured)"
-        ),
+        # A moved EAGLE-3 head whose page differs from its target's leaves
+        # groups of two page sizes, which vLLM's layer-outer placement (its
+        # super()) refuses with a ValueError.
+        frozenset({"KV-CALL-RAISES"}),
     ),
 )
 ALL = LEGAL + BROKEN
