@@ -263,6 +263,7 @@ def _header_options(args: argparse.Namespace) -> tuple[str, ...]:
         ("--focus", args.focus),
         ("--explore", args.explore),
         ("--explore-candidates", args.explore_candidates),
+        ("--shard", args.shard),
         ("--json", args.json),
         ("--junit", args.junit),
         ("--html", args.html),
@@ -369,6 +370,7 @@ def _options(args: argparse.Namespace, xfail: list[str]) -> Any:
         focus=args.focus,
         explore=args.explore,
         explore_candidates=args.explore_candidates,
+        shard=args.shard,
     )
 
 

@@ -127,6 +127,12 @@ def _example_options(group: argparse._ArgumentGroup) -> None:
         help="stop exploring after N candidates (reproducible; --explore still limits the time)",
     )
     group.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="judge only the I-th of N shares of the run's model families (one machine of a CI "
+        "matrix); needs --focus given; 'kvref-conformance merge' joins the N --json reports",
+    )
+    group.add_argument(
         "--database",
         default=".hypothesis/kvref-conformance",
         help="Hypothesis example database: saved counterexamples are replayed first "

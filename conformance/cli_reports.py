@@ -50,12 +50,16 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def dispatch(argv: Sequence[str] | None) -> int | None:
-    """Run a subcommand named by the first word (``verify``); ``None``: not one."""
+    """Run a subcommand named by the first word (``verify``, ``merge``); ``None``: not one."""
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["verify"]:
         from conformance.certify import verify_main
 
         return verify_main(words[1:])
+    if words[:1] == ["merge"]:
+        from conformance.merge import merge_main
+
+        return merge_main(words[1:])
     return None
 
 

@@ -9,6 +9,7 @@ measured (:mod:`conformance.generate.measure`).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -71,6 +72,23 @@ def _dtype_names(spec: KVCacheSpec) -> list[str]:
 
 def _model_key(merged: Mapping[str, KVCacheSpec]) -> tuple[Any, ...]:
     return tuple((name, type(s).__name__, s, s.is_draft) for name, s in merged.items())
+
+
+def coverage_sets(examples: Iterable[_ExampleLike]) -> dict[str, list[Any]]:
+    """The distinct models (as digests) and block counts of ``examples``.
+
+    :func:`coverage` counts them; a sharded run's report carries the sets
+    themselves, so that the merge counts the distinct values of all shards.
+    """
+    models: set[str] = set()
+    blocks: set[int] = set()
+    for ex in examples:
+        merged: dict[str, KVCacheSpec] = {}
+        for worker in ex.workers:
+            merged.update(worker)
+        models.add(hashlib.sha256(repr(_model_key(merged)).encode()).hexdigest()[:20])
+        blocks.add(ex.num_blocks)
+    return {"models": sorted(models), "block_counts": sorted(blocks)}
 
 
 def coverage(examples: Iterable[_ExampleLike]) -> dict[str, Any]:

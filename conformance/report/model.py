@@ -139,6 +139,11 @@ class Report:
             fails only on new ones (``None``: no baseline).
         certificate: in a ``--certify`` run's report, what it certifies and the
             digest of the report (:mod:`conformance.certify`); ``None`` otherwise.
+        focus: the focus the run used, as ``--focus`` takes it (learned or
+            given; ``off``: none), so a later run can be given it.
+        shard: in a sharded run's report (``--shard I/N``), what ``merge`` needs
+            to join the shards' reports (:mod:`conformance.run.shard`); ``None``
+            otherwise.
     """
 
     builder: str
@@ -160,6 +165,8 @@ class Report:
     baseline: dict[str, Any] | None = None
     contract: str = CONTRACT
     certificate: dict[str, Any] | None = None
+    focus: str | None = None
+    shard: dict[str, Any] | None = None
 
     @property
     def failures(self) -> tuple[InvariantResult, ...]:

@@ -41,8 +41,9 @@ from conformance.run.scenarios import (
     valid_groups,
 )
 from conformance.run.search import Namespaced, search
+from conformance.run.shard import order_key
 from conformance.run.strata import Stratum, stratum_seed
-from conformance.run.tally import Tally
+from conformance.run.tally import Tally, verdict
 from conformance.run.timing import InvariantClock
 from conformance.run.upstream import matching_defect
 from kvref.builder import KVCacheConfigBuilder
@@ -117,6 +118,8 @@ class Findings:
                     replayed = self.clock.judge(inv.id, self._search, inv, scenario, stratum, reuse)
                     if replayed is not None:
                         tally.failure = (scenario, replayed, stratum)
+                        # After every example of the run's own (shard.order_key).
+                        tally.failure_key = order_key(2, 0, 0, 0)
                         tally.judged += 1
                         break
                 if tally.failure is not None:
@@ -140,32 +143,15 @@ class Findings:
         if inv.id in self.skipped:
             return make("skipped", reason=self.skipped[inv.id])
         expected = inv.id in self.options.xfail
-        if tally.failure is not None:
+        status, reason = verdict(tally, interrupted=self.interrupted)
+        if status == "fail":
             found = self.clock.judge(inv.id, self._failure, inv, tally)
             return make("xfail" if expected else "fail", **found)
-        if tally.judged:
+        if status == "pass":
             return make("xpass" if expected else "pass")
-        if tally.spoiled:
-            # The builder's own failed calls left these examples unjudged: what
-            # it broke is not "not applicable" (contract.md#verdicts).
-            reason = (
-                f"{tally.spoiled} of the examples that reached it could not judge it because "
-                f"a call of the builder failed (see KV-CALL-*): {tally.reason or 'no answer'}"
-            )
-            return make("xfail" if expected else "inconclusive", reason=reason)
-        if tally.not_applicable:
-            reason = f"not applicable in this run: {tally.na_reason}"
-            return make("not-applicable", reason=reason)
-        if self.interrupted:
-            reason = "the run was interrupted before an example judged it"
-        elif tally.unjudged:
-            reason = (
-                f"none of the {tally.unjudged} examples that reached it could judge it: "
-                f"{tally.reason or 'a call it needs failed (see KV-CALL-*)'}"
-            )
-        else:
-            reason = "no example reached it"
-        return make("xfail" if expected else "inconclusive", reason=reason)
+        if expected and status == "inconclusive":
+            return make("xfail", reason=reason)
+        return make(status, reason=reason)
 
     def _failure(self, inv: Invariant, tally: Tally) -> dict[str, Any]:
         """The shrunk counterexample of a failed invariant and how to reproduce it."""

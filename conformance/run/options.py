@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from conformance.run.engine_paths import EnginePath, parse
+from conformance.run.shard import Shard
 
 __all__ = [
     "DEFAULT_WORKER_MEMORY_GIB",
@@ -118,6 +119,9 @@ class RunOptions:
             (:mod:`conformance.run.explore`; 0: none).  Needs reach measured.
         explore_candidates: stop exploring after this many candidates, whatever
             time is left (``None``: only the time limits it).
+        shard: ``"I/N"``: run only the I-th of N shares of the run's strata
+            (:mod:`conformance.run.shard`); ``kvref-conformance merge`` joins the
+            N reports into the report of the whole run (``None``: the whole run).
     """
 
     builder: str | None
@@ -144,6 +148,7 @@ class RunOptions:
     focus: str | None = None
     explore: float = 0.0
     explore_candidates: int | None = None
+    shard: str | None = None
 
     @classmethod
     def create(cls, builder: str | None, **values: Any) -> RunOptions:
@@ -231,6 +236,36 @@ class RunOptions:
                 )
         if self.explore_candidates is not None:
             _positive_int("explore_candidates", self.explore_candidates)
+        self._validate_shard()
+
+    def _validate_shard(self) -> None:
+        shard = self.shard_of()
+        if shard is None or shard.count == 1:
+            return
+        if self.focus is None:
+            raise OptionError(
+                f"shard={self.shard!r} needs the focus given: a shard sees only its own "
+                "families' answers, so it cannot learn the whole run's focus; give "
+                "focus='off', or the focus an earlier run learned (its report's \"focus\")"
+            )
+        if self.explore:
+            raise OptionError(
+                f"shard={self.shard!r} cannot explore (explore={self.explore:g}): exploration "
+                "follows the whole run's reach, which no shard has"
+            )
+
+    def shard_of(self) -> Shard | None:
+        """:attr:`shard` read (``None``: the whole run).
+
+        Raises:
+            OptionError: ``shard`` is not ``I/N`` with ``1 <= I <= N``.
+        """
+        if self.shard is None:
+            return None
+        try:
+            return Shard.parse(self.shard)
+        except ValueError as exc:
+            raise OptionError(f"shard={self.shard!r} {exc}") from None
 
     def focus_pins(self) -> dict[str, frozenset[EnginePath]] | None:
         """:attr:`focus` read: ``None`` to learn, else the pins to use (``{}``: ``off``).

@@ -40,6 +40,8 @@ from conformance.run.callees import callee_closure
 
 __all__ = [
     "PLATFORMS",
+    "module_figures",
+    "reach_summary",
     "ReachError",
     "ReachMeter",
     "ReachScope",
@@ -313,33 +315,19 @@ class ReachMeter:
     def _module(self, path: Path, executed: set[int], whole: bool) -> dict[str, Any] | None:
         """One module's figures; a callee (``whole=False``) over its entered functions only."""
         _, all_statements, _excluded, _missing, _ = self._cov.analysis2(str(path))
-        functions = _functions(path)
+        functions = [(i, n, body) for i, (n, body) in enumerate(_functions(path))]
         names = (self.counted or {}).get(str(Path(path).resolve()))
         if whole and names is not None and "*" not in names:
             # Another builder's helpers in a shared module are not this builder's code.
-            functions = [(n, body) for n, body in functions if n.partition(".")[0] in names]
+            functions = [f for f in functions if f[1].partition(".")[0] in names]
         if not whole:
             # Only what the hooks entered is the builder's; the rest is the platform's.
-            functions = [(n, body) for n, body in functions if body & executed]
+            functions = [f for f in functions if f[2] & executed]
             if not functions:
                 return None
-        # Module and class bodies ran at import, before the run: only the
-        # code inside functions says what the run reached.
-        inside = set().union(*(body for _, body in functions)) if functions else set()
-        statements = set(all_statements) & inside
-        ran = statements & executed
-        missing = statements - ran
-        unreached = [name for name, body in functions if body & statements and not body & ran]
-        count = len(statements)
-        return {
-            "path": str(path),
-            "statements": count,
-            "executed": len(ran),
-            "percent": round(100.0 * len(ran) / count, 1) if count else 100.0,
-            "missing": format_ranges(missing),
-            "unreached_functions": unreached,
-            "role": "own" if whole else "callee",
-        }
+        statements = set(all_statements)
+        counted = [(i, name, body & statements) for i, name, body in functions]
+        return module_figures(str(path), whole, counted, executed)
 
     def summary(self) -> dict[str, Any]:
         """What the run reached: per module and in total, with the lines for the report."""
@@ -351,20 +339,54 @@ class ReachMeter:
             module = self._module(path, executed.get(str(Path(path).resolve()), set()), whole)
             if module is not None:
                 modules.append(module)
-        total = sum(m["statements"] for m in modules)
-        hit = sum(m["executed"] for m in modules)
-        percent = round(100.0 * hit / total, 1) if total else 100.0
-        below = self.min_reach is not None and percent < self.min_reach
-        data: dict[str, Any] = {
-            "percent": percent,
-            "statements": total,
-            "executed": hit,
-            "modules": modules,
-            "min_reach": self.min_reach,
-            "below_minimum": below,
-        }
-        data["lines"] = _lines(data)
-        return data
+        return reach_summary(modules, self.min_reach)
+
+
+def module_figures(
+    path: str, whole: bool, functions: Sequence[tuple[int, str, set[int]]], executed: set[int]
+) -> dict[str, Any]:
+    """One module's reach figures from its counted functions and the lines executed.
+
+    ``functions``: ``(position in the source, qualified name, statement lines
+    of its body)`` of every function that counts.  Module and class bodies ran
+    at import, before the run: only the code inside functions says what the
+    run reached.  ``functions`` and ``ran`` are in the figures too, so that the
+    reports of a sharded run can be joined (:mod:`conformance.merge`).
+    """
+    statements = set().union(*(body for _, _, body in functions)) if functions else set()
+    ran = statements & executed
+    missing = statements - ran
+    unreached = [name for _, name, body in functions if body and not body & ran]
+    count = len(statements)
+    return {
+        "path": path,
+        "statements": count,
+        "executed": len(ran),
+        "percent": round(100.0 * len(ran) / count, 1) if count else 100.0,
+        "missing": format_ranges(missing),
+        "unreached_functions": unreached,
+        "role": "own" if whole else "callee",
+        "functions": [[i, name, sorted(body)] for i, name, body in functions],
+        "ran": sorted(ran),
+    }
+
+
+def reach_summary(modules: list[dict[str, Any]], min_reach: float | None) -> dict[str, Any]:
+    """The reach section of a report over ``modules`` (:func:`module_figures`'s)."""
+    total = sum(m["statements"] for m in modules)
+    hit = sum(m["executed"] for m in modules)
+    percent = round(100.0 * hit / total, 1) if total else 100.0
+    below = min_reach is not None and percent < min_reach
+    data: dict[str, Any] = {
+        "percent": percent,
+        "statements": total,
+        "executed": hit,
+        "modules": modules,
+        "min_reach": min_reach,
+        "below_minimum": below,
+    }
+    data["lines"] = _lines(data)
+    return data
 
 
 def _lines(data: dict[str, Any]) -> list[str]:

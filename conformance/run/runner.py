@@ -20,10 +20,10 @@ import attrs
 from conformance.check.catalog import SCENARIOS, Invariant, catalog
 from conformance.check.waste import WasteMeter
 from conformance.contract import version_note
-from conformance.generate.coverage import coverage
+from conformance.generate.coverage import coverage, coverage_sets
 from conformance.report.model import InvariantResult, Report
 from conformance.run.boundary import builder_name, parent_builder, prepare
-from conformance.run.engine_paths import EnginePath
+from conformance.run.engine_paths import EnginePath, spell
 from conformance.run.examples import Example
 from conformance.run.explore import EXPLORED_SCENARIOS, Corpus, Explorer
 from conformance.run.findings import Findings, judge_outcome
@@ -35,6 +35,7 @@ from conformance.run.options import PROFILES, OptionError, RunOptions, check_dev
 from conformance.run.profiling import isolated_resolver, resolvable_qualname
 from conformance.run.reach import ReachMeter
 from conformance.run.scenarios import ConstructionFailedError, Context, make_factory, observe
+from conformance.run.shard import order_key
 from conformance.run.strata import Stratum, draw, draw_focus, run_strata, sample
 from conformance.run.tally import Tally, select_invariants
 from conformance.run.timing import InvariantClock
@@ -101,6 +102,7 @@ def check_builder(
     focus: str | None = None,
     explore: float | None = None,
     explore_candidates: int | None = None,
+    shard: str | None = None,
 ) -> Report:
     """Check ``builder`` against the invariant catalog and return a :class:`Report`.
 
@@ -160,6 +162,9 @@ def check_builder(
             measured; its corpus is saved in ``database`` and judged first next time.
         explore_candidates: stop exploring after this many candidates (the
             time limit still holds): a reproducible exploration.
+        shard: ``"I/N"``: judge only the I-th of N shares of the run's strata
+            (needs ``focus`` given); :func:`conformance.merge.merge_reports`
+            joins the N reports into the whole run's (docs/vendors.md#shards).
 
     Raises:
         OptionError: an option has an unusable value (a ``ValueError``; the
@@ -189,6 +194,7 @@ def check_builder(
         "focus": focus,
         "explore": explore,
         "explore_candidates": explore_candidates,
+        "shard": shard,
     }
     options = _options(builder, options, name, keywords)
     invariants = catalog()
@@ -340,6 +346,10 @@ class _Run(Findings):
         self.reach_curve: list[dict[str, Any]] = []
         self.explorer: Explorer | None = None
         self.clock = InvariantClock()  # per-invariant time (run/timing.py)
+        #: The share of the run's strata this run judges (``None``: all of them).
+        self.shard = options.shard_of()
+        #: Examples judged so far per (phase, scenario, stratum): their place in the run.
+        self._places: dict[tuple[int, str, str], int] = {}
 
     def observe(self, scenario: str, example: Example) -> Any:
         return observe(self.ctx, scenario, example)
@@ -410,6 +420,9 @@ class _Run(Findings):
 
     def _explorer(self, plan: Sequence[tuple[str, Sequence[Invariant]]]) -> Explorer | None:
         """The run's exploration, or ``None`` when it neither explores nor has a corpus."""
+        if self.shard is not None and self.shard.count > 1:
+            # A shard replays no corpus: its examples would be judged by every shard.
+            return None
         corpus = Corpus(self.options.database, self.options.builder or repr(self.builder))
         if not self.options.explore and (corpus.path is None or not corpus.path.is_file()):
             return None
@@ -449,19 +462,25 @@ class _Run(Findings):
     ) -> None:
         """Judge ``scenario``'s first deal, or with ``focus`` its focus (focus.py)."""
         done = done_before
+        phase = 0 if focus is None else 1
+        positions = {s.name: i for i, s in enumerate(self.strata)}
 
         def judge(stratum: Stratum, ex: Example, first_deal: bool) -> None:
             nonlocal done
-            self._judge_one(scenario, checks, stratum, ex, first_deal=first_deal)
+            place = (phase, scenario, stratum.name)
+            index = self._places[place] = self._places.get(place, -1) + 1
+            key = order_key(phase, SCENARIOS.index(scenario), positions[stratum.name], index)
+            self._judge_one(scenario, checks, stratum, ex, first_deal=first_deal, key=key)
             done += 1
             if self.progress is not None:
                 self.progress(scenario, min(done, total), total)
 
         args = (scenario, self.strata, self.options.max_examples, self.options.seed)
+        profile, shard = self.options.profile, self.shard
         if focus is None:
-            self.empty[scenario] = draw(*args, self.options.profile, judge)
+            self.empty[scenario] = draw(*args, profile, judge, shard)
         else:
-            self.focus.drew(scenario, draw_focus(*args, self.options.profile, judge, focus))
+            self.focus.drew(scenario, draw_focus(*args, profile, judge, focus, shard))
 
     def _judge_one(
         self,
@@ -471,8 +490,12 @@ class _Run(Findings):
         ex: Example,
         *,
         first_deal: bool = False,
+        key: tuple[int, ...] | None = None,
     ) -> None:
-        """Observe ``ex`` in ``scenario`` and count what each of ``checks`` says of it."""
+        """Observe ``ex`` in ``scenario`` and count what each of ``checks`` says of it.
+
+        ``key``: where ``ex`` falls in the whole run's order (shard.order_key).
+        """
         self.drawn.setdefault(scenario, []).append(ex)
         seeding = first_deal and self.explorer is not None and bool(self.options.explore)
         before = self.reach_lines() if seeding else 0
@@ -492,6 +515,7 @@ class _Run(Findings):
                 primary=scenario == inv.scenario,
                 stratum=stratum,
                 spoiled=functools.partial(builder_spoiled, obs),
+                key=key,
             )
 
     def report(self, selected: Sequence[Invariant], seconds: float) -> Report:
@@ -510,7 +534,23 @@ class _Run(Findings):
             waste=self.waste.summary() if "core" in self.drawn else None,
             observe_seconds=self.clock.observe_seconds(),
             warnings=_contract_warnings(),
+            focus=spell(self.focus.pins()) or "off",
+            shard=self._shard_data(selected),
         )
+
+    def _shard_data(self, selected: Sequence[Invariant]) -> dict[str, Any] | None:
+        """What ``merge`` needs of a sharded run (``None``: not sharded)."""
+        if self.shard is None:
+            return None
+        return {
+            "index": self.shard.index,
+            "count": self.shard.count,
+            "tallies": {
+                inv.id: self.tallies[inv.id].as_dict() for inv in selected if inv.id in self.tallies
+            },
+            "coverage": {s: coverage_sets(examples) for s, examples in self.drawn.items()},
+            "focus": {s: dict(counts) for s, counts in self.focus.extra.items()},
+        }
 
     def _coverage(self, scenario: str) -> dict[str, Any]:
         covered = coverage(self.drawn.get(scenario, []))

@@ -40,6 +40,7 @@ from conformance.run.engine_paths import EnginePath
 from conformance.run.examples import Example, examples
 from conformance.run.focus import FOCUS_SHARE
 from conformance.run.limits import NO_LIMITS, Limits
+from conformance.run.shard import Shard
 
 __all__ = [
     "VENDOR_SHARE",
@@ -174,15 +175,20 @@ def draw(
     seed: int,
     profile: str,
     body: Body,
+    shard: Shard | None = None,
 ) -> list[str]:
     """Run ``body`` on every example of ``scenario``'s first deal, stratum by stratum.
 
     Returns the strata that could draw no valid example for ``scenario``
     (an attention-free model has nothing to keep on the host, say): the
     report lists them, since their share of examples judged nothing.
+    ``shard``: only its strata run (the deal is the whole run's).
     """
     empty: list[str] = []
+    owns = _owner(strata, shard)
     for index, (stratum, count) in enumerate(deal(strata, total, seed, scenario)):
+        if not owns(stratum):
+            continue
         skip = index > 0 and not stratum.keep_simplest
         try:
             _one_run(scenario, stratum, count, seed, profile, body, skip_simplest=skip)
@@ -199,13 +205,15 @@ def draw_focus(
     profile: str,
     body: Body,
     pins: Mapping[str, frozenset[EnginePath]],
+    shard: Shard | None = None,
 ) -> list[tuple[str, int]]:
     """Run ``body`` on ``scenario``'s focus: :data:`FOCUS_SHARE` of ``total`` more examples.
 
     They are dealt equally over the strata ``pins`` names, each drawn on its
     engine paths only (conformance.run.focus).  Returns the examples dealt
-    to each stratum.
+    to each stratum (``shard``: to its own strata, the only ones that run).
     """
+    owns = _owner(strata, shard)
     # The scenario's own exclusions (deal is told the focus's label, not the scenario).
     focused = [
         attrs.evolve(s, share=0.0) for s in strata if s.name in pins and scenario not in s.not_in
@@ -213,7 +221,9 @@ def draw_focus(
     if not focused:
         return []
     label = f"{scenario}/focus"
-    extra = deal(focused, max(1, int(total * FOCUS_SHARE)), seed, label)
+    extra = [
+        (s, n) for s, n in deal(focused, max(1, int(total * FOCUS_SHARE)), seed, label) if owns(s)
+    ]
     for stratum, count in extra:
         # No valid example on those paths: the first deal's verdicts stand alone.
         with contextlib.suppress(hypothesis.errors.Unsatisfiable):
@@ -229,6 +239,14 @@ def draw_focus(
                 label=label,
             )
     return [(s.name, n) for s, n in extra]
+
+
+def _owner(strata: Sequence[Stratum], shard: Shard | None) -> Callable[[Stratum], bool]:
+    """Whether a stratum runs in ``shard`` (by its position among the run's ``strata``)."""
+    if shard is None:
+        return lambda _stratum: True
+    positions = {s.name: i for i, s in enumerate(strata)}
+    return lambda stratum: shard.owns(positions[stratum.name])
 
 
 def sample(

@@ -12,7 +12,7 @@ from conformance.run.examples import Example
 from conformance.run.options import OptionError
 from conformance.run.strata import Stratum
 
-__all__ = ["Tally", "select_invariants"]
+__all__ = ["Tally", "select_invariants", "verdict"]
 
 
 @attrs.define
@@ -30,6 +30,8 @@ class Tally:
     #: it (that stratum's strategy shrinks it).
     failure: tuple[str, Example, Stratum] | None = None
     found: tuple[Any, ...] = ()
+    #: Where the first failure falls in the whole run's order (shard.order_key).
+    failure_key: tuple[int, ...] | None = None
 
     def add(
         self,
@@ -40,12 +42,14 @@ class Tally:
         primary: bool,
         stratum: Stratum,
         spoiled: Callable[[], bool] = lambda: False,
+        key: tuple[int, ...] | None = None,
     ) -> None:
         """Count what one example's judgement (``outcome``) said.
 
         ``primary``: the example is of the invariant's own scenario, whose
         reason for not judging explains best; ``spoiled``: whether a call of
-        the builder failed on it (asked only of unjudged examples).
+        the builder failed on it (asked only of unjudged examples); ``key``:
+        where the example falls in the whole run's order (shard.order_key).
         """
         if outcome is None or isinstance(outcome, Unjudged):
             if isinstance(outcome, Unjudged) and not outcome.applicable:
@@ -62,6 +66,48 @@ class Tally:
         if outcome and self.failure is None:
             self.failure = (scenario, example, stratum)
             self.found = tuple(outcome)
+            self.failure_key = key
+
+    def as_dict(self) -> dict[str, Any]:
+        """The counts, as a sharded run's report carries them for the merge."""
+        return {
+            "judged": self.judged,
+            "unjudged": self.unjudged,
+            "not_applicable": self.not_applicable,
+            "spoiled": self.spoiled,
+            "reason": self.reason,
+            "na_reason": self.na_reason,
+            "failure_key": None if self.failure_key is None else list(self.failure_key),
+        }
+
+
+def verdict(tally: Tally, *, interrupted: bool) -> tuple[str, str | None]:  # noqa: PLR0911
+    """The status the tally gives, and why where a status needs a reason.
+
+    ``pass``, ``fail``, ``inconclusive`` or ``not-applicable``, in the order of
+    contract.md#verdicts; ``interrupted``: the run was stopped before it ended.
+    """
+    if tally.failure is not None or tally.failure_key is not None:
+        return "fail", None
+    if tally.judged:
+        return "pass", None
+    if tally.spoiled:
+        # The builder's own failed calls left these examples unjudged: what
+        # it broke is not "not applicable" (contract.md#verdicts).
+        return "inconclusive", (
+            f"{tally.spoiled} of the examples that reached it could not judge it because "
+            f"a call of the builder failed (see KV-CALL-*): {tally.reason or 'no answer'}"
+        )
+    if tally.not_applicable:
+        return "not-applicable", f"not applicable in this run: {tally.na_reason}"
+    if interrupted:
+        return "inconclusive", "the run was interrupted before an example judged it"
+    if tally.unjudged:
+        return "inconclusive", (
+            f"none of the {tally.unjudged} examples that reached it could judge it: "
+            f"{tally.reason or 'a call it needs failed (see KV-CALL-*)'}"
+        )
+    return "inconclusive", "no example reached it"
 
 
 def select_invariants(

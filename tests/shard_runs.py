@@ -1,0 +1,80 @@
+"""Helpers of the shard tests: a run and its three shards, each a fresh CLI process, compared.
+
+Each run is its own process, as on the machines of a CI matrix: a run in a
+process that already ran one inherits caches (the spec classes' field lists,
+say) and would reach other lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARDS = 3
+
+
+def cli(builder: str, out: Path, *extra: str, select: str | None, examples: int) -> int:
+    """``kvref-conformance BUILDER --json OUT ...`` in a fresh process; its exit status."""
+    argv = [sys.executable, "-m", "conformance.cli", builder, "--seed", "3"]
+    argv += ["--max-examples", str(examples), "--focus", "off", "--no-database"]
+    if select:
+        argv += ["--select", select]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HYPOTHESIS"))}
+    env["PYTHONPATH"] = f"{ROOT / 'tests'}{os.pathsep}{ROOT}"
+    done = subprocess.run(
+        [*argv, *extra, "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert out.is_file(), done.stdout[-2000:] + done.stderr[-2000:]
+    return done.returncode
+
+
+def whole_and_shards(
+    builder: str, tmp: Path, *, select: str | None, examples: int = 20
+) -> tuple[dict[str, Any], list[Path]]:
+    """The unsharded run's JSON report, and the paths of its shards' reports."""
+    cli(builder, tmp / "whole.json", select=select, examples=examples)
+    paths = [tmp / f"shard{i}.json" for i in range(1, SHARDS + 1)]
+    for i, path in enumerate(paths, 1):
+        cli(builder, path, "--shard", f"{i}/{SHARDS}", select=select, examples=examples)
+    return json.loads((tmp / "whole.json").read_text()), paths
+
+
+#: What of each result must be the same: the verdict, the counts and the finding.
+RESULT_KEYS = ("id", "status", "examples", "inconclusive", "violations", "counterexample")
+
+
+def differences(whole: dict[str, Any], merged: dict[str, Any]) -> list[str]:
+    """Where the merged report differs from the unsharded run's (empty: nowhere)."""
+    found = [
+        f"{a['id']}.{key}: {a[key]!r:.200} != {b[key]!r:.200}"
+        for a, b in zip(whole["results"], merged["results"], strict=True)
+        for key in (*RESULT_KEYS, "scenario")
+        if a[key] != b[key]
+    ]
+    for scenario in sorted(whole["coverage"].keys() | merged["coverage"].keys()):
+        mine, theirs = whole["coverage"].get(scenario), merged["coverage"].get(scenario)
+        if mine != theirs:
+            found.append(f"coverage[{scenario}]: {mine} != {theirs}")
+    if (whole["reach"] is None) != (merged["reach"] is None):
+        found.append("reach measured in one report only")
+    elif whole["reach"] is not None:
+        for key in ("percent", "statements", "executed", "lines"):
+            if whole["reach"][key] != merged["reach"][key]:
+                found.append(f"reach.{key}: {whole['reach'][key]} != {merged['reach'][key]}")
+    for key in ("compared", "warned"):
+        if (whole["waste"] or {}).get(key) != (merged["waste"] or {}).get(key):
+            found.append(f"waste.{key}")
+    if whole["ok"] != merged["ok"]:
+        found.append(f"ok: {whole['ok']} != {merged['ok']}")
+    return found

@@ -1,0 +1,181 @@
+"""Shards (``--shard I/N``) and ``kvref-conformance merge``: the whole run, split and joined.
+
+The proof: three shards' reports, merged, give the unsharded run's verdicts,
+counts, counterexamples, coverage and reach, on a broken builder whose
+failures show in several shards (the merge keeps the one the whole run
+meets first) and, in the slow tier, on the reference's whole catalog.
+tests/vllm/test_shard_native.py proves it for a vLLM-native builder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from conformance.cli import main
+from conformance.merge import MergeError, merge_reports, read_shard_reports
+from conformance.report.render import json_schema_path, report_to_dict
+from conformance.run.options import OptionError, RunOptions
+from conformance.run.shard import Shard
+from tests.shard_runs import differences, whole_and_shards
+
+BROKEN = "broken_builders.placement:OverlappingBlocks"
+#: Invariants of five scenarios, the planted overlap's among them.
+SELECT = "KV-GROUP-PARTITION,KV-PLACE-NUM-BLOCKS,KV-PLACE-NO-BLOCK-ALIAS,KV-CORE-MEMORY,KV-DEV-TAGS"
+
+
+def _plain(report: Any) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(json.dumps(report_to_dict(report), default=str))
+    return data
+
+
+@pytest.fixture(scope="module")
+def broken_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], list[Path]]:
+    """``OverlappingBlocks``: the whole run and its three shards, each its own process."""
+    return whole_and_shards(BROKEN, tmp_path_factory.mktemp("shards"), select=SELECT)
+
+
+class TestOptions:
+    @pytest.mark.parametrize(
+        ("value", "says"),
+        [
+            ("3", "must be I/N"),
+            ("a/b", "must be I/N"),
+            ("0/3", "1 <= I <= N"),
+            ("4/3", "1 <= I <= N"),
+            ("1/0", "1 <= I <= N"),
+        ],
+    )
+    def test_a_malformed_shard_is_named(self, value: str, says: str) -> None:
+        with pytest.raises(OptionError, match=f"shard='{value}'.*{says}"):
+            RunOptions(builder=None, shard=value, focus="off").validate(capabilities=())
+
+    def test_a_shard_needs_the_focus_given(self) -> None:
+        with pytest.raises(OptionError, match="needs the focus given"):
+            RunOptions(builder=None, shard="1/2").validate(capabilities=())
+        RunOptions(builder=None, shard="1/1").validate(capabilities=())
+
+    def test_a_shard_cannot_explore(self) -> None:
+        with pytest.raises(OptionError, match="cannot explore"):
+            RunOptions(builder=None, shard="1/2", focus="off", explore=5.0).validate(
+                capabilities=()
+            )
+
+    def test_the_cli_says_it_as_a_flag(self, capsys: pytest.CaptureFixture[str]) -> None:
+        assert main(["--shard", "2/3"]) == 2
+        assert "--shard '2/3' needs the focus given" in capsys.readouterr().err
+
+    @pytest.mark.parametrize("count", [1, 2, 3, 5])
+    def test_every_stratum_is_in_one_shard(self, count: int) -> None:
+        shards = [Shard(i, count) for i in range(1, count + 1)]
+        for position in range(23):
+            assert sum(s.owns(position) for s in shards) == 1
+
+
+class TestMergeEquality:
+    def test_three_shards_give_the_whole_run(
+        self, broken_runs: tuple[dict[str, Any], list[Path]]
+    ) -> None:
+        whole, paths = broken_runs
+        merged = _plain(merge_reports(read_shard_reports(paths)))
+        assert differences(whole, merged) == []
+        # Not vacuous: it failed, and its failures lay in more than one shard.
+        assert not whole["ok"]
+        failing = [
+            p
+            for p in paths
+            if json.loads(p.read_text())["shard"]["tallies"]["KV-PLACE-NO-BLOCK-ALIAS"][
+                "failure_key"
+            ]
+        ]
+        assert len(failing) >= 2, failing
+
+    def test_each_shard_judges_a_part(self, broken_runs: tuple[dict[str, Any], list[Path]]) -> None:
+        whole, paths = broken_runs
+        parts = [json.loads(p.read_text()) for p in paths]
+        for scenario, covered in whole["coverage"].items():
+            counts = [d["coverage"].get(scenario, {}).get("examples", 0) for d in parts]
+            assert sum(counts) == covered["examples"]
+            assert max(counts) < covered["examples"], (scenario, counts)
+
+    def test_the_merged_report_is_valid_json_of_the_schema(
+        self, broken_runs: tuple[dict[str, Any], list[Path]], tmp_path: Path
+    ) -> None:
+        _, paths = broken_runs
+        out = tmp_path / "merged.json"
+        assert main(["merge", *map(str, paths), "--json", str(out)]) == 1
+        data = json.loads(out.read_text())
+        jsonschema.validate(data, json.loads(json_schema_path().read_text()))
+        assert data["shard"] is None and data["options"]["shard"] is None
+
+    @pytest.mark.slow
+    def test_the_reference_whole_catalog(self, tmp_path: Path) -> None:
+        """Every scenario, serving and the twin process included, reach measured."""
+        whole, paths = whole_and_shards(
+            "kvref:ReferenceKVCacheConfigBuilder", tmp_path, select=None, examples=15
+        )
+        merged = _plain(merge_reports(read_shard_reports(paths)))
+        assert differences(whole, merged) == []
+        assert whole["ok"] and whole["reach"] is not None
+
+
+class TestMergeRefuses:
+    def _edit(self, path: Path, tmp: Path, name: str, **changes: Any) -> Path:
+        data = json.loads(path.read_text())
+        for key, value in changes.items():
+            target = data
+            *parents, last = key.split(".")
+            for parent in parents:
+                target = target[parent]
+            target[last] = value
+        out = tmp / name
+        out.write_text(json.dumps(data))
+        return out
+
+    def test_a_missing_shard(self, broken_runs: tuple[dict[str, Any], list[Path]]) -> None:
+        _, paths = broken_runs
+        with pytest.raises(MergeError, match="shard 2 of 3 missing"):
+            read_shard_reports([paths[0], paths[2]])
+
+    def test_a_shard_given_twice(self, broken_runs: tuple[dict[str, Any], list[Path]]) -> None:
+        _, paths = broken_runs
+        with pytest.raises(MergeError, match="both shard 1"):
+            read_shard_reports([paths[0], paths[0], paths[1], paths[2]])
+
+    def test_another_option(
+        self, broken_runs: tuple[dict[str, Any], list[Path]], tmp_path: Path
+    ) -> None:
+        _, paths = broken_runs
+        other = self._edit(paths[1], tmp_path, "other.json", **{"options.timeout": 99.0})
+        with pytest.raises(MergeError, match=r"option timeout=99\.0"):
+            read_shard_reports([paths[0], other, paths[2]])
+        other = self._edit(paths[1], tmp_path, "seed.json", seed=4)
+        with pytest.raises(MergeError, match="seed=4"):
+            read_shard_reports([paths[0], other, paths[2]])
+
+    def test_not_a_shard_or_not_ended(
+        self, broken_runs: tuple[dict[str, Any], list[Path]], tmp_path: Path
+    ) -> None:
+        whole, paths = broken_runs
+        plain = tmp_path / "plain.json"
+        plain.write_text(json.dumps(whole))
+        with pytest.raises(MergeError, match="not a shard's report"):
+            read_shard_reports([plain])
+        cut = self._edit(paths[0], tmp_path, "cut.json", complete=False)
+        with pytest.raises(MergeError, match="did not end"):
+            read_shard_reports([cut, *paths[1:]])
+        junk = tmp_path / "junk.json"
+        junk.write_text("{")
+        with pytest.raises(MergeError, match=r"junk\.json is not JSON"):
+            read_shard_reports([junk])
+
+    def test_the_cli_exits_2(
+        self, broken_runs: tuple[dict[str, Any], list[Path]], capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        _, paths = broken_runs
+        assert main(["merge", str(paths[0])]) == 2
+        assert "shards 2, 3 of 3 missing" in capsys.readouterr().err
