@@ -20,31 +20,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from _timing import timed_parts
 
 
 def _one(checkout: Path, seed: int, extra: list[str]) -> tuple[float, float, float, int]:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    done = subprocess.run(
+    return timed_parts(
         [sys.executable, "-m", "conformance.cli", "--no-database", "--seed", str(seed), *extra],
         cwd=checkout,
         env=dict(os.environ, PYTHONPATH=str(checkout)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        check=False,
-    )
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (
-        wall,
-        after.ru_utime - before.ru_utime,
-        after.ru_stime - before.ru_stime,
-        done.returncode,
     )
 
 

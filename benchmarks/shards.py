@@ -19,30 +19,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from _timing import timed_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _one(seed: int, extra: list[str]) -> tuple[float, float]:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
     argv = [sys.executable, "-m", "conformance.cli", "--no-database", "--focus", "off"]
-    subprocess.run(
+    wall, cpu, _ = timed_run(
         [*argv, "--seed", str(seed), *extra],
         cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        check=False,
     )
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     return wall, cpu
 
 

@@ -30,7 +30,7 @@ from conformance.check.violations import Violation
 from conformance.check.waste import LISTED, PlanFigures, WasteSummary, WasteWarning
 from conformance.report.model import InvariantResult, Replays, Report
 from conformance.run.reach import module_figures, reach_summary
-from conformance.run.tally import Tally, verdict
+from conformance.run.tally import Tally, expected_status, verdict
 
 __all__ = ["MergeError", "merge_main", "merge_reports", "read_shard_reports"]
 
@@ -167,14 +167,11 @@ def _result(
         "inconclusive": tally.unjudged,
         "seconds": sum(r["seconds"] for _, r in mine),
     }
+    shown = expected_status(status, expected)
     if status == "fail":
         earliest = min(failing, key=lambda f: f[0])[1]
-        return _record(earliest, status="xfail" if expected else "fail", **counts)
-    if status == "pass":
-        return _record(mine[0][1], status="xpass" if expected else "pass", reason=None, **counts)
-    if expected and status == "inconclusive":
-        status = "xfail"
-    return _record(mine[0][1], status=status, reason=reason, **_no_failure(), **counts)
+        return _record(earliest, status=shown, **counts)
+    return _record(mine[0][1], status=shown, reason=reason, **_no_failure(), **counts)
 
 
 def _no_failure() -> dict[str, Any]:

@@ -74,6 +74,14 @@ def _model_key(merged: Mapping[str, KVCacheSpec]) -> tuple[Any, ...]:
     return tuple((name, type(s).__name__, s, s.is_draft) for name, s in merged.items())
 
 
+def _merged(ex: _ExampleLike) -> dict[str, KVCacheSpec]:
+    """Every worker's layers of ``ex``, in one mapping."""
+    merged: dict[str, KVCacheSpec] = {}
+    for worker in ex.workers:
+        merged.update(worker)
+    return merged
+
+
 def coverage_sets(examples: Iterable[_ExampleLike]) -> dict[str, list[Any]]:
     """The distinct models (as digests) and block counts of ``examples``.
 
@@ -83,10 +91,8 @@ def coverage_sets(examples: Iterable[_ExampleLike]) -> dict[str, list[Any]]:
     models: set[str] = set()
     blocks: set[int] = set()
     for ex in examples:
-        merged: dict[str, KVCacheSpec] = {}
-        for worker in ex.workers:
-            merged.update(worker)
-        models.add(hashlib.sha256(repr(_model_key(merged)).encode()).hexdigest()[:20])
+        key = repr(_model_key(_merged(ex)))
+        models.add(hashlib.sha256(key.encode()).hexdigest()[:20])
         blocks.add(ex.num_blocks)
     return {"models": sorted(models), "block_counts": sorted(blocks)}
 
@@ -113,9 +119,7 @@ def coverage(examples: Iterable[_ExampleLike]) -> dict[str, Any]:
     odd = over = layer_outer = 0
     for ex in examples:
         count += 1
-        merged: dict[str, KVCacheSpec] = {}
-        for worker in ex.workers:
-            merged.update(worker)
+        merged = _merged(ex)
         models.add(_model_key(merged))
         counters["families"][family_of(ex.description)] += 1
         counters["layouts"][ex.config.kv_cache_layout.name] += 1

@@ -43,7 +43,7 @@ from conformance.run.scenarios import (
 from conformance.run.search import Namespaced, search
 from conformance.run.shard import order_key
 from conformance.run.strata import Stratum, stratum_seed
-from conformance.run.tally import Tally, verdict
+from conformance.run.tally import Tally, expected_status, verdict
 from conformance.run.timing import InvariantClock
 from conformance.run.upstream import matching_defect
 from kvref.builder import KVCacheConfigBuilder
@@ -142,16 +142,11 @@ class Findings:
 
         if inv.id in self.skipped:
             return make("skipped", reason=self.skipped[inv.id])
-        expected = inv.id in self.options.xfail
         status, reason = verdict(tally, interrupted=self.interrupted)
+        shown = expected_status(status, inv.id in self.options.xfail)
         if status == "fail":
-            found = self.clock.judge(inv.id, self._failure, inv, tally)
-            return make("xfail" if expected else "fail", **found)
-        if status == "pass":
-            return make("xpass" if expected else "pass")
-        if expected and status == "inconclusive":
-            return make("xfail", reason=reason)
-        return make(status, reason=reason)
+            return make(shown, **self.clock.judge(inv.id, self._failure, inv, tally))
+        return make(shown, reason=reason)
 
     def _failure(self, inv: Invariant, tally: Tally) -> dict[str, Any]:
         """The shrunk counterexample of a failed invariant and how to reproduce it."""

@@ -64,8 +64,7 @@ from conformance.run.observations import (
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.errors import KVRefError
-from kvref.planning import plan_kv_cache, project_kv_cache_groups_to_worker
-from kvref.records import KVCacheGroupSpec
+from kvref.planning import plan_kv_cache
 
 __all__ = ["FOCUSED_SCENARIOS", "FOCUS_SHARE", "REFERENCE", "Baseline", "Focus", "answers_differ"]
 
@@ -117,11 +116,8 @@ def _differs(
     """
     if result is None:
         return False
-    try:
-        want = expected()
-    except KitError:
-        raise
-    except baseline.refusals:
+    refused, want = _answer(expected, baseline)
+    if refused:
         return result.ok
     if not result.ok:
         return True
@@ -131,13 +127,17 @@ def _differs(
     return bool(got != want)
 
 
-def _stage_groups(obs: PlacementObservation, baseline: Baseline) -> list[KVCacheGroupSpec]:
-    """The baseline's groups as ``obs``'s placement was handed them (projected onto its stage)."""
-    model = obs.specs if obs.model_specs is None else obs.model_specs
-    groups = list(baseline.builder.get_kv_cache_groups(obs.config, dict(model)))
-    if obs.model_specs is None:
-        return groups
-    return project_kv_cache_groups_to_worker(groups, obs.specs)
+def _answer(call: Callable[[], Any], baseline: Baseline) -> tuple[bool, Any]:
+    """``(True, None)`` when the baseline refuses ``call``'s problem, else ``(False, answer)``.
+
+    The kit's own errors are not a refusal: they propagate.
+    """
+    try:
+        return False, call()
+    except KitError:
+        raise
+    except baseline.refusals:
+        return True, None
 
 
 def _placement_differs(obs: PlacementObservation, baseline: Baseline) -> bool:
@@ -147,14 +147,10 @@ def _placement_differs(obs: PlacementObservation, baseline: Baseline) -> bool:
         return True
     config, parent = obs.config, baseline.builder
     placed = obs.results.get(obs.num_blocks)
-    try:
-        regrouped = groups != _stage_groups(obs, baseline)
-    except KitError:
-        raise
-    except baseline.refusals:
-        regrouped = True
+    refused, theirs = _answer(lambda: obs.groups_by(parent), baseline)
     return (
-        regrouped
+        refused
+        or groups != theirs
         or _differs(
             placed,
             lambda: parent.get_kv_cache_config_from_groups(config, groups, obs.num_blocks),

@@ -116,8 +116,16 @@ class PlacementObservation:
         Raises:
             KVRefError: the reference cannot group the model.
         """
+        return self.groups_by(ReferenceKVCacheConfigBuilder())
+
+    def groups_by(self, builder: Any) -> list[KVCacheGroupSpec]:
+        """``builder``'s groups of the model, as this placement was handed them.
+
+        Raises:
+            Exception: what ``builder`` raises when it cannot group the model.
+        """
         model = self.specs if self.model_specs is None else self.model_specs
-        groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(self.config, dict(model))
+        groups = list(builder.get_kv_cache_groups(self.config, dict(model)))
         if self.model_specs is None:
             return groups
         # A pipeline stage is handed the whole model's groups, projected onto its layers.

@@ -245,8 +245,8 @@ class RunOptions:
         if self.focus is None:
             raise OptionError(
                 f"shard={self.shard!r} needs the focus given: a shard sees only its own "
-                "families' answers, so it cannot learn the whole run's focus; give "
-                "focus='off', or the focus an earlier run learned (its report's \"focus\")"
+                "families' answers, so it cannot learn the whole run's focus; give it: off, "
+                'or the focus an earlier run learned (its report\'s "focus")'
             )
         if self.explore:
             raise OptionError(

@@ -462,14 +462,14 @@ class _Run(Findings):
     ) -> None:
         """Judge ``scenario``'s first deal, or with ``focus`` its focus (focus.py)."""
         done = done_before
-        phase = 0 if focus is None else 1
+        phase, where = 0 if focus is None else 1, SCENARIOS.index(scenario)
         positions = {s.name: i for i, s in enumerate(self.strata)}
 
         def judge(stratum: Stratum, ex: Example, first_deal: bool) -> None:
             nonlocal done
             place = (phase, scenario, stratum.name)
             index = self._places[place] = self._places.get(place, -1) + 1
-            key = order_key(phase, SCENARIOS.index(scenario), positions[stratum.name], index)
+            key = order_key(phase, where, positions[stratum.name], index)
             self._judge_one(scenario, checks, stratum, ex, first_deal=first_deal, key=key)
             done += 1
             if self.progress is not None:

@@ -12,7 +12,7 @@ from conformance.run.examples import Example
 from conformance.run.options import OptionError
 from conformance.run.strata import Stratum
 
-__all__ = ["Tally", "select_invariants", "verdict"]
+__all__ = ["Tally", "expected_status", "select_invariants", "verdict"]
 
 
 @attrs.define
@@ -108,6 +108,17 @@ def verdict(tally: Tally, *, interrupted: bool) -> tuple[str, str | None]:  # no
             f"{tally.reason or 'a call it needs failed (see KV-CALL-*)'}"
         )
     return "inconclusive", "no example reached it"
+
+
+def expected_status(status: str, expected: bool) -> str:
+    """``status`` of an invariant listed as expected to fail (``expected``).
+
+    A failure, or no judgement at all, is the expected ``xfail``; a pass is
+    ``xpass``; not applicable stays so (contract.md#verdicts).
+    """
+    if not expected:
+        return status
+    return {"fail": "xfail", "inconclusive": "xfail", "pass": "xpass"}.get(status, status)
 
 
 def select_invariants(
