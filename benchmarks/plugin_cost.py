@@ -34,7 +34,7 @@ _PER_ITEM = """
 import sys
 from conformance import check_builder
 from conformance.check.catalog import catalog
-from conformance.run.isolate import isolated
+from conformance.harness.isolate import isolated
 
 name, seed, examples = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 examples = None if examples == "-" else int(examples)

@@ -182,7 +182,7 @@ def named_module_file(name: str) -> Path | None:
 def builder_files(name: str, *, timeout: float = _FILES_TIMEOUT) -> list[Path]:
     """The builder's source files: the modules reach counts as its own code.
 
-    They are :func:`conformance.run.reach.builder_modules` of the loaded
+    They are :func:`conformance.harness.reach.builder_modules` of the loaded
     builder, found in a child process (importing the builder runs its code).
 
     Raises:
@@ -190,8 +190,8 @@ def builder_files(name: str, *, timeout: float = _FILES_TIMEOUT) -> list[Path]:
     """
     code = (
         "import json, sys\n"
-        "from conformance.run.adapters import load_builder\n"
-        "from conformance.run.reach import builder_modules\n"
+        "from conformance.harness.adapters import load_builder\n"
+        "from conformance.harness.reach import builder_modules\n"
         "files = builder_modules(load_builder(sys.argv[1]))\n"
         "sys.stdout.write('\\n' + json.dumps([str(f) for f in files]))\n"
     )

@@ -153,7 +153,7 @@ def _catch_sigterm() -> Any:
 
 
 def _on_ctrl_c(signum: int, frame: object) -> None:
-    from conformance.run.guard import note_interrupt
+    from conformance.harness.guard import note_interrupt
 
     # Raised where the signal lands; if Python drops it there (a gc callback),
     # the kit raises it again at its next call into the builder.
@@ -179,7 +179,7 @@ def _quiet_dropped_ctrl_c(previous: Callable[[Any], object]) -> Callable[[Any], 
 
 def _catch_ctrl_c() -> Any:
     """Install :func:`_on_ctrl_c` for SIGINT; returns the handler it replaced (``None``: none)."""
-    from conformance.run.guard import clear_interrupt
+    from conformance.harness.guard import clear_interrupt
 
     clear_interrupt()
     if threading.current_thread() is not threading.main_thread():
@@ -305,7 +305,7 @@ def _run(args: argparse.Namespace) -> int:
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     from conformance.check.catalog import catalog
-    from conformance.run.adapters import BuilderLoadError, load_builder
+    from conformance.harness.adapters import BuilderLoadError, load_builder
     from conformance.run.options import OptionError, check_device, flag_message
 
     _reports_before_run(args)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 __all__ = ["DEFAULT_BUILDER", "parser"]
 
-#: Also in :mod:`conformance.run.adapters`; repeated here so ``--help`` needs no import of it.
+#: Also in :mod:`conformance.harness.adapters`; repeated here so ``--help`` needs no import of it.
 DEFAULT_BUILDER = _DEFAULT_BUILDER = "kvref:ReferenceKVCacheConfigBuilder"
 _PROFILES = ("ci", "thorough")
 

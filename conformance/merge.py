@@ -28,8 +28,8 @@ from typing import Any
 
 from conformance.check.violations import Violation
 from conformance.check.waste import LISTED, PlanFigures, WasteSummary, WasteWarning
+from conformance.harness.reach import module_figures, reach_summary
 from conformance.report.model import InvariantResult, Replays, Report
-from conformance.run.reach import module_figures, reach_summary
 from conformance.run.tally import Tally, expected_status, verdict
 
 __all__ = ["MergeError", "merge_main", "merge_reports", "read_shard_reports"]

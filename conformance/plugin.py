@@ -296,13 +296,13 @@ def _load(options: Any) -> Any:
     Isolated, its module is imported only in the worker made here, which every
     item's run then uses: the import is paid once per session.
     """
-    from conformance.run.adapters import BuilderLoadError, load_builder
+    from conformance.harness.adapters import BuilderLoadError, load_builder
 
     try:
         if not options.isolate:
             load_builder(options.builder)
             return None
-        from conformance.run.isolate import isolated
+        from conformance.harness.isolate import isolated
 
         reach = options.measured_reach
         return isolated(

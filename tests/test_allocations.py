@@ -14,8 +14,7 @@ import legal_builders
 import pytest
 
 from conformance.check import core, memory
-from conformance.run.guard import CallResult
-from conformance.run.observations import CoreObservation
+from conformance.check.observations import CallResult, CoreObservation
 from conformance.run.runner import check_builder
 from kvref import FullAttentionSpec, PlanningConfig
 from kvref.planning import plan_kv_cache

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from reach_pkg.gated import GatedBuilder
 
-from conformance.run.callees import callee_closure
-from conformance.run.reach import ReachMeter, _source_of, reach_scope
+from conformance.harness.callees import callee_closure
+from conformance.harness.reach import ReachMeter, _source_of, reach_scope
 
 
 def test_shared_helper_counts_where_named() -> None:

@@ -46,7 +46,7 @@ class TestMarkdown:
     def test_upstream_names(self, broken_report) -> None:  # type: ignore[no-untyped-def]
         import attrs
 
-        from conformance.run.upstream import DEFECTS
+        from conformance.upstream import DEFECTS
 
         result = attrs.evolve(
             broken_report.result("KV-GROUP-PARTITION"), upstream=DEFECTS[0].describe()

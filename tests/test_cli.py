@@ -597,7 +597,7 @@ class TestDroppedCtrlC:
 
     def test_the_next_builder_call_raises_it(self) -> None:
         """After the handler ran but its exception vanished, the run stops and reports."""
-        from conformance.run.guard import note_interrupt
+        from conformance.harness.guard import note_interrupt
 
         class DropsCtrlC(ReferenceKVCacheConfigBuilder):
             calls = 0
@@ -631,7 +631,7 @@ class TestDroppedCtrlC:
     def test_the_handler_remembers_and_raises(self) -> None:
         """The CLI's SIGINT handler raises where the signal lands and remembers it."""
         from conformance.cli import _on_ctrl_c
-        from conformance.run.guard import clear_interrupt, raise_if_interrupted
+        from conformance.harness.guard import clear_interrupt, raise_if_interrupted
 
         with pytest.raises(KeyboardInterrupt):
             _on_ctrl_c(signal.SIGINT, None)

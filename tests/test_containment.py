@@ -28,7 +28,7 @@ from conformance.check.bounds import MAX_BYTES, byte_count_problem, tensor_probl
 from conformance.check.catalog import by_id
 from conformance.check.device import check_device
 from conformance.cli import main
-from conformance.run.isolate import WorkerDiedError, isolated
+from conformance.harness.isolate import WorkerDiedError, isolated
 from conformance.run.options import OptionError
 from conformance.run.runner import check_builder
 from kvref import PlanningConfig, ReferenceKVCacheConfigBuilder
@@ -247,7 +247,7 @@ def test_reach_never_waits_on_an_unanswering_worker(monkeypatch: pytest.MonkeyPa
     import threading
 
     import kvref.builder
-    from conformance.run import isolate
+    from conformance.harness import isolate
 
     monkeypatch.setattr(isolate, "_REACH_SECONDS", 0.5)
     proxy = isolated(ReferenceKVCacheConfigBuilder)

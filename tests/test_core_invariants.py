@@ -15,8 +15,8 @@ import attrs
 import pytest
 
 from conformance.check.catalog import Unjudged, by_id
-from conformance.run.guard import Guard
-from conformance.run.scenarios import Context, make_factory, observe_core
+from conformance.harness.guard import Guard
+from conformance.harness.hooks import Context, make_factory, observe_core
 from kvref import (
     FullAttentionSpec,
     KVCachePlan,

@@ -8,10 +8,10 @@ from hypothesis import Phase, find, given, settings
 
 from conformance.check.drafts import draft_kinds
 from conformance.check.gate import judge_grouping
+from conformance.check.observations import CallResult
 from conformance.generate.families import family_strategy
 from conformance.generate.problems import model_config_fields
 from conformance.generate.records import Model
-from conformance.run.guard import CallResult
 from kvref import (
     FullAttentionSpec,
     KVCacheGroupSpec,

@@ -20,7 +20,7 @@ from conformance.expectations import (
 )
 from conformance.expectations.manifest import FORMAT, PLACEHOLDER_REASON
 from conformance.expectations.tomlw import dump_manifest
-from conformance.run.upstream import DEFECTS
+from conformance.upstream import DEFECTS
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -13,13 +13,13 @@ from hypothesis import HealthCheck, given, settings
 
 import conformance
 from conformance.cli import main
+from conformance.generate.limits import NO_LIMITS
 from conformance.generate.problems import model_config_fields
 from conformance.report.render import report_to_dict
-from conformance.run.examples import Example, problem_examples, reference_accepts
 from conformance.run.explore import MUTATIONS, Corpus, mutate
-from conformance.run.limits import NO_LIMITS
 from conformance.run.options import OptionError, RunOptions
 from conformance.run.runner import check_builder
+from conformance.scenarios.examples import Example, problem_examples, reference_accepts
 from kvref import FullAttentionSpec, PlanningConfig
 
 GATED = "explore_builders:IndexCacheShortBacking"

@@ -10,15 +10,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conformance.cli import main
-from conformance.run.engine_paths import engine_path, parse, spell
-from conformance.run.examples import Example, problem_examples
+from conformance.generate.engine_paths import engine_path, parse, spell
+from conformance.generate.limits import HOST_OUTSIDE_HISPARSE, Limits
+from conformance.harness.guard import Guard
+from conformance.harness.hooks import Context, make_factory, observe
 from conformance.run.focus import FOCUS_SHARE, answers_differ
-from conformance.run.guard import Guard
-from conformance.run.limits import HOST_OUTSIDE_HISPARSE, Limits
 from conformance.run.options import OptionError, RunOptions
 from conformance.run.runner import check_builder
-from conformance.run.scenarios import Context, make_factory, observe
 from conformance.run.strata import Stratum, draw_focus, run_strata
+from conformance.scenarios.examples import Example, problem_examples
 from kvref import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.layout import KVCacheLayout

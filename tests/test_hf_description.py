@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from conformance.generate.families import family_strategy
 from conformance.generate.hf import cache_dtype_of
 from conformance.generate.problems import model_config_fields
+from conformance.harness import wire
 from conformance.report.records import decode_value, encode_value
-from conformance.run import wire
 from kvref import ConfigError, PlanningConfig
 
 _SETTINGS = settings(

@@ -170,21 +170,21 @@ def test_no_import_circle_among_kvref_modules(function_level: bool) -> None:
 
 
 #: The kit's one remaining circle, through imports inside functions: the
-#: scenario observers and example draws that :mod:`conformance.run.scenarios`
-#: and :mod:`conformance.run.examples` still look up by name (issue 21's
+#: scenario observers and example draws that :mod:`conformance.harness.hooks`
+#: and :mod:`conformance.scenarios.examples` still look up by name (issue 21's
 #: scenario registry removes it).  Pinned so that it cannot grow and no
 #: other circle appears.
 KNOWN_KIT_CIRCLE = frozenset(
     {
-        "conformance.run.boundary",
-        "conformance.run.core_proxy",
-        "conformance.run.examples",
-        "conformance.run.isolate",
-        "conformance.run.profiling",
-        "conformance.run.scenarios",
-        "conformance.run.twin",
-        "conformance.run.worker_side",
-        "conformance.serve.scenario",
+        "conformance.harness.boundary",
+        "conformance.scenarios.core",
+        "conformance.scenarios.examples",
+        "conformance.harness.isolate",
+        "conformance.scenarios.profiling",
+        "conformance.harness.hooks",
+        "conformance.harness.twin",
+        "conformance.harness.worker_side",
+        "conformance.scenarios.serve",
     }
 )
 

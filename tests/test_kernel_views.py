@@ -18,9 +18,8 @@ import torch
 import conformance.check.device_kernel as device_kernel
 from conformance import check_builder
 from conformance.check.catalog import Unjudged, by_id
+from conformance.check.observations import CallResult, PlacementObservation
 from conformance.check.violations import Violation
-from conformance.run.guard import CallResult
-from conformance.run.observations import PlacementObservation
 from kvref import (
     KVCacheConfig,
     KVCacheGroupSpec,

@@ -11,6 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, seed, settings
 
 from conformance.check.catalog import Unjudged, by_id
+from conformance.check.observations import HostObservation
 from conformance.check.residency import host_layers
 from conformance.generate import strategies as kst
 from conformance.generate.families.declared import declared_grouping_models
@@ -18,11 +19,10 @@ from conformance.generate.families.extras import RunsOfKindGrouping
 from conformance.generate.families.hidden_state import hidden_state_models
 from conformance.generate.families.hisparse import hisparse_models
 from conformance.generate.records import PlanningProblem
-from conformance.run.examples import Example
-from conformance.run.guard import Guard
-from conformance.run.observations import HostObservation
+from conformance.harness.guard import Guard
+from conformance.harness.hooks import Context, make_factory, observe
 from conformance.run.runner import check_builder
-from conformance.run.scenarios import Context, make_factory, observe
+from conformance.scenarios.examples import Example
 from kvref import ReferenceKVCacheConfigBuilder
 from kvref.config import HiSparseConfig, PlanningConfig
 from kvref.extra_specs import HiddenStateCacheSpec, HiSparseHotSpec, HiSparseResidentSpec

@@ -35,8 +35,8 @@ from conformance.check.catalog import Unjudged, by_id
 from conformance.check.device import check_device_tags
 from conformance.check.memory import check_memory
 from conformance.generate import strategies as gen
-from conformance.run.guard import Guard
-from conformance.run.scenarios import Context, make_factory, observe_core, observe_placement
+from conformance.harness.guard import Guard
+from conformance.harness.hooks import Context, make_factory, observe_core, observe_placement
 from kvref import (
     FullAttentionSpec,
     KVCacheLayout,

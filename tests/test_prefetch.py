@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.run.prefetch import imports_vllm
+from conformance.harness.prefetch import imports_vllm
 
 
 @pytest.fixture

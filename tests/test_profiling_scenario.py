@@ -11,16 +11,16 @@ import torch
 from hypothesis import HealthCheck, given, seed, settings
 
 from conformance.check.catalog import Unjudged, by_id, catalog
-from conformance.run.examples import Example, examples
-from conformance.run.guard import Guard
-from conformance.run.observations import ConstructFailure, ProfilingObservation
-from conformance.run.profiling import (
+from conformance.check.observations import ConstructFailure, ProfilingObservation
+from conformance.harness.guard import Guard
+from conformance.harness.hooks import Context, make_factory, observe
+from conformance.run.runner import builder_name, check_builder
+from conformance.scenarios.examples import Example, examples
+from conformance.scenarios.profiling import (
     isolated_resolver,
     profiling_block_count,
     resolvable_qualname,
 )
-from conformance.run.runner import builder_name, check_builder
-from conformance.run.scenarios import Context, make_factory, observe
 from kvref import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.records import KVCacheGroupSpec
@@ -247,7 +247,7 @@ class TestIsolatedResolution:
 
     @staticmethod
     def _observe(builder: type, name: str) -> Any:
-        from conformance.run.isolate import isolated
+        from conformance.harness.isolate import isolated
 
         proxy = isolated(builder, name)
         try:

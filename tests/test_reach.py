@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import main
-from conformance.run.reach import builder_modules, format_ranges
+from conformance.harness.reach import builder_modules, format_ranges
 from conformance.run.runner import check_builder
 from kvref import FullAttentionSpec, ReferenceKVCacheConfigBuilder
 
@@ -97,7 +97,7 @@ class TestMeasure:
         """Called on the vendor's own shape, the specialised function counts as reached."""
         from reach_pkg.kv import AcmeBuilder
 
-        from conformance.run.reach import ReachMeter
+        from conformance.harness.reach import ReachMeter
         from kvref import PlanningConfig
 
         meter = ReachMeter.for_builder(AcmeBuilder)

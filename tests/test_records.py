@@ -17,7 +17,7 @@ from conformance.report.records import (
     example_data,
     record_types,
 )
-from conformance.run.examples import Example, examples
+from conformance.scenarios.examples import Example, examples
 from kvref import FullAttentionSpec, PlanningConfig
 
 

@@ -408,13 +408,14 @@ def serve_wired(monkeypatch: pytest.MonkeyPatch) -> Any:
     strategy instead of the kit's families.
     """
     from conformance.check import catalog as catalog_module
-    from conformance.run import runner, scenarios, strata
+    from conformance.harness import hooks as scenarios
+    from conformance.run import runner, strata
 
     # Fill the real catalog first: modules imported under the patch would register
     # into the copy only, and leave the real catalog empty for the rest of the session.
     catalog_module.catalog()
     monkeypatch.setattr(catalog_module, "_REGISTRY", dict(catalog_module._REGISTRY))
-    from conformance.serve import scenario
+    from conformance.scenarios import serve as scenario
 
     for inv in scenario.INVARIANTS:
         catalog_module.register(inv)

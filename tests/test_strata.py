@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from conformance.generate.coverage import family_of
 from conformance.generate.families import DEFAULT_FAMILIES
-from conformance.generate.measure import draw_examples
+from conformance.run.measure import draw_examples
 from conformance.run.runner import check_builder
 from conformance.run.strata import VENDOR_SHARE, Stratum, deal, draw, run_strata
 from kvref import ReferenceKVCacheConfigBuilder

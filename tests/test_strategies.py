@@ -573,7 +573,7 @@ class TestSpecialisedFamilies:
     @pytest.mark.parametrize("family", SPECIALISED_FAMILIES)
     def test_reference_plans_them(self, family: str) -> None:
         """Each family's problems are ones the reference groups and places (valid inputs)."""
-        from conformance.run.examples import reference_accepts
+        from conformance.scenarios.examples import reference_accepts
 
         @FEW
         @given(cs.planning_problems(models_strategy=cs.models(families=[family])))

@@ -107,8 +107,7 @@ def test_page_rounding_of_tiny_blocks_is_no_waste() -> None:
         def __init__(self) -> None:
             self.config, self.workers, self.available_memory = config, workers, (1 << 20,)
 
-    from conformance.run.guard import CallResult
-    from conformance.run.observations import CoreObservation
+    from conformance.check.observations import CallResult, CoreObservation
     from kvref.planning import plan_kv_cache
 
     def observed(builder: type) -> CoreObservation:

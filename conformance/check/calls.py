@@ -13,8 +13,8 @@ import attrs
 
 from conformance.check.catalog import SCENARIOS, Check, Invariant, Unjudged, register
 from conformance.check.catalog import violation as _v
+from conformance.check.observations import CallResult
 from conformance.check.violations import Violation
-from conformance.run.guard import CallResult
 
 #: The construction of the builder, which KV-CALL-CONSTRUCT judges alone.
 _INIT = "__init__"

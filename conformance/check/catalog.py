@@ -5,7 +5,7 @@ Each check is declared once, next to its function, with :func:`invariant`
 the catalog (the runner, ``--list``, xfail validation, the pytest plugin,
 the generated docs) reads :func:`catalog`.
 
-A check takes one observation (:mod:`conformance.run.observations`) and
+A check takes one observation (:mod:`conformance.check.observations`) and
 returns an :data:`Outcome`:
 
 - a list of violations: the example judged the invariant (empty: it held);
@@ -75,7 +75,7 @@ _MODULES = (
     "conformance.check.hisparse",
     "conformance.check.hisparse_groups",
     "conformance.check.hisparse_runs",
-    "conformance.serve.scenario",
+    "conformance.scenarios.serve",
 )
 
 

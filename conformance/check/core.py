@@ -6,8 +6,8 @@ from conformance.check.catalog import invariant
 from conformance.check.catalog import violation as _v
 from conformance.check.geometry import OracleError, request_need_bytes
 from conformance.check.need import request_need_from_layers
+from conformance.check.observations import CoreObservation
 from conformance.check.violations import Violation
-from conformance.run.observations import CoreObservation
 from kvref.errors import InsufficientMemoryError
 from kvref.records import KVCacheConfig
 

@@ -30,6 +30,7 @@ from conformance.check.bounds import tensor_problems
 from conformance.check.catalog import Unjudged, invariant
 from conformance.check.device_memory import check_budget, release
 from conformance.check.device_tags import _splitmix64
+from conformance.check.observations import PlacementObservation
 from conformance.check.violations import Violation
 from conformance.check.worker import (
     DEVICE_BACKING,
@@ -39,7 +40,6 @@ from conformance.check.worker import (
     allocate_kv_cache,
     resolve_layout,
 )
-from conformance.run.observations import PlacementObservation
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.errors import KVRefError, LayoutError
 from kvref.kernel_blocks import (

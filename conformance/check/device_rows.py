@@ -15,8 +15,8 @@ from typing import Any
 from conformance.check.bounds import tensor_problems
 from conformance.check.catalog import Invariant, Unjudged, register
 from conformance.check.device import DEVICE_CHECKS, KV_DEV_HOST, check_device
+from conformance.check.observations import HostObservation, PlacementObservation
 from conformance.check.violations import Violation
-from conformance.run.observations import HostObservation, PlacementObservation
 from kvref.records import KVCacheConfig
 
 __all__: list[str] = []

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from conformance.check.catalog import Unjudged, invariant
 from conformance.check.catalog import violation as _v
 from conformance.check.grouping import returned_groups
+from conformance.check.observations import GroupingObservation
 from conformance.check.violations import Violation
-from conformance.run.observations import GroupingObservation
 from kvref.config import PlanningConfig
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec

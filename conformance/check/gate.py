@@ -13,9 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from conformance.check.catalog import Unjudged, catalog
+from conformance.check.observations import CallResult, GroupingObservation, PlacementObservation
 from conformance.check.violations import Violation
-from conformance.run.guard import CallResult
-from conformance.run.observations import GroupingObservation, PlacementObservation
 from kvref.config import PlanningConfig
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec

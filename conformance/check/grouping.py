@@ -7,9 +7,8 @@ from collections import Counter
 from conformance.check.bounds import named_layer_specs
 from conformance.check.catalog import invariant
 from conformance.check.catalog import violation as _v
+from conformance.check.observations import CallResult, GroupingObservation
 from conformance.check.violations import Violation
-from conformance.run.guard import CallResult
-from conformance.run.observations import GroupingObservation
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec, MambaSpec, UniformTypeKVCacheSpecs
 

@@ -21,9 +21,9 @@ from typing import Any
 from conformance.check.bounds import tensor_problems
 from conformance.check.catalog import Unjudged, invariant
 from conformance.check.catalog import violation as _v
+from conformance.check.observations import HostObservation
 from conformance.check.residency import hisparse_source_layers
 from conformance.check.violations import Violation
-from conformance.run.observations import HostObservation
 from kvref.config import PlanningConfig
 from kvref.records import KVCacheConfig
 from kvref.specs import KVCacheSpec

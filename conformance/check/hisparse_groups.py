@@ -20,9 +20,9 @@ from conformance.check.catalog import Unjudged, invariant
 from conformance.check.catalog import violation as _v
 from conformance.check.geometry import cdiv
 from conformance.check.grouping import returned_groups
+from conformance.check.observations import GroupingObservation
 from conformance.check.residency import hisparse_source_layers
 from conformance.check.violations import Violation
-from conformance.run.observations import GroupingObservation
 from kvref.config import PlanningConfig
 from kvref.extra_specs import HiSparseHotSpec
 from kvref.specs import KVCacheSpec, MLAAttentionSpec

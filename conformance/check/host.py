@@ -9,9 +9,9 @@ from conformance.check.bounds import tensor_problems
 from conformance.check.catalog import Unjudged, invariant
 from conformance.check.catalog import violation as _v
 from conformance.check.grouping import returned_groups as _groups
+from conformance.check.observations import HostObservation
 from conformance.check.residency import host_layers as host_layers_of
 from conformance.check.violations import Violation
-from conformance.run.observations import HostObservation
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 
 

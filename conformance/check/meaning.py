@@ -29,8 +29,8 @@ from conformance.check.bounds import named_layer_specs
 from conformance.check.catalog import invariant
 from conformance.check.catalog import violation as _v
 from conformance.check.grouping import _layer_spec_kept, returned_groups
+from conformance.check.observations import GroupingObservation
 from conformance.check.violations import Violation
-from conformance.run.observations import GroupingObservation
 from kvref.specs import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,

@@ -38,8 +38,8 @@ from conformance.check.geometry import (
     page_geometry,
     round_up,
 )
+from conformance.check.observations import PlacementObservation
 from conformance.check.violations import Violation
-from conformance.run.observations import PlacementObservation
 from kvref.records import KVCacheConfig, KVCacheTensor
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
 

@@ -28,8 +28,8 @@ from conformance.check.catalog import (
     register,
 )
 from conformance.check.catalog import violation as _v
+from conformance.check.observations import HostObservation, PlacementObservation
 from conformance.check.violations import Violation
-from conformance.run.observations import HostObservation, PlacementObservation
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import UniformTypeKVCacheSpecs
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from conformance.check import memory
 from conformance.check.catalog import Check
 from conformance.check.catalog import violation as _v
+from conformance.check.observations import PlacementObservation
 from conformance.check.placement import honest_configs, register_placement
 from conformance.check.violations import Violation
-from conformance.run.observations import PlacementObservation
 
 
 def _memory_check(kind: str) -> Check:

@@ -18,6 +18,7 @@ from conformance.check.geometry import (
     page_geometry,
     typed_view_misfits,
 )
+from conformance.check.observations import PlacementObservation
 from conformance.check.placement import (
     device_size,
     group_index,
@@ -26,7 +27,6 @@ from conformance.check.placement import (
     placed_configs,
 )
 from conformance.check.violations import Violation
-from conformance.run.observations import PlacementObservation
 from kvref.records import KVCacheConfig
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from conformance.check.catalog import Unjudged, invariant
 from conformance.check.catalog import violation as _v
+from conformance.check.observations import ProfilingObservation
 from conformance.check.violations import Violation
-from conformance.run.observations import ProfilingObservation
 
 __all__: list[str] = []
 

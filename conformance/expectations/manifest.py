@@ -202,7 +202,7 @@ def _entry(item: Any, source: str, index: int, allow_placeholders: bool) -> Entr
 
 def _when(when: Any, where: str) -> dict[str, tuple[str, ...]]:
     from conformance.check.catalog import SCENARIOS
-    from conformance.run.upstream import DEFECTS
+    from conformance.upstream import DEFECTS
 
     if not isinstance(when, dict):
         raise ExpectationsError(f"{where}: when {when!r} must be a table of conditions")

@@ -2,9 +2,9 @@
 
 :func:`coverage` summarises the examples one scenario drew (anything with
 ``workers``, ``config``, ``num_blocks`` and ``description``, as
-:class:`conformance.run.examples.Example` has), so a report can say how much
+:class:`conformance.scenarios.examples.Example` has), so a report can say how much
 of the input space a run reached, and a change to the generators can be
-measured (:mod:`conformance.generate.measure`).
+measured (:mod:`conformance.run.measure`).
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def _failure(r: InvariantResult) -> list[str]:
 
 
 def _upstream(report: Report) -> list[str]:
-    from conformance.run.upstream import DEFECTS
+    from conformance.upstream import DEFECTS
 
     named = [
         (d.key, r.id)

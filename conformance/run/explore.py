@@ -46,11 +46,11 @@ import attrs
 from conformance.generate.coverage import family_of
 from conformance.generate.hf import described_again
 from conformance.generate.layouts import allowed_layouts
+from conformance.generate.limits import Limits
 from conformance.generate.problems import model_config_fields
 from conformance.generate.records import PlanningProblem
 from conformance.report.records import RecordError, example_data
-from conformance.run.examples import Example, reference_accepts
-from conformance.run.limits import Limits
+from conformance.scenarios.examples import Example, reference_accepts
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.errors import KVRefError

@@ -17,35 +17,35 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from conformance.check.catalog import Invariant, Unjudged
 from conformance.check.waste import WasteMeter
-from conformance.report.model import InvariantResult
-from conformance.report.records import example_data
-from conformance.run.boundary import (
+from conformance.generate.engine_paths import spell
+from conformance.harness.boundary import (
     builder_name,
     is_vllm_native,
     parent_builder,
     vllm_default_builder,
 )
-from conformance.run.engine_paths import spell
-from conformance.run.examples import Example
-from conformance.run.explore import Explorer
-from conformance.run.flakes import replay_failure
-from conformance.run.focus import Focus
-from conformance.run.guard import Guard, clear_interrupt
-from conformance.run.options import RunOptions
-from conformance.run.profiling import resolvable_qualname
-from conformance.run.scenarios import (
+from conformance.harness.guard import Guard, clear_interrupt
+from conformance.harness.hooks import (
     Context,
     call_grouping,
     make_factory,
     observe,
     valid_groups,
 )
+from conformance.report.model import InvariantResult
+from conformance.report.records import example_data
+from conformance.run.explore import Explorer
+from conformance.run.flakes import replay_failure
+from conformance.run.focus import Focus
+from conformance.run.options import RunOptions
 from conformance.run.search import Namespaced, search
 from conformance.run.shard import order_key
 from conformance.run.strata import Stratum, stratum_seed
 from conformance.run.tally import Tally, expected_status, verdict
 from conformance.run.timing import InvariantClock
-from conformance.run.upstream import matching_defect
+from conformance.scenarios.examples import Example
+from conformance.scenarios.profiling import resolvable_qualname
+from conformance.upstream import matching_defect
 from kvref.builder import KVCacheConfigBuilder
 
 __all__ = ["Findings", "judge_outcome"]
@@ -305,7 +305,7 @@ class Findings:
 
 def judge_outcome(inv: Invariant, obs: Any) -> Any:
     """``inv``'s outcome on ``obs``; a builder that could not be built judges only construction."""
-    from conformance.run.observations import ConstructFailure
+    from conformance.check.observations import ConstructFailure
 
     if isinstance(obs, ConstructFailure) and inv.id != "KV-CALL-CONSTRUCT":
         return Unjudged("the builder could not be constructed for this example (KV-CALL-CONSTRUCT)")

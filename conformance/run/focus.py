@@ -13,7 +13,7 @@ So the run learns, from the first deal of every scenario, the families on
 whose examples the builder's answer differed from its baseline's (another
 grouping, placement, pool-bytes answer or Core plan, or an answer where the
 reference refuses, or the other way round) and the engine paths of those
-examples (:func:`~conformance.run.engine_paths.engine_path`: layout, hybrid
+examples (:func:`~conformance.generate.engine_paths.engine_path`: layout, hybrid
 manager, HiSparse).  After every first deal, each scenario of
 :data:`FOCUSED_SCENARIOS` draws
 :data:`FOCUS_SHARE` more of its examples, dealt equally over those families
@@ -52,15 +52,15 @@ from typing import Any
 
 import attrs
 
-from conformance.errors import KitError
-from conformance.run.engine_paths import EnginePath, engine_path
-from conformance.run.guard import CallResult
-from conformance.run.observations import (
+from conformance.check.observations import (
+    CallResult,
     CoreObservation,
     GroupingObservation,
     HostObservation,
     PlacementObservation,
 )
+from conformance.errors import KitError
+from conformance.generate.engine_paths import EnginePath, engine_path
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.errors import KVRefError

@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from conformance.run.engine_paths import EnginePath, parse
+from conformance.generate.engine_paths import EnginePath, parse
 from conformance.run.shard import Shard
 
 __all__ = [
@@ -37,7 +37,7 @@ __all__ = [
 PROFILES: dict[str, int] = {"ci": 50, "thorough": 500}
 
 #: GiB of private memory an isolated worker may take over its size at start
-#: (``RLIMIT_DATA``, :mod:`conformance.run.worker_side`).  Planning takes
+#: (``RLIMIT_DATA``, :mod:`conformance.harness.worker_side`).  Planning takes
 #: kilobytes to megabytes; a hook that leaks on every call stops there, with a
 #: ``MemoryError`` the run reports, long before the machine swaps.
 DEFAULT_WORKER_MEMORY_GIB = 16.0
@@ -101,7 +101,7 @@ class RunOptions:
             call and a pytest session save nothing unless asked.
         models: vendor models (``module:attr`` or a JSON path), mixed into generation.
         models_only: generate from the vendor models alone.
-        isolate: run the builder in a worker process (:mod:`conformance.run.isolate`).
+        isolate: run the builder in a worker process (:mod:`conformance.harness.isolate`).
         reach: measure which lines of the builder's code ran: ``True``, module
             names, ``False``; ``None`` (the default): measured when coverage.py
             is installed (:attr:`measured_reach`).

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from conformance.check.catalog import Unjudged, by_id
+from conformance.check.observations import ConstructFailure
 from conformance.check.violations import Violation
+from conformance.harness.guard import Guard
+from conformance.harness.hooks import Context, make_factory, observe
 from conformance.report.records import RecordError, decode_example
-from conformance.run.examples import Example
-from conformance.run.guard import Guard
-from conformance.run.observations import ConstructFailure
-from conformance.run.scenarios import Context, make_factory, observe
+from conformance.scenarios.examples import Example
 from kvref.builder import KVCacheConfigBuilder
 
 __all__ = ["ReplayError", "replay_example", "reproduce"]
@@ -96,7 +96,7 @@ def _example(entry: Mapping[str, Any], invariant_id: str) -> Example:
 def _builder(data: Mapping[str, Any], given: Builder | None) -> Builder:
     if given is not None:
         return given
-    from conformance.run.adapters import load_builder
+    from conformance.harness.adapters import load_builder
 
     options = data.get("options")
     name = options.get("builder") if isinstance(options, dict) else None

@@ -18,27 +18,27 @@ from typing import Any
 import attrs
 
 from conformance.check.catalog import SCENARIOS, Invariant, catalog
+from conformance.check.observations import builder_spoiled
 from conformance.check.waste import WasteMeter
 from conformance.contract import version_note
 from conformance.generate.coverage import coverage, coverage_sets
+from conformance.generate.engine_paths import EnginePath, spell
+from conformance.generate.limits import CAPABILITIES, Limits
+from conformance.harness.boundary import builder_name, parent_builder, prepare
+from conformance.harness.guard import Guard, clear_interrupt
+from conformance.harness.hooks import ConstructionFailedError, Context, make_factory, observe
+from conformance.harness.reach import ReachMeter
 from conformance.report.model import InvariantResult, Report
-from conformance.run.boundary import builder_name, parent_builder, prepare
-from conformance.run.engine_paths import EnginePath, spell
-from conformance.run.examples import Example
 from conformance.run.explore import EXPLORED_SCENARIOS, Corpus, Explorer
 from conformance.run.findings import Findings, judge_outcome
 from conformance.run.focus import FOCUSED_SCENARIOS, REFERENCE, Baseline, Focus
-from conformance.run.guard import Guard, clear_interrupt
-from conformance.run.limits import CAPABILITIES, Limits
-from conformance.run.observations import builder_spoiled
 from conformance.run.options import PROFILES, OptionError, RunOptions, check_device
-from conformance.run.profiling import isolated_resolver, resolvable_qualname
-from conformance.run.reach import ReachMeter
-from conformance.run.scenarios import ConstructionFailedError, Context, make_factory, observe
 from conformance.run.shard import order_key
 from conformance.run.strata import Stratum, draw, draw_focus, run_strata, sample
 from conformance.run.tally import Tally, select_invariants
 from conformance.run.timing import InvariantClock
+from conformance.scenarios.examples import Example
+from conformance.scenarios.profiling import isolated_resolver, resolvable_qualname
 from kvref.builder import KVCacheConfigBuilder
 
 __all__ = [
@@ -138,7 +138,7 @@ def check_builder(
             earlier runs are replayed first and new ones are saved there
             (default: none).
         isolate: run the builder's hooks in a worker process (the default;
-            :func:`conformance.run.isolate.isolated`): a hook that ends or crashes
+            :func:`conformance.harness.isolate.isolated`): a hook that ends or crashes
             the process, or patches the kit, is reported as the builder's failure,
             and its answers reach the kit as data.  ``False`` runs it in this
             process, for debugging only: a builder can then patch the kit.
@@ -271,7 +271,7 @@ def _check(
     try:
         report = run.report(selected, time.perf_counter() - started)
     finally:
-        from conformance.run.twin import close_twin
+        from conformance.harness.twin import close_twin
 
         # The run's twin process ends with the run, not whenever its guard is collected.
         close_twin(run.ctx)
@@ -371,7 +371,7 @@ class _Run(Findings):
         twin = any(inv.scenario == "processes" for s, checks in plan for inv in checks)
         self.ctx = attrs.evolve(self.ctx, twin=twin)
         if twin:
-            from conformance.run.twin import prestart
+            from conformance.harness.twin import prestart
 
             prestart(self.ctx, self.builder)
         from conformance.check.worker import drop_scratch

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
 
 from conformance.check.catalog import Invariant, Unjudged
-from conformance.run.examples import Example
+from conformance.scenarios.examples import Example
 
 __all__ = ["Namespaced", "fails", "search"]
 

@@ -35,12 +35,12 @@ import hypothesis.errors
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from conformance.generate.engine_paths import EnginePath
+from conformance.generate.limits import NO_LIMITS, Limits
 from conformance.generate.records import Model
-from conformance.run.engine_paths import EnginePath
-from conformance.run.examples import Example, examples
 from conformance.run.focus import FOCUS_SHARE
-from conformance.run.limits import NO_LIMITS, Limits
 from conformance.run.shard import Shard
+from conformance.scenarios.examples import Example, examples
 
 __all__ = [
     "VENDOR_SHARE",

@@ -8,9 +8,9 @@ from typing import Any
 import attrs
 
 from conformance.check.catalog import Invariant, Unjudged
-from conformance.run.examples import Example
 from conformance.run.options import OptionError
 from conformance.run.strata import Stratum
+from conformance.scenarios.examples import Example
 
 __all__ = ["Tally", "expected_status", "select_invariants", "verdict"]
 

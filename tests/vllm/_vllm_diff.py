@@ -19,7 +19,7 @@ pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 
-from conformance.run.vllm_adapter import wrap_vllm_builder
+from conformance.harness.vllm_adapter import wrap_vllm_builder
 from kvref import (
     InsufficientMemoryError,
     KVCachePlan,

@@ -18,9 +18,9 @@ import pytest
 
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
-from conformance.run.boundary import prepare
-from conformance.run.examples import Example
+from conformance.harness.boundary import prepare
 from conformance.run.replay import replay_example
+from conformance.scenarios.examples import Example
 
 pytestmark = pytest.mark.vllm
 

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 
 from conformance.check.catalog import by_id
 from conformance.generate import strategies as kst
-from conformance.run.adapters import load_builder
-from conformance.run.guard import Guard
-from conformance.run.scenarios import Context, make_factory, observe_core, observe_placement
+from conformance.harness.adapters import load_builder
+from conformance.harness.guard import Guard
+from conformance.harness.hooks import Context, make_factory, observe_core, observe_placement
 from kvref import (
     FullAttentionSpec,
     KVCacheConfigBuilder,

@@ -41,8 +41,8 @@ from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 from conformance import Report, check_builder
 from conformance.check.catalog import catalog
 from conformance.generate.families import family_strategy
-from conformance.run.adapters import load_builder
-from conformance.run.examples import Example, problem_examples
+from conformance.harness.adapters import load_builder
+from conformance.scenarios.examples import Example, problem_examples
 from kvref.interop import vllm as iv
 
 pytestmark = pytest.mark.vllm

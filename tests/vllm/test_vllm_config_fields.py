@@ -14,8 +14,8 @@ pytest.importorskip("vllm.v1.core.kv_cache_planning")
 from _vendor_specs import AcmeMLASpec, RecordingBuilder
 
 from conformance.generate.vendor import fixed_models
+from conformance.harness.vllm_adapter import wrap_vllm_builder
 from conformance.report.pycode import to_python
-from conformance.run.vllm_adapter import wrap_vllm_builder
 from kvref import PlanningConfig
 from kvref.interop import vllm as iv
 from kvref.specs import MLAAttentionSpec

@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
 from conformance.cli import main
-from conformance.run.upstream import DEFECTS
+from conformance.upstream import DEFECTS
 from kvref.interop import vllm_config
 
 pytestmark = pytest.mark.vllm
@@ -93,8 +93,8 @@ class TestKitErrors:
 
 def test_upstream_names_only_with_the_default_failing_too() -> None:
     """A failure whose shape fits a defect is not called upstream unless vLLM's default fails."""
-    from conformance.run.examples import Example
-    from conformance.run.upstream import matching_defect
+    from conformance.scenarios.examples import Example
+    from conformance.upstream import matching_defect
     from kvref import FullAttentionSpec, KVCacheLayout, PlanningConfig
 
     spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype="bfloat16")

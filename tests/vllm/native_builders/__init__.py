@@ -10,7 +10,7 @@ specialises a few model families behind strict gates (exact ``type(spec) is``
 tests, a cache role that must be present and another that must be absent).
 
 The kit loads them through its vLLM adapter
-(``conformance.run.adapters.load_builder("tests.vllm.native_builders.<mod>:<Class>")``).
+(``conformance.harness.adapters.load_builder("tests.vllm.native_builders.<mod>:<Class>")``).
 
 Legal builders (the kit must pass them, up to vLLM's own upstream defects):
 

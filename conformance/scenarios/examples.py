@@ -10,11 +10,11 @@ import hypothesis
 from hypothesis import strategies as st
 
 from conformance.generate import strategies as kst
+from conformance.generate.engine_paths import EnginePath, engine_path
+from conformance.generate.limits import NO_LIMITS, Limits
 from conformance.generate.problems import Steer
 from conformance.report.pycode import to_python
 from conformance.report.records import decode_example
-from conformance.run.engine_paths import EnginePath, engine_path
-from conformance.run.limits import NO_LIMITS, Limits
 from kvref.axes import KVCacheLayout
 from kvref.config import PlanningConfig
 from kvref.specs import KVCacheSpec
@@ -115,7 +115,7 @@ def examples(
     ``paths``: only problems on these engine paths (conformance.run.focus).
     """
     if scenario == "serve":
-        from conformance.serve.scenario import OPS_BY_PROFILE, serve_examples
+        from conformance.scenarios.serve import OPS_BY_PROFILE, serve_examples
 
         return serve_examples(models, max_ops=OPS_BY_PROFILE[profile])
     return problem_examples(scenario, models, limits, paths)
@@ -169,7 +169,7 @@ def _problem_example(
     workers = tuple(problem.workers)
     extra = ""
     if scenario == "profiling":
-        from conformance.run.profiling import profiling_block_count, profiling_sizes
+        from conformance.scenarios.profiling import profiling_block_count, profiling_sizes
 
         reqs, capture = draw(profiling_sizes())
         num_blocks = profiling_block_count(reqs, capture)

@@ -1,6 +1,6 @@
 """Run an untrusted builder in a worker process (``--isolate``).
 
-In-process, the guard (:mod:`conformance.run.guard`) contains exceptions and
+In-process, the guard (:mod:`conformance.harness.guard`) contains exceptions and
 hangs, but not a hook that ends the process (``os._exit``, a segfault, the
 kernel's OOM killer) nor one that patches the kit's own modules to forge a
 pass.  :func:`isolated` returns a proxy builder class whose instances live in
@@ -12,7 +12,7 @@ the builder (:class:`WorkerDiedError`, judged by ``KV-CALL-RAISES`` or
 ``KV-CALL-CONSTRUCT``) and replaced by a fresh one on the next call.
 
 What runs inside the worker (loading, constructing, running hooks, the
-argument snapshot, reach, the memory limit) is :mod:`conformance.run.worker_side`;
+argument snapshot, reach, the memory limit) is :mod:`conformance.harness.worker_side`;
 this module is the kit's side: starting, asking, decoding, ending.
 
 The worker is forked where the platform can fork (cheap, and it inherits the
@@ -36,9 +36,9 @@ from typing import Any
 
 import attrs
 
-from conformance.run import handed, wire
-from conformance.run.prefetch import imports_vllm
-from conformance.run.worker_side import Ref, encode_reply, serve, walk
+from conformance.harness import handed, wire
+from conformance.harness.prefetch import imports_vllm
+from conformance.harness.worker_side import Ref, encode_reply, serve, walk
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.interop.vllm_convert import VLLMUnavailableError, vllm_modules
@@ -525,7 +525,7 @@ def isolated(
         BuilderLoadError: the builder cannot be loaded in the worker.
     """
     from conformance.errors import KitError
-    from conformance.run.adapters import BuilderLoadError
+    from conformance.harness.adapters import BuilderLoadError
 
     if isinstance(builder, str):
         name = name or builder
@@ -559,7 +559,7 @@ def isolated(
         "__doc__": f"{facts.get('class', label)}, run in a worker process.",
     }
     if facts.get("vllm_core"):
-        from conformance.run.vllm_adapter import vllm_core_flow
+        from conformance.harness.vllm_adapter import vllm_core_flow
         from kvref.interop.vllm import vllm_modules
 
         # vLLM's Core runs here (vLLM's code, not the builder's); every builder

@@ -1,7 +1,7 @@
 """Changes a hook made to inputs the kit cannot compare with a pristine copy itself.
 
 The kit hands a kvref-native builder kvref records and compares them after
-each call (:mod:`conformance.run.scenarios`).  A vLLM-native builder gets a
+each call (:mod:`conformance.harness.hooks`).  A vLLM-native builder gets a
 ``VllmConfig`` the vLLM adapter builds for the call, which the kit never
 sees: the adapter compares that object's state before and after the hook
 (:func:`object_state`, :func:`state_changes`) and records each change here.

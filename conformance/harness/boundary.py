@@ -1,7 +1,7 @@
 """Where the builder's code may run, and what the kit knows of a builder without running it.
 
 The kit judges; the builder's code runs in a worker process
-(:mod:`conformance.run.isolate`), and what the kit needs to know of the
+(:mod:`conformance.harness.isolate`), and what the kit needs to know of the
 builder (its name, its parent builder, whether it is vLLM-native, the
 files of its reach) comes from there as data.  :func:`prepare` is the one
 place that decides, for every front end, how the run reaches the builder:
@@ -20,8 +20,8 @@ from typing import Any
 
 import attrs
 
+from conformance.harness.reach import ReachError, ReachMeter
 from conformance.run.options import OptionError
-from conformance.run.reach import ReachError, ReachMeter
 from kvref.builder import KVCacheConfigBuilder
 
 __all__ = [
@@ -57,7 +57,7 @@ def builder_name(builder: object) -> str | None:
 
 def _described(builder: object, key: str) -> Any:
     """What the worker said of an isolated builder (``KeyError``: not an isolated proxy)."""
-    from conformance.run.isolate import IsolatedBuilder
+    from conformance.harness.isolate import IsolatedBuilder
 
     cls = builder if isinstance(builder, type) else type(builder)
     if not issubclass(cls, IsolatedBuilder):
@@ -91,7 +91,7 @@ def parent_builder(builder: object) -> type[KVCacheConfigBuilder] | None:
         return None
     for base in native.__mro__[1:]:
         if base.__name__ == "DefaultKVCacheConfigBuilder" and base.__module__.startswith("vllm."):
-            from conformance.run.vllm_adapter import wrap_vllm_builder
+            from conformance.harness.vllm_adapter import wrap_vllm_builder
 
             return wrap_vllm_builder(base)
     return None
@@ -108,7 +108,7 @@ def is_vllm_native(builder: object) -> bool:
 
 def vllm_default_builder() -> type[KVCacheConfigBuilder] | None:
     """VLLM's own ``DefaultKVCacheConfigBuilder`` behind the adapter (``None``: no vLLM)."""
-    from conformance.run.vllm_adapter import wrap_vllm_builder
+    from conformance.harness.vllm_adapter import wrap_vllm_builder
     from kvref.interop.vllm import VLLMUnavailableError, vllm_modules
 
     try:
@@ -153,12 +153,12 @@ def prepare(
     Raises:
         OptionError: the builder cannot be loaded, or the reach options are unusable.
     """
-    from conformance.run.adapters import BuilderLoadError, load_builder
+    from conformance.harness.adapters import BuilderLoadError, load_builder
 
     _check_min_reach(reach, min_reach)
     wanted = None if reach is False or reach is None else reach
     if isolate:
-        from conformance.run.isolate import IsolatedBuilder, isolated
+        from conformance.harness.isolate import IsolatedBuilder, isolated
 
         cls = builder if isinstance(builder, type) else None
         if cls is not None and issubclass(cls, IsolatedBuilder):

@@ -1,7 +1,7 @@
 """Turn a generated example into observations of a builder, one scenario at a time.
 
 Each observer makes the builder calls one scenario needs, through the run's
-:class:`~conformance.run.guard.Guard`, each call on fresh copies of its
+:class:`~conformance.harness.guard.Guard`, each call on fresh copies of its
 inputs (every layer its own spec object), and returns an observation for the
 catalog to judge.  :data:`OBSERVERS` maps scenario names to observers.
 """
@@ -15,14 +15,15 @@ from typing import Any
 
 import attrs
 
-from conformance.run.guard import CallResult, Guard, deep_copy
-from conformance.run.observations import (
+from conformance.check.observations import (
+    CallResult,
     ConstructFailure,
     CoreObservation,
     GroupingObservation,
     HostObservation,
     PlacementObservation,
 )
+from conformance.harness.guard import Guard, deep_copy
 from kvref.builder import KVCacheConfigBuilder, ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.planning import project_kv_cache_groups_to_worker
@@ -509,7 +510,7 @@ def observe_core(
     placement invariants before it may flow on (:mod:`conformance.check.gate`);
     a broken answer stops the flow and is reported by the invariant it broke.
     """
-    from conformance.run.core_proxy import run_core
+    from conformance.scenarios.core import run_core
 
     return run_core(ctx, config, workers, available_memory)
 
@@ -520,7 +521,7 @@ def _observe_profiling(
     workers: Sequence[Mapping[str, KVCacheSpec]],
     num_blocks: int,
 ) -> Any:
-    from conformance.run.profiling import observe_profiling
+    from conformance.scenarios.profiling import observe_profiling
 
     return observe_profiling(ctx, config, workers, num_blocks)
 
@@ -548,8 +549,8 @@ OBSERVERS: dict[str, Callable[[Context, Any], Any]] = {
 
 
 def _observe_processes(ctx: Context, example: Any) -> Any:
-    """The example answered here and in a twin process (:mod:`conformance.run.twin`)."""
-    from conformance.run.twin import observe_processes
+    """The example answered here and in a twin process (:mod:`conformance.harness.twin`)."""
+    from conformance.harness.twin import observe_processes
 
     return observe_processes(ctx, example)
 
@@ -558,9 +559,9 @@ OBSERVERS["processes"] = _observe_processes
 
 
 def _observe_serve(ctx: Context, example: Any) -> Any:
-    """Serve a request stream over the builder's configs (:mod:`conformance.serve.scenario`)."""
+    """Serve a request stream over the builder's configs (:mod:`conformance.scenarios.serve`)."""
     # Imported here: the serve scenario itself builds on this module.
-    from conformance.serve.scenario import observe_serve
+    from conformance.scenarios.serve import observe_serve
 
     return observe_serve(ctx, example)
 

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import attrs
 
 from conformance.errors import kit_side
-from conformance.run import handed
+from conformance.harness import handed
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.interop import vllm as iv
@@ -55,7 +55,7 @@ class VLLMBuilderAdapter(KVCacheConfigBuilder):
         native_cls: the wrapped vLLM builder class.
         kvref_core: vLLM's Core flow with ``native_cls`` installed (see
             :func:`wrap_vllm_builder`).
-        kvref_unsupported: inputs the kit must not draw (conformance.run.limits):
+        kvref_unsupported: inputs the kit must not draw (conformance.generate.limits):
             vLLM 0.33.0 keeps groups on the host only as HiSparse's source
             storage, so no example names host-resident layers outside HiSparse;
             the host invariants are judged on HiSparse's host pools.
@@ -207,7 +207,7 @@ def _config_watched(config: PlanningConfig, vcfg: Any) -> Iterator[None]:
     flow changes ``max_model_len`` and the block override between calls, and
     a hook that writes them plans the next call wrong).  The kit never sees
     this object, so the change is recorded for the guard to report
-    (:mod:`conformance.run.handed`), as a changed spec object is.
+    (:mod:`conformance.harness.handed`), as a changed spec object is.
     """
     with kit_side("vLLM adapter", "reading the VllmConfig's state"):
         before = _PRISTINE.get(config)
@@ -300,7 +300,7 @@ def vllm_core_flow(
     ``builder`` is what the kit hands a Core flow (:func:`kvref.planning.plan_kv_cache`
     takes the same): a kvref builder class, in the kit the factory whose
     instances judge every hook answer before passing it on
-    (``conformance.run.core_proxy``).  vLLM's Core asks its platform for
+    (``conformance.scenarios.core``).  vLLM's Core asks its platform for
     builders and calls them with vLLM objects; each one it gets here is a
     :class:`_ThroughKvref` that converts its arguments to kvref records,
     calls the builder a fresh ``builder()`` stands for (an isolated one: in

@@ -1,6 +1,6 @@
 """Measure what a default run's examples cover, without running a builder.
 
-``python -m conformance.generate.measure --seeds 1-5`` draws, per scenario,
+``python -m conformance.run.measure --seeds 1-5`` draws, per scenario,
 the examples a run with the same seed and example count would draw (the
 stream does not depend on the builder) and prints :func:`coverage` figures
 per seed and their mean, so a change to the generators can be judged by

@@ -17,13 +17,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-import attrs
-
+from conformance.check.observations import CallResult
 from conformance.errors import KitError
-from conformance.run import handed
+from conformance.harness import handed
 
 __all__ = [
-    "CallResult",
     "Guard",
     "clear_interrupt",
     "deep_copy",
@@ -60,51 +58,6 @@ def raise_if_interrupted() -> None:
     if _INTERRUPTED.is_set():
         _INTERRUPTED.clear()
         raise KeyboardInterrupt
-
-
-@attrs.frozen(kw_only=True)
-class CallResult:
-    """The outcome of one guarded call.
-
-    Attributes:
-        hook: the builder hook called, e.g. ``"get_kv_cache_groups"``.
-        value: what it returned (``None`` when it failed).
-        error: ``"TypeName: message"`` when it raised.
-        error_type: the exception's class when it raised.
-        traceback: the last frames of the traceback when it raised.
-        timed_out: it ran past the deadline (or the builder hung before).
-        wrong_type: what was returned instead of the expected type.
-        seconds: wall time of the call.
-        not_called: the call was not made because the builder hung before.
-        input_changes: changes the call made to inputs only the vLLM adapter
-            sees (the ``VllmConfig`` it built), one ``path: old -> new`` line each.
-    """
-
-    hook: str
-    value: Any = None
-    error: str | None = None
-    error_type: type[BaseException] | None = None
-    traceback: str | None = None
-    timed_out: bool = False
-    wrong_type: str | None = None
-    seconds: float = 0.0
-    not_called: bool = False
-    input_changes: tuple[str, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        """Whether the call returned a value of the expected type in time."""
-        return self.error is None and not self.timed_out and self.wrong_type is None
-
-    def describe(self) -> str:
-        """One line saying how the call failed (empty when it did not)."""
-        if self.timed_out:
-            return f"{self.hook} did not return within the deadline"
-        if self.error is not None:
-            return f"{self.hook} raised {self.error}"
-        if self.wrong_type is not None:
-            return f"{self.hook} returned {self.wrong_type}"
-        return ""
 
 
 #: How long past a call's deadline the in-process watchdog waits before it ends the process.

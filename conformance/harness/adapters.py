@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conformance.run.vllm_adapter import wrap_vllm_builder
+from conformance.harness.vllm_adapter import wrap_vllm_builder
 from kvref.builder import KVCacheConfigBuilder, ReferenceKVCacheConfigBuilder
 from kvref.interop.vllm import INSTALL_HINT, VLLMUnavailableError
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import attrs
 
+from conformance.check.observations import CallResult, CoreObservation
 from conformance.check.violations import Violation
-from conformance.run.guard import CallResult, deep_copy
-from conformance.run.observations import CoreObservation
-from conformance.run.scenarios import (
+from conformance.harness.guard import deep_copy
+from conformance.harness.hooks import (
     ConstructionFailedError,
     Context,
     config_validator,

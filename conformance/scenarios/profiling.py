@@ -18,7 +18,7 @@ has a qualname a platform could name, the builders come from
 ``kvref.get_kv_cache_config_builder`` with that qualname as the platform's
 choice, and what resolution gave is recorded for ``KV-CALL-FRESH``.  A
 builder run isolated (``--isolate``) is resolved inside its worker process
-(:meth:`conformance.run.isolate.IsolatedBuilder.resolve_in_worker`), so its
+(:meth:`conformance.harness.isolate.IsolatedBuilder.resolve_in_worker`), so its
 construction never runs in the kit's process.
 """
 
@@ -30,16 +30,15 @@ from typing import Any
 import attrs
 from hypothesis import strategies as st
 
+from conformance.check.observations import CallResult, ProfilingObservation, Resolution
 from conformance.check.violations import Violation
-from conformance.run.guard import CallResult
-from conformance.run.isolate import IsolatedBuilder
-from conformance.run.observations import ProfilingObservation, Resolution
-from conformance.run.scenarios import (
+from conformance.harness.hooks import (
     ConstructionFailedError,
     Context,
     call_grouping,
     call_placement,
 )
+from conformance.harness.isolate import IsolatedBuilder
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.specs import KVCacheSpec
@@ -108,7 +107,7 @@ def resolvable_qualname(builder: object, name: str | None) -> tuple[str | None, 
 
 def _vllm_qualname(native: type[Any], name: str) -> tuple[str | None, str]:
     """Whether vLLM's platform resolution of ``name`` gives the vLLM-native class under check."""
-    from conformance.run.vllm_adapter import resolve_vllm_class
+    from conformance.harness.vllm_adapter import resolve_vllm_class
 
     try:
         resolved = resolve_vllm_class(name)
@@ -172,7 +171,7 @@ def _factory_native(ctx: Context) -> type[Any] | None:
 
 def _resolve_vllm_here(ctx: Context, qualname: str) -> tuple[Resolution, Any]:
     """:func:`_resolve` for a vLLM-native builder run in this process: vLLM's resolution."""
-    from conformance.run.vllm_adapter import resolve_as_vllm
+    from conformance.harness.vllm_adapter import resolve_as_vllm
 
     result = ctx.guard.call("__init__", resolve_as_vllm, qualname)
     if result.not_called:

@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 
 from conformance.check.catalog import Invariant, Unjudged, register
 from conformance.check.geometry import page_bytes
+from conformance.check.observations import CallResult
 from conformance.check.violations import Violation
 from conformance.generate import strategies as kst
-from conformance.run.examples import Example, problem_examples
-from conformance.run.guard import CallResult
-from conformance.run.scenarios import Context, builder_or_reference_groups, call_placement
+from conformance.harness.hooks import Context, builder_or_reference_groups, call_placement
+from conformance.scenarios.examples import Example, problem_examples
 from conformance.serve.checks import MAX_BYTES, ServeBounds, bounds_for, run_serving
 from conformance.serve.machine import ServeProgram, programs
 from conformance.serve.worker import ISOLATION, POOL

@@ -15,7 +15,6 @@ from typing import Any
 import attrs
 
 from conformance.check.violations import Violation
-from conformance.run.guard import CallResult
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.layout import KVCacheLayout
@@ -24,6 +23,7 @@ from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
 
 __all__ = [
+    "CallResult",
     "ConstructFailure",
     "CoreObservation",
     "GroupingObservation",
@@ -32,6 +32,51 @@ __all__ = [
     "ProfilingObservation",
     "Resolution",
 ]
+
+
+@attrs.frozen(kw_only=True)
+class CallResult:
+    """The outcome of one guarded call.
+
+    Attributes:
+        hook: the builder hook called, e.g. ``"get_kv_cache_groups"``.
+        value: what it returned (``None`` when it failed).
+        error: ``"TypeName: message"`` when it raised.
+        error_type: the exception's class when it raised.
+        traceback: the last frames of the traceback when it raised.
+        timed_out: it ran past the deadline (or the builder hung before).
+        wrong_type: what was returned instead of the expected type.
+        seconds: wall time of the call.
+        not_called: the call was not made because the builder hung before.
+        input_changes: changes the call made to inputs only the vLLM adapter
+            sees (the ``VllmConfig`` it built), one ``path: old -> new`` line each.
+    """
+
+    hook: str
+    value: Any = None
+    error: str | None = None
+    error_type: type[BaseException] | None = None
+    traceback: str | None = None
+    timed_out: bool = False
+    wrong_type: str | None = None
+    seconds: float = 0.0
+    not_called: bool = False
+    input_changes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """Whether the call returned a value of the expected type in time."""
+        return self.error is None and not self.timed_out and self.wrong_type is None
+
+    def describe(self) -> str:
+        """One line saying how the call failed (empty when it did not)."""
+        if self.timed_out:
+            return f"{self.hook} did not return within the deadline"
+        if self.error is not None:
+            return f"{self.hook} raised {self.error}"
+        if self.wrong_type is not None:
+            return f"{self.hook} returned {self.wrong_type}"
+        return ""
 
 
 @attrs.frozen(kw_only=True)

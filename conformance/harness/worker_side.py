@@ -1,11 +1,11 @@
 """The builder's side of isolation: what runs in the worker process.
 
-:mod:`conformance.run.isolate` starts the worker with :func:`serve` as its
+:mod:`conformance.harness.isolate` starts the worker with :func:`serve` as its
 target and talks to it over a pipe.  Everything here runs in the worker,
 never in the kit's judging process: loading the builder, constructing it,
 running its hooks, snapshotting their arguments (so the kit can mirror
 in-place changes), tracing reach, bounding memory, and encoding each answer
-as wire data (:mod:`conformance.run.wire`).
+as wire data (:mod:`conformance.harness.wire`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from conformance.run import handed, wire
+from conformance.harness import handed, wire
 from conformance.run.options import DEFAULT_WORKER_MEMORY_GIB
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
@@ -214,7 +214,7 @@ def _watch_parent(parent: int) -> None:
 
 def _resolve(target: Any) -> Any:
     if isinstance(target, tuple) and target[:1] == ("name",):
-        from conformance.run.adapters import load_builder
+        from conformance.harness.adapters import load_builder
 
         return load_builder(target[1])
     return target
@@ -238,7 +238,7 @@ def _resolve_named(
     Returns the object resolution made and what the kit records of it:
     ``(id, type name, is an instance of the named class, is a builder)``.
     """
-    from conformance.run.vllm_adapter import VLLMBuilderAdapter, resolve_as_vllm
+    from conformance.harness.vllm_adapter import VLLMBuilderAdapter, resolve_as_vllm
     from kvref.resolution import get_kv_cache_config_builder, resolve_builder_class
 
     if isinstance(builder, type) and issubclass(builder, VLLMBuilderAdapter):
@@ -259,12 +259,12 @@ def _resolve_named(
 def encode_reply(
     status: str, payload: Any, changes: Any, handed_changes: Sequence[str] = ()
 ) -> bytes:
-    """One answer as JSON wire data (:mod:`conformance.run.wire`): never a pickle.
+    """One answer as JSON wire data (:mod:`conformance.harness.wire`): never a pickle.
 
     ``raised`` answers carry ``(exception, traceback text)``; every other
     answer a value.  Encoding never fails on an odd object of the builder's:
     it travels as its type name and repr.  ``handed_changes`` are the
-    changes to the vLLM adapter's own inputs (:mod:`conformance.run.handed`).
+    changes to the vLLM adapter's own inputs (:mod:`conformance.harness.handed`).
     """
     if status == "raised":
         raised, tb = payload
@@ -318,10 +318,10 @@ def _describe(builder: Any, name: str | None, reach: Any) -> dict[str, Any]:
     The kit never reads an attribute of the builder's class itself (a
     metaclass ``__getattr__`` would run in the kit's process); it asks this.
     """
-    from conformance.run.boundary import parent_builder
-    from conformance.run.profiling import resolvable_qualname
-    from conformance.run.reach import ReachMeter
-    from conformance.run.vllm_adapter import VLLMBuilderAdapter
+    from conformance.harness.boundary import parent_builder
+    from conformance.harness.reach import ReachMeter
+    from conformance.harness.vllm_adapter import VLLMBuilderAdapter
+    from conformance.scenarios.profiling import resolvable_qualname
 
     cls = builder if isinstance(builder, type) else type(builder)
     native = getattr(cls, "native_cls", None) if issubclass(cls, VLLMBuilderAdapter) else None
@@ -378,7 +378,7 @@ def serve(
     keep_vllm_quiet()
     headroom = WORKER_MEMORY_HEADROOM if memory is None else memory
     memory_cap = _limit_memory(headroom)
-    from conformance.run.vllm_adapter import VLLMBuilderAdapter, set_native_scope
+    from conformance.harness.vllm_adapter import VLLMBuilderAdapter, set_native_scope
 
     cov = _start_reach(reach_files)
     set_native_scope(lambda: _traced(cov))

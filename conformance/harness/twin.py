@@ -9,7 +9,7 @@ that differs from its own, asks it the same questions and compares
 (contract.md#hook-purity).
 
 The twin loads the builder by its ``module:Class`` name exactly as the kit
-does (:func:`conformance.run.adapters.load_builder`: a vLLM-native builder
+does (:func:`conformance.harness.adapters.load_builder`: a vLLM-native builder
 comes wrapped in the vLLM adapter, so it gets a real ``VllmConfig`` there as
 here).  Builders that cannot be imported by name (classes defined inside
 functions) cannot be checked: their observation says so, and the invariant
@@ -40,8 +40,8 @@ from typing import IO, Any
 
 import attrs
 
-from conformance.run.guard import CallResult
-from conformance.run.scenarios import Context, builder_or_reference_groups, call_placement
+from conformance.check.observations import CallResult
+from conformance.harness.hooks import Context, builder_or_reference_groups, call_placement
 from kvref.config import PlanningConfig
 from kvref.interop.vllm_convert import keep_vllm_quiet
 from kvref.records import KVCacheGroupSpec
@@ -73,8 +73,8 @@ def _send(stream: IO[bytes], value: Any) -> None:
 
 
 def _answer(stream: IO[bytes], status: str, value: Any) -> None:
-    """The twin's answer, as wire data (conformance.run.wire): the kit never unpickles it."""
-    from conformance.run import wire
+    """The twin's answer, as wire data (conformance.harness.wire): the kit never unpickles it."""
+    from conformance.harness import wire
 
     data = json.dumps([status, wire.encode(value)]).encode()
     stream.write(_HEADER.pack(len(data)) + data)
@@ -82,7 +82,7 @@ def _answer(stream: IO[bytes], status: str, value: Any) -> None:
 
 
 def _read_answer(stream: IO[bytes]) -> tuple[str, Any]:
-    from conformance.run import wire
+    from conformance.harness import wire
 
     (size,) = _HEADER.unpack(_read_exact(stream, _HEADER.size))
     try:
@@ -128,7 +128,7 @@ class Twin:
         path = [p for p in sys.path if p and Path(p).is_dir()]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(Path.cwd()), *path]))
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "conformance.run.twin", reference],
+            [sys.executable, "-m", "conformance.harness.twin", reference],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -217,7 +217,7 @@ def _twin(ctx: Context, reference: str) -> Twin:
 
 def twin_reference(builder: object) -> str | None:
     """The ``module:Class`` a twin process imports to run ``builder`` (``None``: none)."""
-    from conformance.run.boundary import builder_name
+    from conformance.harness.boundary import builder_name
 
     cls = builder if isinstance(builder, type) else type(builder)
     # An isolated run's proxy stands for the builder it names; the vLLM
@@ -277,7 +277,7 @@ class ProcessObservation:
 
 def observe_processes(ctx: Context, example: Any) -> ProcessObservation:
     """Group and place ``example`` here and in the twin process."""
-    from conformance.run.scenarios import call_grouping
+    from conformance.harness.hooks import call_grouping
 
     config = attrs.evolve(example.config, num_gpu_blocks_override=None)
     specs = example.merged
@@ -329,7 +329,7 @@ def observe_processes(ctx: Context, example: Any) -> ProcessObservation:
 
 def _serve(reference: str, stdin: IO[bytes], stdout: IO[bytes]) -> None:
     from conformance.errors import KitError
-    from conformance.run.adapters import load_builder
+    from conformance.harness.adapters import load_builder
 
     try:
         cls = load_builder(reference)
@@ -369,7 +369,7 @@ def _serve(reference: str, stdin: IO[bytes], stdout: IO[bytes]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of the twin process: ``python -m conformance.run.twin module:Class``.
+    """Entry point of the twin process: ``python -m conformance.harness.twin module:Class``.
 
     Serves until the kit closes the pipe, then ends the process (it never returns).
     """
