@@ -193,7 +193,7 @@ def _list() -> int:
     from conformance.check.catalog import catalog
 
     for inv in catalog():
-        scenarios = ",".join(inv.scenarios) if len(inv.scenarios) < 3 else "every"
+        scenarios = "every" if inv.everywhere else ",".join(inv.scenarios)
         print(f"{inv.id:28} {scenarios:16} {inv.title}  [{inv.reference}]")
     return 0
 

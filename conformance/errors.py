@@ -13,13 +13,17 @@ import contextlib
 import traceback
 from collections.abc import Iterator
 
-__all__ = ["REPORT_HINT", "KitError", "kit_side"]
+__all__ = ["REPORT_HINT", "KitError", "OptionError", "kit_side"]
 
 #: What every front end asks of a user who meets a :class:`KitError`.
 REPORT_HINT = (
     "this is a bug in kvref's conformance kit, not a finding about the builder; "
     "please report it with the command line and the traceback above"
 )
+
+
+class OptionError(ValueError):
+    """An option of the run has a value the kit cannot use."""
 
 
 class KitError(RuntimeError):

@@ -16,7 +16,8 @@ import pytest
 
 from conformance.check.catalog import Unjudged, by_id
 from conformance.harness.guard import Guard
-from conformance.harness.hooks import Context, make_factory, observe_core
+from conformance.harness.hooks import Context, make_factory
+from conformance.scenarios.core import observe_core
 from kvref import (
     FullAttentionSpec,
     KVCachePlan,

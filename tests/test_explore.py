@@ -19,7 +19,8 @@ from conformance.report.render import report_to_dict
 from conformance.run.explore import MUTATIONS, Corpus, mutate
 from conformance.run.options import OptionError, RunOptions
 from conformance.run.runner import check_builder
-from conformance.scenarios.examples import Example, problem_examples, reference_accepts
+from conformance.scenarios.examples import Example, reference_accepts
+from conformance.scenarios.registry import examples
 from kvref import FullAttentionSpec, PlanningConfig
 
 GATED = "explore_builders:IndexCacheShortBacking"
@@ -40,7 +41,7 @@ def _examples(n: int = 25) -> list[Example]:
     drawn: list[Example] = []
 
     @settings(max_examples=n, database=None, suppress_health_check=list(HealthCheck))
-    @given(problem_examples("placement"))
+    @given(examples("placement"))
     def collect(ex: Example) -> None:
         drawn.append(ex)
 

@@ -13,12 +13,13 @@ from conformance.cli import main
 from conformance.generate.engine_paths import engine_path, parse, spell
 from conformance.generate.limits import HOST_OUTSIDE_HISPARSE, Limits
 from conformance.harness.guard import Guard
-from conformance.harness.hooks import Context, make_factory, observe
+from conformance.harness.hooks import Context, make_factory
 from conformance.run.focus import FOCUS_SHARE, answers_differ
 from conformance.run.options import OptionError, RunOptions
 from conformance.run.runner import check_builder
 from conformance.run.strata import Stratum, draw_focus, run_strata
-from conformance.scenarios.examples import Example, problem_examples
+from conformance.scenarios.examples import Example
+from conformance.scenarios.registry import examples, observe_in
 from kvref import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.layout import KVCacheLayout
@@ -33,7 +34,7 @@ def _examples(n: int = 6) -> list[Example]:
     drawn: list[Example] = []
 
     @settings(max_examples=n, database=None, suppress_health_check=list(HealthCheck))
-    @given(problem_examples("placement"))
+    @given(examples("placement"))
     def collect(ex: Example) -> None:
         drawn.append(ex)
 
@@ -43,7 +44,7 @@ def _examples(n: int = 6) -> list[Example]:
 
 def _observe(builder: Any, scenario: str, example: Example) -> Any:
     guard = Guard(10.0)
-    return observe(Context(factory=make_factory(builder, guard), guard=guard), scenario, example)
+    return observe_in(Context(factory=make_factory(builder, guard), guard=guard), scenario, example)
 
 
 class OneGroupPerLayer(ReferenceKVCacheConfigBuilder):

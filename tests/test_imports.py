@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -169,32 +169,88 @@ def test_no_import_circle_among_kvref_modules(function_level: bool) -> None:
     assert cycle is None, f"import circle: {' -> '.join(cycle)}"
 
 
-#: The kit's one remaining circle, through imports inside functions: the
-#: scenario observers and example draws that :mod:`conformance.harness.hooks`
-#: and :mod:`conformance.scenarios.examples` still look up by name (issue 21's
-#: scenario registry removes it).  Pinned so that it cannot grow and no
-#: other circle appears.
-KNOWN_KIT_CIRCLE = frozenset(
-    {
-        "conformance.harness.boundary",
-        "conformance.scenarios.core",
-        "conformance.scenarios.examples",
-        "conformance.harness.isolate",
-        "conformance.scenarios.profiling",
-        "conformance.harness.hooks",
-        "conformance.harness.twin",
-        "conformance.harness.worker_side",
-        "conformance.scenarios.serve",
-    }
+def test_the_kit_has_no_import_circle() -> None:
+    graph = import_graph(KIT_MODULES, function_level=True)
+    assert "conformance.check.catalog" in graph
+    assert circles(graph) == []
+
+
+#: The kit's layers, lowest first: a module imports only from its own layer or
+#: below (imports inside functions included).  The checks read observations,
+#: never the code that makes them; the harness is all that calls a builder;
+#: a scenario composes harness calls; the run deals scenarios' examples; the
+#: front ends drive runs.
+KIT_LAYERS = (
+    ("conformance.errors", "conformance.contract", "conformance.upstream"),
+    ("conformance.check",),
+    ("conformance.generate",),
+    ("conformance.report", "conformance.serve"),
+    ("conformance.harness",),
+    ("conformance.scenarios",),
+    ("conformance.run",),
+    (
+        "conformance.expectations",
+        "conformance.baseline",
+        "conformance.certify",
+        "conformance.merge",
+        "conformance.ci",
+    ),
+    ("conformance.cli_reports", "conformance.cli_parser", "conformance.cli", "conformance.plugin"),
+    ("conformance", "conformance.test_conformance"),
 )
 
 
-def test_the_kit_has_no_circle_but_the_known_one() -> None:
+def layer_of(module: str, layers: Sequence[Sequence[str]] = KIT_LAYERS) -> int:
+    """The rank of ``module``'s layer: its longest matching package or module name."""
+    best, rank = -1, -1
+    for i, names in enumerate(layers):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > best:
+                best, rank = len(name), i
+    if rank < 0:
+        raise LookupError(f"{module} is in no layer of KIT_LAYERS")
+    return rank
+
+
+def upward_imports(
+    graph: Mapping[str, set[str]], layers: Sequence[Sequence[str]] = KIT_LAYERS
+) -> list[str]:
+    """Every import of a module from a layer above its own, as ``a -> b``."""
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if layer_of(target, layers) > layer_of(module, layers)
+    )
+
+
+def test_upward_imports_are_seen() -> None:
+    layers = (("pkg.low",), ("pkg.high",), ("pkg",))
+    graph = {"pkg.low.a": {"pkg.high.b"}, "pkg.high.b": {"pkg.low.c"}, "pkg.low.c": set()}
+    assert upward_imports(graph, layers) == ["pkg.low.a -> pkg.high.b"]
+    assert layer_of("pkg.other", layers) == 2
+
+
+def test_no_kit_module_imports_from_a_layer_above_its_own() -> None:
     graph = import_graph(KIT_MODULES, function_level=True)
-    assert "conformance.check.catalog" in graph
-    found = circles(graph)
-    assert all(c <= KNOWN_KIT_CIRCLE for c in found), found
-    assert not circles(import_graph(KIT_MODULES)), "a circle of module-level imports"
+    assert upward_imports(graph) == []
+
+
+def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.ImportFrom):
+        return [node.module or ""]
+    return [a.name for a in node.names]
+
+
+def test_kvref_never_imports_the_kit() -> None:
+    found = sorted(
+        f"{name}: {target}"
+        for name, path in MODULES.items()
+        for node in _all_imports(ast.parse(path.read_text()))
+        for target in _imported(node)
+        if target.split(".")[0] == "conformance"
+    )
+    assert found == []
 
 
 _ISOLATED = """

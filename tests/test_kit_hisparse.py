@@ -20,9 +20,10 @@ from conformance.generate.families.hidden_state import hidden_state_models
 from conformance.generate.families.hisparse import hisparse_models
 from conformance.generate.records import PlanningProblem
 from conformance.harness.guard import Guard
-from conformance.harness.hooks import Context, make_factory, observe
+from conformance.harness.hooks import Context, make_factory
 from conformance.run.runner import check_builder
 from conformance.scenarios.examples import Example
+from conformance.scenarios.registry import observe_in
 from kvref import ReferenceKVCacheConfigBuilder
 from kvref.config import HiSparseConfig, PlanningConfig
 from kvref.extra_specs import HiddenStateCacheSpec, HiSparseHotSpec, HiSparseResidentSpec
@@ -88,7 +89,7 @@ def _hisparse_example(pool_blocks: int = 80, *, shared: bool = False) -> Example
 
 def _observe(builder: Any, scenario: str, example: Example) -> Any:
     guard = Guard(10.0)
-    return observe(Context(factory=make_factory(builder, guard), guard=guard), scenario, example)
+    return observe_in(Context(factory=make_factory(builder, guard), guard=guard), scenario, example)
 
 
 def _problems(strategy: Any, n: int = 15) -> list[PlanningProblem]:

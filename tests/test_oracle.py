@@ -36,7 +36,9 @@ from conformance.check.device import check_device_tags
 from conformance.check.memory import check_memory
 from conformance.generate import strategies as gen
 from conformance.harness.guard import Guard
-from conformance.harness.hooks import Context, make_factory, observe_core, observe_placement
+from conformance.harness.hooks import Context, make_factory
+from conformance.scenarios.core import observe_core
+from conformance.scenarios.placement import observe_placement
 from kvref import (
     FullAttentionSpec,
     KVCacheLayout,

@@ -13,14 +13,12 @@ from hypothesis import HealthCheck, given, seed, settings
 from conformance.check.catalog import Unjudged, by_id, catalog
 from conformance.check.observations import ConstructFailure, ProfilingObservation
 from conformance.harness.guard import Guard
-from conformance.harness.hooks import Context, make_factory, observe
+from conformance.harness.hooks import Context, make_factory
+from conformance.harness.lineage import isolated_resolver, resolvable_qualname
 from conformance.run.runner import builder_name, check_builder
-from conformance.scenarios.examples import Example, examples
-from conformance.scenarios.profiling import (
-    isolated_resolver,
-    profiling_block_count,
-    resolvable_qualname,
-)
+from conformance.scenarios.examples import Example
+from conformance.scenarios.profiling import profiling_block_count
+from conformance.scenarios.registry import examples, observe_in
 from kvref import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.records import KVCacheGroupSpec
@@ -99,7 +97,7 @@ def _two_workers(first: int, second: int) -> Example:
 
 
 def _judge(builder: Any, example: Example, invariant: str) -> Any:
-    return by_id()[invariant].check(observe(_ctx(builder), "profiling", example))
+    return by_id()[invariant].check(observe_in(_ctx(builder), "profiling", example))
 
 
 class TestBlockCount:
@@ -124,7 +122,7 @@ class TestObservation:
 
     def test_each_worker_plans_its_own_slice(self) -> None:
         """Grouping sees one worker's layers; placement asks for the profiling count."""
-        obs = observe(_ctx(ReferenceKVCacheConfigBuilder), "profiling", _two_workers(3, 1))
+        obs = observe_in(_ctx(ReferenceKVCacheConfigBuilder), "profiling", _two_workers(3, 1))
         assert isinstance(obs, ProfilingObservation)
         grouped = [c for c in obs.calls if c.hook == "get_kv_cache_groups"]
         placed = [c for c in obs.calls if c.hook == "get_kv_cache_config_from_groups"]
@@ -139,7 +137,7 @@ class TestObservation:
 
     def test_builders_come_from_resolution(self) -> None:
         """One resolution per worker plus one more, each a distinct instance of the class."""
-        obs = observe(_ctx(ReferenceKVCacheConfigBuilder), "profiling", _two_workers(2, 2))
+        obs = observe_in(_ctx(ReferenceKVCacheConfigBuilder), "profiling", _two_workers(2, 2))
         assert obs.qualname == "kvref.builder:ReferenceKVCacheConfigBuilder"
         assert len(obs.resolutions) == 3
         assert len({r.identity for r in obs.resolutions}) == 3
@@ -162,7 +160,7 @@ class TestReferencePasses:
         )
         @given(examples("profiling"))
         def run(example: Example) -> None:
-            obs = observe(ctx, "profiling", example)
+            obs = observe_in(ctx, "profiling", example)
             for inv in checks:
                 outcome = inv.check(obs)
                 if isinstance(outcome, list):
@@ -182,7 +180,7 @@ class TestBrokenBuilders:
         """All workers' layers group fine; worker 1's single layer gets an empty group."""
         example = _two_workers(3, 1)
         grouping = by_id()["KV-GROUP-NONEMPTY"].check(
-            observe(_ctx(PerStageGroups), "grouping", example)
+            observe_in(_ctx(PerStageGroups), "grouping", example)
         )
         assert grouping == []
         found = _judge(PerStageGroups, example, "KV-GROUP-NONEMPTY")
@@ -216,7 +214,7 @@ class TestBrokenBuilders:
         """A class that cannot be built twice is a construction failure, not a freshness one."""
         import broken_builders
 
-        obs = observe(_ctx(broken_builders.ConstructsOnce), "profiling", _two_workers(1, 1))
+        obs = observe_in(_ctx(broken_builders.ConstructsOnce), "profiling", _two_workers(1, 1))
         assert isinstance(obs, ConstructFailure)
 
     def test_legal_instance_state_passes(self) -> None:
@@ -251,7 +249,7 @@ class TestIsolatedResolution:
 
         proxy = isolated(builder, name)
         try:
-            obs = observe(_ctx_named(proxy, name), "profiling", _two_workers(1, 1))
+            obs = observe_in(_ctx_named(proxy, name), "profiling", _two_workers(1, 1))
             return obs, by_id()["KV-CALL-FRESH"].check(obs)
         finally:
             proxy.close()

@@ -17,7 +17,8 @@ from conformance.report.records import (
     example_data,
     record_types,
 )
-from conformance.scenarios.examples import Example, examples
+from conformance.scenarios.examples import Example
+from conformance.scenarios.registry import examples
 from kvref import FullAttentionSpec, PlanningConfig
 
 

@@ -402,27 +402,13 @@ class TestStaticFindingsAgree:
 
 @pytest.fixture
 def serve_wired(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Register the ``serve`` scenario in the runner, as the catalog will; undone afterwards.
+    """Make every scenario draw its models from a given strategy; undone afterwards.
 
-    Returns a function that makes every scenario draw its models from a given
-    strategy instead of the kit's families.
+    Returns the function that sets the strategy (``None``: the kit's families).
     """
-    from conformance.check import catalog as catalog_module
-    from conformance.harness import hooks as scenarios
-    from conformance.run import runner, strata
-
-    # Fill the real catalog first: modules imported under the patch would register
-    # into the copy only, and leave the real catalog empty for the rest of the session.
-    catalog_module.catalog()
-    monkeypatch.setattr(catalog_module, "_REGISTRY", dict(catalog_module._REGISTRY))
+    from conformance.run import strata
     from conformance.scenarios import serve as scenario
 
-    for inv in scenario.INVARIANTS:
-        catalog_module.register(inv)
-    scenario_names = runner.SCENARIOS  # type: ignore[attr-defined]
-    if scenario.SERVE not in scenario_names:
-        monkeypatch.setattr(runner, "SCENARIOS", (*scenario_names, scenario.SERVE))
-    monkeypatch.setitem(scenarios.OBSERVERS, scenario.SERVE, scenario.observe_serve)
     plain = strata.examples
     chosen: list[Any] = [None]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import broken_builders
 
-from conformance.harness.hooks import _stage_to_place
 from conformance.run.runner import check_builder
+from conformance.scenarios.placement import _stage_to_place
 from kvref import FullAttentionSpec, KVCacheGroupSpec, UniformTypeKVCacheSpecs
 
 _SPEC = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype="bfloat16")

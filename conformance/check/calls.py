@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from conformance.check.catalog import SCENARIOS, Check, Invariant, Unjudged, register
+from conformance.check.catalog import Check, Invariant, Unjudged, register
 from conformance.check.catalog import violation as _v
 from conformance.check.observations import CallResult
 from conformance.check.violations import Violation
@@ -69,14 +69,16 @@ def _call_check(kind: str, invariant: str) -> Check:
 
 
 def _call(kind: str, id_: str, title: str) -> Invariant:
-    # The call invariants judge every call of every scenario that calls the builder.
+    # The call invariants judge every call of every scenario that calls the
+    # builder; grouping, the first scenario of a run, is their own.
     return register(
         Invariant(
             id=id_,
             title=title,
             anchor="hook-calls",
-            scenarios=SCENARIOS,
+            scenarios=("grouping",),
             check=_call_check(kind, id_),
+            everywhere=True,
         )
     )
 

@@ -29,7 +29,6 @@ from conformance.check.violations import Violation
 
 __all__ = [
     "CONTRACT",
-    "SCENARIOS",
     "Check",
     "Invariant",
     "Outcome",
@@ -43,18 +42,6 @@ __all__ = [
 
 #: The contract document every invariant cites (shipped in the repository's docs).
 CONTRACT = "docs/contract.md"
-
-#: The scenarios that observe the builder, in the order the runner runs them.
-SCENARIOS: tuple[str, ...] = (
-    "grouping",
-    "placement",
-    "host",
-    "core",
-    "profiling",
-    "device",
-    "serve",
-    "processes",
-)
 
 #: The check modules, imported in this order; their registration order is the catalog's.
 _MODULES = (
@@ -75,7 +62,7 @@ _MODULES = (
     "conformance.check.hisparse",
     "conformance.check.hisparse_groups",
     "conformance.check.hisparse_runs",
-    "conformance.scenarios.serve",
+    "conformance.check.serve",
 )
 
 
@@ -107,10 +94,12 @@ class Invariant:
         id: stable id, e.g. ``"KV-GROUP-PARTITION"``; vendors put ids in xfail files.
         title: one line.
         anchor: the section of the contract document that states the promise.
-        scenarios: the scenarios whose observations it reads.
+        scenarios: the scenarios whose observations it reads (the first is its own).
         check: the pure check.
         requires: capabilities the builder must have for it to apply; a builder
             that declares one unsupported gets the invariant skipped.
+        everywhere: it also reads every other scenario's observations (the
+            call invariants judge every call the kit makes).
     """
 
     id: str
@@ -119,6 +108,11 @@ class Invariant:
     scenarios: tuple[str, ...]
     check: Check
     requires: frozenset[str] = frozenset()
+    everywhere: bool = False
+
+    def reads(self, scenario: str) -> bool:
+        """Whether it judges the observations of ``scenario``."""
+        return self.everywhere or scenario in self.scenarios
 
     @property
     def reference(self) -> str:

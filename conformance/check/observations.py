@@ -23,6 +23,8 @@ from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
 
 __all__ = [
+    "ProcessObservation",
+    "ServeObservation",
     "CallResult",
     "ConstructFailure",
     "CoreObservation",
@@ -321,6 +323,58 @@ class ProfilingObservation:
     def first_grouping(self) -> CallResult | None:
         """Worker 0's grouping call (the one :attr:`again` repeats)."""
         return self.calls[0] if self.calls else None
+
+
+@attrs.frozen(kw_only=True)
+class ProcessObservation:
+    """One example answered here and in the twin process.
+
+    Attributes:
+        config, specs, num_blocks: the inputs.
+        grouping: this process's grouping call.
+        groups: the groups placed (the builder's when valid, else the reference's).
+        placement: this process's placement of ``groups`` at ``num_blocks``.
+        twin_grouping, twin_placement: the twin's ``(status, value)`` answers
+            (``None``: not asked).
+        unavailable: why the twin could not answer (``None``: it did).
+        hash_seed: the twin's ``PYTHONHASHSEED``.
+        skipped: why no call was made for this example (the twin's budget is spent).
+    """
+
+    config: PlanningConfig
+    specs: Mapping[str, KVCacheSpec]
+    num_blocks: int
+    grouping: CallResult
+    groups: tuple[KVCacheGroupSpec, ...]
+    placement: CallResult
+    twin_grouping: tuple[str, Any] | None = None
+    twin_placement: tuple[str, Any] | None = None
+    unavailable: str | None = None
+    hash_seed: str = ""
+    skipped: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ServeObservation:
+    """What serving one stream over the builder's configs showed.
+
+    Attributes:
+        example: the example served (a serving example: problem, pool, stream).
+        configs: the builder's config of each worker (empty when placement failed).
+        groups_source: ``builder`` or ``reference`` (the builder's groups broke a
+            grouping invariant, reported there).
+        violations: the violations of the step that broke an invariant (empty:
+            the stream ran clean), or ``None`` when nothing could be served.
+        reason: why nothing was served, when it was not.
+        calls: the guarded placement calls (the ``KV-CALL-*`` invariants read them).
+    """
+
+    example: Any
+    configs: tuple[KVCacheConfig, ...]
+    groups_source: str
+    violations: tuple[Violation, ...] | None
+    reason: str | None = None
+    calls: tuple[CallResult, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

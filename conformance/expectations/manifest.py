@@ -201,12 +201,12 @@ def _entry(item: Any, source: str, index: int, allow_placeholders: bool) -> Entr
 
 
 def _when(when: Any, where: str) -> dict[str, tuple[str, ...]]:
-    from conformance.check.catalog import SCENARIOS
+    from conformance.scenarios.registry import names
     from conformance.upstream import DEFECTS
 
     if not isinstance(when, dict):
         raise ExpectationsError(f"{where}: when {when!r} must be a table of conditions")
-    allowed = {"scenario": set(SCENARIOS), "upstream": {d.key for d in DEFECTS}}
+    allowed = {"scenario": set(names()), "upstream": {d.key for d in DEFECTS}}
     out: dict[str, tuple[str, ...]] = {}
     for key, value in when.items():
         if key not in CONDITIONS:

@@ -13,108 +13,19 @@ not for release decisions).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from conformance.errors import OptionError
 from conformance.harness.reach import ReachError, ReachMeter
-from conformance.run.options import OptionError
 from kvref.builder import KVCacheConfigBuilder
 
-__all__ = [
-    "Prepared",
-    "builder_name",
-    "is_vllm_native",
-    "parent_builder",
-    "prepare",
-    "vllm_default_builder",
-]
+__all__ = ["Prepared", "prepare"]
 
 Builder = KVCacheConfigBuilder | type[KVCacheConfigBuilder]
-
-
-def builder_name(builder: object) -> str | None:
-    """The builder's importable ``module:Class`` (a file path for ``__main__``; ``None``: none)."""
-    if isinstance(builder, str):
-        return builder
-    cls = builder if isinstance(builder, type) else type(builder)
-    named = cls.__dict__.get("kvref_name")  # an isolated run's proxy names its builder
-    if isinstance(named, str):
-        return named
-    if "<locals>" in cls.__qualname__:
-        return None
-    module = cls.__module__
-    if module == "__main__":
-        path = getattr(sys.modules.get("__main__"), "__file__", None)
-        if path is None:
-            return None
-        return f"{Path(path).resolve()}:{cls.__qualname__}"
-    return f"{module}:{cls.__qualname__}"
-
-
-def _described(builder: object, key: str) -> Any:
-    """What the worker said of an isolated builder (``KeyError``: not an isolated proxy)."""
-    from conformance.harness.isolate import IsolatedBuilder
-
-    cls = builder if isinstance(builder, type) else type(builder)
-    if not issubclass(cls, IsolatedBuilder):
-        raise KeyError(key)
-    return cls.__dict__.get(key)
-
-
-def parent_builder(builder: object) -> type[KVCacheConfigBuilder] | None:
-    """The default builder a builder specialises, when it subclasses one (``None``: none).
-
-    A subclass of kvref's reference has the reference as parent; a vLLM-native
-    subclass of vLLM's ``DefaultKVCacheConfigBuilder`` has vLLM's default.  For
-    an isolated builder the worker says which (the kit reads no class of the
-    builder's).
-    """
-    from kvref.builder import ReferenceKVCacheConfigBuilder
-
-    try:
-        kind = _described(builder, "kvref_parent")
-    except KeyError:
-        pass
-    else:
-        if kind == "reference":
-            return ReferenceKVCacheConfigBuilder
-        return vllm_default_builder() if kind == "vllm-default" else None
-    cls = builder if isinstance(builder, type) else type(builder)
-    if cls is not ReferenceKVCacheConfigBuilder and issubclass(cls, ReferenceKVCacheConfigBuilder):
-        return ReferenceKVCacheConfigBuilder
-    native = getattr(cls, "native_cls", None)
-    if native is None:
-        return None
-    for base in native.__mro__[1:]:
-        if base.__name__ == "DefaultKVCacheConfigBuilder" and base.__module__.startswith("vllm."):
-            from conformance.harness.vllm_adapter import wrap_vllm_builder
-
-            return wrap_vllm_builder(base)
-    return None
-
-
-def is_vllm_native(builder: object) -> bool:
-    """Whether the builder is vLLM-native (run through the vLLM adapter, maybe isolated)."""
-    try:
-        return bool(_described(builder, "kvref_native"))
-    except KeyError:
-        cls = builder if isinstance(builder, type) else type(builder)
-        return isinstance(getattr(cls, "native_cls", None), type)
-
-
-def vllm_default_builder() -> type[KVCacheConfigBuilder] | None:
-    """VLLM's own ``DefaultKVCacheConfigBuilder`` behind the adapter (``None``: no vLLM)."""
-    from conformance.harness.vllm_adapter import wrap_vllm_builder
-    from kvref.interop.vllm import VLLMUnavailableError, vllm_modules
-
-    try:
-        return wrap_vllm_builder(vllm_modules().kvp.DefaultKVCacheConfigBuilder)
-    except (VLLMUnavailableError, AttributeError):
-        return None
 
 
 @attrs.frozen

@@ -1,15 +1,14 @@
-"""Turn a generated example into observations of a builder, one scenario at a time.
+"""The builder's hooks, called as the scenarios call them.
 
-Each observer makes the builder calls one scenario needs, through the run's
-:class:`~conformance.harness.guard.Guard`, each call on fresh copies of its
-inputs (every layer its own spec object), and returns an observation for the
-catalog to judge.  :data:`OBSERVERS` maps scenario names to observers.
+Every call goes through the run's :class:`~conformance.harness.guard.Guard`,
+on fresh copies of its inputs (every layer its own spec object), and comes
+back as a :class:`~conformance.check.observations.CallResult` with the
+changes it made to what it was handed.  The scenarios
+(:mod:`conformance.scenarios`) compose these calls into observations.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -18,30 +17,26 @@ import attrs
 from conformance.check.observations import (
     CallResult,
     ConstructFailure,
-    CoreObservation,
-    GroupingObservation,
-    HostObservation,
-    PlacementObservation,
 )
 from conformance.harness.guard import Guard, deep_copy
 from kvref.builder import KVCacheConfigBuilder, ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
-from kvref.planning import project_kv_cache_groups_to_worker
 from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
 
 __all__ = [
-    "OBSERVERS",
     "BuilderFactory",
     "ConstructionFailedError",
     "Context",
+    "builder_or_reference_groups",
+    "call_grouping",
+    "call_placement",
+    "call_pool_bytes",
+    "fresh_specs",
     "groups_validator",
     "make_factory",
     "observe",
-    "observe_core",
-    "observe_grouping",
-    "observe_host",
-    "observe_placement",
+    "valid_groups",
 ]
 
 #: Makes a fresh builder, as vLLM does for every phase.
@@ -323,27 +318,6 @@ def call_pool_bytes(
     return result, tuple(f"_get_pool_bytes_per_block changed {c}" for c in changes)
 
 
-# -- observers ------------------------------------------------------------------
-
-
-def observe_grouping(
-    ctx: Context, config: PlanningConfig, specs: Mapping[str, KVCacheSpec]
-) -> GroupingObservation:
-    """Call ``get_kv_cache_groups`` twice on one instance and once on a fresh one."""
-    builder = ctx.factory()
-    first, mutated = call_grouping(ctx.guard, builder, config, specs)
-    second, mutated_again = call_grouping(ctx.guard, builder, config, specs)
-    fresh, _ = call_grouping(ctx.guard, ctx.factory(), config, specs)
-    return GroupingObservation(
-        config=config,
-        specs=dict(specs),
-        first=first,
-        second=second,
-        fresh=fresh,
-        mutations=mutated + mutated_again,
-    )
-
-
 def _partitions(groups: Sequence[KVCacheGroupSpec], specs: Mapping[str, KVCacheSpec]) -> bool:
     names = [n for g in groups for n in g.layer_names]
     return (
@@ -378,192 +352,9 @@ def builder_or_reference_groups(
     return tuple(_REFERENCE.get_kv_cache_groups(config, dict(specs))), "reference"
 
 
-def _stage_to_place(
-    groups: Sequence[KVCacheGroupSpec],
-    workers: Sequence[Mapping[str, KVCacheSpec]],
-    num_blocks: int,
-) -> int:
-    """The pipeline stage whose placement is judged.
-
-    vLLM never places a pipeline-parallel model whole: each stage places the
-    groups projected onto its layers.  Two stages matter most: the one that
-    holds no layer of the most groups (the edge a builder gets wrong) and
-    the one holding the most layers (where a vendor's gates, which test a
-    stage's whole structure, open).  Each takes half the problems, by a
-    stable digest of the problem's layers and block count, so a replayed
-    example places the same stage (the last one on ties: it holds the drafts).
-    """
-
-    def empty(stage: int) -> int:
-        held = workers[stage]
-        return sum(1 for g in groups if not any(n in held for n in g.layer_names))
-
-    stages = range(len(workers))
-    edge = max(stages, key=lambda stage: (empty(stage), stage))
-    fullest = max(stages, key=lambda stage: (len(workers[stage]), stage))
-    key = json.dumps([sorted(w) for w in workers] + [num_blocks]).encode()
-    return edge if hashlib.sha256(key).digest()[0] % 2 == 0 else fullest
-
-
-def observe_placement(
-    ctx: Context,
-    config: PlanningConfig,
-    specs: Mapping[str, KVCacheSpec],
-    num_blocks: int,
-    workers: Sequence[Mapping[str, KVCacheSpec]] = (),
-) -> PlacementObservation:
-    """Place the groups at 1, ``num_blocks`` and a larger count; repeat; fresh; empty.
-
-    With several pipeline stages (``workers``), the groups are those of the
-    whole model projected onto one stage (:func:`_stage_to_place`), as Core
-    hands them to that stage's worker, and ``specs`` become that stage's layers.
-    """
-    config = attrs.evolve(config, num_gpu_blocks_override=None)
-    groups, source = builder_or_reference_groups(ctx, config, specs)
-    stage, model = None, None
-    if len(workers) > 1:
-        stage, model = _stage_to_place(groups, workers, num_blocks), dict(specs)
-        specs = workers[stage]
-        groups = tuple(project_kv_cache_groups_to_worker(groups, specs))
-    builder = ctx.factory()
-    counts = sorted({1, num_blocks, num_blocks + 1 + num_blocks // 2})
-    results: dict[int, CallResult] = {}
-    mutations: tuple[str, ...] = ()
-    for n in counts:
-        results[n], changed = call_placement(ctx.guard, builder, config, groups, n)
-        mutations += changed
-    repeat, changed = call_placement(ctx.guard, builder, config, groups, num_blocks)
-    fresh, _ = call_placement(ctx.guard, ctx.factory(), config, groups, num_blocks)
-    # Core never asks about an empty group list (its probe answers 0 itself).
-    pool, pool_changed = (
-        call_pool_bytes(ctx.guard, builder, config, groups) if groups else (None, ())
-    )
-    empty, _ = call_placement(ctx.guard, builder, config, [], 1)
-    return PlacementObservation(
-        config=config,
-        specs=dict(specs),
-        groups=groups,
-        groups_source=source,
-        num_blocks=num_blocks,
-        results=results,
-        repeat=repeat,
-        fresh=fresh,
-        mutations=mutations + changed + pool_changed,
-        pool_bytes=pool,
-        empty=empty,
-        device=ctx.device,
-        max_alloc_bytes=ctx.max_alloc_bytes,
-        stage=stage,
-        model_specs=model,
-    )
-
-
-def observe_host(
-    ctx: Context,
-    config: PlanningConfig,
-    specs: Mapping[str, KVCacheSpec],
-    num_blocks: int,
-) -> HostObservation:
-    """Group and place a model whose config keeps some layers on the host."""
-    builder = ctx.factory()
-    groups_result, _ = call_grouping(ctx.guard, builder, config, specs)
-    placed = device_only = pool = None
-    verdicts: dict[str, Any] = {}
-    if valid_groups(config, specs, groups_result):
-        groups = list(groups_result.value)
-        placed, _ = call_placement(ctx.guard, builder, config, groups, num_blocks)
-        pool = call_pool_bytes(ctx.guard, builder, config, groups)[0] if groups else None
-        if placed.ok and pool is not None and pool.ok:
-            from conformance.check.gate import judge_pool_bytes
-
-            # Core asks about every group, host ones included: its answer
-            # must count the device bytes alone.
-            verdicts = judge_pool_bytes(config, groups, placed, num_blocks, pool)
-        device_groups = [g for g in groups if not g.host_resident]
-        if config.hisparse is None:
-            # HiSparse's placement needs its source group (it sizes the host
-            # pool from it), so there is no device-only twin to compare with.
-            device_only, _ = call_placement(ctx.guard, builder, config, device_groups, num_blocks)
-    return HostObservation(
-        config=config,
-        specs=dict(specs),
-        groups=groups_result,
-        placed=placed,
-        device_only=device_only,
-        num_blocks=num_blocks,
-        device=ctx.device,
-        max_alloc_bytes=ctx.max_alloc_bytes,
-        pool_bytes=pool,
-        pool_verdicts=verdicts,
-    )
-
-
-def observe_core(
-    ctx: Context,
-    config: PlanningConfig,
-    workers: Sequence[Mapping[str, KVCacheSpec]],
-    available_memory: Sequence[int],
-) -> CoreObservation:
-    """Run Core's flow (kvref's unless the context brings one) as one guarded call.
-
-    Every hook answer inside the flow is judged by the catalog's grouping and
-    placement invariants before it may flow on (:mod:`conformance.check.gate`);
-    a broken answer stops the flow and is reported by the invariant it broke.
-    """
-    from conformance.scenarios.core import run_core
-
-    return run_core(ctx, config, workers, available_memory)
-
-
-def _observe_profiling(
-    ctx: Context,
-    config: PlanningConfig,
-    workers: Sequence[Mapping[str, KVCacheSpec]],
-    num_blocks: int,
-) -> Any:
-    from conformance.scenarios.profiling import observe_profiling
-
-    return observe_profiling(ctx, config, workers, num_blocks)
-
-
-def observe(ctx: Context, scenario: str, example: Any) -> Any:
-    """Observe ``example`` in ``scenario``; a builder that cannot be constructed is observed too."""
+def observe(ctx: Context, observer: Callable[[Context, Any], Any], example: Any) -> Any:
+    """``observer(ctx, example)``; a builder that cannot be constructed is observed too."""
     try:
-        return OBSERVERS[scenario](ctx, example)
+        return observer(ctx, example)
     except ConstructionFailedError as exc:
         return ConstructFailure(result=exc.result)
-
-
-OBSERVERS: dict[str, Callable[[Context, Any], Any]] = {
-    "grouping": lambda ctx, ex: observe_grouping(ctx, ex.config, ex.merged),
-    "placement": lambda ctx, ex: observe_placement(
-        ctx, ex.config, ex.merged, ex.num_blocks, ex.workers
-    ),
-    "device": lambda ctx, ex: observe_placement(
-        ctx, ex.config, ex.merged, ex.num_blocks, ex.workers
-    ),
-    "host": lambda ctx, ex: observe_host(ctx, ex.config, ex.merged, ex.num_blocks),
-    "core": lambda ctx, ex: observe_core(ctx, ex.config, ex.workers, ex.available_memory),
-    "profiling": lambda ctx, ex: _observe_profiling(ctx, ex.config, ex.workers, ex.num_blocks),
-}
-
-
-def _observe_processes(ctx: Context, example: Any) -> Any:
-    """The example answered here and in a twin process (:mod:`conformance.harness.twin`)."""
-    from conformance.harness.twin import observe_processes
-
-    return observe_processes(ctx, example)
-
-
-OBSERVERS["processes"] = _observe_processes
-
-
-def _observe_serve(ctx: Context, example: Any) -> Any:
-    """Serve a request stream over the builder's configs (:mod:`conformance.scenarios.serve`)."""
-    # Imported here: the serve scenario itself builds on this module.
-    from conformance.scenarios.serve import observe_serve
-
-    return observe_serve(ctx, example)
-
-
-OBSERVERS["serve"] = _observe_serve

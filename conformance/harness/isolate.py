@@ -37,6 +37,7 @@ from typing import Any
 import attrs
 
 from conformance.harness import handed, wire
+from conformance.harness.lineage import DescribedBuilder
 from conformance.harness.prefetch import imports_vllm
 from conformance.harness.worker_side import Ref, encode_reply, serve, walk
 from kvref.builder import KVCacheConfigBuilder
@@ -396,7 +397,7 @@ class Resolved:
     is_builder: bool
 
 
-class IsolatedBuilder(KVCacheConfigBuilder):
+class IsolatedBuilder(DescribedBuilder):
     """A builder whose hooks run in its class's worker process (see :func:`isolated`)."""
 
     _kvref_worker: _Worker

@@ -40,14 +40,21 @@ from typing import IO, Any
 
 import attrs
 
-from conformance.check.observations import CallResult
-from conformance.harness.hooks import Context, builder_or_reference_groups, call_placement
+from conformance.harness.hooks import Context
 from kvref.config import PlanningConfig
 from kvref.interop.vllm_convert import keep_vllm_quiet
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
 
-__all__ = ["ProcessObservation", "Twin", "close_twin", "observe_processes", "prestart"]
+__all__ = [
+    "TWIN_EXAMPLES",
+    "Twin",
+    "TwinAnswers",
+    "ask_twin",
+    "budget_spent",
+    "close_twin",
+    "prestart",
+]
 
 #: Seconds the twin may take to start (interpreter, kvref, torch, the builder's module).
 _START_SECONDS = 120.0
@@ -217,7 +224,7 @@ def _twin(ctx: Context, reference: str) -> Twin:
 
 def twin_reference(builder: object) -> str | None:
     """The ``module:Class`` a twin process imports to run ``builder`` (``None``: none)."""
-    from conformance.harness.boundary import builder_name
+    from conformance.harness.lineage import builder_name
 
     cls = builder if isinstance(builder, type) else type(builder)
     # An isolated run's proxy stands for the builder it names; the vLLM
@@ -247,84 +254,55 @@ def _close(key: int) -> None:
 
 
 @attrs.frozen(kw_only=True)
-class ProcessObservation:
-    """One example answered here and in the twin process.
+class TwinAnswers:
+    """What the twin process said of one example, or why it said nothing.
 
     Attributes:
-        config, specs, num_blocks: the inputs.
-        grouping: this process's grouping call.
-        groups: the groups placed (the builder's when valid, else the reference's).
-        placement: this process's placement of ``groups`` at ``num_blocks``.
-        twin_grouping, twin_placement: the twin's ``(status, value)`` answers
-            (``None``: not asked).
-        unavailable: why the twin could not answer (``None``: it did).
+        grouping, placement: the twin's ``(status, value)`` answers (``None``: not asked).
+        unavailable: why the twin could not answer (``None``: it did, or it was not asked).
+        skipped: why it was not asked although it could have been.
         hash_seed: the twin's ``PYTHONHASHSEED``.
-        skipped: why no call was made for this example (the twin's budget is spent).
     """
 
-    config: PlanningConfig
-    specs: Mapping[str, KVCacheSpec]
-    num_blocks: int
-    grouping: CallResult
-    groups: tuple[KVCacheGroupSpec, ...]
-    placement: CallResult
-    twin_grouping: tuple[str, Any] | None = None
-    twin_placement: tuple[str, Any] | None = None
+    grouping: tuple[str, Any] | None = None
+    placement: tuple[str, Any] | None = None
     unavailable: str | None = None
-    hash_seed: str = ""
     skipped: str | None = None
+    hash_seed: str = ""
 
 
-def observe_processes(ctx: Context, example: Any) -> ProcessObservation:
-    """Group and place ``example`` here and in the twin process."""
-    from conformance.harness.hooks import call_grouping
-
-    config = attrs.evolve(example.config, num_gpu_blocks_override=None)
-    specs = example.merged
+def budget_spent(ctx: Context) -> bool:
+    """Whether the run's twin has answered all the examples it answers (:data:`TWIN_EXAMPLES`)."""
     twin = _TWINS.get(id(ctx.guard))
-    if twin is not None and twin.asked >= TWIN_EXAMPLES:
-        return ProcessObservation(
-            config=config,
-            specs=dict(specs),
-            num_blocks=example.num_blocks,
-            grouping=CallResult(hook="get_kv_cache_groups", not_called=True),
-            groups=(),
-            placement=CallResult(hook="get_kv_cache_config_from_groups", not_called=True),
-            skipped=f"the twin process answers the first {TWIN_EXAMPLES} examples of a run",
-        )
-    builder = ctx.factory()
-    grouping, _ = call_grouping(ctx.guard, builder, config, specs)
-    groups, _ = builder_or_reference_groups(ctx, config, specs)
-    placement, _ = call_placement(ctx.guard, ctx.factory(), config, groups, example.num_blocks)
-    base = {
-        "config": config,
-        "specs": dict(specs),
-        "num_blocks": example.num_blocks,
-        "grouping": grouping,
-        "groups": groups,
-        "placement": placement,
-    }
+    return twin is not None and twin.asked >= TWIN_EXAMPLES
+
+
+def ask_twin(
+    ctx: Context,
+    builder: object,
+    config: PlanningConfig,
+    specs: Mapping[str, KVCacheSpec],
+    groups: Sequence[KVCacheGroupSpec],
+    num_blocks: int,
+) -> TwinAnswers:
+    """Group ``specs`` and place ``groups`` in the twin process, with ``builder``'s class."""
     if not ctx.twin:
-        return ProcessObservation(**base, unavailable="no selected invariant reads the twin")
+        return TwinAnswers(unavailable="no selected invariant reads the twin")
     reference = twin_reference(builder)
     if reference is None:
-        return ProcessObservation(
-            **base, unavailable="the builder class cannot be imported by name in another process"
+        return TwinAnswers(
+            unavailable="the builder class cannot be imported by name in another process"
         )
     if ctx.guard.hung is not None:
-        return ProcessObservation(
-            **base, skipped="the builder hung earlier; it is not called again"
-        )
+        return TwinAnswers(skipped="the builder hung earlier; it is not called again")
     twin = _twin(ctx, reference)
     twin.asked += 1
     try:
         there = twin.ask("group", config, dict(specs))
-        placed = twin.ask("place", config, list(groups), example.num_blocks)
+        placed = twin.ask("place", config, list(groups), num_blocks)
     except TwinError as exc:
-        return ProcessObservation(**base, unavailable=str(exc), hash_seed=twin.hash_seed)
-    return ProcessObservation(
-        **base, twin_grouping=there, twin_placement=placed, hash_seed=twin.hash_seed
-    )
+        return TwinAnswers(unavailable=str(exc), hash_seed=twin.hash_seed)
+    return TwinAnswers(grouping=there, placement=placed, hash_seed=twin.hash_seed)
 
 
 def _serve(reference: str, stdin: IO[bytes], stdout: IO[bytes]) -> None:

@@ -26,7 +26,6 @@ from typing import Any
 import attrs
 
 from conformance.harness import handed, wire
-from conformance.run.options import DEFAULT_WORKER_MEMORY_GIB
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.interop.vllm_convert import keep_vllm_quiet
@@ -160,9 +159,11 @@ def _own_group_and_output(output: str | None) -> None:
         os.close(fd)
 
 
+#: GiB the worker may take over its start, unless the run says otherwise
+#: (the ``worker_memory`` option).
+DEFAULT_WORKER_MEMORY_GIB = 16.0
 #: How much more private memory (heap and anonymous maps) a worker may take
-#: than it held when it started, unless the run says otherwise (the
-#: ``worker_memory`` option, :data:`conformance.run.options.DEFAULT_WORKER_MEMORY_GIB`).
+#: than it held when it started, in bytes.
 WORKER_MEMORY_HEADROOM = int(DEFAULT_WORKER_MEMORY_GIB * (1 << 30))
 
 
@@ -318,10 +319,9 @@ def _describe(builder: Any, name: str | None, reach: Any) -> dict[str, Any]:
     The kit never reads an attribute of the builder's class itself (a
     metaclass ``__getattr__`` would run in the kit's process); it asks this.
     """
-    from conformance.harness.boundary import parent_builder
+    from conformance.harness.lineage import parent_builder, resolvable_qualname
     from conformance.harness.reach import ReachMeter
     from conformance.harness.vllm_adapter import VLLMBuilderAdapter
-    from conformance.scenarios.profiling import resolvable_qualname
 
     cls = builder if isinstance(builder, type) else type(builder)
     native = getattr(cls, "native_cls", None) if issubclass(cls, VLLMBuilderAdapter) else None

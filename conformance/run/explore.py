@@ -2,8 +2,9 @@
 
 The default run deals its examples blind (strata.py, focus.py).  Exploration
 steers by the builder's own lines, which the run already measures (reach.py):
-each candidate example is judged by every invariant of the scenarios in
-:data:`EXPLORED_SCENARIOS`, and one after which more of the builder's lines
+each candidate example is judged by every invariant of the scenarios
+declared ``explored`` (those that take any planning problem as it is:
+:class:`~conformance.scenarios.base.Scenario`), and one after which more of the builder's lines
 have run than before is kept in a corpus.  Candidates are fresh draws from
 the families, or structural mutations of a kept example (:data:`MUTATIONS`:
 another layout, the hybrid manager toggled, host offload dropped, the pipeline stages merged, a
@@ -58,7 +59,6 @@ from kvref.planning import plan_kv_cache
 from kvref.specs import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 
 __all__ = [
-    "EXPLORED_SCENARIOS",
     "MUTATIONS",
     "PATIENCE",
     "STACK",
@@ -70,10 +70,6 @@ __all__ = [
 
 _REFERENCE = ReferenceKVCacheConfigBuilder()
 
-#: The scenarios a candidate is judged in: those that take any planning
-#: problem as it is (host and profiling draw their own configs, serving its
-#: request streams, the twin process repeats placement's questions).
-EXPLORED_SCENARIOS = ("grouping", "placement", "core", "device")
 #: Candidates in a row that reach nothing new, per kept example, before exploration stops.
 PATIENCE = 300
 #: Examples a corpus file keeps (the newest first).

@@ -18,19 +18,19 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 from conformance.check.catalog import Invariant, Unjudged
 from conformance.check.waste import WasteMeter
 from conformance.generate.engine_paths import spell
-from conformance.harness.boundary import (
-    builder_name,
-    is_vllm_native,
-    parent_builder,
-    vllm_default_builder,
-)
 from conformance.harness.guard import Guard, clear_interrupt
 from conformance.harness.hooks import (
     Context,
     call_grouping,
     make_factory,
-    observe,
     valid_groups,
+)
+from conformance.harness.lineage import (
+    builder_name,
+    is_vllm_native,
+    parent_builder,
+    resolvable_qualname,
+    vllm_default_builder,
 )
 from conformance.report.model import InvariantResult
 from conformance.report.records import example_data
@@ -44,7 +44,7 @@ from conformance.run.strata import Stratum, stratum_seed
 from conformance.run.tally import Tally, expected_status, verdict
 from conformance.run.timing import InvariantClock
 from conformance.scenarios.examples import Example
-from conformance.scenarios.profiling import resolvable_qualname
+from conformance.scenarios.registry import observe_in
 from conformance.upstream import matching_defect
 from kvref.builder import KVCacheConfigBuilder
 
@@ -287,7 +287,7 @@ class Findings:
             resolver=None,
         )
         try:
-            broken = judge_outcome(inv, observe(ctx, scenario, example))
+            broken = judge_outcome(inv, observe_in(ctx, scenario, example))
         except Exception:
             return False
         return bool(broken) and not isinstance(broken, Unjudged)

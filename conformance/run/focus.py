@@ -14,8 +14,8 @@ whose examples the builder's answer differed from its baseline's (another
 grouping, placement, pool-bytes answer or Core plan, or an answer where the
 reference refuses, or the other way round) and the engine paths of those
 examples (:func:`~conformance.generate.engine_paths.engine_path`: layout, hybrid
-manager, HiSparse).  After every first deal, each scenario of
-:data:`FOCUSED_SCENARIOS` draws
+manager, HiSparse).  After every first deal, each scenario declared
+``focused`` (:class:`~conformance.scenarios.base.Scenario`) draws
 :data:`FOCUS_SHARE` more of its examples, dealt equally over those families
 and restricted to those paths; models, splits, memory and block counts are
 drawn afresh, so the builder's code is entered again on other structures of
@@ -66,16 +66,11 @@ from kvref.config import PlanningConfig
 from kvref.errors import KVRefError
 from kvref.planning import plan_kv_cache
 
-__all__ = ["FOCUSED_SCENARIOS", "FOCUS_SHARE", "REFERENCE", "Baseline", "Focus", "answers_differ"]
+__all__ = ["FOCUS_SHARE", "REFERENCE", "Baseline", "Focus", "answers_differ"]
 
 #: Extra examples a scenario deals to the families where the builder acted,
 #: as a share of its examples per scenario.
 FOCUS_SHARE = 0.4
-
-#: The scenarios that draw a focus.  Serving builds its own request streams
-#: over the problems, and the twin process asks the questions of placement
-#: again in another process: a focus there would repeat what placement drew.
-FOCUSED_SCENARIOS = ("grouping", "placement", "host", "core", "profiling", "device")
 
 
 @attrs.frozen

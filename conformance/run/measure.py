@@ -50,10 +50,10 @@ def draw_examples(scenario: str, seed: int, max_examples: int) -> list[Any]:
 
 def summarise(seeds: Sequence[int], max_examples: int) -> dict[str, Any]:
     """Per scenario and seed, :func:`coverage` of the drawn examples, and headline means."""
-    from conformance.check.catalog import SCENARIOS
+    from conformance.scenarios.registry import names
 
     out: dict[str, Any] = {"per_seed": {}, "mean": {}}
-    for scenario in SCENARIOS:
+    for scenario in names():
         rows = {seed: coverage(draw_examples(scenario, seed, max_examples)) for seed in seeds}
         for row in rows.values():
             row["one_block"] = row["block_buckets"].get("1", 0)

@@ -21,7 +21,9 @@ from typing import Any
 
 import attrs
 
+from conformance.errors import OptionError
 from conformance.generate.engine_paths import EnginePath, parse
+from conformance.harness.worker_side import DEFAULT_WORKER_MEMORY_GIB
 from conformance.run.shard import Shard
 
 __all__ = [
@@ -40,11 +42,6 @@ PROFILES: dict[str, int] = {"ci": 50, "thorough": 500}
 #: (``RLIMIT_DATA``, :mod:`conformance.harness.worker_side`).  Planning takes
 #: kilobytes to megabytes; a hook that leaks on every call stops there, with a
 #: ``MemoryError`` the run reports, long before the machine swaps.
-DEFAULT_WORKER_MEMORY_GIB = 16.0
-
-
-class OptionError(ValueError):
-    """An option of the run has a value the kit cannot use."""
 
 
 def _ids(values: Iterable[str] | None) -> tuple[str, ...] | None:

@@ -26,9 +26,10 @@ from conformance.check.catalog import Unjudged, by_id
 from conformance.check.observations import ConstructFailure
 from conformance.check.violations import Violation
 from conformance.harness.guard import Guard
-from conformance.harness.hooks import Context, make_factory, observe
+from conformance.harness.hooks import Context, make_factory
 from conformance.report.records import RecordError, decode_example
 from conformance.scenarios.examples import Example
+from conformance.scenarios.registry import observe_in
 from kvref.builder import KVCacheConfigBuilder
 
 __all__ = ["ReplayError", "replay_example", "reproduce"]
@@ -131,7 +132,7 @@ def replay_example(
     inv = by_id().get(invariant_id)
     if inv is None:
         raise ReplayError(f"invariant_id={invariant_id!r} is not in the catalog")
-    if scenario not in inv.scenarios:
+    if not inv.reads(scenario):
         raise ReplayError(f"{invariant_id} is not judged in scenario={scenario!r}")
     guard = Guard(timeout)
     ctx = Context(
@@ -141,7 +142,7 @@ def replay_example(
         max_alloc_bytes=max_alloc_bytes,
         core=getattr(builder, "kvref_core", None),
     )
-    obs = observe(ctx, scenario, example)
+    obs = observe_in(ctx, scenario, example)
     if isinstance(obs, ConstructFailure) and inv.id != "KV-CALL-CONSTRUCT":
         raise ReplayError(f"the builder could not be constructed: {obs.result.describe()}")
     outcome = inv.check(obs)

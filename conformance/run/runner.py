@@ -17,28 +17,34 @@ from typing import Any
 
 import attrs
 
-from conformance.check.catalog import SCENARIOS, Invariant, catalog
-from conformance.check.observations import builder_spoiled
+from conformance.check.catalog import Invariant, catalog
+from conformance.check.observations import CoreObservation, builder_spoiled
 from conformance.check.waste import WasteMeter
 from conformance.contract import version_note
 from conformance.generate.coverage import coverage, coverage_sets
 from conformance.generate.engine_paths import EnginePath, spell
 from conformance.generate.limits import CAPABILITIES, Limits
-from conformance.harness.boundary import builder_name, parent_builder, prepare
+from conformance.harness.boundary import prepare
 from conformance.harness.guard import Guard, clear_interrupt
-from conformance.harness.hooks import ConstructionFailedError, Context, make_factory, observe
+from conformance.harness.hooks import ConstructionFailedError, Context, make_factory
+from conformance.harness.lineage import (
+    builder_name,
+    isolated_resolver,
+    parent_builder,
+    resolvable_qualname,
+)
 from conformance.harness.reach import ReachMeter
 from conformance.report.model import InvariantResult, Report
-from conformance.run.explore import EXPLORED_SCENARIOS, Corpus, Explorer
+from conformance.run.explore import Corpus, Explorer
 from conformance.run.findings import Findings, judge_outcome
-from conformance.run.focus import FOCUSED_SCENARIOS, REFERENCE, Baseline, Focus
+from conformance.run.focus import REFERENCE, Baseline, Focus
 from conformance.run.options import PROFILES, OptionError, RunOptions, check_device
 from conformance.run.shard import order_key
 from conformance.run.strata import Stratum, draw, draw_focus, run_strata, sample
 from conformance.run.tally import Tally, select_invariants
 from conformance.run.timing import InvariantClock
+from conformance.scenarios import registry
 from conformance.scenarios.examples import Example
-from conformance.scenarios.profiling import isolated_resolver, resolvable_qualname
 from kvref.builder import KVCacheConfigBuilder
 
 __all__ = [
@@ -352,7 +358,7 @@ class _Run(Findings):
         self._places: dict[tuple[int, str, str], int] = {}
 
     def observe(self, scenario: str, example: Example) -> Any:
-        return observe(self.ctx, scenario, example)
+        return registry.observe_in(self.ctx, scenario, example)
 
     def execute(self, selected: Sequence[Invariant]) -> None:
         for inv in selected:
@@ -363,17 +369,11 @@ class _Run(Findings):
                 )
         active = [inv for inv in selected if inv.id not in self.skipped]
         self.tallies = {inv.id: Tally() for inv in active}
-        plan = [(s, [inv for inv in active if s in inv.scenarios]) for s in SCENARIOS]
+        plan = [(s.name, [inv for inv in active if inv.reads(s.name)]) for s in registry.SCENARIOS]
         plan = [(s, checks) for s, checks in plan if checks]
         total = len(plan) * self.options.max_examples
-        # The twin process (seconds to start) serves only the invariants of the
-        # processes scenario itself; the call checks there judge this process's calls.
-        twin = any(inv.scenario == "processes" for s, checks in plan for inv in checks)
-        self.ctx = attrs.evolve(self.ctx, twin=twin)
-        if twin:
-            from conformance.harness.twin import prestart
-
-            prestart(self.ctx, self.builder)
+        for scenario, checks in plan:
+            self.ctx = registry.get(scenario).prepare(self.ctx, self.builder, checks)
         from conformance.check.worker import drop_scratch
 
         explorer = self._explorer(plan)
@@ -391,7 +391,7 @@ class _Run(Findings):
                 self._mark_reach(scenario)
             # Every scenario's focus after every first deal: each learns from all of them.
             for scenario, checks in plan:
-                if scenario in FOCUSED_SCENARIOS:
+                if registry.get(scenario).focused:
                     try:
                         self._scenario(scenario, checks, total, total, focus=self.focus.pins())
                     finally:
@@ -426,7 +426,7 @@ class _Run(Findings):
         corpus = Corpus(self.options.database, self.options.builder or repr(self.builder))
         if not self.options.explore and (corpus.path is None or not corpus.path.is_file()):
             return None
-        explored = [(s, checks) for s, checks in plan if s in EXPLORED_SCENARIOS]
+        explored = [(s, checks) for s, checks in plan if registry.get(s).explored]
 
         def judge(stratum: Any, ex: Example) -> None:
             for scenario, checks in explored:
@@ -462,7 +462,7 @@ class _Run(Findings):
     ) -> None:
         """Judge ``scenario``'s first deal, or with ``focus`` its focus (focus.py)."""
         done = done_before
-        phase, where = 0 if focus is None else 1, SCENARIOS.index(scenario)
+        phase, where = 0 if focus is None else 1, registry.names().index(scenario)
         positions = {s.name: i for i, s in enumerate(self.strata)}
 
         def judge(stratum: Stratum, ex: Example, first_deal: bool) -> None:
@@ -505,7 +505,7 @@ class _Run(Findings):
             self.explorer.seed(stratum, ex, gain)
         if first_deal:
             self.focus.note(stratum.name, ex.config, obs)
-        if scenario == "core":
+        if isinstance(obs, CoreObservation):
             self.waste.add(obs, ex)
         for inv in checks:
             self.tallies[inv.id].add(

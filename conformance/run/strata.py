@@ -40,7 +40,8 @@ from conformance.generate.limits import NO_LIMITS, Limits
 from conformance.generate.records import Model
 from conformance.run.focus import FOCUS_SHARE
 from conformance.run.shard import Shard
-from conformance.scenarios.examples import Example, examples
+from conformance.scenarios.examples import Example
+from conformance.scenarios.registry import SCENARIOS, examples
 
 __all__ = [
     "VENDOR_SHARE",
@@ -92,11 +93,6 @@ class Stratum:
         )
 
 
-#: Families that cannot serve a scenario: an attention-free model has no
-#: layer to keep on the host.
-_NOT_IN: dict[str, frozenset[str]] = {"attention_free": frozenset({"host"})}
-
-
 def run_strata(
     vendor: st.SearchStrategy[Model] | None, *, only: bool, limits: Limits = NO_LIMITS
 ) -> tuple[Stratum, ...]:
@@ -108,7 +104,7 @@ def run_strata(
         limits: what the builder cannot be given: a family that could serve a
             scenario only with such inputs does not serve it.
     """
-    from conformance.generate.families import DEFAULT_FAMILIES, HISPARSE_FAMILIES, family_strategy
+    from conformance.generate.families import DEFAULT_FAMILIES, family_strategy
 
     own = (
         ()
@@ -119,11 +115,7 @@ def run_strata(
         return tuple(attrs.evolve(s, share=1.0) for s in own)
 
     def not_in(name: str) -> frozenset[str]:
-        excluded = _NOT_IN.get(name, frozenset())
-        if not limits.draws_generic_host() and name not in HISPARSE_FAMILIES:
-            # Outside HiSparse a host example needs generic host residency.
-            excluded |= {"host"}
-        return excluded
+        return frozenset(s.name for s in SCENARIOS if not s.admits(name, limits))
 
     families = (
         Stratum(name, family_strategy(name), not_in=not_in(name), limits=limits)

@@ -27,13 +27,15 @@ from conformance.harness.hooks import (
     groups_validator,
     pool_validator,
 )
+from conformance.scenarios.base import Scenario
+from conformance.scenarios.examples import ProblemDraw
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.planning import plan_kv_cache
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
 
-__all__ = ["ContractBrokenError", "run_core"]
+__all__ = ["CORE", "ContractBrokenError", "observe_core"]
 
 
 class ContractBrokenError(Exception):
@@ -174,13 +176,19 @@ def _groups_key(groups: Sequence[KVCacheGroupSpec]) -> tuple[tuple[str, ...], ..
     return tuple(tuple(g.layer_names) for g in groups)
 
 
-def run_core(
+def observe_core(
     ctx: Context,
     config: PlanningConfig,
     workers: Sequence[Mapping[str, KVCacheSpec]],
     available_memory: Sequence[int],
 ) -> CoreObservation:
-    """Run Core's flow with a fresh, checked builder per phase, as one guarded call."""
+    """Run Core's flow (kvref's unless the context brings one) as one guarded call.
+
+    Every phase gets a fresh, checked builder; every hook answer inside the
+    flow is judged by the catalog's grouping and placement invariants before
+    it may flow on (:mod:`conformance.check.gate`); a broken answer stops the
+    flow and is reported by the invariant it broke.
+    """
     verdicts: dict[str, list[Violation]] = {}
     failed: list[CallResult] = []
     factory = ctx.factory
@@ -232,3 +240,24 @@ def run_core(
 def verdicts_broken(verdicts: Mapping[str, Sequence[Violation]]) -> bool:
     """Whether any hook answer inside the flow broke an invariant."""
     return any(verdicts.values())
+
+
+def _observe(ctx: Context, ex: Any) -> CoreObservation:
+    return observe_core(ctx, ex.config, ex.workers, ex.available_memory)
+
+
+def _keep_host(
+    _draw: Any, config: PlanningConfig, _workers: Sequence[Any], _limits: Any
+) -> PlanningConfig:
+    # Core keeps the generator's host layers: its host exclusions (pool
+    # bytes, admission) are judged on the builder's own answers.
+    return config
+
+
+CORE = Scenario(
+    name="core",
+    examples=lambda d: ProblemDraw(config=_keep_host).examples(d.models, d.limits, d.paths),
+    observe=_observe,
+    focused=True,
+    explored=True,
+)

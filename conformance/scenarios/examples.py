@@ -1,8 +1,8 @@
-"""The examples the runner draws: a planning problem plus each scenario's extras."""
+"""The examples the scenarios draw: a planning problem plus each scenario's extras."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -13,13 +13,14 @@ from conformance.generate import strategies as kst
 from conformance.generate.engine_paths import EnginePath, engine_path
 from conformance.generate.limits import NO_LIMITS, Limits
 from conformance.generate.problems import Steer
+from conformance.generate.records import PlanningProblem
 from conformance.report.pycode import to_python
 from conformance.report.records import decode_example
 from kvref.axes import KVCacheLayout
 from kvref.config import PlanningConfig
 from kvref.specs import KVCacheSpec
 
-__all__ = ["Example", "examples", "reference_accepts"]
+__all__ = ["PLAIN", "Example", "ProblemDraw", "reference_accepts", "without_host"]
 
 
 @attrs.frozen
@@ -82,54 +83,79 @@ class Example:
         return self.description
 
 
-def _host_config(
-    draw: st.DrawFn, config: PlanningConfig, merged: Mapping[str, KVCacheSpec]
+def without_host(config: PlanningConfig) -> PlanningConfig:
+    """``config`` with no host-resident layers (what most scenarios place)."""
+    if not config.host_resident_layers:
+        return config
+    return attrs.evolve(config, host_resident_layers=frozenset(), host_pool_bytes=None)
+
+
+def _plain_config(
+    _draw: st.DrawFn,
+    config: PlanningConfig,
+    _workers: Sequence[Mapping[str, KVCacheSpec]],
+    _limits: Limits,
 ) -> PlanningConfig:
-    first = next(iter(merged.values()), None)
-    same = [n for n, s in merged.items() if s == first]
-    if not same:
-        hypothesis.reject()
-    count = draw(st.integers(1, len(same)))
-    host = same[:count]
-    # Host pages sit in LBNHC at their aligned block stride.
-    host_pages = sum(merged[n].block_stride for n in host)
-    host_blocks = draw(st.integers(1, 64))
-    return attrs.evolve(
-        config,
-        host_resident_layers=frozenset(host),
-        host_pool_bytes=host_pages * host_blocks + draw(st.integers(0, host_pages - 1)),
-    )
+    return without_host(config)
 
 
-def examples(
-    scenario: str,
-    models: st.SearchStrategy[kst.Model] | None = None,
-    profile: str = "ci",
-    limits: Limits = NO_LIMITS,
-    paths: frozenset[EnginePath] | None = None,
-) -> st.SearchStrategy[Any]:
-    """The examples of ``scenario``, drawn from ``models`` (default: the built-in families).
+def _plain_blocks(draw: st.DrawFn, problem: PlanningProblem) -> tuple[int, str]:
+    # Spread over 1, small, odd, large and past-4-GiB backings of this model.
+    return draw(kst.problem_num_blocks(problem)), ""
 
-    ``profile`` sizes what grows with it (the request streams of ``serve``);
-    ``limits`` says what the builder cannot be given (never drawn for it);
-    ``paths``: only problems on these engine paths (conformance.run.focus).
+
+def _no_models(_draw: st.DrawFn) -> st.SearchStrategy[kst.Model] | None:
+    return None
+
+
+def _no_suffix(_config: PlanningConfig) -> str:
+    return ""
+
+
+@attrs.frozen(kw_only=True)
+class ProblemDraw:
+    """How a scenario turns a generated planning problem into its example.
+
+    Each hook draws only what its scenario needs, so a scenario's examples
+    are those of the generator plus its own extras.
+
+    Attributes:
+        models: the models to draw from when the run gives none (``None``:
+            the built-in families).
+        num_blocks: the block count placement is asked for, and what the
+            description says of how it was chosen.
+        config: the scenario's config for the problem (default: no
+            host-resident layers).
+        per_worker: each worker's layers must be plannable alone too (a
+            scenario that plans one worker at a time).
+        describe: what the description adds of the final config.
     """
-    if scenario == "serve":
-        from conformance.scenarios.serve import OPS_BY_PROFILE, serve_examples
 
-        return serve_examples(models, max_ops=OPS_BY_PROFILE[profile])
-    return problem_examples(scenario, models, limits, paths)
+    models: Callable[[st.DrawFn], st.SearchStrategy[kst.Model] | None] = _no_models
+    num_blocks: Callable[[st.DrawFn, PlanningProblem], tuple[int, str]] = _plain_blocks
+    config: Callable[
+        [st.DrawFn, PlanningConfig, Sequence[Mapping[str, KVCacheSpec]], Limits], PlanningConfig
+    ] = _plain_config
+    per_worker: bool = False
+    describe: Callable[[PlanningConfig], str] = _no_suffix
+
+    def examples(
+        self,
+        models: st.SearchStrategy[kst.Model] | None = None,
+        limits: Limits = NO_LIMITS,
+        paths: frozenset[EnginePath] | None = None,
+    ) -> st.SearchStrategy[Example]:
+        """The examples drawn from ``models`` (default: :attr:`models`, else the families).
+
+        ``limits`` says what the builder cannot be given (never drawn for it);
+        ``paths``: only problems on these engine paths (conformance.run.focus).
+        """
+        # Decorated once, at import: a composite made per call costs a source parse.
+        return _problem_example(self, models, limits, paths)
 
 
-def problem_examples(
-    scenario: str,
-    models: st.SearchStrategy[kst.Model] | None = None,
-    limits: Limits = NO_LIMITS,
-    paths: frozenset[EnginePath] | None = None,
-) -> st.SearchStrategy[Example]:
-    """The planning-problem part of ``scenario``'s examples (what ``serve`` builds on)."""
-    # Decorated once, at import: a composite made per call costs a source parse.
-    return _problem_example(scenario, models, limits, paths)
+#: A scenario that places the problem as generated, without host-resident layers.
+PLAIN = ProblemDraw()
 
 
 def _steer(paths: frozenset[EnginePath] | None) -> Steer | None:
@@ -146,68 +172,29 @@ def _steer(paths: frozenset[EnginePath] | None) -> Steer | None:
 @st.composite
 def _problem_example(
     draw: st.DrawFn,
-    scenario: str,
+    how: ProblemDraw,
     models: st.SearchStrategy[kst.Model] | None,
     limits: Limits,
     paths: frozenset[EnginePath] | None,
 ) -> Example:
-    chosen = models
-    if scenario == "host" and models is None and draw(st.booleans()):
-        # Half the host examples are HiSparse-served models: their host
-        # pool is HiSparse's, which the host invariants judge too.
-        from conformance.generate.families.hisparse import hisparse_models
-
-        chosen = hisparse_models()
+    chosen = models if models is not None else how.models(draw)
     problem = draw(kst.planning_problems(models_strategy=chosen, steer=_steer(paths)))
-    # Spread over 1, small, odd, large and past-4-GiB backings of this model
-    # (serving sizes its own pool).
-    if scenario == "serve":
-        num_blocks = draw(kst.num_blocks())
-    else:
-        num_blocks = draw(kst.problem_num_blocks(problem))
-    config = problem.config
+    num_blocks, extra = how.num_blocks(draw, problem)
     workers = tuple(problem.workers)
-    extra = ""
-    if scenario == "profiling":
-        from conformance.scenarios.profiling import profiling_block_count, profiling_sizes
-
-        reqs, capture = draw(profiling_sizes())
-        num_blocks = profiling_block_count(reqs, capture)
-        extra = f", max_num_reqs={reqs}, max_cudagraph_capture_size={capture}"
-    if scenario == "host" and config.hisparse is None:
-        if not limits.draws_generic_host():
-            hypothesis.reject()  # a vendor model without HiSparse: nothing to keep on the host
-        merged: dict[str, KVCacheSpec] = {}
-        for w in workers:
-            merged.update(w)
-        # A model-declared grouping owns every layer's group, host residency
-        # included (vLLM refuses it beside HiSparse): host examples have none.
-        config = _host_config(draw, attrs.evolve(config, model_kv_cache_grouping=None), merged)
-    elif config.host_resident_layers and scenario != "core":
-        # Core keeps the generator's host layers: its host exclusions (pool
-        # bytes, admission) are judged on the builder's own answers.
-        config = attrs.evolve(config, host_resident_layers=frozenset(), host_pool_bytes=None)
-    config = limits.fit(config)
+    config = limits.fit(how.config(draw, problem.config, workers, limits))
     if paths is not None and engine_path(config) not in paths:
         hypothesis.reject()  # a focus keeps the engine paths the builder acted on
     if not reference_accepts(config, workers):
         # Only problems the reference can plan are valid inputs for a builder.
         hypothesis.reject()
-    if scenario == "profiling" and not all(reference_accepts(config, (w,)) for w in workers):
-        # The profiling path plans each worker alone.
+    if how.per_worker and not all(reference_accepts(config, (w,)) for w in workers):
         hypothesis.reject()
-    description = f"{problem!r}, num_blocks={num_blocks}{extra}"
-    if scenario == "host":
-        description += (
-            f", host_resident_layers={sorted(config.host_resident_layers)}, "
-            f"host_pool_bytes={config.host_pool_bytes}"
-        )
     return Example(
         config=config,
         workers=workers,
         available_memory=tuple(problem.available_memory),
         num_blocks=num_blocks,
-        description=description,
+        description=f"{problem!r}, num_blocks={num_blocks}{extra}{how.describe(config)}",
     )
 
 

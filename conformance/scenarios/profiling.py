@@ -32,23 +32,25 @@ from hypothesis import strategies as st
 
 from conformance.check.observations import CallResult, ProfilingObservation, Resolution
 from conformance.check.violations import Violation
+from conformance.generate import strategies as kst
+from conformance.generate.records import PlanningProblem
 from conformance.harness.hooks import (
     ConstructionFailedError,
     Context,
     call_grouping,
     call_placement,
 )
-from conformance.harness.isolate import IsolatedBuilder
+from conformance.scenarios.base import Scenario
+from conformance.scenarios.examples import ProblemDraw
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.specs import KVCacheSpec
 
 __all__ = [
+    "PROFILING",
     "observe_profiling",
     "profiling_block_count",
     "profiling_sizes",
-    "isolated_resolver",
-    "resolvable_qualname",
 ]
 
 
@@ -65,63 +67,6 @@ def profiling_block_count(max_num_reqs: int, max_cudagraph_capture_size: int) ->
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name}={value!r} must be an int >= 0")
     return min(max_num_reqs, max_cudagraph_capture_size) or 1
-
-
-def resolvable_qualname(builder: object, name: str | None) -> tuple[str | None, str]:
-    """``(qualname, note)``: the name a platform could give for ``builder``, or why there is none.
-
-    The name qualifies when kvref's resolution maps it to the very class under
-    check (a builder wrapped from vLLM or named by a file path does not:
-    resolution would build another class).  For a builder run isolated, the
-    class its worker runs is compared (:func:`isolated_resolver` gives the
-    proxy that resolves there).
-    """
-    from kvref.resolution import BuilderResolutionError, resolve_builder_class
-
-    proxy = isolated_resolver(builder)
-    if proxy is not None:
-        # Decided in the worker (resolution imports the builder's module): data here.
-        described = proxy.__dict__.get("kvref_qualname")
-        if isinstance(described, tuple) and len(described) == 2:
-            qualname, note = described
-            return (qualname if isinstance(qualname, str) else None), str(note)
-    if name is None:
-        return None, "the builder was given as an object without an importable qualname"
-    cls = builder if isinstance(builder, type) else type(builder)
-    native = getattr(cls, "native_cls", None)
-    if isinstance(native, type):
-        return _vllm_qualname(native, name)
-    checked = cls
-    # Finding the class imports its module only; nothing of the builder is constructed.
-    try:
-        resolved = resolve_builder_class(name, "builder")
-    except BuilderResolutionError as exc:
-        return None, f"{name!r} is not a qualname kvref's resolution accepts ({exc})"
-    if resolved is not checked:
-        return None, (
-            f"{name!r} resolves to {resolved.__qualname__}, not the class under check "
-            f"({checked.__qualname__}: adapted)"
-        )
-    return name, ""
-
-
-def _vllm_qualname(native: type[Any], name: str) -> tuple[str | None, str]:
-    """Whether vLLM's platform resolution of ``name`` gives the vLLM-native class under check."""
-    from conformance.harness.vllm_adapter import resolve_vllm_class
-
-    try:
-        resolved = resolve_vllm_class(name)
-    except Exception as exc:
-        return None, f"{name!r} is not a qualname vLLM's resolution accepts ({exc})"
-    if resolved is not native:
-        return None, f"{name!r} resolves in vLLM to {resolved!r}, not the class under check"
-    return name, ""
-
-
-def isolated_resolver(builder: object) -> type[IsolatedBuilder] | None:
-    """The isolated proxy class of ``builder``, whose worker resolves qualnames (``None``: none)."""
-    cls = builder if isinstance(builder, type) else type(builder)
-    return cls if issubclass(cls, IsolatedBuilder) else None
 
 
 def _resolve(ctx: Context, qualname: str, config: PlanningConfig) -> tuple[Resolution, Any]:
@@ -301,3 +246,29 @@ def profiling_sizes() -> st.SearchStrategy[tuple[int, int]]:
         st.one_of(st.integers(1, 16), st.sampled_from([256, 1024, 128])),
         st.one_of(small, st.sampled_from([512, 8, 256])),
     )
+
+
+def _profiling_blocks(draw: st.DrawFn, problem: PlanningProblem) -> tuple[int, str]:
+    # The generic count is drawn and replaced, so that the choices before the
+    # sizes are those of the other scenarios' draws of the same problem.
+    draw(kst.problem_num_blocks(problem))
+    reqs, capture = draw(profiling_sizes())
+    return (
+        profiling_block_count(reqs, capture),
+        f", max_num_reqs={reqs}, max_cudagraph_capture_size={capture}",
+    )
+
+
+def _observe(ctx: Context, ex: Any) -> ProfilingObservation:
+    return observe_profiling(ctx, ex.config, ex.workers, ex.num_blocks)
+
+
+#: The profiling path plans each worker alone: every worker's slice must be plannable.
+_DRAW = ProblemDraw(num_blocks=_profiling_blocks, per_worker=True)
+
+PROFILING = Scenario(
+    name="profiling",
+    examples=lambda d: _DRAW.examples(d.models, d.limits, d.paths),
+    observe=_observe,
+    focused=True,
+)

@@ -1,4 +1,4 @@
-"""The ``serve`` scenario: examples, the observer and the two invariants, for the kit's runner.
+"""The ``serve`` scenario: a request stream served over every worker's configs.
 
 An example is a generated planning problem, a pool size and a request
 stream.  The observer groups the model with the builder (the reference's
@@ -7,10 +7,8 @@ places every worker's projection of the groups with the builder, and serves
 the stream over all workers' configs on the run's device.  The invariants
 read the violations of the first step that broke one.
 
-Registration (importing this module registers the invariants, as the other
-check modules do); the runner needs the scenario name in ``SCENARIOS``,
-:func:`observe_serve` in ``OBSERVERS`` and :func:`serve_examples` as the
-examples of ``"serve"``.
+The two invariants that read the observation are declared in
+:mod:`conformance.check.serve`.
 """
 
 from __future__ import annotations
@@ -21,31 +19,37 @@ from typing import Any
 import attrs
 from hypothesis import strategies as st
 
-from conformance.check.catalog import Invariant, Unjudged, register
 from conformance.check.geometry import page_bytes
-from conformance.check.observations import CallResult
-from conformance.check.violations import Violation
+from conformance.check.observations import CallResult, ServeObservation
 from conformance.generate import strategies as kst
 from conformance.harness.hooks import Context, builder_or_reference_groups, call_placement
-from conformance.scenarios.examples import Example, problem_examples
+from conformance.scenarios.base import Scenario
+from conformance.scenarios.examples import Example, ProblemDraw
 from conformance.serve.checks import MAX_BYTES, ServeBounds, bounds_for, run_serving
 from conformance.serve.machine import ServeProgram, programs
-from conformance.serve.worker import ISOLATION, POOL
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
 
 __all__ = [
-    "INVARIANTS",
     "OPS_BY_PROFILE",
     "SERVE",
+    "SERVE_SCENARIO",
     "ServeExample",
-    "ServeObservation",
     "observe_serve",
     "serve_examples",
 ]
 
 #: The scenario's name.
 SERVE = "serve"
+
+
+def _any_blocks(draw: st.DrawFn, _problem: Any) -> tuple[int, str]:
+    # Replaced by the pool size below; drawn so that the choices are those
+    # of the scenario's first examples (a saved counterexample replays).
+    return draw(kst.num_blocks()), ""
+
+
+_BASE = ProblemDraw(num_blocks=_any_blocks)
 
 #: Rule calls per request stream for each profile.
 OPS_BY_PROFILE = {"ci": 6, "thorough": 24}
@@ -121,7 +125,7 @@ def serve_examples(
 def _serve_example(
     draw: st.DrawFn, models: st.SearchStrategy[kst.Model] | None, max_ops: int
 ) -> ServeExample:
-    base = draw(problem_examples(SERVE, models))
+    base = draw(_BASE.examples(models))
     # Every worker's pages of one block, summed: at least what each block ID costs.
     per_block = sum(page_bytes(s) for s in base.merged.values()) or 1
     fit = max(2, EXAMPLE_BYTES // per_block)
@@ -135,29 +139,6 @@ def _serve_example(
         base, num_blocks=num_blocks, description=f"{head}, num_blocks={num_blocks}"
     )
     return ServeExample(example=example, program=program, bounds=bounds)
-
-
-@attrs.frozen(kw_only=True)
-class ServeObservation:
-    """What serving one stream over the builder's configs showed.
-
-    Attributes:
-        example: the example served.
-        configs: the builder's config of each worker (empty when placement failed).
-        groups_source: ``builder`` or ``reference`` (the builder's groups broke a
-            grouping invariant, reported there).
-        violations: the violations of the step that broke an invariant (empty:
-            the stream ran clean), or ``None`` when nothing could be served.
-        reason: why nothing was served, when it was not.
-        calls: the guarded placement calls (the ``KV-CALL-*`` invariants read them).
-    """
-
-    example: ServeExample
-    configs: tuple[KVCacheConfig, ...]
-    groups_source: str
-    violations: tuple[Violation, ...] | None
-    reason: str | None = None
-    calls: tuple[CallResult, ...] = ()
 
 
 def worker_groups(
@@ -230,32 +211,12 @@ def observe_serve(ctx: Context, ex: ServeExample) -> ServeObservation:
     )
 
 
-def _judge(invariant_id: str) -> Any:
-    def check(obs: ServeObservation) -> list[Violation] | Unjudged:
-        if obs.violations is None:
-            return Unjudged(obs.reason or "nothing was served")
-        return [v for v in obs.violations if v.invariant == invariant_id]
-
-    return check
+def _observe(ctx: Context, ex: Any) -> ServeObservation:
+    return observe_serve(ctx, ex)
 
 
-INVARIANTS = (
-    register(
-        Invariant(
-            id=ISOLATION,
-            title="under a request stream, every request reads back only its own KV",
-            anchor="serving-isolation",
-            scenarios=(SERVE,),
-            check=_judge(ISOLATION),
-        )
-    ),
-    register(
-        Invariant(
-            id=POOL,
-            title="a block ID has one holder; kernels write only blocks their request holds",
-            anchor="serving-pool",
-            scenarios=(SERVE,),
-            check=_judge(POOL),
-        )
-    ),
+SERVE_SCENARIO = Scenario(
+    name=SERVE,
+    examples=lambda d: serve_examples(d.models, max_ops=OPS_BY_PROFILE[d.profile]),
+    observe=_observe,
 )

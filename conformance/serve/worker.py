@@ -23,6 +23,7 @@ from typing import Protocol
 import attrs
 import torch
 
+from conformance.check.serve import ISOLATION, POOL
 from conformance.check.violations import Violation
 from conformance.check.worker import WorkerAllocation, allocate_kv_cache
 from conformance.serve.kernel import (
@@ -40,8 +41,6 @@ from kvref.specs import KVCacheSpec
 
 __all__ = ["ISOLATION", "POOL", "Geometry", "Layers", "RequestLike"]
 
-ISOLATION = "KV-SERVE-ISOLATION"
-POOL = "KV-SERVE-POOL"
 
 _SPEC = 4
 

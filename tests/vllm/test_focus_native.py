@@ -18,7 +18,7 @@ pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
 from conformance import check_builder
 from conformance.harness.adapters import load_builder
-from conformance.harness.boundary import parent_builder, vllm_default_builder
+from conformance.harness.lineage import parent_builder, vllm_default_builder
 from conformance.run.focus import REFERENCE, Baseline
 from kvref import ReferenceKVCacheConfigBuilder
 

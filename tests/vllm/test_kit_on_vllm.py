@@ -18,7 +18,9 @@ from conformance.check.catalog import by_id
 from conformance.generate import strategies as kst
 from conformance.harness.adapters import load_builder
 from conformance.harness.guard import Guard
-from conformance.harness.hooks import Context, make_factory, observe_core, observe_placement
+from conformance.harness.hooks import Context, make_factory
+from conformance.scenarios.core import observe_core
+from conformance.scenarios.placement import observe_placement
 from kvref import (
     FullAttentionSpec,
     KVCacheConfigBuilder,

@@ -42,7 +42,8 @@ from conformance import Report, check_builder
 from conformance.check.catalog import catalog
 from conformance.generate.families import family_strategy
 from conformance.harness.adapters import load_builder
-from conformance.scenarios.examples import Example, problem_examples
+from conformance.scenarios.examples import Example
+from conformance.scenarios.registry import examples
 from kvref.interop import vllm as iv
 
 pytestmark = pytest.mark.vllm
@@ -292,7 +293,7 @@ def _family_examples(family: str, count: int = 32) -> list[Example]:
         derandomize=True,
         suppress_health_check=list(HealthCheck),
     )
-    @given(example=problem_examples("placement", family_strategy(family)))
+    @given(example=examples("placement", family_strategy(family)))
     def collect(example: Example) -> None:
         found.append(example)
 
