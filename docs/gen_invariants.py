@@ -25,7 +25,7 @@ def render() -> str:
     ]
     for inv in catalog():
         requires = ", ".join(sorted(inv.requires)) or "-"
-        scenarios = ", ".join(inv.scenarios) if len(inv.scenarios) < 3 else "every scenario"
+        scenarios = "every scenario" if inv.everywhere else ", ".join(inv.scenarios)
         anchor = f"[{inv.anchor}](contract.md#{inv.anchor})"
         lines.append(f"| `{inv.id}` | {scenarios} | {anchor} | {requires} | {inv.title} |")
     return "\n".join(lines) + "\n"

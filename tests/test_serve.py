@@ -406,10 +406,10 @@ def serve_wired(monkeypatch: pytest.MonkeyPatch) -> Any:
 
     Returns the function that sets the strategy (``None``: the kit's families).
     """
-    from conformance.run import strata
+    from conformance.scenarios import registry
     from conformance.scenarios import serve as scenario
 
-    plain = strata.examples
+    plain = registry.examples
     chosen: list[Any] = [None]
 
     def examples(name: str, models: Any = None, profile: str = "ci", **kwargs: Any) -> Any:
@@ -420,7 +420,7 @@ def serve_wired(monkeypatch: pytest.MonkeyPatch) -> Any:
         return plain(name, models=models, profile=profile, **kwargs)
 
     # Every run draws, shrinks and replays through its strata (Stratum.examples).
-    monkeypatch.setattr(strata, "examples", examples)
+    monkeypatch.setattr(registry, "examples", examples)
 
     def use_models(strategy: Any) -> None:
         chosen[0] = strategy

@@ -369,7 +369,9 @@ class _Run(Findings):
                 )
         active = [inv for inv in selected if inv.id not in self.skipped]
         self.tallies = {inv.id: Tally() for inv in active}
-        plan = [(s.name, [inv for inv in active if inv.reads(s.name)]) for s in registry.SCENARIOS]
+        plan = [
+            (s.name, [inv for inv in active if inv.reads(s.name)]) for s in registry.scenarios()
+        ]
         plan = [(s, checks) for s, checks in plan if checks]
         total = len(plan) * self.options.max_examples
         for scenario, checks in plan:

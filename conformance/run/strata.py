@@ -40,8 +40,8 @@ from conformance.generate.limits import NO_LIMITS, Limits
 from conformance.generate.records import Model
 from conformance.run.focus import FOCUS_SHARE
 from conformance.run.shard import Shard
+from conformance.scenarios import registry
 from conformance.scenarios.examples import Example
-from conformance.scenarios.registry import SCENARIOS, examples
 
 __all__ = [
     "VENDOR_SHARE",
@@ -88,7 +88,7 @@ class Stratum:
 
         ``paths``: only examples on these engine paths (a focus, focus.py).
         """
-        return examples(
+        return registry.examples(
             scenario, models=self.models, profile=profile, limits=self.limits, paths=paths
         )
 
@@ -115,7 +115,7 @@ def run_strata(
         return tuple(attrs.evolve(s, share=1.0) for s in own)
 
     def not_in(name: str) -> frozenset[str]:
-        return frozenset(s.name for s in SCENARIOS if not s.admits(name, limits))
+        return frozenset(s.name for s in registry.scenarios() if not s.admits(name, limits))
 
     families = (
         Stratum(name, family_strategy(name), not_in=not_in(name), limits=limits)

@@ -25,7 +25,7 @@ from conformance.scenarios.processes import PROCESSES
 from conformance.scenarios.profiling import PROFILING
 from conformance.scenarios.serve import SERVE_SCENARIO
 
-__all__ = ["SCENARIOS", "examples", "get", "names", "observe_in"]
+__all__ = ["SCENARIOS", "examples", "get", "names", "observe_in", "scenarios"]
 
 #: Every scenario, in the order a run judges them.
 SCENARIOS: tuple[Scenario, ...] = (
@@ -42,9 +42,14 @@ SCENARIOS: tuple[Scenario, ...] = (
 _BY_NAME = {s.name: s for s in SCENARIOS}
 
 
+def scenarios() -> tuple[Scenario, ...]:
+    """Every scenario, in run order."""
+    return SCENARIOS
+
+
 def names() -> tuple[str, ...]:
     """The scenarios' names, in run order."""
-    return tuple(_BY_NAME)
+    return tuple(s.name for s in SCENARIOS)
 
 
 def get(name: str) -> Scenario:
