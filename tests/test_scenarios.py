@@ -107,3 +107,23 @@ def test_a_new_scenario_is_drawn_dealt_and_judged() -> None:
     assert result.status == "pass"
     assert result.examples == 6
     assert set(report.coverage["toy"]["families"]) == {"uniform"}
+
+
+def test_a_declared_check_states_its_id_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``flag`` violations come back stamped with the declaration's id; others keep theirs."""
+    from conformance.check.catalog import by_id, flag, invariant, violation
+
+    catalog()
+    monkeypatch.setattr(catalog_module, "_REGISTRY", dict(catalog_module._REGISTRY))
+
+    @invariant("KV-TOY-STAMP", "toy", anchor="grouping-nonempty", scenario="grouping")
+    def _toy(obs: Any) -> list[Violation]:
+        return [flag("mine", layer="a"), violation("KV-OTHER", "a helper's")]
+
+    found = by_id()["KV-TOY-STAMP"].check(None)
+    assert [(v.invariant, v.message, v.layer) for v in found] == [
+        ("KV-TOY-STAMP", "mine", "a"),
+        ("KV-OTHER", "a helper's", None),
+    ]
+    # The module's name is the stamped check too: a direct call never sees an empty id.
+    assert [v.invariant for v in _toy(None)] == ["KV-TOY-STAMP", "KV-OTHER"]

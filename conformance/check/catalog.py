@@ -18,10 +18,11 @@ returns an :data:`Outcome`:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import attrs
 
@@ -35,6 +36,7 @@ __all__ = [
     "Unjudged",
     "by_id",
     "catalog",
+    "flag",
     "invariant",
     "register",
     "violation",
@@ -166,6 +168,7 @@ def invariant(
     scenarios = (scenario,) if isinstance(scenario, str) else tuple(scenario)
 
     def declare(fn: _F) -> _F:
+        check = stamped(id, fn)
         register(
             module=fn.__module__,
             inv=Invariant(
@@ -173,13 +176,30 @@ def invariant(
                 title=title,
                 anchor=anchor,
                 scenarios=(*scenarios, "core", "profiling") if in_core else scenarios,
-                check=judged_in_core(id, fn) if in_core else fn,
+                check=judged_in_core(id, check) if in_core else check,
                 requires=frozenset(requires),
             ),
         )
-        return fn
+        return cast(_F, check)
 
     return declare
+
+
+def stamped(invariant_id: str, check: Check) -> Check:
+    """``check``, with its :func:`flag` violations stamped with ``invariant_id``.
+
+    A check states its invariant's id once, in its declaration; violations
+    it takes from a shared helper keep the id the helper gave them.
+    """
+
+    @functools.wraps(check)
+    def judge(obs: Any) -> Any:
+        outcome = check(obs)
+        if isinstance(outcome, (list, tuple)):
+            return [v if v.invariant else attrs.evolve(v, invariant=invariant_id) for v in outcome]
+        return outcome
+
+    return judge
 
 
 def judged_in_core(invariant_id: str, check: Check) -> Check:
@@ -215,6 +235,14 @@ def catalog() -> tuple[Invariant, ...]:
 def by_id() -> dict[str, Invariant]:
     """The catalog keyed by id."""
     return {inv.id: inv for inv in catalog()}
+
+
+def flag(message: str, **where: Any) -> Violation:
+    """A violation of the invariant whose declared check returns it (the declaration stamps the id).
+
+    ``where``: worker, layer, block, byte_range.
+    """
+    return Violation(invariant="", message=message, **where)
 
 
 def violation(invariant: str, message: str, **where: Any) -> Violation:

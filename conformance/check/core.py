@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from conformance.check.catalog import invariant
-from conformance.check.catalog import violation as _v
+from conformance.check.catalog import flag, invariant
 from conformance.check.geometry import OracleError, request_need_bytes
 from conformance.check.need import request_need_from_layers
 from conformance.check.observations import CoreObservation
@@ -31,8 +30,7 @@ def _worker_layers(obs: CoreObservation) -> list[Violation] | None:
             missing = sorted(expected - (grouped & placed))[:3]
             foreign = sorted((grouped | placed) - expected)[:3]
             out.append(
-                _v(
-                    "KV-CORE-WORKER-LAYERS",
+                flag(
                     f"the config covers {len(grouped & placed)} of the worker's {len(expected)} "
                     f"layers (missing {missing}, foreign {foreign})",
                     worker=w,
@@ -40,8 +38,7 @@ def _worker_layers(obs: CoreObservation) -> list[Violation] | None:
             )
     if len(plan.configs) != len(obs.workers):
         out.append(
-            _v(
-                "KV-CORE-WORKER-LAYERS",
+            flag(
                 f"{len(plan.configs)} configs for {len(obs.workers)} workers",
             )
         )
@@ -61,8 +58,7 @@ def _same_blocks(obs: CoreObservation) -> list[Violation] | None:
     counts = [c.num_blocks for c in plan.configs]
     if len(set(counts)) > 1:
         return [
-            _v(
-                "KV-CORE-SAME-BLOCKS",
+            flag(
                 f"workers end with different num_blocks {counts}; the scheduler needs one block "
                 "count",
             )
@@ -97,8 +93,7 @@ def _core_memory(obs: CoreObservation) -> list[Violation] | None:
         used = sum({t.size for t in config.device_tensors})
         if used > available:
             out.append(
-                _v(
-                    "KV-CORE-MEMORY",
+                flag(
                     f"the device backing is {used} bytes but only {available} are available",
                     worker=w,
                 )
@@ -125,8 +120,7 @@ def _core_slack(obs: CoreObservation) -> list[Violation] | None:
         return []
     slack = min(obs.available_memory[w] // b - n for w, b in active)
     return [
-        _v(
-            "KV-CORE-SLACK",
+        flag(
             f"every worker could hold at least {slack} more blocks than the {n} planned; the "
             "limiting worker must be left with less than one block",
         )
@@ -149,8 +143,7 @@ def _core_override(obs: CoreObservation) -> list[Violation] | None:
     bad = [c.num_blocks for c in plan.configs if c.num_blocks != override]
     if bad:
         return [
-            _v(
-                "KV-CORE-OVERRIDE",
+            flag(
                 f"num_gpu_blocks_override={override} but the configs have num_blocks {bad[:4]}",
             )
         ]
@@ -173,8 +166,7 @@ def _core_admission(obs: CoreObservation) -> list[Violation] | None:
     length = plan.max_model_len
     if not obs.config.auto_fit_max_model_len and length != obs.config.max_model_len:
         out.append(
-            _v(
-                "KV-CORE-ADMISSION",
+            flag(
                 f"the plan is for max_model_len={length} but the config asks for "
                 f"{obs.config.max_model_len} and does not auto-fit",
             )
@@ -182,8 +174,7 @@ def _core_admission(obs: CoreObservation) -> list[Violation] | None:
         length = obs.config.max_model_len
     elif length > obs.config.max_model_len:
         out.append(
-            _v(
-                "KV-CORE-ADMISSION",
+            flag(
                 f"auto-fit raised max_model_len to {length}, above the config's "
                 f"{obs.config.max_model_len}",
             )
@@ -209,8 +200,7 @@ def _core_admission(obs: CoreObservation) -> list[Violation] | None:
         needed = max(needed, from_layers)
         if needed > available - bpb:
             out.append(
-                _v(
-                    "KV-CORE-ADMISSION",
+                flag(
                     f"a config was returned although one request at max_model_len={length} needs "
                     f"{needed} bytes and only {available - bpb} are left after the null block; "
                     "this must be an error",
@@ -233,8 +223,7 @@ def _core_error_clear(obs: CoreObservation) -> list[Violation] | None:
         return []
     if not issubclass(obs.result.error_type, ValueError):
         return [
-            _v(
-                "KV-CORE-ERROR-TYPED",
+            flag(
                 f"Core's flow failed with {obs.result.error}; failures must be typed ValueErrors "
                 "with the numbers in the message",
             )

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from conformance.check.bounds import named_layer_specs
-from conformance.check.catalog import invariant
-from conformance.check.catalog import violation as _v
+from conformance.check.catalog import flag, invariant
 from conformance.check.observations import CallResult, GroupingObservation
 from conformance.check.violations import Violation
 from kvref.records import KVCacheGroupSpec
@@ -38,8 +37,7 @@ def _partition(obs: GroupingObservation) -> list[Violation] | None:
         for name in dict.fromkeys(group.layer_names):
             if name in where and name in obs.specs:
                 out.append(
-                    _v(
-                        "KV-GROUP-PARTITION",
+                    flag(
                         f"layer is in group {where[name]} and group {index}",
                         layer=name,
                     )
@@ -47,7 +45,7 @@ def _partition(obs: GroupingObservation) -> list[Violation] | None:
             where.setdefault(name, index)
     for name in obs.specs:
         if name not in where:
-            out.append(_v("KV-GROUP-PARTITION", "layer is in no group", layer=name))
+            out.append(flag("layer is in no group", layer=name))
     return out
 
 
@@ -63,7 +61,7 @@ def _unknown_layer(obs: GroupingObservation) -> list[Violation] | None:
     if groups is None:
         return None
     return [
-        _v("KV-GROUP-UNKNOWN-LAYER", f"group {i} names a layer the input does not have", layer=n)
+        flag(f"group {i} names a layer the input does not have", layer=n)
         for i, g in enumerate(groups)
         for n in g.layer_names
         if n not in obs.specs
@@ -82,7 +80,7 @@ def _repeated_layer(obs: GroupingObservation) -> list[Violation] | None:
     if groups is None:
         return None
     return [
-        _v("KV-GROUP-REPEATED-LAYER", f"group {i} lists the layer {count} times", layer=name)
+        flag(f"group {i} lists the layer {count} times", layer=name)
         for i, g in enumerate(groups)
         for name, count in Counter(g.layer_names).items()
         if count > 1
@@ -101,7 +99,7 @@ def _nonempty(obs: GroupingObservation) -> list[Violation] | None:
     if groups is None:
         return None
     return [
-        _v("KV-GROUP-NONEMPTY", f"group {i} has no layer; global groups must hold layers")
+        flag(f"group {i} has no layer; global groups must hold layers")
         for i, g in enumerate(groups)
         if not g.layer_names
     ]
@@ -126,8 +124,7 @@ def _wrapper(obs: GroupingObservation) -> list[Violation] | None:
             missing = [n for n in g.layer_names if n not in spec.kv_cache_specs]
             if extra or missing:
                 out.append(
-                    _v(
-                        "KV-GROUP-WRAPPER",
+                    flag(
                         f"group {i}'s UniformTypeKVCacheSpecs covers "
                         f"{sorted(spec.kv_cache_specs)[:4]}"
                         f" but the group names {list(g.layer_names)[:4]} (extra {extra[:3]}, "
@@ -153,8 +150,7 @@ def _one_block_size(obs: GroupingObservation) -> list[Violation] | None:
         sizes = sorted({s.block_size for _, s in named_layer_specs(g)})
         if len(sizes) > 1:
             out.append(
-                _v(
-                    "KV-GROUP-ONE-BLOCK-SIZE",
+                flag(
                     f"group {i} mixes block sizes {sizes}; one block table has one block size",
                 )
             )
@@ -206,8 +202,7 @@ def _layer_spec_kept(obs: GroupingObservation) -> list[Violation] | None:
                 )
             if problems:
                 out.append(
-                    _v(
-                        "KV-GROUP-LAYER-SPEC",
+                    flag(
                         f"group {i}'s spec for the layer shrinks or changes it: "
                         + "; ".join(problems),
                         layer=name,
@@ -243,8 +238,7 @@ def _grouping_input(obs: GroupingObservation) -> list[Violation] | None:
         changes = "; ".join(obs.mutations[:4])
         more = f" (and {len(obs.mutations) - 4} more)" if len(obs.mutations) > 4 else ""
         return [
-            _v(
-                "KV-GROUP-INPUT-UNCHANGED",
+            flag(
                 f"get_kv_cache_groups changed its input: {changes}{more}. It may replace the "
                 "dict's values, but not add, remove or reorder its layers, nor change a spec "
                 "object or the config it was given",
@@ -265,15 +259,13 @@ def _grouping_deterministic(obs: GroupingObservation) -> list[Violation] | None:
     out = []
     if list(obs.first.value) != list(obs.second.value):
         out.append(
-            _v(
-                "KV-GROUP-DETERMINISTIC",
+            flag(
                 "a second call on the same instance returned different groups",
             )
         )
     if list(obs.first.value) != list(obs.fresh.value):
         out.append(
-            _v(
-                "KV-GROUP-DETERMINISTIC",
+            flag(
                 "a fresh instance returned different groups for the same input",
             )
         )

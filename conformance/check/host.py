@@ -6,8 +6,7 @@ from typing import Any
 
 from conformance.check import memory
 from conformance.check.bounds import tensor_problems
-from conformance.check.catalog import Unjudged, invariant
-from conformance.check.catalog import violation as _v
+from conformance.check.catalog import Unjudged, flag, invariant
 from conformance.check.grouping import returned_groups as _groups
 from conformance.check.observations import HostObservation
 from conformance.check.residency import host_layers as host_layers_of
@@ -46,8 +45,7 @@ def _host_tensors(obs: HostObservation) -> list[Violation] | None:
         if wrong:
             where = "device" if not t.host_resident else "host"
             out.append(
-                _v(
-                    "KV-HOST-TENSORS",
+                flag(
                     f"tensor {i} is a {where} tensor but holds {wrong[:3]}; layers kept on the "
                     "host belong in host tensors only, the others on the device",
                     layer=wrong[0],
@@ -56,8 +54,7 @@ def _host_tensors(obs: HostObservation) -> list[Violation] | None:
     grouped_host = {n for g in groups if g.host_resident for n in g.layer_names}
     if grouped_host != host_layers & set(obs.specs):
         out.append(
-            _v(
-                "KV-HOST-TENSORS",
+            flag(
                 f"host-resident groups hold {sorted(grouped_host)[:4]} but the config keeps "
                 f"{sorted(host_layers)[:4]} on the host",
             )
@@ -95,8 +92,7 @@ def _host_excluded(obs: HostObservation) -> list[Violation] | Unjudged | None:
     without = sorted({t.size for t in alone.device_tensors})
     if with_host != without:
         return [
-            _v(
-                "KV-HOST-EXCLUDED",
+            flag(
                 f"the device backing is {with_host} bytes with host-resident groups and {without} "
                 "without them; host pages must not take device memory",
             )
@@ -121,22 +117,20 @@ def _host_sized(obs: HostObservation) -> list[Violation] | None:
         return []
     blocks = config.host_num_blocks
     if blocks is None or blocks < 1:
-        return [_v("KV-HOST-SIZED", f"host tensors exist but host_num_blocks={blocks}")]
+        return [flag(f"host tensors exist but host_num_blocks={blocks}")]
     out = []
     sizes = {t.size for t in host}
     pool = obs.config.host_pool_bytes or 0
     for size in sizes:
         if size % blocks or size > pool:
             out.append(
-                _v(
-                    "KV-HOST-SIZED",
+                flag(
                     f"a host backing of {size} bytes is not a whole number of {blocks} host blocks "
                     f"within the host pool of {pool} bytes",
                 )
             )
     out += [
-        _v(
-            "KV-HOST-SIZED",
+        flag(
             f"host tensor {o.page.tensor_index}'s page ends past its backing of {o.size} bytes at "
             f"{blocks} host blocks",
             layer=o.page.layer,
@@ -202,8 +196,7 @@ def _device_findings(config: KVCacheConfig, layout: Any) -> list[Violation]:
     # tensors (three separate finders analysed the same config three times).
     report = memory.check_memory(config, layout, limit=16)
     out = [
-        _v(
-            "KV-HOST-DEVICE-SAFE",
+        flag(
             f"with host-resident groups, device tensor {o.page.tensor_index}'s page ends past "
             f"its backing of {o.size} bytes",
             layer=o.page.layer,
@@ -214,8 +207,7 @@ def _device_findings(config: KVCacheConfig, layout: Any) -> list[Violation]:
     ]
     for kind, found in (("block", report.block_overlaps), ("layer", report.layer_overlaps)):
         out += [
-            _v(
-                "KV-HOST-DEVICE-SAFE",
+            flag(
                 f"with host-resident groups, device page {ov.a.layer!r} block {ov.a.block} "
                 f"overlaps {ov.b.layer!r} block {ov.b.block} ({kind} overlap)",
                 layer=ov.a.layer,
@@ -247,8 +239,7 @@ def _host_no_alias(obs: HostObservation) -> list[Violation] | None:
         ("layer", memory.find_host_layer_overlaps),
     ):
         out += [
-            _v(
-                "KV-HOST-NO-ALIAS",
+            flag(
                 f"host page {ov.a.layer!r} block {ov.a.block} (tensor {ov.a.tensor_index}) "
                 f"overlaps {ov.b.layer!r} block {ov.b.block} (tensor {ov.b.tensor_index}) "
                 f"in the host pool ({kind} overlap)",

@@ -26,8 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from conformance.check.bounds import named_layer_specs
-from conformance.check.catalog import invariant
-from conformance.check.catalog import violation as _v
+from conformance.check.catalog import flag, invariant
 from conformance.check.grouping import _layer_spec_kept, returned_groups
 from conformance.check.observations import GroupingObservation
 from conformance.check.violations import Violation
@@ -216,8 +215,7 @@ def _spec_meaning(obs: GroupingObservation) -> list[Violation] | None:
             changes = meaning_changes(given, kept)
             if changes:
                 out.append(
-                    _v(
-                        "KV-GROUP-SPEC-MEANING",
+                    flag(
                         f"group {i}'s spec changes what the layer asks kernels and the block "
                         "pool for: " + "; ".join(changes[:4]),
                         layer=name,
@@ -227,8 +225,7 @@ def _spec_meaning(obs: GroupingObservation) -> list[Violation] | None:
             drafts = [n for n in g.layer_names if n in obs.specs and obs.specs[n].is_draft]
             if not (obs.config.eagle_block_drop and drafts):
                 out.append(
-                    _v(
-                        "KV-GROUP-SPEC-MEANING",
+                    flag(
                         f"group {i} is marked is_eagle_group (its last block is dropped) but "
                         + (
                             "it holds no draft layer"

@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import math
 
-from conformance.check.catalog import invariant
-from conformance.check.catalog import violation as _v
+from conformance.check.catalog import flag, invariant
 from conformance.check.footprint import tensor_geometries
 from conformance.check.geometry import (
     OracleError,
@@ -236,5 +235,5 @@ def _page_pitch(obs: PlacementObservation) -> list[Violation] | None:
     for n, c in sorted(honest.items()):
         found = pitch_findings(c, layout)
         if found:
-            return [_v("KV-PLACE-PAGE-PITCH", f"at {n} blocks {line}") for line in found]
+            return [flag(f"at {n} blocks {line}") for line in found]
     return []

@@ -23,6 +23,7 @@ from conformance.check.catalog import (
     Check,
     Invariant,
     Unjudged,
+    flag,
     invariant,
     judged_in_core,
     register,
@@ -70,7 +71,7 @@ def _num_blocks(obs: PlacementObservation) -> list[Violation] | None:
     if not obs.groups:
         return []  # no groups always give the null block: KV-PLACE-ATTENTION-FREE
     return [
-        _v("KV-PLACE-NUM-BLOCKS", f"asked for {n} blocks, the config has num_blocks={c.num_blocks}")
+        flag(f"asked for {n} blocks, the config has num_blocks={c.num_blocks}")
         for n, c in configs.items()
         if c.num_blocks != n
     ]
@@ -91,8 +92,7 @@ def _groups_echoed(obs: PlacementObservation) -> list[Violation] | None:
     for n, c in configs.items():
         if list(c.kv_cache_groups) != list(obs.groups):
             out.append(
-                _v(
-                    "KV-PLACE-GROUPS-ECHOED",
+                flag(
                     f"at {n} blocks the config's kv_cache_groups differ from the groups passed in "
                     "(same groups, same order, unchanged)",
                 )
@@ -248,8 +248,7 @@ def _single_backing(obs: PlacementObservation) -> list[Violation] | Unjudged | N
         sizes = sorted({t.size for t in c.device_tensors})
         if len(sizes) > 1:
             out.append(
-                _v(
-                    "KV-PLACE-SINGLE-BACKING",
+                flag(
                     f"at {n} blocks device tensors name {len(sizes)} backing sizes {sizes[:4]}; "
                     "the worker allocates one buffer",
                 )
@@ -290,8 +289,7 @@ def _backing_size(obs: PlacementObservation) -> list[Violation] | None:
         size = device_size(c)
         if size is not None and size != bpb * n:
             out.append(
-                _v(
-                    "KV-PLACE-BACKING-SIZE",
+                flag(
                     f"at {n} blocks the device backing is {size} bytes; one block takes {bpb} "
                     f"bytes, so it must be {bpb} x {n} = {bpb * n} (a constant part or an extra "
                     "block breaks Core's block arithmetic)",
@@ -331,8 +329,7 @@ def _pool_bytes(obs: PlacementObservation | HostObservation) -> list[Violation] 
 def _declared_matches(obs: PlacementObservation, declared: int) -> list[Violation] | None:
     if declared == 0 and any(not g.host_resident and g.layer_names for g in obs.groups):
         return [
-            _v(
-                "KV-PLACE-POOL-BYTES",
+            flag(
                 "_get_pool_bytes_per_block says 0 bytes per block for groups with device layers; "
                 "Core divides the memory by it",
             )
@@ -346,8 +343,7 @@ def _declared_matches(obs: PlacementObservation, declared: int) -> list[Violatio
         actual = sum({t.size for t in c.device_tensors})
         if declared * n != actual:
             out.append(
-                _v(
-                    "KV-PLACE-POOL-BYTES",
+                flag(
                     f"_get_pool_bytes_per_block says {declared} bytes per block, but {n} blocks "
                     f"take {actual} device bytes ({declared} x {n} = {declared * n})",
                 )
@@ -372,8 +368,7 @@ def _size_bound(obs: PlacementObservation) -> list[Violation] | None:
         problems = tensor_problems(c)
         if problems:
             out.append(
-                _v(
-                    "KV-PLACE-SIZE-BOUND",
+                flag(
                     f"at {n} blocks {'; '.join(problems[:3])}: no allocator can take that, so "
                     "the kit will not allocate it",
                 )
@@ -382,8 +377,7 @@ def _size_bound(obs: PlacementObservation) -> list[Violation] | None:
         size = sum({t.size for t in c.device_tensors})
         if absurd_size(size, n, bound):
             out.append(
-                _v(
-                    "KV-PLACE-SIZE-BOUND",
+                flag(
                     f"at {n} blocks the device backing is {size} bytes, more than twice what "
                     f"giving every layer its own aligned pages takes ({bound} x {n} = {bound * n}) "
                     f"plus {BLOCK_PADDING_ALLOWANCE} bytes of padding per block and 1 MiB; the "
@@ -405,8 +399,7 @@ def _attention_free(obs: PlacementObservation) -> list[Violation] | None:
     c = obs.empty.value
     if c.num_blocks != 1 or c.kv_cache_tensors:
         return [
-            _v(
-                "KV-PLACE-ATTENTION-FREE",
+            flag(
                 "with no groups the config must have num_blocks=1 (the null block) and no "
                 f"tensors, got num_blocks={c.num_blocks} and {len(c.kv_cache_tensors)} tensors",
             )
@@ -426,8 +419,7 @@ def _placement_input(obs: PlacementObservation) -> list[Violation] | None:
         changes = "; ".join(obs.mutations[:4])
         more = f" (and {len(obs.mutations) - 4} more)" if len(obs.mutations) > 4 else ""
         return [
-            _v(
-                "KV-PLACE-INPUT-UNCHANGED",
+            flag(
                 f"get_kv_cache_config_from_groups changed its input: {changes}{more}. "
                 "Placement (and the pool-bytes hook it answers) changes nothing it is given: "
                 "not the group list, a group, its spec, nor the config",
@@ -449,15 +441,13 @@ def _placement_deterministic(obs: PlacementObservation) -> list[Violation] | Non
     out = []
     if base.value != obs.repeat.value:
         out.append(
-            _v(
-                "KV-PLACE-DETERMINISTIC",
+            flag(
                 f"placing {obs.num_blocks} blocks twice on one instance gave different configs",
             )
         )
     if base.value != obs.fresh.value:
         out.append(
-            _v(
-                "KV-PLACE-DETERMINISTIC",
+            flag(
                 f"a fresh instance placed {obs.num_blocks} blocks differently",
             )
         )

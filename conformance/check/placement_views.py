@@ -8,7 +8,7 @@ layer's ``block_stride_alignment``; the geometry is the kit's own
 
 from __future__ import annotations
 
-from conformance.check.catalog import Unjudged, invariant
+from conformance.check.catalog import Unjudged, flag, invariant
 from conformance.check.catalog import violation as _v
 from conformance.check.geometry import (
     OracleError,
@@ -68,8 +68,7 @@ def _typed_views(obs: PlacementObservation) -> list[Violation] | None:
             if bad and page.dtype is not None:
                 dtype, size = page.dtype, dtype_bytes(page.dtype)
                 out.append(
-                    _v(
-                        "KV-PLACE-TYPED-VIEWS",
+                    flag(
                         f"at {n} blocks {bad} are not multiples of sizeof({dtype}) = {size}, so "
                         f"the worker cannot view the tensor as {dtype}",
                         layer=name,
@@ -107,8 +106,7 @@ def _block_stride(obs: PlacementObservation) -> list[Violation] | Unjudged | Non
     out = []
     for n, c in configs.items():
         out += [
-            _v(
-                "KV-PLACE-BLOCK-STRIDE",
+            flag(
                 f"in block-outermost {obs.layout.name} every tensor must step {bpb} bytes per "
                 f"block (the backing divided by {n} blocks); tensor {i} steps {t.block_stride}",
                 layer=t.layers[0] if t.layers else None,
@@ -170,8 +168,7 @@ def _alignment(obs: PlacementObservation) -> list[Violation] | None:
                 # block is aligned.
                 if alignment > 1 and t.block_stride % alignment:
                     out.append(
-                        _v(
-                            "KV-PLACE-ALIGNMENT",
+                        flag(
                             f"at {n} blocks tensor {i} steps {t.block_stride} bytes per block, "
                             f"not a multiple of the layer's block_stride_alignment of "
                             f"{alignment} bytes",

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.check.catalog import Unjudged, invariant
-from conformance.check.catalog import violation as _v
+from conformance.check.catalog import Unjudged, flag, invariant
 from conformance.check.violations import Violation
 
 
@@ -16,16 +15,14 @@ def _differs(here: Any, there: tuple[str, Any] | None, what: str, seed: str) -> 
     if status == "construct-error":
         return None  # the twin could not build it: KV-CALL-CONSTRUCT's matter
     if status != "ok":
-        return _v(
-            "KV-GROUP-HASH-STABLE",
+        return flag(
             f"{what} succeeds in this process but fails in a process with "
             f"PYTHONHASHSEED={seed}: {value}",
         )
     same = list(here.value) == list(value) if what == "grouping" else here.value == value
     if same:
         return None
-    return _v(
-        "KV-GROUP-HASH-STABLE",
+    return flag(
         f"{what} of the same input differs in a process with PYTHONHASHSEED={seed}: the plan "
         "follows the iteration order of hashed strings (a set or a dict built from one), so "
         "the engine and its workers disagree",
