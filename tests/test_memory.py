@@ -22,7 +22,7 @@ from conformance.check.memory import (
     find_unusable_tensors,
     host_tensor_end,
     page_runs,
-    tensor_geometries,
+    tensor_footprints,
 )
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
@@ -489,5 +489,5 @@ class TestAgainstOracle:
             assert bool(report.layer_overlaps) == bool(p4)
         if budget == 10**6:
             assert report.exhaustive
-            geoms, _ = tensor_geometries(config, layout, host=host)
+            geoms, _ = tensor_footprints(config, layout, host=host)
             assert report.runs == sum(g.num_pages * len(g.runs.starts) for g in geoms)

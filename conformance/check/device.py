@@ -59,7 +59,7 @@ from conformance.check.device_memory import (
 from conformance.check.device_tags import TagReadback, check_device_tags, verify_tags
 from conformance.check.device_views import check_device_views
 from conformance.check.violations import Violation
-from conformance.check.worker import resolve_layout
+from conformance.check.worker_model import resolve_layout
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig
 

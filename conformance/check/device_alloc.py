@@ -30,7 +30,8 @@ from conformance.check.device_memory import (
     same_device,
 )
 from conformance.check.violations import Violation
-from conformance.check.worker import WorkerError, allocate_backings, planned_device_bytes
+from conformance.check.worker import allocate_backings
+from conformance.check.worker_model import WorkerError, planned_device_bytes
 from kvref.errors import KVRefError
 from kvref.records import KVCacheConfig
 

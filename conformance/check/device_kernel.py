@@ -32,14 +32,8 @@ from conformance.check.device_memory import check_budget, release
 from conformance.check.device_tags import _splitmix64
 from conformance.check.observations import PlacementObservation
 from conformance.check.violations import Violation
-from conformance.check.worker import (
-    DEVICE_BACKING,
-    TensorGeometry,
-    WorkerAllocation,
-    WorkerError,
-    allocate_kv_cache,
-    resolve_layout,
-)
+from conformance.check.worker import DEVICE_BACKING, WorkerAllocation, allocate_kv_cache
+from conformance.check.worker_model import WorkerError, WorkerTensor, resolve_layout
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.errors import KVRefError, LayoutError
 from kvref.kernel_blocks import (
@@ -110,7 +104,7 @@ def _reference_refused(obs: PlacementObservation) -> str | None:
     return None
 
 
-def _width(pairs: Sequence[tuple[TensorGeometry, KernelTensorGeometry]]) -> int:
+def _width(pairs: Sequence[tuple[WorkerTensor, KernelTensorGeometry]]) -> int:
     # One element width for the whole check: the widest every offset, stride,
     # content size and kernel slice of the split tensors is a multiple of.
     values: list[int] = []
@@ -124,7 +118,7 @@ def _width(pairs: Sequence[tuple[TensorGeometry, KernelTensorGeometry]]) -> int:
     return 1
 
 
-def _slice_map(plan: TensorGeometry, r: int, width: int, device: torch.device) -> torch.Tensor:
+def _slice_map(plan: WorkerTensor, r: int, width: int, device: torch.device) -> torch.Tensor:
     """For each element ``(h, s, c)`` of a planning page, the kernel block it belongs to.
 
     Computed from the plan's own strides: the element's byte offset in its
@@ -176,7 +170,7 @@ def _movable(view: torch.Tensor) -> bool:
 
 def _tensor_findings(
     allocation: WorkerAllocation,
-    plan: TensorGeometry,
+    plan: WorkerTensor,
     kernel: KernelTensorGeometry,
     width: int,
     first_layer: int,
@@ -226,7 +220,7 @@ def _tensor_findings(
 
 
 def _mismatch(
-    plan: TensorGeometry,
+    plan: WorkerTensor,
     kernel: KernelTensorGeometry,
     direction: str,
     layer: int,
@@ -276,7 +270,7 @@ def _device_findings(
     except torch.OutOfMemoryError as exc:
         return Unjudged(f"the device ran out of memory: {exc}")
     try:
-        pairs: list[tuple[TensorGeometry, KernelTensorGeometry, int]] = []
+        pairs: list[tuple[WorkerTensor, KernelTensorGeometry, int]] = []
         first = 0
         for plan, kernel in zip(allocation.geometries, kernels, strict=True):
             if (

@@ -18,7 +18,7 @@ import attrs
 import torch
 
 from conformance.check.violations import Violation
-from conformance.check.worker import planned_device_bytes, planned_host_bytes
+from conformance.check.worker_model import planned_device_bytes, planned_host_bytes
 from kvref.records import KVCacheConfig
 
 __all__ = [

@@ -25,8 +25,9 @@ from conformance.check.device_memory import (
     release,
 )
 from conformance.check.violations import Violation
-from conformance.check.worker import TensorGeometry, WorkerError, allocate_kv_cache
 from conformance.check.worker import WorkerAllocation as KVCacheAllocation
+from conformance.check.worker import allocate_kv_cache
+from conformance.check.worker_model import WorkerError, WorkerTensor
 from kvref.errors import KVRefError
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig
@@ -53,7 +54,7 @@ def _splitmix64(values: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     return mixed
 
 
-def _tag_width(geometries: list[TensorGeometry]) -> int:
+def _tag_width(geometries: list[WorkerTensor]) -> int:
     # One element width per backing: every writer's elements then start on the same grid,
     # so a corrupted element always holds exactly one other page's whole tag.
     for width in (8, 4, 2):
@@ -92,7 +93,7 @@ def _block_owners(config: KVCacheConfig, host: bool) -> dict[int, int]:
 
 @attrs.frozen(kw_only=True)
 class _Writer:
-    geometry: TensorGeometry
+    geometry: WorkerTensor
     first_layer: int  # global index of the tensor's first layer
     start: int  # first block ID written
     step: int  # block IDs written: start, start + step, ...
@@ -126,7 +127,7 @@ def _prepare_writers(
 ) -> list[_Writer]:
     owners = {False: _block_owners(config, False), True: _block_owners(config, True)}
     owner_of_layer = _owner_of_layer(config)
-    by_backing: dict[int, list[TensorGeometry]] = {}
+    by_backing: dict[int, list[WorkerTensor]] = {}
     for geometry in allocation.geometries:
         by_backing.setdefault(allocation.backing_of[geometry.index], []).append(geometry)
     widths = {key: _tag_width(geoms) for key, geoms in by_backing.items()}

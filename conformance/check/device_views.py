@@ -21,12 +21,8 @@ from conformance.check.device_memory import (
 )
 from conformance.check.violations import Violation
 from conformance.check.worker import WorkerAllocation as KVCacheAllocation
-from conformance.check.worker import (
-    WorkerError,
-    allocate_kv_cache,
-    tensor_geometries,
-    view_problems,
-)
+from conformance.check.worker import allocate_kv_cache
+from conformance.check.worker_model import WorkerError, view_problems, worker_tensors
 from kvref.errors import KVRefError
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig
@@ -84,7 +80,7 @@ def check_device_views(
     target = torch.device(device)
     violations: list[Violation] = []
     try:
-        geometries = tensor_geometries(config, layout)
+        geometries = worker_tensors(config, layout)
     except (KVRefError, WorkerError) as error:
         violations.append(Violation(invariant=KV_DEV_VIEWS, worker=worker, message=str(error)))
         return device_result(KV_DEV_VIEWS, violations, [], measured=True)

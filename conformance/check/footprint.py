@@ -16,7 +16,7 @@ into it, so a dense page is one run of ``H*S*C`` bytes and an LHBNC/BHLNC page
 is ``H`` runs of ``S*C`` bytes.
 
 This module holds the records the memory checks report with, the geometry of
-each tensor (:func:`tensor_geometries`) and the closed-form checks: P2
+each tensor (:func:`tensor_footprints`) and the closed-form checks: P2
 (:func:`out_of_bounds`: strides are non-negative, so the farthest byte is that
 of the last layer at the last block) and :func:`host_tensor_end`.  The
 overlap checks are :mod:`conformance.check.memory`'s.
@@ -25,10 +25,11 @@ overlap checks are :mod:`conformance.check.memory`'s.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 import attrs
 
-from conformance.check.geometry import OracleError, layout_strides, page_geometry
+from conformance.check.worker_model import WorkerError, WorkerTensor, worker_tensor
 from kvref.axes import HOST_LAYOUT as _HOST_LAYOUT
 from kvref.errors import KVRefError
 from kvref.layout import KVCacheLayout
@@ -44,12 +45,12 @@ __all__ = [
     "PageRef",
     "PageRuns",
     "Problem",
-    "TensorGeometry",
+    "TensorFootprint",
     "find_unusable_tensors",
     "host_tensor_end",
     "out_of_bounds",
     "page_runs",
-    "tensor_geometries",
+    "tensor_footprints",
 ]
 
 #: Runs (pages times runs per page) enumerated before switching to the large-config path.
@@ -144,31 +145,57 @@ class PageRuns:
 
 
 @attrs.frozen
-class TensorGeometry:
-    """Everything the footprint of one tensor depends on (contract.md#memory-safety).
+class TensorFootprint:
+    """The footprint of one tensor's pages (contract.md#memory-safety), on the worker's view of it.
 
     Attributes:
-        tensor_index: index in ``config.kv_cache_tensors``.
-        tensor: the tensor record.
+        view: the tensor as a worker views it (extents and byte strides).
         group_index: index of the group holding ``tensor.layers[0]``.
-        spec: that layer's per-layer spec, used for every layer of the tensor.
         num_blocks: ``config.num_blocks_of(tensor)``.
-        strides: byte strides ``(L, B, H, S, C)``.
-        heads, states, content: ``H``, ``S`` and ``C`` of one page.
-        runs: the page's runs (see :func:`page_runs`).
+        runs: one page's runs (see :func:`page_runs`).
 
     """
 
-    tensor_index: int
-    tensor: KVCacheTensor
+    view: WorkerTensor
     group_index: int
-    spec: KVCacheSpec
     num_blocks: int
-    strides: tuple[int, int, int, int, int]
-    heads: int
-    states: int
-    content: int
     runs: PageRuns
+
+    @property
+    def tensor_index(self) -> int:
+        """Index in ``config.kv_cache_tensors``."""
+        return self.view.index
+
+    @property
+    def tensor(self) -> KVCacheTensor:
+        """The tensor record."""
+        return self.view.tensor
+
+    @property
+    def spec(self) -> KVCacheSpec:
+        """The per-layer spec of ``tensor.layers[0]``, used for every layer of the tensor."""
+        # A footprint is made only for a tensor with layers, whose view has a spec.
+        return cast(KVCacheSpec, self.view.spec)
+
+    @property
+    def strides(self) -> tuple[int, int, int, int, int]:
+        """Byte strides ``(L, B, H, S, C)``."""
+        return self.view.strides
+
+    @property
+    def heads(self) -> int:
+        """``H`` of one page."""
+        return self.view.shape[2]
+
+    @property
+    def states(self) -> int:
+        """``S`` of one page."""
+        return self.view.shape[3]
+
+    @property
+    def content(self) -> int:
+        """``C`` of one page, in bytes."""
+        return self.view.shape[4]
 
     @property
     def num_layers(self) -> int:
@@ -283,8 +310,8 @@ def _geometry(
     group_of: dict[str, int],
     *,
     max_runs: int,
-) -> TensorGeometry | Problem | None:
-    """Geometry of one tensor, a Problem, or ``None`` for a tensor without layers."""
+) -> TensorFootprint | Problem | None:
+    """Footprint of one tensor, a Problem, or ``None`` for a tensor without layers."""
     if not tensor.layers:
         return None
     first = tensor.layers[0]
@@ -292,38 +319,40 @@ def _geometry(
     if gi is None:
         return Problem(index, f"layer {first!r} is in no KV cache group")
     try:
-        spec = config.kv_cache_groups[gi].layer_spec(first)
+        # The kit's own worker model and strides, never kvref's.
+        view = worker_tensor(config, index, tensor, layout, gi)
         n = config.num_blocks_of(tensor)
-        # The kit's own strides (conformance.check.geometry), never kvref's.
-        strides = layout_strides(
-            spec,
-            n,
-            len(tensor.layers),
-            layout,
-            pinned=(tensor.layer_stride, tensor.block_stride, None, None, None),
-        )
-        page = page_geometry(spec)
-        heads, states, content = page.heads, page.states, page.content
-    except (KVRefError, OracleError) as exc:
-        return Problem(index, f"footprint of layer {first!r} undefined: {exc}")
+    except (KVRefError, WorkerError) as exc:
+        return Problem(index, f"footprint of layer {first!r} undefined: {_cause(exc)}")
+    page = view.page
+    if page is None:  # pragma: no cover - a tensor with layers has a page
+        return None
+    _, _, heads, states, content = view.shape
     try:
         if not page.layer_views:
             # Specs without layer views (HiSparse) use the raw page (contract.md#memory-safety).
             runs = page_runs(0, 1, 0, 1, page.page, max_runs=max_runs)
         else:
-            runs = page_runs(strides[2], heads, strides[3], states, content, max_runs=max_runs)
+            runs = page_runs(
+                view.strides[2], heads, view.strides[3], states, content, max_runs=max_runs
+            )
     except _TooManyRunsError as exc:
         return Problem(index, f"a page of layer {first!r} has {exc} runs (budget {max_runs})")
-    return TensorGeometry(index, tensor, gi, spec, n, strides, heads, states, content, runs)
+    return TensorFootprint(view, gi, n, runs)
 
 
-def tensor_geometries(
+def _cause(exc: Exception) -> BaseException:
+    # The worker names the tensor itself; the Problem does, so keep the cause's words.
+    return exc.__cause__ if isinstance(exc, WorkerError) and exc.__cause__ is not None else exc
+
+
+def tensor_footprints(
     config: KVCacheConfig,
     layout: KVCacheLayout | str,
     *,
     host: bool = False,
     max_runs: int = DEFAULT_BUDGET,
-) -> tuple[list[TensorGeometry], list[Problem]]:
+) -> tuple[list[TensorFootprint], list[Problem]]:
     """Footprint geometry of every device (or, with ``host``, host) tensor.
 
     A tensor is skipped, with a :class:`Problem`, when ``layers[0]`` is in no
@@ -337,11 +366,11 @@ def tensor_geometries(
     """
     layout = KVCacheLayout.parse(layout)
     group_of = _group_index(config)
-    geometries: list[TensorGeometry] = []
+    geometries: list[TensorFootprint] = []
     problems: list[Problem] = []
     for index, tensor in _selected(config, host):
         got = _geometry(config, layout, index, tensor, group_of, max_runs=max_runs)
-        if isinstance(got, TensorGeometry):
+        if isinstance(got, TensorFootprint):
             geometries.append(got)
         elif got is not None:
             problems.append(got)
@@ -355,7 +384,7 @@ def host_tensor_end(
 
     Meant for host tensors (hence the LBNHC default) but valid for any tensor.
     ``None`` when the tensor has no pages or its footprint is undefined (see
-    :func:`tensor_geometries`).  Closed-form; never raises for a well-typed config.
+    :func:`tensor_footprints`).  Closed-form; never raises for a well-typed config.
     """
     got = _geometry(
         config,
@@ -365,7 +394,7 @@ def host_tensor_end(
         _group_index(config),
         max_runs=MIN_PAGE_RUNS,
     )
-    if not isinstance(got, TensorGeometry) or got.num_pages == 0 or not got.runs.starts:
+    if not isinstance(got, TensorFootprint) or got.num_pages == 0 or not got.runs.starts:
         return None
     return got.max_end
 
@@ -373,14 +402,14 @@ def host_tensor_end(
 def find_unusable_tensors(
     config: KVCacheConfig, layout: KVCacheLayout | str, *, host: bool = False
 ) -> list[Problem]:
-    """Tensors the memory checks skip: footprint undefined (see :func:`tensor_geometries`)."""
-    return tensor_geometries(config, layout, host=host)[1]
+    """Tensors the memory checks skip: footprint undefined (see :func:`tensor_footprints`)."""
+    return tensor_footprints(config, layout, host=host)[1]
 
 
 # -- P2 ------------------------------------------------------------------------------
 
 
-def out_of_bounds(geometries: Iterable[TensorGeometry], limit: int) -> list[OutOfBounds]:
+def out_of_bounds(geometries: Iterable[TensorFootprint], limit: int) -> list[OutOfBounds]:
     """P2: tensors whose farthest page ends past their backing (that page, per tensor)."""
     found: list[OutOfBounds] = []
     for g in geometries:

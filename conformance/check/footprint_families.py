@@ -38,7 +38,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from conformance.check.footprint import Overlap, PageRef, TensorGeometry
+from conformance.check.footprint import Overlap, PageRef, TensorFootprint
 from conformance.check.footprint_sweep import (
     Array,
     Runs,
@@ -63,7 +63,7 @@ def _ceil_div(a: Array, b: Array) -> Array:
     return -((-a) // b)
 
 
-def families(geometries: Sequence[TensorGeometry], dtype: Any) -> tuple[Runs, Array]:
+def families(geometries: Sequence[TensorFootprint], dtype: Any) -> tuple[Runs, Array]:
     """Block-0 run of every family, and each family's block stride."""
     blocks = [np.zeros(1 if g.num_blocks else 0, dtype=np.int64) for g in geometries]
     layers = [np.arange(g.num_layers, dtype=np.int64) for g in geometries]
@@ -108,7 +108,7 @@ class _Pairs:
         return np.asarray((self.p < 0) & (self.q > 0), dtype=bool)
 
     def pages(
-        self, geometries: dict[int, TensorGeometry], fam: Runs, k: int, b_i: int, b_j: int
+        self, geometries: dict[int, TensorFootprint], fam: Runs, k: int, b_i: int, b_j: int
     ) -> tuple[PageRef, PageRef]:
         """The pages of pair ``k`` at blocks ``b_i`` and ``b_j``."""
         a = run_page(geometries, fam, int(self.i[k]))
@@ -117,7 +117,7 @@ class _Pairs:
 
 
 def _own_blocks(
-    geometries: dict[int, TensorGeometry], fam: Runs, stride: Array, limit: int
+    geometries: dict[int, TensorFootprint], fam: Runs, stride: Array, limit: int
 ) -> list[Overlap]:
     """P3 of a family with itself: its run is longer than the block stride."""
     found: list[Overlap] = []
@@ -157,7 +157,7 @@ def _candidates(fam: Runs, stride: Array, num_blocks: int, most: int) -> _Pairs 
 
 
 def _equal_stride_blocks(
-    geometries: dict[int, TensorGeometry], fam: Runs, pairs: _Pairs, n: int, limit: int
+    geometries: dict[int, TensorFootprint], fam: Runs, pairs: _Pairs, n: int, limit: int
 ) -> list[Overlap]:
     """P3 of pairs with one block stride: an ``m`` with ``1 <= |m| <= n-1`` in ``(p/B, q/B)``."""
     p, q, bi = pairs.p, pairs.q, pairs.bi
@@ -186,7 +186,7 @@ def _equal_stride_blocks(
 
 
 def _same_block_layers(
-    geometries: dict[int, TensorGeometry], fam: Runs, pairs: _Pairs, n: int, limit: int
+    geometries: dict[int, TensorFootprint], fam: Runs, pairs: _Pairs, n: int, limit: int
 ) -> list[Overlap]:
     """P4, any strides: a block ``b < n`` with ``p < b*(Bj - Bi) < q``, same group, two pages."""
     ii, jj = pairs.i, pairs.j
@@ -214,7 +214,7 @@ def _same_block_layers(
 
 
 def pair_test(
-    geometries: dict[int, TensorGeometry],
+    geometries: dict[int, TensorFootprint],
     fam: Runs,
     stride: Array,
     *,
@@ -265,7 +265,7 @@ def _merge(lists: Iterable[list[Overlap]], limit: int) -> tuple[Overlap, ...]:
 
 
 def large_config_overlaps(
-    geometries: Sequence[TensorGeometry],
+    geometries: Sequence[TensorFootprint],
     dtype: Any,
     *,
     budget: int,

@@ -26,7 +26,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
-from conformance.check.footprint import Overlap, PageRef, TensorGeometry
+from conformance.check.footprint import Overlap, PageRef, TensorFootprint
 
 __all__ = [
     "Array",
@@ -60,7 +60,7 @@ class Runs:
     group: Array
 
 
-def run_dtype(geometries: Sequence[TensorGeometry]) -> Any:
+def run_dtype(geometries: Sequence[TensorFootprint]) -> Any:
     """``int64`` while every byte address fits with room to spare, else exact ``object``."""
     top = max((g.max_end for g in geometries), default=0)
     return np.int64 if top < _INT64_SAFE else object
@@ -71,7 +71,7 @@ def _ints(values: Sequence[int], dtype: Any) -> Array:
 
 
 def enumerate_runs(
-    geometries: Sequence[TensorGeometry],
+    geometries: Sequence[TensorFootprint],
     dtype: Any,
     blocks: Sequence[Array],
     layers: Sequence[Array],
@@ -129,7 +129,7 @@ def _prev_max_in_segment(first: Array, starts: Array, ends: Array) -> Array:
     return result
 
 
-def run_page(geometries: dict[int, TensorGeometry], runs: Runs, i: int) -> PageRef:
+def run_page(geometries: dict[int, TensorFootprint], runs: Runs, i: int) -> PageRef:
     """The page run ``i`` belongs to."""
     t = int(runs.tensor[i])
     return PageRef(t, geometries[t].tensor.layers[int(runs.layer[i])], int(runs.block[i]))
@@ -144,7 +144,7 @@ def ordered_overlap(a: PageRef, b: PageRef, lo: int, hi: int) -> Overlap:
     return Overlap(a, b, (lo, hi))
 
 
-def sweep_blocks(geometries: dict[int, TensorGeometry], runs: Runs, limit: int) -> list[Overlap]:
+def sweep_blocks(geometries: dict[int, TensorFootprint], runs: Runs, limit: int) -> list[Overlap]:
     """P3 over enumerated runs: per-block unions, then one sweep over all unions."""
     n = runs.start.size
     if n == 0 or limit <= 0:
@@ -179,7 +179,7 @@ def sweep_blocks(geometries: dict[int, TensorGeometry], runs: Runs, limit: int) 
     return found
 
 
-def sweep_layers(geometries: dict[int, TensorGeometry], runs: Runs, limit: int) -> list[Overlap]:
+def sweep_layers(geometries: dict[int, TensorFootprint], runs: Runs, limit: int) -> list[Overlap]:
     """P4 over enumerated runs: one sweep per ``(group, block)`` segment."""
     n = runs.start.size
     if n == 0 or limit <= 0:
@@ -207,7 +207,7 @@ def sweep_layers(geometries: dict[int, TensorGeometry], runs: Runs, limit: int) 
     return found
 
 
-def self_overlaps(geometries: Iterable[TensorGeometry], limit: int) -> list[Overlap]:
+def self_overlaps(geometries: Iterable[TensorFootprint], limit: int) -> list[Overlap]:
     """P4 within one page: each tensor whose page overlaps itself, as its first page."""
     found: list[Overlap] = []
     for g in geometries:

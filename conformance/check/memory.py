@@ -48,12 +48,12 @@ from conformance.check.footprint import (
     PageRef,
     PageRuns,
     Problem,
-    TensorGeometry,
+    TensorFootprint,
     find_unusable_tensors,
     host_tensor_end,
     out_of_bounds,
     page_runs,
-    tensor_geometries,
+    tensor_footprints,
 )
 from conformance.check.footprint_families import large_config_overlaps
 from conformance.check.footprint_sweep import (
@@ -76,7 +76,7 @@ __all__ = [
     "PageRef",
     "PageRuns",
     "Problem",
-    "TensorGeometry",
+    "TensorFootprint",
     "check_memory",
     "find_block_overlaps",
     "find_host_block_overlaps",
@@ -87,7 +87,7 @@ __all__ = [
     "find_unusable_tensors",
     "host_tensor_end",
     "page_runs",
-    "tensor_geometries",
+    "tensor_footprints",
 ]
 
 
@@ -130,7 +130,7 @@ _KEEP_CONFIGS = 4
 class _Analysed:
     """A config's footprint geometry, and its enumerated runs once asked for."""
 
-    geometries: list[TensorGeometry]
+    geometries: list[TensorFootprint]
     problems: list[Problem]
     runs: Runs | None = None
 
@@ -162,7 +162,7 @@ def _analysed(
     hit = _RECENT.get(key)
     if hit is not None and hit[0] is config:
         return hit[1]
-    geometries, problems = tensor_geometries(config, layout, host=host, max_runs=page_cap)
+    geometries, problems = tensor_footprints(config, layout, host=host, max_runs=page_cap)
     analysed = _Analysed(geometries, problems)
     _RECENT[key] = (config, analysed)
     while len(_RECENT) > _KEEP_CONFIGS:
@@ -299,7 +299,7 @@ def find_out_of_bounds(
     end can overflow.  Exact and O(tensors).  Skipped tensors: see
     :func:`find_unusable_tensors`.
     """
-    geometries, _ = tensor_geometries(config, layout, host=host)
+    geometries, _ = tensor_footprints(config, layout, host=host)
     return out_of_bounds(geometries, limit)
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 
 from conformance.check.catalog import flag, invariant
-from conformance.check.footprint import tensor_geometries
+from conformance.check.footprint import tensor_footprints
 from conformance.check.geometry import (
     OracleError,
     PageGeometry,
@@ -74,7 +74,7 @@ def _alias_components(config: KVCacheConfig, layout: str) -> list[set[int]]:
     A tensor whose footprint the kit cannot lay out is taken to alias every
     group (the common stride is then judged, as for the reference).
     """
-    geometries, problems = tensor_geometries(config, layout)
+    geometries, problems = tensor_footprints(config, layout)
     groups = {
         i for i, g in enumerate(config.kv_cache_groups) if not g.host_resident and g.layer_names
     }
