@@ -29,6 +29,7 @@ from typing import Any, TextIO
 
 from conformance.cli_parser import parser as _parser
 from conformance.errors import REPORT_HINT, KitError
+from conformance.harness.heap import keep_freed_memory
 
 __all__ = ["main"]
 
@@ -535,6 +536,8 @@ def entry() -> None:
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     _PROCESS["own"] = True
+    # The console script's process is the kit's own: tune its allocator (heap.py).
+    keep_freed_memory()
     status = main()
     sys.stdout.flush()
     sys.stderr.flush()

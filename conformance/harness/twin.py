@@ -40,6 +40,7 @@ from typing import IO, Any
 
 import attrs
 
+from conformance.harness.heap import ENVIRONMENT
 from conformance.harness.hooks import Context
 from kvref.config import PlanningConfig
 from kvref.interop.vllm_convert import keep_vllm_quiet
@@ -130,7 +131,8 @@ class Twin:
         self.timeout = timeout
         self.hash_seed = _other_hash_seed()
         self.broken: str | None = None
-        env = dict(os.environ, PYTHONHASHSEED=self.hash_seed)
+        # The twin is the kit's process: its allocator keeps freed memory (heap.py).
+        env = {**os.environ, **ENVIRONMENT, "PYTHONHASHSEED": self.hash_seed}
         # The builder's module must import there as here.
         path = [p for p in sys.path if p and Path(p).is_dir()]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(Path.cwd()), *path]))

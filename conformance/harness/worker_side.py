@@ -26,6 +26,7 @@ from typing import Any
 import attrs
 
 from conformance.harness import handed, wire
+from conformance.harness.heap import keep_freed_memory
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.interop.vllm_convert import keep_vllm_quiet
@@ -376,6 +377,7 @@ def serve(
     _watch_parent(parent)
     # This process only plans: vLLM's logger stays quiet for good once set.
     keep_vllm_quiet()
+    keep_freed_memory()  # the worker is the kit's process (heap.py)
     headroom = WORKER_MEMORY_HEADROOM if memory is None else memory
     memory_cap = _limit_memory(headroom)
     from conformance.harness.vllm_adapter import VLLMBuilderAdapter, set_native_scope

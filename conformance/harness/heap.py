@@ -1,0 +1,63 @@
+"""The allocator settings of the processes the kit owns (its CLI, the worker, the twin).
+
+A run allocates and frees the same large buffers thousands of times (tag
+backings, footprint runs, pickled plans).  glibc returns each freed block of
+128 KiB or more to the kernel at once, so the next allocation of that size
+faults every page in again, zero-filled: measured on the default run, a
+fifth of its CPU time was the kernel's (a million page faults).  Keeping
+freed memory for reuse removes most of them (docs/performance.md).  Only processes the kit owns
+are tuned; a caller's process (the pytest plugin, ``check_builder`` in a
+notebook) keeps its allocator as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import sys
+
+__all__ = ["ENVIRONMENT", "keep_freed_memory"]
+
+# glibc's mallopt parameters (malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_TOP_PAD = -2
+_M_MMAP_THRESHOLD = -3
+
+#: Blocks below this size come from the heap, so their pages are reused.
+MMAP_THRESHOLD = 1 << 30
+#: What older glibc releases accept at most (HEAP_MAX_SIZE / 2 on 64 bits).
+_OLD_GLIBC_MAX = 32 << 20
+#: Free memory at the top of the heap kept, not returned to the kernel.
+TRIM_THRESHOLD = 1 << 30
+#: Extra memory asked of the kernel when the heap grows.
+TOP_PAD = 256 << 20
+
+#: The same settings for a child interpreter, in glibc's environment form.
+ENVIRONMENT = {
+    "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
+    "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD),
+    "MALLOC_TOP_PAD_": str(TOP_PAD),
+}
+
+
+def keep_freed_memory() -> bool:
+    """Tune this process's allocator as above; ``False`` where it is not glibc's.
+
+    Never raises: the settings only save time.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+        mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        mallopt.restype = ctypes.c_int
+        done = [
+            mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+            or mallopt(_M_MMAP_THRESHOLD, _OLD_GLIBC_MAX),
+            mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+            mallopt(_M_TOP_PAD, TOP_PAD),
+        ]
+        return all(done)
+    return False

@@ -1,0 +1,44 @@
+"""The allocator settings of the kit's own processes (conformance.harness.heap)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conformance.harness import heap
+
+_GLIBC = sys.platform.startswith("linux") and os.confstr("CS_GNU_LIBC_VERSION") is not None
+
+
+@pytest.mark.skipif(not _GLIBC, reason="the settings are glibc's")
+def test_glibc_takes_the_settings() -> None:
+    assert heap.keep_freed_memory() is True
+
+
+def test_elsewhere_it_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(heap.sys, "platform", "darwin")
+    assert heap.keep_freed_memory() is False
+
+
+def test_the_twin_environment_is_glibcs_spelling() -> None:
+    assert set(heap.ENVIRONMENT) == {
+        "MALLOC_MMAP_THRESHOLD_",
+        "MALLOC_TRIM_THRESHOLD_",
+        "MALLOC_TOP_PAD_",
+    }
+    assert all(v.isdigit() for v in heap.ENVIRONMENT.values())
+
+
+@pytest.mark.skipif(not _GLIBC, reason="the settings are glibc's")
+def test_an_interpreter_starts_with_the_environment() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "print('ok')"],
+        env={**os.environ, **heap.ENVIRONMENT},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
