@@ -10,6 +10,8 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from conformance.ci import add_ci_options, add_output_options
+
 __all__ = ["DEFAULT_BUILDER", "parser"]
 
 #: Also in :mod:`conformance.harness.adapters`; repeated here so ``--help`` needs no import of it.
@@ -177,26 +179,7 @@ def _builder_options(group: argparse._ArgumentGroup) -> None:
 
 def _expectation_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--xfail-file", type=Path, help="file of invariant ids expected to fail")
-    group.add_argument(
-        "--expectations",
-        action="append",
-        default=[],
-        metavar="NAME|PATH",
-        help="expectations manifest (TOML; repeatable): a file, or one the kit ships "
-        "(vllm-0.33.0: vLLM 0.33.0's documented defects)",
-    )
-    group.add_argument(
-        "--update-expectations",
-        type=Path,
-        metavar="FILE",
-        help="write or refresh this manifest from the run (new failures get TODO reasons)",
-    )
-    group.add_argument(
-        "--baseline",
-        type=Path,
-        metavar="REPORT.json",
-        help="an earlier run's --json report: fail (exit 1) only on failures it did not have",
-    )
+    add_ci_options(group)
     group.add_argument(
         "--replays",
         type=int,
@@ -207,11 +190,4 @@ def _expectation_options(group: argparse._ArgumentGroup) -> None:
 
 
 def _output_options(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--json", type=Path, help="write the report as JSON to this path")
-    group.add_argument("--junit", type=Path, help="write the report as JUnit XML to this path")
-    group.add_argument(
-        "--markdown",
-        type=Path,
-        metavar="FILE",
-        help="write a Markdown summary here (also appended to $GITHUB_STEP_SUMMARY when set)",
-    )
+    add_output_options(group)

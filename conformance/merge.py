@@ -12,8 +12,8 @@ same options.  Not joined: ``reach.over_time`` (each shard's own order) and
 the wall time (the merged ``seconds`` is the shards' sum).
 
 Reports that applied an expectations manifest or a baseline are refused:
-merge the shards' plain reports (expectations and baselines are judged on
-the whole run's verdicts, docs/vendors.md#shards).
+merge the shards' plain reports and give the merge the expectations and the
+baseline (they judge the whole run's verdicts, docs/vendors.md#shards).
 """
 
 from __future__ import annotations
@@ -293,8 +293,23 @@ def _warning(data: dict[str, Any]) -> WasteWarning:
 
 
 def merge_main(argv: Sequence[str]) -> int:
-    """``kvref-conformance merge R1 R2 ...``: 0 the whole run passes, 1 it fails, 2 bad input."""
+    """``kvref-conformance merge R1 R2 ...``: 0 the whole run passes, 1 it fails, 2 bad input.
+
+    The whole run's report takes the vendor's CI inputs as a run does
+    (``--expectations``, ``--baseline``, ``--update-expectations``: they judge
+    the whole run's verdicts, never a shard's) and writes the same outputs.
+    """
+    from conformance.ci import (
+        CiError,
+        add_ci_options,
+        add_output_options,
+        exit_status,
+        finish,
+        prepare,
+        write_outputs,
+    )
     from conformance.report.junit import write_junit
+    from conformance.report.markdown import summary_paths
     from conformance.report.render import format_report, write_json
 
     parser = argparse.ArgumentParser(
@@ -303,20 +318,33 @@ def merge_main(argv: Sequence[str]) -> int:
         "the whole run: its verdicts, example counts, coverage and reach.",
     )
     parser.add_argument("reports", nargs="+", type=Path, help="every shard's --json report")
-    parser.add_argument("--json", type=Path, help="write the merged report as JSON to this path")
-    parser.add_argument("--junit", type=Path, help="write the merged report as JUnit XML")
+    add_output_options(parser.add_argument_group("reports"))
+    add_ci_options(parser.add_argument_group("expected results"))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return 0 if exc.code == 0 else 2
     try:
-        report = merge_reports(read_shard_reports(args.reports))
-    except MergeError as exc:
+        ci = prepare(
+            args.expectations, args.baseline, args.update_expectations, summary_paths(args.markdown)
+        )
+        report = finish(merge_reports(read_shard_reports(args.reports)), ci)
+    except (MergeError, CiError) as exc:
         print(f"kvref-conformance merge: error: {exc}", file=sys.stderr)
         return 2
     print(format_report(report, header=False))
-    if args.json is not None:
-        write_json(report, args.json)
-    if args.junit is not None:
-        write_junit(report, args.junit)
-    return 0 if report.ok else 1
+    errors = []
+    for option, path, write in (
+        ("--json", args.json, write_json),
+        ("--junit", args.junit, write_junit),
+    ):
+        if path is None:
+            continue
+        try:
+            write(report, path)
+        except OSError as exc:
+            errors.append(f"{option} {str(path)!r}: {exc}")
+    errors += write_outputs(report, ci)
+    for error in errors:
+        print(f"kvref-conformance merge: error: {error}", file=sys.stderr)
+    return 2 if errors else exit_status(report, ci)

@@ -179,3 +179,59 @@ class TestMergeRefuses:
         _, paths = broken_runs
         assert main(["merge", str(paths[0])]) == 2
         assert "shards 2, 3 of 3 missing" in capsys.readouterr().err
+
+
+class TestMergeTakesTheCiInputs:
+    """Expectations and a baseline judge the merged whole run, as they judge a run."""
+
+    def _failing(self, whole: dict[str, Any]) -> list[str]:
+        failing = [r["id"] for r in whole["results"] if r["status"] == "fail"]
+        assert failing, "the broken builder fails nothing: the fixture no longer tests this"
+        return failing
+
+    def test_expected_failures_pass_the_merge(
+        self, broken_runs: tuple[dict[str, Any], list[Path]], tmp_path: Path
+    ) -> None:
+        whole, paths = broken_runs
+        failing = self._failing(whole)
+        manifest = tmp_path / "expected.toml"
+        manifest.write_text(
+            'format = "kvref-expectations/1"\n'
+            + "".join(
+                f'[[expected]]\nid = "{ident}"\nreason = "planted"\nlink = "x#1"\n'
+                for ident in failing
+            )
+        )
+        out = tmp_path / "merged.json"
+        assert main(["merge", *map(str, paths)]) == 1
+        assert (
+            main(["merge", *map(str, paths), "--expectations", str(manifest), "--json", str(out)])
+            == 0
+        )
+        merged = json.loads(out.read_text())
+        assert {r["id"] for r in merged["results"] if r["status"] == "xfail"} == set(failing)
+
+    def test_a_baseline_with_the_same_failures_passes(
+        self, broken_runs: tuple[dict[str, Any], list[Path]], tmp_path: Path
+    ) -> None:
+        whole, paths = broken_runs
+        self._failing(whole)
+        baseline = tmp_path / "baseline.json"
+        baseline.write_text(json.dumps(whole))
+        out = tmp_path / "merged.json"
+        args = [*map(str, paths), "--baseline", str(baseline), "--json", str(out)]
+        assert main(["merge", *args]) == 0
+        compared = json.loads(out.read_text())["baseline"]
+        assert compared["new"] == [] and compared["unchanged"]
+
+    def test_a_bad_manifest_is_a_usage_error(
+        self,
+        broken_runs: tuple[dict[str, Any], list[Path]],
+        tmp_path: Path,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        _, paths = broken_runs
+        bad = tmp_path / "bad.toml"
+        bad.write_text("[[expected]\n")
+        assert main(["merge", *map(str, paths), "--expectations", str(bad)]) == 2
+        assert "--expectations" in capsys.readouterr().err
