@@ -8,7 +8,6 @@ refreshed manifest; :func:`exit_status` says 0 or 1.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,8 +27,6 @@ from conformance.report.model import Report
 __all__ = [
     "CiError",
     "CiInputs",
-    "add_ci_options",
-    "add_output_options",
     "exit_status",
     "finish",
     "prepare",
@@ -133,39 +130,3 @@ def exit_status(report: Report, inputs: CiInputs) -> int:
     if inputs.baseline is not None and report.baseline is not None:
         return 1 if report.baseline["new"] or report.reach_failed else 0
     return 0 if report.ok else 1
-
-
-def add_ci_options(group: argparse._ArgumentGroup) -> None:
-    """``--expectations``, ``--update-expectations`` and ``--baseline`` (a run's and a merge's)."""
-    group.add_argument(
-        "--expectations",
-        action="append",
-        default=[],
-        metavar="NAME|PATH",
-        help="expectations manifest (TOML; repeatable): a file, or one the kit ships "
-        "(vllm-0.33.0: vLLM 0.33.0's documented defects)",
-    )
-    group.add_argument(
-        "--update-expectations",
-        type=Path,
-        metavar="FILE",
-        help="write or refresh this manifest from the run (new failures get TODO reasons)",
-    )
-    group.add_argument(
-        "--baseline",
-        type=Path,
-        metavar="REPORT.json",
-        help="an earlier run's --json report: fail (exit 1) only on failures it did not have",
-    )
-
-
-def add_output_options(group: argparse._ArgumentGroup) -> None:
-    """``--json``, ``--junit`` and ``--markdown`` (a run's and a merge's)."""
-    group.add_argument("--json", type=Path, help="write the report as JSON to this path")
-    group.add_argument("--junit", type=Path, help="write the report as JUnit XML to this path")
-    group.add_argument(
-        "--markdown",
-        type=Path,
-        metavar="FILE",
-        help="write a Markdown summary here (also appended to $GITHUB_STEP_SUMMARY when set)",
-    )

@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from conformance.ci import add_ci_options, add_output_options
+from conformance.ci_options import add_ci_options, add_output_options
 
 __all__ = ["DEFAULT_BUILDER", "parser"]
 

@@ -299,15 +299,8 @@ def merge_main(argv: Sequence[str]) -> int:
     (``--expectations``, ``--baseline``, ``--update-expectations``: they judge
     the whole run's verdicts, never a shard's) and writes the same outputs.
     """
-    from conformance.ci import (
-        CiError,
-        add_ci_options,
-        add_output_options,
-        exit_status,
-        finish,
-        prepare,
-        write_outputs,
-    )
+    from conformance.ci import CiError, exit_status, finish, prepare, write_outputs
+    from conformance.ci_options import add_ci_options, add_output_options
     from conformance.report.junit import write_junit
     from conformance.report.markdown import summary_paths
     from conformance.report.render import format_report, write_json

@@ -194,6 +194,7 @@ KIT_LAYERS = (
         "conformance.certify",
         "conformance.merge",
         "conformance.ci",
+        "conformance.ci_options",
     ),
     ("conformance.cli_reports", "conformance.cli_parser", "conformance.cli", "conformance.plugin"),
     ("conformance", "conformance.test_conformance"),
