@@ -1,4 +1,4 @@
-"""Core's flow with the builder behind a proxy that lets only lawful hook answers through.
+"""The ``core`` scenario: Core's flow, the builder behind a proxy that passes lawful answers.
 
 Core-flow invariants judge Core given honest hooks.  Inside the flow the
 proxy hands every hook fresh copies of its inputs and asks the catalog
