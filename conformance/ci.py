@@ -8,6 +8,7 @@ refreshed manifest; :func:`exit_status` says 0 or 1.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,7 +31,9 @@ __all__ = [
     "exit_status",
     "finish",
     "prepare",
+    "prepare_from",
     "write_outputs",
+    "write_report_files",
 ]
 
 
@@ -92,6 +95,19 @@ def prepare(
     )
 
 
+def prepare_from(args: argparse.Namespace) -> CiInputs:
+    """:func:`prepare` of the options :mod:`conformance.ci_options` added (a run's or a merge's).
+
+    Raises:
+        CiError: as :func:`prepare`.
+    """
+    from conformance.report.markdown import summary_paths
+
+    return prepare(
+        args.expectations, args.baseline, args.update_expectations, summary_paths(args.markdown)
+    )
+
+
 def finish(report: Report, inputs: CiInputs) -> Report:
     """The report with the expectations applied and compared with the baseline."""
     if inputs.manifests:
@@ -122,6 +138,25 @@ def write_outputs(report: Report, inputs: CiInputs) -> list[str]:
             errors.append(f"--update-expectations {str(inputs.update)!r}: {exc}")
         else:
             print(f"kvref-conformance: {inputs.update}: {added} new entries (fill in the TODOs)")
+    return errors
+
+
+def write_report_files(report: Report, json: Path | None, junit: Path | None) -> list[str]:
+    """Write the ``--json`` and ``--junit`` reports asked for; returns what could not be.
+
+    One that cannot be written does not keep the other from being written.
+    """
+    from conformance.report.junit import write_junit
+    from conformance.report.render import write_json
+
+    errors = []
+    for option, path, write in (("--json", json, write_json), ("--junit", junit, write_junit)):
+        if path is None:
+            continue
+        try:
+            write(report, path)
+        except OSError as exc:
+            errors.append(f"{option} {str(path)!r}: {exc}")
     return errors
 
 

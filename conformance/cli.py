@@ -377,13 +377,10 @@ def _options(args: argparse.Namespace, xfail: list[str]) -> Any:
 
 def _ci_inputs(args: argparse.Namespace) -> Any:
     """The expectations, baseline and summary paths, validated before any example runs."""
-    from conformance.ci import CiError, prepare
-    from conformance.report.markdown import summary_paths
+    from conformance.ci import CiError, prepare_from
 
     try:
-        return prepare(
-            args.expectations, args.baseline, args.update_expectations, summary_paths(args.markdown)
-        )
+        return prepare_from(args)
     except CiError as exc:
         raise _UsageError(str(exc)) from None
 
@@ -406,9 +403,8 @@ def _check(args: argparse.Namespace, builder: object, ci: Any, options: Any) -> 
 
     import attrs
 
-    from conformance.ci import exit_status, finish, write_outputs
-    from conformance.report.junit import write_junit
-    from conformance.report.render import format_header, format_report, write_json
+    from conformance.ci import exit_status, finish, write_outputs, write_report_files
+    from conformance.report.render import format_header, format_report
     from conformance.run.options import OptionError, flag_message
     from conformance.run.runner import check_builder
     from kvref.interop.vllm_convert import keep_vllm_quiet
@@ -432,25 +428,14 @@ def _check(args: argparse.Namespace, builder: object, ci: Any, options: Any) -> 
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(format_report(report, header=False))
-    unwritten = False
-    for option, path, write in (
-        ("--json", args.json, write_json),
-        ("--junit", args.junit, write_junit),
-    ):
-        if path is None:
-            continue
-        try:
-            write(report, path)
-        except OSError as exc:
-            # Checked before the run, yet gone or full now: say so, write the other one.
-            print(f"kvref-conformance: error: {option} {str(path)!r}: {exc}", file=sys.stderr)
-            unwritten = True
-    for error in write_outputs(report, ci) + _reports_write(args, report):
+    # Checked before the run, yet gone or full now: say so, write the others.
+    errors = write_report_files(report, args.json, args.junit)
+    errors += write_outputs(report, ci) + _reports_write(args, report)
+    for error in errors:
         print(f"kvref-conformance: error: {error}", file=sys.stderr)
-        unwritten = True
     if report.interrupted:
         return _interrupted_status()
-    if unwritten:
+    if errors:
         return 2
     return exit_status(report, ci)
 

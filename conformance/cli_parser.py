@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     _example_options(parser.add_argument_group("where the examples come from"))
     _builder_options(parser.add_argument_group("the builder's process and reach"))
     _expectation_options(parser.add_argument_group("expectations, baselines and replays"))
-    _output_options(parser.add_argument_group("reports"))
+    add_output_options(parser.add_argument_group("reports"))
     from conformance.cli_reports import add_options
 
     # Certified runs, `verify` and HTML reports: conformance/cli_reports.py.
@@ -187,7 +187,3 @@ def _expectation_options(group: argparse._ArgumentGroup) -> None:
         help="replays of each failure's minimal counterexample: deterministic or flaky "
         "(default 2; 0: none)",
     )
-
-
-def _output_options(group: argparse._ArgumentGroup) -> None:
-    add_output_options(group)

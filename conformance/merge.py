@@ -299,11 +299,16 @@ def merge_main(argv: Sequence[str]) -> int:
     (``--expectations``, ``--baseline``, ``--update-expectations``: they judge
     the whole run's verdicts, never a shard's) and writes the same outputs.
     """
-    from conformance.ci import CiError, exit_status, finish, prepare, write_outputs
+    from conformance.ci import (
+        CiError,
+        exit_status,
+        finish,
+        prepare_from,
+        write_outputs,
+        write_report_files,
+    )
     from conformance.ci_options import add_ci_options, add_output_options
-    from conformance.report.junit import write_junit
-    from conformance.report.markdown import summary_paths
-    from conformance.report.render import format_report, write_json
+    from conformance.report.render import format_report
 
     parser = argparse.ArgumentParser(
         prog="kvref-conformance merge",
@@ -318,26 +323,13 @@ def merge_main(argv: Sequence[str]) -> int:
     except SystemExit as exc:
         return 0 if exc.code == 0 else 2
     try:
-        ci = prepare(
-            args.expectations, args.baseline, args.update_expectations, summary_paths(args.markdown)
-        )
+        ci = prepare_from(args)
         report = finish(merge_reports(read_shard_reports(args.reports)), ci)
     except (MergeError, CiError) as exc:
         print(f"kvref-conformance merge: error: {exc}", file=sys.stderr)
         return 2
     print(format_report(report, header=False))
-    errors = []
-    for option, path, write in (
-        ("--json", args.json, write_json),
-        ("--junit", args.junit, write_junit),
-    ):
-        if path is None:
-            continue
-        try:
-            write(report, path)
-        except OSError as exc:
-            errors.append(f"{option} {str(path)!r}: {exc}")
-    errors += write_outputs(report, ci)
+    errors = write_report_files(report, args.json, args.junit) + write_outputs(report, ci)
     for error in errors:
         print(f"kvref-conformance merge: error: {error}", file=sys.stderr)
     return 2 if errors else exit_status(report, ci)

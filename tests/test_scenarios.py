@@ -88,7 +88,6 @@ def toy_registered(monkeypatch: pytest.MonkeyPatch) -> None:
         )
     )
     monkeypatch.setattr(registry, "SCENARIOS", (*registry.SCENARIOS, TOY))
-    monkeypatch.setattr(registry, "_BY_NAME", {**registry._BY_NAME, "toy": TOY})
 
 
 @pytest.mark.usefixtures("toy_registered")

@@ -254,9 +254,11 @@ def _keep_host(
     return config
 
 
+_DRAW = ProblemDraw(config=_keep_host)
+
 CORE = Scenario(
     name="core",
-    examples=lambda d: ProblemDraw(config=_keep_host).examples(d.models, d.limits, d.paths),
+    examples=lambda d: _DRAW.examples(d.models, d.limits, d.paths),
     observe=_observe,
     focused=True,
     explored=True,

@@ -39,8 +39,6 @@ SCENARIOS: tuple[Scenario, ...] = (
     PROCESSES,
 )
 
-_BY_NAME = {s.name: s for s in SCENARIOS}
-
 
 def scenarios() -> tuple[Scenario, ...]:
     """Every scenario, in run order."""
@@ -58,10 +56,10 @@ def get(name: str) -> Scenario:
     Raises:
         KeyError: no scenario has that name (the message lists those that exist).
     """
-    try:
-        return _BY_NAME[name]
-    except KeyError:
-        raise KeyError(f"no scenario {name!r}; the scenarios are {', '.join(_BY_NAME)}") from None
+    for scenario in SCENARIOS:
+        if scenario.name == name:
+            return scenario
+    raise KeyError(f"no scenario {name!r}; the scenarios are {', '.join(names())}")
 
 
 def examples(
