@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 from conformance.cli_parser import parser as _parser
 from conformance.errors import REPORT_HINT, KitError
-from conformance.harness.heap import keep_freed_memory
+from conformance.harness.heap import keep_freed_memory, settle_startup_objects
 
 __all__ = ["main"]
 
@@ -412,6 +412,7 @@ def _check(args: argparse.Namespace, builder: object, ci: Any, options: Any) -> 
     if _PROCESS["own"]:
         # The console script's process only checks builders: vLLM's logger stays quiet.
         keep_vllm_quiet()
+        settle_startup_objects()
     # Before the first example: a run killed outright still shows how to rerun it.
     print(format_header(_run_start(args)), flush=True)
     progress = _Progress(sys.stderr)

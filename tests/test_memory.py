@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from conformance.check.geometry import OracleError, layout_strides, view_extents
 from conformance.check.memory import (
+    PERIODIC_FROM,
     OutOfBounds,
     Overlap,
     PageRef,
@@ -466,13 +467,30 @@ class TestAgainstOracle:
     """The vectorised checks agree with a brute-force byte-set oracle."""
 
     @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(configs(), st.sampled_from(LAYOUTS), st.booleans(), st.sampled_from([10**6, 4, 1]))
+    @given(
+        configs(),
+        st.sampled_from(LAYOUTS),
+        st.booleans(),
+        st.sampled_from([10**6, 4, 1]),
+        st.sampled_from([0, PERIODIC_FROM]),
+    )
     def test_matches_oracle(
-        self, config: KVCacheConfig, layout: KVCacheLayout, host: bool, budget: int
+        self,
+        config: KVCacheConfig,
+        layout: KVCacheLayout,
+        host: bool,
+        budget: int,
+        periodic_from: int,
     ) -> None:
-        """Exact path: same verdicts; any path: every reported overlap is real, with real bytes."""
+        """Exact path: same verdicts; any path: every reported overlap is real, with real bytes.
+
+        ``periodic_from=0`` sends every config through the closed-form proof of
+        absence first, so a clean answer there must be the oracle's too.
+        """
         oob, p3, p4, pages = oracle(config, layout, host)
-        report = check_memory(config, layout, host=host, limit=10**6, budget=budget)
+        report = check_memory(
+            config, layout, host=host, limit=10**6, budget=budget, periodic_from=periodic_from
+        )
         assert {o.page.tensor_index for o in report.out_of_bounds} == oob
         for o in report.block_overlaps:
             assert o.a.block != o.b.block

@@ -49,7 +49,7 @@ from conformance.check.footprint_sweep import (
     sweep_layers,
 )
 
-__all__ = ["families", "large_config_overlaps", "pair_test"]
+__all__ = ["families", "large_config_overlaps", "pair_test", "periodic_clean"]
 
 # Candidate family pairs evaluated at once (about 20 arrays of this length).
 _MAX_PAIRS = 1_000_000
@@ -300,3 +300,24 @@ def large_config_overlaps(
     p3 = list(_merge([pair3, sweep_blocks(by_index, runs, limit)], limit)) if want3 else []
     p4 = list(_merge([pair4, sweep_layers(by_index, runs, limit)], limit)) if want4 else []
     return p3, p4, decided
+
+
+def periodic_clean(geometries: Sequence[TensorFootprint], dtype: Any, *, budget: int) -> bool:
+    """The pair test (step 1) decides P3 and P4 for every family and finds no overlap.
+
+    Only a proof of absence: ``False`` means "not shown clean", never "overlaps",
+    so a caller enumerates then, and a finding is always reported from the
+    enumerated runs.  Tensors with different block counts are not compared in
+    closed form (the pair test assumes one block range).
+    """
+    if len({g.num_blocks for g in geometries}) > 1:
+        return False
+    if sum(g.num_layers * len(g.runs.starts) for g in geometries) > budget:
+        return False
+    fam, stride = families(geometries, dtype)
+    by_index = {g.tensor_index: g for g in geometries}
+    num_blocks = geometries[0].num_blocks if geometries else 0
+    p3, p4, decided = pair_test(
+        by_index, fam, stride, num_blocks=num_blocks, budget=budget, limit=1
+    )
+    return decided and not p3 and not p4

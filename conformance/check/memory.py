@@ -22,6 +22,12 @@ How (``P`` = number of runs, i.e. pages times runs per page):
   form, O(tensors): :mod:`conformance.check.footprint`;
 - P3 and P4 over every enumerated run, O(P log P):
   :mod:`conformance.check.footprint_sweep`;
+- configs with at least ``periodic_from`` runs are first tried in closed form:
+  every page family (one run of one layer across all blocks) is periodic in
+  the block, so when the families of one block stride meet nowhere the config
+  is clean without enumerating its pages
+  (:func:`conformance.check.footprint_families.periodic_clean`); anything else,
+  a finding included, is enumerated as below, so findings read the same;
 - configs with more runs than ``budget`` are not enumerated: families of runs
   are tested pairwise in closed form and the pages at the ends of the block
   range swept exactly (:mod:`conformance.check.footprint_families`).
@@ -55,7 +61,7 @@ from conformance.check.footprint import (
     page_runs,
     tensor_footprints,
 )
-from conformance.check.footprint_families import large_config_overlaps
+from conformance.check.footprint_families import large_config_overlaps, periodic_clean
 from conformance.check.footprint_sweep import (
     Runs,
     enumerate_runs,
@@ -70,6 +76,7 @@ from kvref.records import KVCacheConfig
 __all__ = [
     "DEFAULT_BUDGET",
     "HOST_LAYOUT",
+    "PERIODIC_FROM",
     "MemoryReport",
     "OutOfBounds",
     "Overlap",
@@ -119,6 +126,10 @@ class MemoryReport:
         return not (self.out_of_bounds or self.block_overlaps or self.layer_overlaps)
 
 
+#: Runs from which a config is first shown clean in closed form (module docstring):
+#: below it, enumerating costs less than the pair test's set-up.
+PERIODIC_FROM = 20_000
+
 #: Runs of a config kept for the next check of the same config (6 int64 arrays
 #: each: 48 MB at this count).
 _KEEP_RUNS = 1_000_000
@@ -133,6 +144,13 @@ class _Analysed:
     geometries: list[TensorFootprint]
     problems: list[Problem]
     runs: Runs | None = None
+    shown_clean: dict[int, bool] = attrs.field(factory=dict)
+
+    def clean(self, dtype: Any, budget: int) -> bool:
+        """P3 and P4 shown to hold in closed form (kept per budget)."""
+        if budget not in self.shown_clean:
+            self.shown_clean[budget] = periodic_clean(self.geometries, dtype, budget=budget)
+        return self.shown_clean[budget]
 
     def all_runs(self, dtype: Any, *, keep: bool) -> Runs:
         if self.runs is not None:
@@ -179,6 +197,7 @@ def check_memory(
     budget: int = DEFAULT_BUDGET,
     properties: frozenset[str] = frozenset({"P2", "P3", "P4"}),
     separate: bool = False,
+    periodic_from: int = PERIODIC_FROM,
 ) -> MemoryReport:
     """Check P2, P3 and P4 over the device (or, with ``host``, the host) tensors of ``config``.
 
@@ -186,7 +205,9 @@ def check_memory(
     LBNHC in vLLM, so pass that for ``host=True``).  At most ``limit``
     violations are listed per property.  Configs with more than ``budget``
     runs take the large-config path (module docstring), whose result says
-    whether it was exhaustive.  Never raises for a well-typed config.
+    whether it was exhaustive.  Configs with at least ``periodic_from`` runs
+    are first tried in closed form (module docstring); the result is the same
+    either way.  Never raises for a well-typed config.
 
     ``separate``: the builder declared its bytes per block
     (``_get_pool_bytes_per_block``), so device tensors of different sizes are
@@ -210,6 +231,7 @@ def check_memory(
                     budget=budget,
                     properties=properties,
                     separate=False,
+                    periodic_from=periodic_from,
                 ),
                 idx,
             )
@@ -235,8 +257,8 @@ def check_memory(
     p3: list[Overlap] = []
     p4: list[Overlap] = self_overlaps(geometries, limit) if want4 else []
     exhaustive = True
-    if want3 or want4:
-        dtype = run_dtype(geometries)
+    dtype = run_dtype(geometries)
+    if (want3 or want4) and not (total >= periodic_from and analysed.clean(dtype, budget)):
         if total <= budget:
             runs = analysed.all_runs(dtype, keep=total <= _KEEP_RUNS)
             if want3:

@@ -14,7 +14,7 @@ import pickle
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from conformance.check.observations import CallResult
@@ -167,6 +167,25 @@ def snapshot_differs(before: Any, after: Any) -> bool:
         return bool(before != after)
     except Exception:
         return True
+
+
+def deep_copies(value: Any, count: int) -> list[Any]:
+    """``count`` independent deep copies of ``value`` (see :func:`deep_copy`), pickled once."""
+    try:
+        blob = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        return [pickle.loads(blob) for _ in range(count)]
+    except Exception:
+        return [copy.deepcopy(value) for _ in range(count)]
+
+
+def fresh_lists(items: Sequence[Any], count: int) -> list[list[Any]]:
+    """``count`` lists, each holding its own deep copy of every item (no object shared).
+
+    Each item is pickled once for all its copies; the copies of two items
+    share nothing, even where the items did.
+    """
+    copies = [deep_copies(item, count) for item in items]
+    return [[c[k] for c in copies] for k in range(count)]
 
 
 def deep_copy(value: Any) -> Any:

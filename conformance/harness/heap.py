@@ -15,9 +15,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import gc
 import sys
 
-__all__ = ["ENVIRONMENT", "keep_freed_memory"]
+__all__ = ["ENVIRONMENT", "keep_freed_memory", "settle_startup_objects"]
 
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -61,3 +62,15 @@ def keep_freed_memory() -> bool:
         ]
         return all(done)
     return False
+
+
+def settle_startup_objects() -> None:
+    """Leave the objects made so far (imported modules: torch, Hypothesis, the kit) out of GC.
+
+    A full collection walks every tracked object; with torch loaded that is
+    hundreds of thousands, none of them ever garbage, and a run makes many
+    full collections (Hypothesis forces one per drawing thread when it
+    registers its PRNG).  Call it once, after the imports, in a process the
+    kit owns.
+    """
+    gc.freeze()

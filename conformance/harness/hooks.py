@@ -18,7 +18,7 @@ from conformance.check.observations import (
     CallResult,
     ConstructFailure,
 )
-from conformance.harness.guard import Guard, deep_copy
+from conformance.harness.guard import Guard, deep_copies, deep_copy, fresh_lists
 from kvref.builder import KVCacheConfigBuilder, ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
@@ -227,9 +227,10 @@ def call_grouping(
     (promotion, unification: Core hands it a merged copy), but not drop or
     add layers, and never change the spec objects it was given.
     """
-    given = fresh_specs(specs)
+    pairs = {name: deep_copies(spec, 2) for name, spec in specs.items()}
+    given = {name: pair[0] for name, pair in pairs.items()}
     objects = dict(given)
-    pristine = {name: deep_copy(spec) for name, spec in given.items()}
+    pristine = {name: pair[1] for name, pair in pairs.items()}
     handed_config = deep_copy(config)
     result = guard.call(
         "get_kv_cache_groups",
@@ -254,9 +255,8 @@ def call_placement(
     num_blocks: int,
 ) -> tuple[CallResult, tuple[str, ...]]:
     """Place fresh copies of ``groups``; returns the call and how it mutated its input."""
-    given = [deep_copy(g) for g in groups]
+    given, pristine = fresh_lists(groups, 2)
     objects = list(given)
-    pristine = deep_copy(objects)
     handed_config = deep_copy(config)
     result = guard.call(
         "get_kv_cache_config_from_groups",
@@ -302,9 +302,8 @@ def call_pool_bytes(
     placement (Core asks it before it places), and it too may change nothing
     it is given (contract.md#hook-purity).
     """
-    given = [deep_copy(g) for g in groups]
+    given, pristine = fresh_lists(groups, 2)
     objects = list(given)
-    pristine = deep_copy(objects)
     handed_config = deep_copy(config)
     result = guard.call(
         "_get_pool_bytes_per_block",

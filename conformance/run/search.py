@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
 
 from conformance.check.catalog import Invariant, Unjudged
+from conformance.generate.determinism import seed_only_draws
 from conformance.scenarios.examples import Example
 
 __all__ = ["Namespaced", "fails", "search"]
@@ -110,6 +111,6 @@ def search(
             smallest[0] = ex
             raise _StillFailsError
 
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception), seed_only_draws():
         run()
     return smallest[0]

@@ -35,6 +35,7 @@ import hypothesis.errors
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from conformance.generate.determinism import seed_only_draws
 from conformance.generate.engine_paths import EnginePath
 from conformance.generate.limits import NO_LIMITS, Limits
 from conformance.generate.records import Model
@@ -294,4 +295,5 @@ def _one_run(
             hypothesis.reject()
         body(stratum, ex, paths is None)
 
-    run()
+    with seed_only_draws():
+        run()

@@ -18,7 +18,7 @@ import attrs
 
 from conformance.check.observations import CallResult, CoreObservation
 from conformance.check.violations import Violation
-from conformance.harness.guard import deep_copy
+from conformance.harness.guard import fresh_lists
 from conformance.harness.hooks import (
     ConstructionFailedError,
     Context,
@@ -112,8 +112,7 @@ class _Checked(KVCacheConfigBuilder):
     ) -> KVCacheConfig:
         from conformance.check.gate import judge_placement
 
-        given = [deep_copy(g) for g in kv_cache_groups]
-        pristine = deep_copy(given)
+        given, pristine, for_one = fresh_lists(kv_cache_groups, 3)
         result = _direct(
             "get_kv_cache_config_from_groups",
             self.inner.get_kv_cache_config_from_groups,
@@ -130,7 +129,7 @@ class _Checked(KVCacheConfigBuilder):
                 "get_kv_cache_config_from_groups",
                 self.inner.get_kv_cache_config_from_groups,
                 config,
-                [deep_copy(g) for g in kv_cache_groups],
+                for_one,
                 1,
                 validate=config_validator,
             )
@@ -155,8 +154,7 @@ class _Checked(KVCacheConfigBuilder):
     def _get_pool_bytes_per_block(
         self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]
     ) -> int | None:
-        given = [deep_copy(g) for g in kv_cache_groups]
-        pristine = deep_copy(given)
+        given, pristine = fresh_lists(kv_cache_groups, 2)
         result = _direct(
             "_get_pool_bytes_per_block",
             self.inner._get_pool_bytes_per_block,
