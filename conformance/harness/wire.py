@@ -214,6 +214,10 @@ def _text(exc: BaseException) -> str:
 # -- decoding (the kit's side) -----------------------------------------------------
 
 
+#: Values that are their own wire form (special floats are tagged, never plain).
+_PLAIN = frozenset({type(None), bool, int, str, float})
+
+
 def _decode_single(data: Any, where: str, depth: int) -> Any:
     if depth > _MAX_DEPTH + 2:
         raise WireError(f"{where}: nested deeper than {_MAX_DEPTH} levels")
@@ -233,7 +237,10 @@ def _decode_single(data: Any, where: str, depth: int) -> Any:
 def _items(body: Any, where: str, depth: int) -> list[Any]:
     if type(body) is not list:
         raise WireError(f"{where}={body!r:.120} must be a list")
-    return [decode(v, f"{where}[{i}]", depth) for i, v in enumerate(body)]
+    # Plain values are most of a plan: no place name is built for them.
+    return [
+        v if type(v) in _PLAIN else decode(v, f"{where}[{i}]", depth) for i, v in enumerate(body)
+    ]
 
 
 def _decode_dict(body: Any, where: str, depth: int) -> dict[Any, Any]:
@@ -271,11 +278,17 @@ def _decode_float(body: Any, where: str, depth: int) -> float:
 def _decode_record_fields(cls: type, fields: Any, where: str, depth: int) -> dict[str, Any]:
     if type(fields) is not dict:
         raise WireError(f"{where}.fields={fields!r:.120} must be an object")
-    names = {f.name for f in attrs.fields(cls) if f.init}
-    unknown = sorted(set(fields) - names)
+    unknown = sorted(set(fields) - _init_names(cls))
     if unknown:
         raise WireError(f"{where}: {cls.__name__} has no field {unknown[0]!r}")
-    return {k: decode(v, f"{where}.{k}", depth) for k, v in fields.items()}
+    return {
+        k: v if type(v) in _PLAIN else decode(v, f"{where}.{k}", depth) for k, v in fields.items()
+    }
+
+
+@cache
+def _init_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in attrs.fields(cls) if f.init)
 
 
 def _decode_record(body: Any, where: str, depth: int) -> Any:

@@ -1,0 +1,58 @@
+"""The guard's call threads: reused, nested calls served, a hung call never waited on again."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+from conformance.harness.guard import Guard
+
+
+def test_successive_calls_share_one_thread() -> None:
+    """vLLM calls every hook from one thread; so does the guard, one call after another."""
+    guard = Guard(timeout=60)
+    seen = [guard.call("h", threading.get_ident).value for _ in range(5)]
+    assert len(set(seen)) == 1
+    assert seen[0] != threading.get_ident()
+
+
+def test_a_call_made_inside_a_call_is_served() -> None:
+    """Core's flow calls hooks from inside a guarded call: that must not wait on itself."""
+    guard = Guard(timeout=60)
+
+    def depth(n: int) -> int:
+        if n == 0:
+            return 0
+        inner = guard.call("inner", depth, n - 1)
+        assert inner.value is not None, inner
+        return 1 + int(inner.value)
+
+    result = guard.call("outer", depth, 3)
+    assert result.value == 3
+    assert not result.timed_out
+
+
+def test_a_hung_call_stops_the_guard() -> None:
+    """A call that never returns times out, and nothing is called after it."""
+    guard = Guard(timeout=0.2)
+    never = threading.Event()
+    calls: list[int] = []
+    first = guard.call("stuck", never.wait)
+    assert first.timed_out and not first.not_called
+    later = guard.call("later", lambda: calls.append(1))
+    assert later.timed_out and later.not_called
+    assert calls == []
+    never.set()
+
+
+def test_the_threads_end_with_their_guard() -> None:
+    """A guard nobody keeps leaves no idle thread behind."""
+    before = {t.ident for t in threading.enumerate()}
+    guard = Guard(timeout=60)
+    guard.call("h", int)
+    started = [t for t in threading.enumerate() if t.ident not in before]
+    assert [t.name for t in started] == ["kvref-guard"]
+    del guard
+    gc.collect()
+    started[0].join(60)
+    assert not started[0].is_alive()
