@@ -5,8 +5,8 @@ Side by side, in turns, one builder, one seed, no example database:
 - ``cli``: ``kvref-conformance B`` (the reference cost);
 - ``plugin``: ``pytest --pyargs conformance --kv-builder B`` (the session's
   items share one run);
-- ``plugin-n2``: the same under ``pytest -n 2`` (each xdist worker makes the
-  run of its own collection: no faster yet);
+- ``plugin-n2``: the same under ``pytest -n 2`` (each xdist worker makes one
+  shard of the run and reports from both merged: conformance/plugin_xdist.py);
 - ``per-item``: what the plugin did before the shared run, one
   ``check_builder(select=[id])`` per invariant through one isolated worker,
   each redoing the scenarios it shares with the others.

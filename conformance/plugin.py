@@ -17,9 +17,10 @@ The session's kit items share one run: the first item runs every selected
 invariant (those of the items left after ``-k`` and ``--kv-select``) as the
 CLI would, and each item reports its invariant's verdict from that run, so
 the same options judge the same examples once, whatever the number of items.
-That first item's time is the whole run's.  Under pytest-xdist every worker
-makes that run for the items it collected, so ``-n 2`` is no faster (the
-run is not split over workers yet; benchmarks/plugin_cost.py measures it).
+That first item's time is the whole run's.  Under pytest-xdist the run is
+split: each worker makes one shard of it and every worker reports from all
+shards merged, so the verdicts are those of the unsplit run
+(:mod:`conformance.plugin_xdist`; benchmarks/plugin_cost.py measures it).
 
 Verdicts map as: PASS passes; FAIL and INCONCLUSIVE fail; N/A and SKIP
 skip; XFAIL is an xfail; XPASS is pytest's non-strict XPASS (reported, not
@@ -161,8 +162,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 class _Session:
     """The session's one :class:`RunOptions`, and the one run its kit items share."""
 
-    def __init__(self, options: Any, proxy: Any) -> None:
+    def __init__(self, options: Any, proxy: Any, shard: Any = None) -> None:
         self.options = options
+        #: This xdist worker's share of the run (:class:`~conformance.plugin_xdist.XdistShard`).
+        self.shard = shard
         #: The builder as the run reaches it: its isolated proxy, or its name.
         self.builder: Any = proxy if proxy is not None else options.builder
         #: The invariants of the kit items left after deselection (``None``: not collected yet).
@@ -170,6 +173,8 @@ class _Session:
         self.collected = False
         #: The shared run's report, expectations applied (``None``: not run yet).
         self.report: Any = None
+        #: The controller's folder where its xdist workers meet (``None``: none yet).
+        self.exchange: str | None = None
 
     def run(self, invariant: str, manifests: Any) -> Any:
         """The report that judged ``invariant``: the shared run's, made on the first call."""
@@ -178,6 +183,9 @@ class _Session:
         from conformance.run.runner import check_builder
 
         if self.report is not None and invariant in {r.id for r in self.report.results}:
+            return self.report
+        if self.shard is not None:
+            self.report = self.run_shard(manifests, merge=True)
             return self.report
         # The collected items' ids, so no prefix of --kv-select widens them again;
         # an item run apart from the session's collection runs alone.
@@ -190,6 +198,33 @@ class _Session:
         if self.report is None:
             self.report = report
         return report
+
+    def run_shard(self, manifests: Any, *, merge: bool) -> Any:
+        """Make this worker's shard, publish it, and (``merge``) the whole run's report."""
+        import attrs
+
+        from conformance.run.runner import check_builder
+
+        shard = self.shard
+        options = attrs.evolve(self.options, select=self.selected or None, shard=shard.spelled)
+        try:
+            report = _no_verdict(
+                lambda b, o: check_builder(b, o, focus_exchange=shard.share_focus),
+                self.builder,
+                options,
+            )
+        except BaseException as exc:
+            shard.fail(f"{type(exc).__name__}: {exc}")
+            raise
+        shard.publish(report)
+        if not merge:
+            return None
+        whole = _no_verdict(lambda _b, _o: shard.whole_run(), None, None)
+        if manifests:
+            from conformance.expectations import apply_expectations
+
+            whole = apply_expectations(whole, manifests)
+        return whole
 
 
 def _no_verdict(check: Any, builder: Any, options: Any) -> Any:
@@ -287,7 +322,21 @@ def _check_options(config: pytest.Config) -> _Session:
         raise pytest.UsageError(f"--kv-models: {exc}") from None
     expectations(config)
     _check_json_path(config.getoption("--kv-json"))
-    return _Session(options, _load(options))
+    from conformance.plugin_xdist import XdistShard
+
+    try:
+        shard = XdistShard.of(getattr(config, "workerinput", None))
+        if shard is not None:
+            import attrs
+
+            attrs.evolve(options, shard=shard.spelled).validate(
+                capabilities={c for inv in invariants for c in inv.requires}, focus_shared=True
+            )
+    except OptionError as exc:
+        raise pytest.UsageError(f"under pytest-xdist: {flag_message(str(exc), '--kv-')}") from None
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return _Session(options, _load(options), shard)
 
 
 def _load(options: Any) -> Any:
@@ -335,10 +384,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """Under pytest-xdist: every worker runs with the controller's seed."""
+    """Under pytest-xdist: every worker runs with the controller's seed, and meets the others."""
     session = _session(node.config)
     if session is not None:
+        from conformance.plugin_xdist import exchange_folder
+
         node.workerinput["kvref_seed"] = session.options.seed
+        if session.exchange is None:
+            session.exchange = exchange_folder()
+        node.workerinput["kvref_exchange"] = session.exchange
 
 
 def _invariant(item: pytest.Item) -> str | None:
@@ -389,12 +443,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Write ``--kv-json`` and stop the session's worker."""
+    """Make a shard no item asked for, write ``--kv-json`` and stop the session's worker."""
     state = _session(session.config)
     if state is None:
         return
     path = session.config.getoption("--kv-json")
-    if path is not None and state.report is not None:
+    first_worker = state.shard is None or state.shard.index == 1
+    if state.shard is not None and state.report is None and state.collected:
+        # The controller gave this xdist worker no item: its shard is still the run's.
+        wanted = path is not None and first_worker
+        state.report = state.run_shard(expectations(session.config), merge=wanted)
+    if state.exchange is not None:
+        import shutil
+
+        shutil.rmtree(state.exchange, ignore_errors=True)
+    if path is not None and state.report is not None and first_worker:
         from conformance.report.render import write_json
 
         write_json(state.report, Path(path))

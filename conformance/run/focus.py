@@ -66,7 +66,7 @@ from kvref.config import PlanningConfig
 from kvref.errors import KVRefError
 from kvref.planning import plan_kv_cache
 
-__all__ = ["FOCUS_SHARE", "REFERENCE", "Baseline", "Focus", "answers_differ"]
+__all__ = ["FOCUS_SHARE", "REFERENCE", "Baseline", "Focus", "FocusExchange", "answers_differ"]
 
 #: Extra examples a scenario deals to the families where the builder acted,
 #: as a share of its examples per scenario.
@@ -195,6 +195,10 @@ def answers_differ(obs: Any, baseline: Baseline = REFERENCE) -> bool | None:
     return None
 
 
+#: Pools one shard's learned pins with the other shards' (``check_builder(focus_exchange=)``).
+FocusExchange = Callable[[Mapping[str, frozenset[EnginePath]]], Mapping[str, frozenset[EnginePath]]]
+
+
 class Focus:
     """The families and engine paths on which the builder's answers differed from its baseline's.
 
@@ -224,6 +228,10 @@ class Focus:
         if self.given is not None:
             return dict(self.given)
         return {s: frozenset(p) for s, p in self._paths.items()}
+
+    def adopt(self, pins: Mapping[str, frozenset[EnginePath]]) -> None:
+        """Use ``pins``, the union of what every shard of the run learned, from now on."""
+        self._paths = {s: set(p) for s, p in pins.items()}
 
     def drew(self, scenario: str, counts: Sequence[tuple[str, int]]) -> None:
         """Record the extra examples dealt in ``scenario`` (the report's ``coverage``)."""

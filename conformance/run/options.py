@@ -181,13 +181,15 @@ class RunOptions:
         """:attr:`worker_memory` in bytes."""
         return int(self.worker_memory * (1 << 30))
 
-    def validate(self, *, capabilities: Iterable[str]) -> None:
+    def validate(self, *, capabilities: Iterable[str], focus_shared: bool = False) -> None:
         """Raise :class:`OptionError` for the first unusable option.
 
         The device is checked apart (:func:`check_device`: it imports torch).
 
         Args:
             capabilities: the capabilities the catalog knows (``unsupported`` must name them).
+            focus_shared: the shards of this run pool what they learn of the focus
+                (``check_builder(focus_exchange=...)``), so a shard may learn it.
         """
         if self.profile not in PROFILES:
             raise OptionError(f"profile={self.profile!r} is not one of {sorted(PROFILES)}")
@@ -233,13 +235,13 @@ class RunOptions:
                 )
         if self.explore_candidates is not None:
             _positive_int("explore_candidates", self.explore_candidates)
-        self._validate_shard()
+        self._validate_shard(focus_shared)
 
-    def _validate_shard(self) -> None:
+    def _validate_shard(self, focus_shared: bool) -> None:
         shard = self.shard_of()
         if shard is None or shard.count == 1:
             return
-        if self.focus is None:
+        if self.focus is None and not focus_shared:
             raise OptionError(
                 f"shard={self.shard!r} needs the focus given: a shard sees only its own "
                 "families' answers, so it cannot learn the whole run's focus; give it: off, "

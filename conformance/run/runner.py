@@ -37,7 +37,7 @@ from conformance.harness.reach import ReachMeter
 from conformance.report.model import InvariantResult, Report
 from conformance.run.explore import Corpus, Explorer
 from conformance.run.findings import Findings, judge_outcome
-from conformance.run.focus import REFERENCE, Baseline, Focus
+from conformance.run.focus import REFERENCE, Baseline, Focus, FocusExchange
 from conformance.run.options import PROFILES, OptionError, RunOptions, check_device
 from conformance.run.shard import order_key
 from conformance.run.strata import Stratum, draw, draw_focus, run_strata, sample
@@ -109,6 +109,7 @@ def check_builder(
     explore: float | None = None,
     explore_candidates: int | None = None,
     shard: str | None = None,
+    focus_exchange: FocusExchange | None = None,
 ) -> Report:
     """Check ``builder`` against the invariant catalog and return a :class:`Report`.
 
@@ -171,6 +172,11 @@ def check_builder(
         shard: ``"I/N"``: judge only the I-th of N shares of the run's strata
             (needs ``focus`` given); :func:`conformance.merge.merge_reports`
             joins the N reports into the whole run's (docs/vendors.md#shards).
+        focus_exchange: for the shards of one run made at the same time (the
+            pytest plugin under pytest-xdist): called once, after the first
+            deals, with what this shard learned of the focus; returns the union
+            over every shard, which the shard then draws.  With it, a shard
+            may learn the focus (``focus`` left ``None``).
 
     Raises:
         OptionError: an option has an unusable value (a ``ValueError``; the
@@ -205,7 +211,8 @@ def check_builder(
     options = _options(builder, options, name, keywords)
     invariants = catalog()
     options.validate(
-        capabilities={c for inv in invariants for c in inv.requires} | set(CAPABILITIES)
+        capabilities={c for inv in invariants for c in inv.requires} | set(CAPABILITIES),
+        focus_shared=focus_exchange is not None,
     )
     selected = select_invariants(invariants, options.select)
     check_device(options.device)
@@ -215,7 +222,7 @@ def check_builder(
             warnings.warn(
                 f"xfail entry {entry!r} matches no invariant id", UnknownIdWarning, stacklevel=2
             )
-    return _check(builder, options, selected, progress, models, started)
+    return _check(builder, options, selected, progress, models, started, focus_exchange)
 
 
 def _models_label(models: object | None) -> str | None:
@@ -242,6 +249,7 @@ def _check(
     progress: Progress | None,
     models: object | None,
     started: float,
+    focus_exchange: FocusExchange | None = None,
 ) -> Report:
     """Run the validated ``options`` over ``selected`` and make the report."""
     isolate = options.isolate
@@ -259,6 +267,7 @@ def _check(
     builder, meter = prepared.builder, prepared.meter
     _preflight(builder, guard)
     run = _Run(builder, options, guard, progress)
+    run.focus_exchange = focus_exchange
     run.strata = _strata(options.models if models is None else models, options, run.limits)
     if meter is not None:
         # Isolated, the builder's code runs only in its worker, which traces it;
@@ -345,6 +354,8 @@ class _Run(Findings):
         pins = options.focus_pins()
         baseline = REFERENCE if pins is not None else Baseline.of(parent_builder(builder))
         self.focus = Focus(pins, baseline)
+        #: Pools the focus with the run's other shards (check_builder(focus_exchange=)).
+        self.focus_exchange: FocusExchange | None = None
         #: How many of the builder's lines have run so far (set when reach is measured).
         self.reach_lines: Callable[[], int] = lambda: 0
         self.measures_reach = False
@@ -392,6 +403,9 @@ class _Run(Findings):
                     drop_scratch()
                 self._mark_reach(scenario)
             # Every scenario's focus after every first deal: each learns from all of them.
+            if self.focus_exchange is not None and self.focus.given is None:
+                # A shard learned from its own families only: pool with the other shards.
+                self.focus.adopt(self.focus_exchange(self.focus.pins()))
             for scenario, checks in plan:
                 if registry.get(scenario).focused:
                     try:
