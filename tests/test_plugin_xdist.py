@@ -1,4 +1,4 @@
-"""The plugin's run split over pytest-xdist workers (issue 20, item 5): same judgement as one run."""
+"""The plugin's run split over pytest-xdist workers (issue 20, item 5): one run's judgement."""
 
 from __future__ import annotations
 
@@ -76,9 +76,7 @@ def test_a_failed_shard_stops_the_others_waiting(tmp_path: Path) -> None:
     first, second = _both(tmp_path, work)
     assert second == "failed"
     assert isinstance(first, ShardExchangeError)
-    assert "shard 2 of the kit's run failed: OptionError: the builder cannot be built" in str(
-        first
-    )
+    assert "shard 2 of the kit's run failed: OptionError: the builder cannot be built" in str(first)
 
 
 def _judgement(data: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""A legal builder that notes which process answered each placement call (tests/test_plugin_xdist.py)."""
+"""A legal builder that notes which process answered each placement (test_plugin_xdist.py)."""
 
 from __future__ import annotations
 
