@@ -336,7 +336,19 @@ def _check_options(config: pytest.Config) -> _Session:
         raise pytest.UsageError(f"under pytest-xdist: {flag_message(str(exc), '--kv-')}") from None
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
-    return _Session(options, _load(options), shard)
+    proxy = _load(options)
+    if _xdist_controller(config) and proxy is not None:
+        # Loaded to refuse a bad builder once, here; only the workers run items.
+        proxy.close()
+        proxy = None
+    return _Session(options, proxy, shard)
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    """This is pytest-xdist's controller process (``-n N`` with N >= 1): it runs no item."""
+    if getattr(config, "workerinput", None) is not None:
+        return False
+    return bool(config.getoption("dist", default="no") != "no")
 
 
 def _load(options: Any) -> Any:
