@@ -40,13 +40,18 @@ def cli(builder: str, out: Path, *extra: str, select: str | None, examples: int)
 
 
 def whole_and_shards(
-    builder: str, tmp: Path, *, select: str | None, examples: int = 20
+    builder: str,
+    tmp: Path,
+    *extra: str,
+    select: str | None,
+    examples: int = 20,
 ) -> tuple[dict[str, Any], list[Path]]:
     """The unsharded run's JSON report, and the paths of its shards' reports."""
-    cli(builder, tmp / "whole.json", select=select, examples=examples)
+    cli(builder, tmp / "whole.json", *extra, select=select, examples=examples)
     paths = [tmp / f"shard{i}.json" for i in range(1, SHARDS + 1)]
     for i, path in enumerate(paths, 1):
-        cli(builder, path, "--shard", f"{i}/{SHARDS}", select=select, examples=examples)
+        shard = ("--shard", f"{i}/{SHARDS}")
+        cli(builder, path, *extra, *shard, select=select, examples=examples)
     return json.loads((tmp / "whole.json").read_text()), paths
 
 

@@ -123,6 +123,49 @@ class TestMergeEquality:
         assert whole["ok"] and whole["reach"] is not None
 
 
+@pytest.fixture(scope="module")
+def vendor_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], list[Path]]:
+    """``OverlappingBlocks`` with a vendor's models: the whole run and its three shards."""
+    models = Path(__file__).parent / "data" / "models" / "acme_hydra.json"
+    return whole_and_shards(
+        BROKEN,
+        tmp_path_factory.mktemp("vendor"),
+        "--models",
+        str(models),
+        select="KV-GROUP-PARTITION,KV-PLACE-NO-BLOCK-ALIAS",
+        examples=12,
+    )
+
+
+class TestVendorStratum:
+    """``--models``: the vendor's half of every scenario is split by example, not dealt whole."""
+
+    def test_the_merge_gives_the_whole_run(
+        self, vendor_runs: tuple[dict[str, Any], list[Path]]
+    ) -> None:
+        whole, paths = vendor_runs
+        merged = _plain(merge_reports(read_shard_reports(paths)))
+        assert differences(whole, merged) == []
+        assert not whole["ok"]
+
+    def test_every_shard_judges_part_of_the_vendors_models(
+        self, vendor_runs: tuple[dict[str, Any], list[Path]]
+    ) -> None:
+        whole, paths = vendor_runs
+        vendor = whole["coverage"]["placement"]["families"]["vendor"]
+        parts = [json.loads(p.read_text())["coverage"]["placement"]["families"] for p in paths]
+        counts = [part.get("vendor", 0) for part in parts]
+        assert sum(counts) == vendor
+        # Dealt whole, one shard judged all of them and the others none.
+        assert min(counts) > 0 and max(counts) < vendor, counts
+
+    @pytest.mark.parametrize("count", [1, 2, 3])
+    def test_every_example_is_in_one_shard(self, count: int) -> None:
+        shards = [Shard(i, count) for i in range(1, count + 1)]
+        for index in range(17):
+            assert sum(s.owns_example(index) for s in shards) == 1
+
+
 class TestMergeRefuses:
     def _edit(self, path: Path, tmp: Path, name: str, **changes: Any) -> Path:
         data = json.loads(path.read_text())

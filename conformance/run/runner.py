@@ -40,7 +40,14 @@ from conformance.run.findings import Findings, judge_outcome
 from conformance.run.focus import REFERENCE, Baseline, Focus, FocusExchange
 from conformance.run.options import PROFILES, OptionError, RunOptions, check_device
 from conformance.run.shard import order_key
-from conformance.run.strata import Stratum, draw, draw_focus, run_strata, sample
+from conformance.run.strata import (
+    Stratum,
+    draw,
+    draw_focus,
+    run_strata,
+    sample,
+    split_by_example,
+)
 from conformance.run.tally import Tally, select_invariants
 from conformance.run.timing import InvariantClock
 from conformance.scenarios import registry
@@ -486,7 +493,9 @@ class _Run(Findings):
             place = (phase, scenario, stratum.name)
             index = self._places[place] = self._places.get(place, -1) + 1
             key = order_key(phase, where, positions[stratum.name], index)
-            self._judge_one(scenario, checks, stratum, ex, first_deal=first_deal, key=key)
+            shard = self.shard
+            if shard is None or not split_by_example(stratum) or shard.owns_example(index):
+                self._judge_one(scenario, checks, stratum, ex, first_deal=first_deal, key=key)
             done += 1
             if self.progress is not None:
                 self.progress(scenario, min(done, total), total)

@@ -8,6 +8,13 @@ along strata: shard ``I/N`` runs the strata at positions ``I-1``,
 built-in families), in every scenario and in the focus, with each
 scenario's deal computed over all strata as the whole run computes it.
 
+The vendor's stratum (``--models``) takes half of every scenario's examples,
+or all of them with ``--models-only``: dealt whole, it would make one shard
+the run's slowest by far.  So a stratum with a share of its own is split by
+example instead: every shard draws its examples (drawing costs little next
+to judging, and the examples do not depend on which are judged) and judges
+those at positions ``I-1``, ``I-1+N``, ... of them (:meth:`Shard.owns_example`).
+
 Each shard's report carries what the merge needs to rebuild the whole run's
 report (:mod:`conformance.merge`): the per-invariant tallies with the place
 of each first failure (the whole run reports the first failure in its order,
@@ -53,6 +60,10 @@ class Shard:
     def owns(self, position: int) -> bool:
         """Whether the stratum at ``position`` of the run's strata is this shard's."""
         return position % self.count == self.index - 1
+
+    def owns_example(self, index: int) -> bool:
+        """Whether the ``index``-th example of a split stratum (module docstring) is this one's."""
+        return index % self.count == self.index - 1
 
     def spell(self) -> str:
         """``I/N``."""

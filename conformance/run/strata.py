@@ -52,6 +52,7 @@ __all__ = [
     "draw_focus",
     "run_strata",
     "sample",
+    "split_by_example",
     "stratum_seed",
 ]
 
@@ -239,7 +240,13 @@ def _owner(strata: Sequence[Stratum], shard: Shard | None) -> Callable[[Stratum]
     if shard is None:
         return lambda _stratum: True
     positions = {s.name: i for i, s in enumerate(strata)}
-    return lambda stratum: shard.owns(positions[stratum.name])
+    # A stratum with a share of its own is split by example (shard.py): every shard draws it.
+    return lambda stratum: split_by_example(stratum) or shard.owns(positions[stratum.name])
+
+
+def split_by_example(stratum: Stratum) -> bool:
+    """Whether a sharded run splits ``stratum``'s examples rather than dealing it whole."""
+    return stratum.share > 0
 
 
 def sample(
