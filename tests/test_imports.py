@@ -195,6 +195,7 @@ KIT_LAYERS = (
         "conformance.merge",
         "conformance.ci",
         "conformance.ci_options",
+        "conformance.plugin_xdist",
     ),
     ("conformance.cli_reports", "conformance.cli_parser", "conformance.cli", "conformance.plugin"),
     ("conformance", "conformance.test_conformance"),
