@@ -120,6 +120,8 @@ def test_two_workers_judge_as_one_run(
     plugin = _judgement(json.loads(path.read_text()))
     assert plugin == cli
     assert cli["results"]["KV-GROUP-PARTITION"][0] == "fail"
+    # Learned from several families, which the two workers' shards share out.
+    assert cli["focus"] != "off" and ";" in cli["focus"], cli["focus"]
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == sum(s == "fail" for s, *_ in cli["results"].values())
 

@@ -17,6 +17,7 @@ from conformance.generate.families.drafts import speculation
 from conformance.generate.families.extras import ExtendedModel, apply_model_extras
 from conformance.generate.hf import cache_dtype_of
 from conformance.generate.layouts import allowed_layouts, as_specs, layouts_for
+from conformance.generate.pick import pick
 from conformance.generate.pipeline import decoder_layers, pipeline_splits
 from conformance.generate.records import Model, PlanningProblem
 from conformance.generate.specs import (
@@ -80,13 +81,13 @@ def _planning_configs(
         wanted = [lay for lay in allowed_layouts(specs) if lay in steer.layouts]
         if not wanted:
             reject()  # the model cannot take the wanted layouts
-        layout = draw(st.sampled_from(wanted))
+        layout = pick(draw, wanted)
     modes = {s.mamba_cache_mode for s in values if isinstance(s, MambaSpec)}
     mamba_mode = next(iter(modes)) if len(modes) == 1 else "none"
     auto_fit = rarely(draw)
     base = PlanningConfig(
         kv_cache_layout=layout,
-        max_num_batched_tokens=draw(st.sampled_from(MAX_NUM_BATCHED_TOKENS)),
+        max_num_batched_tokens=pick(draw, MAX_NUM_BATCHED_TOKENS),
         async_scheduling=not rarely(draw),
         mamba_cache_mode=mamba_mode,
         pipeline_parallel_size=pipeline_parallel_size,
@@ -110,7 +111,7 @@ def _planning_configs(
                 if worker_estimate(specs, base.with_max_model_len(n))[1] <= max_memory_bytes // 2
             ]
             lengths = fitting or [min(lengths)]
-    config = base.with_max_model_len(draw(st.sampled_from(lengths)))
+    config = base.with_max_model_len(pick(draw, lengths))
 
     changes: dict[str, Any] = _model_fields(model)
     if any(isinstance(s, CrossAttentionSpec) for s in values) and draw(st.booleans()):
@@ -121,7 +122,7 @@ def _planning_configs(
         changes["num_prefill_lookahead_tokens"] = _derived_lookahead(changes)
         changes["eagle_block_drop"] = draw(st.booleans())
     elif rarely(draw) and changes["speculative_method"] is None:
-        changes["num_prefill_lookahead_tokens"] = draw(st.sampled_from([2, 4]))  # MTP
+        changes["num_prefill_lookahead_tokens"] = pick(draw, [2, 4])  # MTP
     if steer.hybrid_off is None:
         if rarely(draw) and promotion_succeeds(values):
             changes["disable_hybrid_kv_cache_manager"] = True
@@ -196,7 +197,7 @@ def _host_resident(
     by_spec: dict[KVCacheSpec, list[str]] = {}
     for name, spec in specs.items():
         by_spec.setdefault(spec, []).append(name)
-    spec = draw(st.sampled_from(list(by_spec)))
+    spec = pick(draw, list(by_spec))
     candidates = by_spec[spec]
     # Keep at least one device layer: a plan with no device group says
     # nothing about device placement.
@@ -391,7 +392,7 @@ def _planning_problems(
         # packs (page sizes with no whole repeat): vLLM refuses that model,
         # so the problem keeps its layers on the device.
         config = attrs.evolve(config, host_resident_layers=frozenset(), host_pool_bytes=None)
-    regime = draw(st.sampled_from(["roomy", "boundary", "short"]))
+    regime = pick(draw, ["roomy", "boundary", "short"])
     budgets = []
     for worker in workers:
         page_sum, need = worker_estimate(worker, config, model.specs)

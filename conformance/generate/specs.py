@@ -15,6 +15,7 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.check.geometry import round_up
+from conformance.generate.pick import pick
 from kvref.specs import (
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
@@ -55,6 +56,8 @@ _COMMON_BLOCK_SIZES = (16, 1, 2, 4, 8, 32, 64, 128, 256, 512, 1024, 2048)
 _ODD_BLOCK_SIZES = (3, 12, 48, 80, 96, 528, 1000)
 BLOCK_SIZE_CHOICES = (*_COMMON_BLOCK_SIZES, *_ODD_BLOCK_SIZES)
 KV_HEAD_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
+#: Built once (generate/pick.py says why): a common head count, or any up to 128.
+_KV_HEADS = st.one_of(st.sampled_from(KV_HEAD_CHOICES), st.integers(1, 128))
 SLIDING_WINDOWS = (1024, 128, 512, 4096, 32, 1, 8192)
 CHUNK_SIZES = (8192, 1024, 2048, 16)
 MAX_MODEL_LENS = (8192, 2048, 4096, 1024, 16384, 32768, 512, 1000, 100, 1)
@@ -101,7 +104,7 @@ def pick_block_size(
     choices = [b for b in BLOCK_SIZE_CHOICES if tokens_per_state <= b <= limit and b <= 2048]
     if rarely(draw):
         return draw(st.integers(tokens_per_state, max(tokens_per_state, min(limit, 2048))))
-    return draw(st.sampled_from(choices or [tokens_per_state]))
+    return pick(draw, choices or [tokens_per_state])
 
 
 def alignments() -> st.SearchStrategy[int | MultipleOf]:
@@ -150,14 +153,14 @@ def attention_kwargs(
 ) -> dict[str, Any]:
     """Draw attention spec keywords: heads, head size, dtype, block and opaque fields."""
     dtype = draw(dtypes())
-    heads = draw(st.one_of(st.sampled_from(KV_HEAD_CHOICES), st.integers(1, 128)))
-    head_size = draw(st.sampled_from(HEAD_SIZES))
+    heads = draw(_KV_HEADS)
+    head_size = pick(draw, HEAD_SIZES)
     kw: dict[str, Any] = {"num_kv_heads": heads, "head_size": head_size, "dtype": dtype}
     slots, content = heads, 2 * head_size * dtype_size(dtype)
     if edge and rarely(draw):
         # Backend customize_spec shapes (contract.md#page-formula); the planner treats them as
         # opaque.
-        variant = draw(st.sampled_from(["per_token_head", "nvfp4", "b12x"]))
+        variant = pick(draw, ["per_token_head", "nvfp4", "b12x"])
         if variant == "per_token_head":
             content = 2 * head_size * dtype_size(dtype) + 8
         elif variant == "nvfp4":
@@ -175,7 +178,7 @@ def attention_kwargs(
     extras = [e for e in (16, 256, 4096, page) if round_up(page + e, 16) <= max_page_bytes]
     if edge and rarely(draw) and extras:
         # Multiples of 16 keep every dtype's typed views aligned (contract.md#views-and-strides).
-        kw["page_size_padded"] = round_up(page + draw(st.sampled_from(extras)), 16)
+        kw["page_size_padded"] = round_up(page + pick(draw, extras), 16)
     if edge and rarely(draw):
         kw["block_stride_alignment"] = draw(alignments())
     return kw
@@ -247,11 +250,11 @@ def mla_kwargs(
     """MLA geometry: one latent head of 576 (head_size_v 0), dense or fp8_ds_mla."""
     variant = "dense"
     if edge and rarely(draw):
-        variant = draw(st.sampled_from(["fp8_ds_mla", "deepseek_v4"]))
+        variant = pick(draw, ["fp8_ds_mla", "deepseek_v4"])
     kw: dict[str, Any] = {"num_kv_heads": 1, "head_size": 576}
     tokens_per_state = 1
     if variant == "dense":
-        kw["dtype"] = draw(st.sampled_from([torch.bfloat16, torch.float8_e4m3fn, torch.float16]))
+        kw["dtype"] = pick(draw, [torch.bfloat16, torch.float8_e4m3fn, torch.float16])
         content = 576 * dtype_size(kw["dtype"])
     elif variant == "fp8_ds_mla":
         kw.update(dtype=torch.uint8, cache_dtype_str="fp8_ds_mla", state_content_bytes=656)
@@ -274,7 +277,7 @@ def mla_kwargs(
         block_size = pick_block_size(draw, content, limit, tokens_per_state)
     kw["block_size"] = block_size
     if edge and rarely(draw) and "alignment" not in kw:
-        kw["alignment"] = draw(st.sampled_from([576, 512, 4096]))
+        kw["alignment"] = pick(draw, [576, 512, 4096])
     return kw
 
 
@@ -305,8 +308,8 @@ def compressed_mla_specs(draw: st.DrawFn) -> MLAAttentionSpec:
     which allow only block-outer layouts (contract.md#layouts); a platform
     with its own backend may be placed in any layout.
     """
-    tokens_per_state = draw(st.sampled_from([4, 128]))
-    block = draw(st.sampled_from([b for b in (256, 128, 512) if b >= tokens_per_state]))
+    tokens_per_state = pick(draw, [4, 128])
+    block = pick(draw, [b for b in (256, 128, 512) if b >= tokens_per_state])
     kw: dict[str, Any] = (
         {"dtype": torch.uint8, "cache_dtype_str": "fp8_ds_mla", "state_content_bytes": 584}
         if draw(st.booleans())
@@ -343,13 +346,13 @@ def mamba_state(
     draw: st.DrawFn, *, max_bytes: int
 ) -> tuple[tuple[tuple[int, ...], ...], tuple[torch.dtype, ...], str]:
     """Realistic conv + SSM state shapes, dtypes and Mamba type, within ``max_bytes``."""
-    mamba_type = draw(st.sampled_from(["MAMBA2", "MAMBA1"]))
-    conv_dtype = draw(st.sampled_from([torch.bfloat16, torch.float32]))
-    ssm_dtype = draw(st.sampled_from([torch.bfloat16, torch.float32]))
-    d_conv = draw(st.sampled_from([4, 2, 3]))
-    d_state = draw(st.sampled_from([64, 128, 16]))
-    heads = draw(st.sampled_from([8, 16, 32, 64, 128, 4, 1]))
-    groups = draw(st.sampled_from([1, 8]))  # drawn for MAMBA1 too: see rarely
+    mamba_type = pick(draw, ["MAMBA2", "MAMBA1"])
+    conv_dtype = pick(draw, [torch.bfloat16, torch.float32])
+    ssm_dtype = pick(draw, [torch.bfloat16, torch.float32])
+    d_conv = pick(draw, [4, 2, 3])
+    d_state = pick(draw, [64, 128, 16])
+    heads = pick(draw, [8, 16, 32, 64, 128, 4, 1])
+    groups = pick(draw, [1, 8])  # drawn for MAMBA1 too: see rarely
     while True:
         if mamba_type == "MAMBA2":
             head_dim = 64
@@ -397,11 +400,11 @@ def _mamba_spec(
 ) -> MambaSpec:
     shapes, dtypes_, mamba_type = draw(mamba_state(max_bytes=max_page_bytes))
     real = sum(math.prod(s) * dtype_size(d) for s, d in zip(shapes, dtypes_, strict=True))
-    mode = mamba_cache_mode or draw(st.sampled_from(["none", "align", "all"]))
+    mode = mamba_cache_mode or pick(draw, ["none", "align", "all"])
     padded = None
     extras = [e for e in (16, 4096, real // 4) if round_up(real + e, 16) <= max_page_bytes]
     if edge and rarely(draw) and extras:
-        padded = round_up(real + draw(st.sampled_from(extras)), 16)
+        padded = round_up(real + pick(draw, extras), 16)
     spec_blocks = draw(st.integers(1, 2)) if edge and rarely(draw) else 0
     return MambaSpec(
         block_size=block_size if block_size is not None else draw(block_sizes()),

@@ -46,6 +46,7 @@ from conformance.generate.deployment import (
     renamed_deployment,
 )
 from conformance.generate.families import models as builtin_models
+from conformance.generate.pick import pick
 from conformance.generate.pipeline import decoder_layers
 from conformance.generate.records import Model
 from kvref import extra_specs
@@ -335,7 +336,7 @@ def _around(draw: st.DrawFn, model: Model) -> Model:
     layers = decoder_layers(model)
     hidden = layers.num_hidden_layers
     with_cache = sorted(layers.by_index)
-    mode = draw(st.sampled_from(["as is", "drop", "repeat"]))
+    mode = pick(draw, ["as is", "drop", "repeat"])
     if mode == "as is" or not with_cache:
         return model
     if mode == "drop":

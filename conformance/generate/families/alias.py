@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from conformance.check.geometry import cdiv, round_up
 from conformance.generate.estimate import worker_estimate
+from conformance.generate.pick import pick
 from conformance.generate.records import Model, PlanningProblem
 from conformance.generate.specs import ATTENTION, attention_kwargs
 from kvref.config import PlanningConfig
@@ -23,11 +24,11 @@ def _vllm_p3_alias_models(draw: st.DrawFn) -> Model:
     kw = draw(attention_kwargs(block_size=None, max_page_bytes=2**16, edge=False))
     page = FullAttentionSpec(**kw).page_size_bytes
     choices = [64, 128, 256, 512, 576, 4096]
-    full_alignment = draw(st.sampled_from(choices))
+    full_alignment = pick(draw, choices)
     stride = round_up(page, full_alignment)
     others = [a for a in choices if round_up(page, a) != stride]
     # A multiple of 8 just above the full layers' stride always differs from it.
-    local_alignment = draw(st.sampled_from(others)) if others else stride + 8
+    local_alignment = pick(draw, others) if others else stride + 8
     full = FullAttentionSpec(**kw, block_stride_alignment=full_alignment)
     local = SlidingWindowSpec(**kw, block_stride_alignment=local_alignment, sliding_window=1024)
     repeats = draw(st.integers(1, 4))
@@ -59,7 +60,7 @@ def vllm_p3_alias_models() -> st.SearchStrategy[Model]:
 @st.composite
 def _vllm_p3_alias_problems(draw: st.DrawFn) -> PlanningProblem:
     model = draw(vllm_p3_alias_models())
-    layout = draw(st.sampled_from([KVCacheLayout.LBNHC, KVCacheLayout.LBHNC]))
+    layout = pick(draw, [KVCacheLayout.LBNHC, KVCacheLayout.LBHNC])
     config = PlanningConfig(max_model_len=2048, kv_cache_layout=layout)
     page_sum, need = worker_estimate(model.specs, config)
     budget = (cdiv(need, page_sum) + 1) * page_sum * 4  # the estimate is a lower bound

@@ -14,6 +14,7 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.check.geometry import cdiv
+from conformance.generate.pick import pick
 from conformance.generate.records import Model
 from conformance.generate.specs import (
     ATTENTION,
@@ -101,17 +102,15 @@ def draft(spec: KVCacheSpec) -> KVCacheSpec:
 
 @st.composite
 def _hybrid_models(draw: st.DrawFn, max_layers: int) -> Model:
-    ratio = draw(st.sampled_from(["5:1", "1:1", "3:1"]))
+    ratio = pick(draw, ["5:1", "1:1", "3:1"])
     period = {"5:1": 6, "3:1": 4, "1:1": 2}[ratio]
     kw = draw(attention_kwargs(block_size=None, max_page_bytes=MAX_PAGE_BYTES, edge=True))
     full = FullAttentionSpec(**kw)
     local: KVCacheSpec
     if ratio == "3:1" and draw(st.booleans()):
-        local = ChunkedLocalAttentionSpec(
-            **kw, attention_chunk_size=draw(st.sampled_from(CHUNK_SIZES))
-        )
+        local = ChunkedLocalAttentionSpec(**kw, attention_chunk_size=pick(draw, CHUNK_SIZES))
     else:
-        local = SlidingWindowSpec(**kw, sliding_window=draw(st.sampled_from(SLIDING_WINDOWS)))
+        local = SlidingWindowSpec(**kw, sliding_window=pick(draw, SLIDING_WINDOWS))
     repeats = draw(st.integers(1, max(1, max_layers // period)))
     tail = draw(st.integers(0, period - 1)) if rarely(draw) else 0
     n = min(repeats * period + tail, max(max_layers, period))
@@ -150,7 +149,7 @@ def _mla_models(draw: st.DrawFn, max_layers: int) -> Model:
     mla = draw(compressed_mla_specs() if compressed else mla_specs())
     n = draw(st.integers(1, max(1, max_layers - 1)))
     specs: dict[str, KVCacheSpec] = dict.fromkeys(layer_names(ATTENTION, range(n)), mla)
-    extra = draw(st.sampled_from(["none", "mtp", "swa"])) if rarely(draw) else "none"
+    extra = pick(draw, ["none", "mtp", "swa"]) if rarely(draw) else "none"
     desc = f"MLA (DeepSeek-like{', compressed' if compressed else ''}): {n} layers"
     if extra == "mtp":
         specs[ATTENTION.format(n)] = draft(mla)
@@ -178,13 +177,13 @@ def mla_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
 
 @st.composite
 def _mamba_hybrid_models(draw: st.DrawFn, max_layers: int) -> Model:
-    dtype = draw(st.sampled_from([torch.bfloat16, torch.float16]))
-    heads = draw(st.sampled_from([8, 2, 4, 1, 16]))
-    head_size = draw(st.sampled_from([128, 64, 256]))
+    dtype = pick(draw, [torch.bfloat16, torch.float16])
+    heads = pick(draw, [8, 2, 4, 1, 16])
+    head_size = pick(draw, [128, 64, 256])
     token_bytes = heads * 2 * head_size * dtype_size(dtype)
     shapes, dtypes_, mamba_type = draw(mamba_state(max_bytes=3 * 2**20))
     state = sum(math.prod(s) * dtype_size(d) for s, d in zip(shapes, dtypes_, strict=True))
-    shaping = draw(st.sampled_from(["platform", "unpadded"]))
+    shaping = pick(draw, ["platform", "unpadded"])
     if shaping == "platform":
         # vLLM's _align_hybrid_block_size (contract.md#grouping-examples, model (d)): raise the
         # attention block
@@ -198,10 +197,10 @@ def _mamba_hybrid_models(draw: st.DrawFn, max_layers: int) -> Model:
     attention = FullAttentionSpec(
         block_size=block, num_kv_heads=heads, head_size=head_size, dtype=dtype
     )
-    mode = draw(st.sampled_from(["none", "align", "all"]))
+    mode = pick(draw, ["none", "align", "all"])
     # vLLM's Mamba block size is max_model_len without prefix caching of
     # states, and the attention block size with it.
-    mamba_block = draw(st.sampled_from([8192, 2048, 32768])) if mode == "none" else block
+    mamba_block = pick(draw, [8192, 2048, 32768]) if mode == "none" else block
     mamba = MambaSpec(
         block_size=mamba_block,
         shapes=shapes,
@@ -211,7 +210,7 @@ def _mamba_hybrid_models(draw: st.DrawFn, max_layers: int) -> Model:
         mamba_cache_mode=mode,
         num_speculative_blocks=draw(st.integers(1, 2)) if rarely(draw) else 0,
     )
-    period = draw(st.sampled_from([4, 2, 6, 8]))
+    period = pick(draw, [4, 2, 6, 8])
     repeats = draw(st.integers(1, max(1, max_layers // period)))
     n = repeats * period
     specs: dict[str, KVCacheSpec] = {}
@@ -273,7 +272,7 @@ def _mixed_page_models(draw: st.DrawFn, max_layers: int) -> Model:
     # A sixteenth of the page limit: the other head count is at most 16x larger.
     kw = draw(attention_kwargs(block_size=None, max_page_bytes=MAX_PAGE_BYTES // 16, edge=False))
     heads = kw["num_kv_heads"]
-    other = draw(st.sampled_from([h for h in (4, 6, 2, 1, 3, 8, 16) if h != heads]))
+    other = pick(draw, [h for h in (4, 6, 2, 1, 3, 8, 16) if h != heads])
     full = FullAttentionSpec(**kw)
     repeats = draw(st.integers(1, max(1, max_layers // 3)))
     specs: dict[str, KVCacheSpec] = {}
@@ -311,7 +310,7 @@ def mixed_page_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
 def _circular_buffer_models(draw: st.DrawFn, max_layers: int) -> Model:
     full = draw(full_attention_specs(edge=False))
     ring = draw(circular_buffer_specs(block_size=full.block_size, edge=False))
-    period = draw(st.sampled_from([4, 2, 8]))
+    period = pick(draw, [4, 2, 8])
     repeats = draw(st.integers(1, max(1, max_layers // period)))
     specs: dict[str, KVCacheSpec] = {}
     for i in range(period * repeats):

@@ -18,6 +18,7 @@ import attrs
 import torch
 from hypothesis import strategies as st
 
+from conformance.generate.pick import pick
 from conformance.generate.records import Model
 from conformance.generate.specs import ATTENTION
 from kvref.config import SPECULATIVE_METHODS
@@ -157,12 +158,12 @@ def _target(kind: str, layers: int, dtype: torch.dtype) -> tuple[dict[str, KVCac
 
 @st.composite
 def _draft_models(draw: st.DrawFn, max_layers: int) -> Model:
-    kind = draw(st.sampled_from(_TARGETS))
+    kind = pick(draw, _TARGETS)
     layers = draw(st.integers(1, max(1, min(8, max_layers - 1))))
-    dtype = draw(st.sampled_from([torch.bfloat16, torch.float16, torch.float8_e4m3fn]))
+    dtype = pick(draw, [torch.bfloat16, torch.float16, torch.float8_e4m3fn])
     specs, like = _target(kind, layers, dtype)
     methods = ["mtp", "eagle3"] if kind == "deepseek_v3" else ["eagle", "eagle3"]
-    method = draw(st.sampled_from(methods))
+    method = pick(draw, methods)
     # vLLM's EAGLE and EAGLE-3 heads build ``num_hidden_layers`` decoder layers
     # (``llama_eagle.py``, ``llama_eagle3.py``), MTP ``num_nextn_predict_layers``
     # modules: a drafter of several layers of one spec is what the draft-group
@@ -177,7 +178,7 @@ def _draft_models(draw: st.DrawFn, max_layers: int) -> Model:
     draft: KVCacheSpec = attrs.evolve(like, is_draft=True)
     if method == "eagle3" and isinstance(like, FullAttentionSpec) and kind != "deepseek_v3":
         # EAGLE-3 heads keep the target's head size but not always its KV heads.
-        heads = draw(st.sampled_from([8, 4, 1]))
+        heads = pick(draw, [8, 4, 1])
         draft = attrs.evolve(like, num_kv_heads=heads, is_draft=True)
     elif method == "eagle3":
         # A full-attention EAGLE-3 head on an MLA target (8 heads of 128).

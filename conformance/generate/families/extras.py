@@ -33,6 +33,7 @@ import hypothesis
 from hypothesis import strategies as st
 
 from conformance.check.geometry import cdiv, round_up
+from conformance.generate.pick import pick
 from conformance.generate.records import Model
 from kvref.config import GroupingHook, HiSparseConfig, PlanningConfig
 from kvref.errors import GroupingError
@@ -245,7 +246,7 @@ def _apply(
         blocks = need * (1 + extras.host_pool_slack) + draw(st.integers(0, need))
         layout = changes.get("kv_cache_layout", config.kv_cache_layout)
         if not layout.is_block_outermost:
-            layout = draw(st.sampled_from(_BLOCK_OUTER[:2]))
+            layout = pick(draw, _BLOCK_OUTER[:2])
         changes.update(
             hisparse=settings,
             host_pool_bytes=blocks * stride + draw(st.integers(0, max(0, stride - 1))),

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import torch
 from hypothesis import strategies as st
 
+from conformance.generate.pick import pick
 from conformance.generate.records import Model
 from conformance.generate.specs import ATTENTION
 from kvref.extra_specs import HiddenStateCacheSpec
@@ -59,12 +60,12 @@ def _target_spec(kind: str, index: int, dtype: torch.dtype) -> KVCacheSpec:
 
 @st.composite
 def _hidden_state_models(draw: st.DrawFn, max_layers: int) -> Model:
-    kind = draw(st.sampled_from(list(_TARGETS)))
+    kind = pick(draw, list(_TARGETS))
     layers = draw(st.integers(1, max(1, min(12, max_layers - 1))))
-    dtype = draw(st.sampled_from([torch.bfloat16, torch.float16]))
+    dtype = pick(draw, [torch.bfloat16, torch.float16])
     specs = {ATTENTION.format(i): _target_spec(kind, i, dtype) for i in range(layers)}
     hidden_size, *_, block = _TARGETS[kind]
-    aux = draw(st.sampled_from([3, 1, 4]))
+    aux = pick(draw, [3, 1, 4])
     # Hidden states keep the model dtype even when the KV cache is quantized.
     specs[f"cache_only_layers.{layers}"] = HiddenStateCacheSpec(
         block_size=block, num_kv_heads=aux, head_size=hidden_size, dtype=torch.bfloat16

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from conformance.check.geometry import round_up
 from conformance.generate.families.extras import ExtendedModel, ModelExtras
+from conformance.generate.pick import pick
 from conformance.generate.records import Model
 from conformance.generate.specs import rarely
 from kvref.config import HiSparseConfig
@@ -66,7 +67,7 @@ def _indexer(block: int) -> MLAAttentionSpec:
 
 @st.composite
 def _settings(draw: st.DrawFn) -> HiSparseConfig:
-    query = 1 + draw(st.sampled_from([0, 1, 3])) if rarely(draw) else 1
+    query = 1 + pick(draw, [0, 1, 3]) if rarely(draw) else 1
     rows = None
     if rarely(draw):
         # An explicit hot buffer between the decode queries' top-k and the int16 limit.
@@ -83,7 +84,7 @@ def _settings(draw: st.DrawFn) -> HiSparseConfig:
 def _hisparse_models(draw: st.DrawFn, max_layers: int) -> Model:
     layers = draw(st.integers(1, max(1, min(6, max_layers // 2))))
     fp8 = draw(st.booleans())
-    block = draw(st.sampled_from([64, 16, 128]))
+    block = pick(draw, [64, 16, 128])
     # Index groups of 1 (DeepSeek-V3.2: every layer has its indexer) or 2 layers.
     group = 1 if not rarely(draw) else 2
     width = round_up(_INDEX_TOPK + 16 - 1, 128) if rarely(draw) else None

@@ -16,6 +16,7 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.check.geometry import cdiv
+from conformance.generate.pick import pick
 from conformance.generate.records import Model
 from conformance.generate.specs import rarely
 from kvref.specs import FullAttentionSpec, KVCacheSpec, MambaSpec, dtype_size
@@ -53,13 +54,13 @@ def _pair(
         block = 16 * cdiv(state, 16 * token_bytes)
         padded: int | None = block * token_bytes
     else:
-        block, padded = draw(st.sampled_from([16, 64, 32])), None
-    mode = draw(st.sampled_from(["none", "align", "all"]))
+        block, padded = pick(draw, [16, 64, 32]), None
+    mode = pick(draw, ["none", "align", "all"])
     attention = FullAttentionSpec(
         block_size=block, num_kv_heads=kv_heads, head_size=head_size, dtype=torch.bfloat16
     )
     state_spec = MambaSpec(
-        block_size=block if mode != "none" else draw(st.sampled_from([8192, 4096, 2048])),
+        block_size=block if mode != "none" else pick(draw, [8192, 4096, 2048]),
         shapes=shapes,
         dtypes=dtypes,
         page_size_padded=padded,
@@ -73,12 +74,12 @@ def _pair(
 @st.composite
 def _qwen3_next_models(draw: st.DrawFn, max_layers: int) -> Model:
     periods = draw(st.integers(1, max(1, min(3, max_layers // 4))))
-    tp = draw(st.sampled_from([4, 2, 8]))
-    spec_tokens = draw(st.sampled_from([0, 0, 1, 2]))
+    tp = pick(draw, [4, 2, 8])
+    spec_tokens = pick(draw, [0, 0, 1, 2])
     # Gated delta net: conv over 2 x 16 key heads and 32 value heads of 128,
     # kernel 4 (+ speculative tokens); state (value heads, 128, 128).
     conv = (3 + spec_tokens, (2 * 16 * 128 + 32 * 128) // tp)
-    ssm_dtype = draw(st.sampled_from([torch.bfloat16, torch.float32]))
+    ssm_dtype = pick(draw, [torch.bfloat16, torch.float32])
     shapes: _Shapes = (conv, (32 // tp, 128, 128))
     attention, gdn, shaping = draw(
         _pair(shapes, (torch.bfloat16, ssm_dtype), max(1, 2 // tp), 256, "GDN_ATTN", spec_tokens)
@@ -131,7 +132,7 @@ def _nemotron_h_models(draw: st.DrawFn, max_layers: int) -> Model:
     pattern = _NEMOTRON_PATTERN[:length]
     if "*" not in pattern:
         pattern = pattern[:-1] + "*"
-    tp = draw(st.sampled_from([1, 2, 4]))
+    tp = pick(draw, [1, 2, 4])
     heads, groups = 128 // tp, 8
     # Mamba2: 128 heads of 64, 8 groups, state 128, conv kernel 4.
     shapes: _Shapes = ((3, heads * 64 + 2 * groups * 128 // tp), (heads, 64, 128))
@@ -167,10 +168,10 @@ def nemotron_h_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
 @st.composite
 def _jamba_models(draw: st.DrawFn, max_layers: int) -> Model:
     periods = draw(st.integers(1, max(1, min(2, max_layers // 8))))
-    tp = draw(st.sampled_from([2, 4, 8]))
+    tp = pick(draw, [2, 4, 8])
     # Mamba1: intermediate 8192, state 16, conv kernel 4.
     shapes: _Shapes = ((3, 8192 // tp), (8192 // tp, 16))
-    ssm_dtype = draw(st.sampled_from([torch.float32, torch.bfloat16]))
+    ssm_dtype = pick(draw, [torch.float32, torch.bfloat16])
     attention, mamba, shaping = draw(
         _pair(shapes, (torch.bfloat16, ssm_dtype), max(1, 8 // tp), 128, "MAMBA1", 0)
     )

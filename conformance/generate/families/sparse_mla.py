@@ -18,6 +18,7 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.check.geometry import cdiv, round_up
+from conformance.generate.pick import pick
 from conformance.generate.records import Model
 from conformance.generate.specs import kernel_block_alignments, rarely
 from kvref.specs import (
@@ -43,7 +44,7 @@ def _dsv4_ratios(draw: st.DrawFn, layers: int) -> list[int]:
     if draw(st.booleans()):
         # DeepseekV4Config's default: two HCA layers, then HCA/CSA alternating.
         return [128 if i < 2 or i % 2 == 0 else 4 for i in range(layers)]
-    return [draw(st.sampled_from(_DSV4_RATIOS)) for _ in range(layers)]
+    return [pick(draw, _DSV4_RATIOS) for _ in range(layers)]
 
 
 def _dsv4_layer(
@@ -126,7 +127,7 @@ def _deepseek_v4_models(draw: st.DrawFn, max_layers: int) -> Model:
     for i, ratio in enumerate(ratios):
         specs.update(_dsv4_layer(f"model.layers.{i}.attn", ratio, fp8, block, False, kernel))
     # MTP layers: sliding window only in V4; V4.1-style configs may compress them.
-    mtp_ratio = draw(st.sampled_from([0, 4])) if mtp else 0
+    mtp_ratio = pick(draw, [0, 4]) if mtp else 0
     for k in range(mtp):
         prefix = f"model.layers.{layers + k}.mtp_block.attn"
         specs.update(_dsv4_layer(prefix, mtp_ratio, fp8, block, True, kernel))
@@ -196,8 +197,8 @@ def _index_cache_skips(draw: st.DrawFn, layers: int) -> list[bool]:
     # every layer indexed then opens on most of the family's examples.
     if draw(st.integers(0, 3)) != 3:
         return [False] * layers
-    freq = draw(st.sampled_from([2, 4]))
-    offset = draw(st.sampled_from([2, 1, 3]))
+    freq = pick(draw, [2, 4])
+    offset = pick(draw, [2, 1, 3])
     return [max(i - offset + 1, 0) % freq != 0 for i in range(layers)]
 
 
@@ -219,7 +220,7 @@ def _indexer(block: int, tokens_per_state: int, draft: bool, **extra: Any) -> ML
 def _deepseek_v32_models(draw: st.DrawFn, max_layers: int) -> Model:
     layers = draw(st.integers(1, max(1, min(8, max_layers // 2))))
     fp8 = draw(st.booleans())
-    block = draw(st.sampled_from([64, 16, 128]))
+    block = pick(draw, [64, 16, 128])
     mtp = draw(st.integers(0, 1)) if rarely(draw) else 0
     # MTP layers always build the full indexer (they compute the top-k of draft step 0).
     skips = _index_cache_skips(draw, layers) + [False] * mtp
@@ -277,11 +278,11 @@ def _state_bytes(shapes: tuple[tuple[int, ...], ...], dtypes: tuple[torch.dtype,
 def _glm5_models(draw: st.DrawFn, max_layers: int) -> Model:
     periods = draw(st.integers(1, max(1, min(2, max_layers // 4))))
     layers = 4 * periods
-    tp = draw(st.sampled_from([8, 4, 16]))
+    tp = pick(draw, [8, 4, 16])
     shapes, dtypes = _kda_state(tp)
     state = _state_bytes(shapes, dtypes)
     token_bytes = 512 * 2  # the 512-wide bf16 latent (kv_lora_rank 512, no RoPE part)
-    kpool, spec_tokens = 16, draw(st.sampled_from([0, 1, 3]))
+    kpool, spec_tokens = 16, pick(draw, [0, 1, 3])
     ring = kpool * (1 << max(0, cdiv(kpool + spec_tokens, kpool) - 1).bit_length())
     # A kpool indexer whose tail (the tokens of a chunk not yet compressed) is
     # kept in a ring, or recomputed from the latent with no ring: the ring
@@ -297,10 +298,10 @@ def _glm5_models(draw: st.DrawFn, max_layers: int) -> Model:
         padded: int | None = block * token_bytes
     else:
         block, padded = max(64, ring), None
-    mode = draw(st.sampled_from(["align", "none", "all"]))
+    mode = pick(draw, ["align", "none", "all"])
     checkpoint = rarely(draw)
     kda = MambaSpec(
-        block_size=block if mode != "none" else draw(st.sampled_from([8192, 2048])),
+        block_size=block if mode != "none" else pick(draw, [8192, 2048]),
         shapes=shapes,
         dtypes=dtypes,
         page_size_padded=padded,
