@@ -30,7 +30,9 @@ from conformance.harness import handed
 __all__ = [
     "Guard",
     "clear_interrupt",
+    "deep_copies",
     "deep_copy",
+    "fresh_lists",
     "note_interrupt",
     "raise_if_interrupted",
     "snapshot_differs",
