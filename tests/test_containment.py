@@ -439,7 +439,7 @@ class TestHoldsTheGIL:
         """Not isolated: the watchdog prints the stacks and exits 1; the report stays incomplete."""
         report = work / "report.json"
         script = (
-            "from conformance.run import guard\n"
+            "from conformance.harness import guard\n"
             "guard.WATCHDOG_GRACE = 2.0\n"
             "from conformance.cli import main\n"
             f"main(['hostile_builders:HoldsTheGIL', '--no-isolate', '--timeout', '1', "

@@ -109,7 +109,7 @@ def encode(value: Any, depth: int = 0) -> Any:  # noqa: PLR0911 - one return per
     """``value`` as wire data (run where the builder runs; never raises for odd objects)."""
     if depth > _MAX_DEPTH:
         return _opaque(value, "nested too deep")
-    if value is None or type(value) in (bool, str):
+    if value is None or type(value) in (bool, str, int):
         return value
     if isinstance(value, bool):
         return bool(value)
@@ -127,6 +127,11 @@ def encode(value: Any, depth: int = 0) -> Any:  # noqa: PLR0911 - one return per
 
 
 def _encode_object(value: Any, depth: int) -> Any:  # noqa: PLR0911 - one return per kind
+    # Exact lists and tuples first: most of a plan, and no branch below could claim them.
+    if type(value) is list:
+        return {"list": [encode(v, depth) for v in list(value)]}
+    if type(value) is tuple:
+        return {"tuple": [encode(v, depth) for v in value]}
     if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
         return {"dtype": str(value).removeprefix("torch.")}
     if isinstance(value, enum.Enum):
