@@ -56,3 +56,24 @@ def test_the_threads_end_with_their_guard() -> None:
     gc.collect()
     started[0].join(60)
     assert not started[0].is_alive()
+
+
+def test_calls_after_renew_run_on_threads_started_after_it() -> None:
+    """Tracing started mid-run (reach, in process) covers only threads started after it."""
+    import sys
+
+    guard = Guard(timeout=60)
+    guard.call("preflight", int)  # starts the guard's first thread, untraced
+
+    def tracer(*_args: object) -> None:
+        return None
+
+    threading.settrace(tracer)  # what coverage.py does for the threads to come
+    try:
+        reused = guard.call("before renew", sys.gettrace).value
+        guard.renew_threads()
+        renewed = guard.call("after renew", sys.gettrace).value
+    finally:
+        threading.settrace(None)  # type: ignore[arg-type]
+    assert reused is None
+    assert renewed is tracer

@@ -108,6 +108,14 @@ class _Caller:
                     self._idle.append(jobs)
                 done.set()
 
+    def retire_idle(self) -> None:
+        """End the idle threads: the next calls run on threads started from now on."""
+        with self._lock:
+            for jobs in self._idle:
+                jobs.put(None)
+                self._every.remove(jobs)
+            self._idle.clear()
+
     def close(self) -> None:
         with self._lock:
             for jobs in self._every:
@@ -142,6 +150,14 @@ class Guard:
         self._caller = _Caller()
         # The threads hold the caller, not the guard: a guard nobody keeps ends them.
         weakref.finalize(self, self._caller.close)
+
+    def renew_threads(self) -> None:
+        """Run later calls on threads started after this (an idle one is not reused).
+
+        Tracing that begins now (reach, in process) covers threads started
+        after it only: a thread that ran the preflight would go untraced.
+        """
+        self._caller.retire_idle()
 
     def call(
         self,

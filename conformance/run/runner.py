@@ -280,6 +280,9 @@ def _check(
         # Isolated, the builder's code runs only in its worker, which traces it;
         # tracing this process's threads too would cost time and find nothing.
         meter.start(trace_here=not isolate)
+        if not isolate:
+            # In process the builder runs on the guard's threads: traced only if started now.
+            guard.renew_threads()
         run.reach_lines = functools.partial(_lines_reached, meter, builder)
         run.measures_reach = True
     try:
