@@ -81,6 +81,13 @@ class Tally:
         }
 
 
+#: Why examples were unjudged when no call failed and the check gave no reason.
+_NOT_MET = (
+    "none had what it judges (for example no Core failure to read); "
+    "more examples (--max-examples, --profile thorough) may reach it"
+)
+
+
 def verdict(tally: Tally, *, interrupted: bool) -> tuple[str, str | None]:  # noqa: PLR0911
     """The status the tally gives, and why where a status needs a reason.
 
@@ -103,9 +110,11 @@ def verdict(tally: Tally, *, interrupted: bool) -> tuple[str, str | None]:  # no
     if interrupted:
         return "inconclusive", "the run was interrupted before an example judged it"
     if tally.unjudged:
+        # No call of the builder failed on these examples (that is ``spoiled``):
+        # without a reason of the check's own, they lacked what it judges.
         return "inconclusive", (
             f"none of the {tally.unjudged} examples that reached it could judge it: "
-            f"{tally.reason or 'a call it needs failed (see KV-CALL-*)'}"
+            f"{tally.reason or _NOT_MET}"
         )
     return "inconclusive", "no example reached it"
 
