@@ -8,7 +8,7 @@ contract shows up as a false alarm here (tests/test_power.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
@@ -34,6 +34,7 @@ from kvref.specs import (
 
 __all__ = [
     "ALL",
+    "AlignsStrides4KiB",
     "AlwaysPromotes",
     "DeclaresPoolBytes",
     "DisjointRegions",
@@ -192,6 +193,44 @@ class ScattersTargets(ReferenceKVCacheConfigBuilder):
         except KVRefError:
             return groups
         return out
+
+
+class AlignsStrides4KiB(ReferenceKVCacheConfigBuilder):
+    """Asks every device group's block strides for 4 KiB multiples of the layer's alignment.
+
+    A platform whose DMA engine moves whole 4 KiB pages raises each layer's
+    ``block_stride_alignment`` in its group specs to ``lcm(alignment, 4096)``
+    bytes and places as the reference does.  vLLM reads the field only to size
+    block strides (contract.md#views-and-strides), so asking for more is
+    legal; asking for less is not (``broken_builders.DropsGroupAlignment``).
+    Only in block-outermost layouts, where a block's bytes can be padded
+    (layer-outer layouts step one page per block and would have to refuse).
+    Host groups keep theirs: host tensors follow the host pool's own layout.
+    """
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> list[KVCacheGroupSpec]:
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        if not config.kv_cache_layout.is_block_outermost:
+            return groups
+
+        def aligned(spec: KVCacheSpec) -> KVCacheSpec:
+            wanted = math.lcm(spec.get_block_stride_alignment(), 4096)
+            return attrs.evolve(spec, block_stride_alignment=wanted)
+
+        return [g if g.host_resident else _with_each_spec(g, aligned) for g in groups]
+
+
+def _with_each_spec(
+    group: KVCacheGroupSpec, change: Callable[[KVCacheSpec], KVCacheSpec]
+) -> KVCacheGroupSpec:
+    """``group`` with ``change`` applied to its spec, or to each of its layers' specs."""
+    spec = group.kv_cache_spec
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        inner = {n: change(s) for n, s in spec.kv_cache_specs.items()}
+        return attrs.evolve(group, kv_cache_spec=UniformTypeKVCacheSpecs(kv_cache_specs=inner))
+    return attrs.evolve(group, kv_cache_spec=change(spec))
 
 
 def _part(group: KVCacheGroupSpec, names: list[str]) -> KVCacheGroupSpec:
@@ -525,4 +564,5 @@ FIELD_REGIMES: tuple[type[ReferenceKVCacheConfigBuilder], ...] = (
     SpacedCompressedRuns,
     DeclaresPoolBytes,
     ScattersTargets,
+    AlignsStrides4KiB,
 )

@@ -14,6 +14,8 @@ itself does:
   layer as MLA likewise (hybrid manager off, the full-allocation fallback);
 - unification and hidden-state alignment: block size and page padding may
   change (``KV-GROUP-LAYER-SPEC`` keeps the page from shrinking);
+- stride alignment: a group spec may ask block strides for a multiple of the
+  layer's ``block_stride_alignment`` bytes (more, never less);
 - merging: a full layer may join a group whose spec records a window, a sink
   or non-causality of another layer; MLA and SW-MLA merges drop the
   ``alignment`` padding field and SW-MLA merges reset ``kv_quant_mode`` and
@@ -25,8 +27,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
+
 from conformance.check.bounds import named_layer_specs
 from conformance.check.catalog import flag, invariant
+from conformance.check.geometry import OracleError, block_stride_alignment
 from conformance.check.grouping import _layer_spec_kept, returned_groups
 from conformance.check.observations import GroupingObservation
 from conformance.check.violations import Violation
@@ -60,7 +65,6 @@ _ATTENTION_FIELDS = (
     "tokens_per_state",
     "kv_quant_mode",
     "dcp_sharded",
-    "block_stride_alignment",
 )
 
 #: MLA / SW-MLA format fields a kernel dispatches on (compared where both specs have them).
@@ -142,6 +146,36 @@ def _kind_changes(given: KVCacheSpec, kept: KVCacheSpec) -> Iterator[str]:
         )
 
 
+def _alignment_weakened(given: KVCacheSpec, kept: KVCacheSpec) -> str | None:
+    """A group alignment that no longer asks for the layer's, in bytes.
+
+    vLLM reads ``block_stride_alignment`` only to size block strides
+    (contract.md#views-and-strides), so a group spec may ask for more (a
+    platform aligning strides for its DMA) but not for less: the group's bytes
+    must be a multiple of what the layer's own field asks, of the layer or of
+    the group spec (a merge that carries a padded page over asks the latter).
+    """
+    found = _differs(given, kept, "block_stride_alignment")
+    if found is None:
+        return None
+    try:
+        kept_bytes = block_stride_alignment(kept)
+        wanted = block_stride_alignment(given)
+        # The layer's own field read on the group spec: what an unchanged field
+        # asks there (a merge that carries a padded page over changes it).
+        as_kept = block_stride_alignment(
+            attrs.evolve(kept, block_stride_alignment=given.block_stride_alignment)
+        )
+    except (OracleError, TypeError, ValueError):
+        return found  # bytes the kit cannot derive: the fields must then agree
+    if kept_bytes % wanted == 0 or kept_bytes % as_kept == 0:
+        return None
+    return (
+        f"{found} (block strides in multiples of {kept_bytes} bytes where the layer asks "
+        f"for multiples of {wanted})"
+    )
+
+
 def _attention_changes(given: AttentionSpec, kept: KVCacheSpec) -> Iterator[str]:
     sliding_mla = isinstance(given, SlidingWindowMLASpec)
     for field in _ATTENTION_FIELDS:
@@ -150,6 +184,9 @@ def _attention_changes(given: AttentionSpec, kept: KVCacheSpec) -> Iterator[str]
         found = _differs(given, kept, field)
         if found:
             yield found
+    found = _alignment_weakened(given, kept)
+    if found:
+        yield found
     for field in _MLA_FIELDS:
         found = _differs(given, kept, field)
         if found:

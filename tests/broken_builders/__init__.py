@@ -68,6 +68,7 @@ from broken_builders.placement import (
 )
 from broken_builders.power import (
     DeviceAfterHost,
+    DropsGroupAlignment,
     GuardedBlocks,
     HostBlocksAlias,
     PoolBytesCountHost,
@@ -128,6 +129,7 @@ POWER: tuple[type[_Base], ...] = (
     WindowlessPromotion,
     SetOrderedGroups,
     GuardedBlocks,
+    DropsGroupAlignment,
 )
 
 # Caught at the meta-tests' 25 examples (seed 11) by exactly their invariant;
@@ -184,6 +186,7 @@ __all__ = [
     "DensePadded",
     "DeviceAfterHost",
     "DroppedHeads",
+    "DropsGroupAlignment",
     "DroppedLayer",
     "DuplicatedLayer",
     "EmptyGroup",

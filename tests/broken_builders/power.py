@@ -7,7 +7,14 @@ from typing import Any
 
 import attrs
 
-from broken_builders._base import Groups, _Base, _layer_specs, _Placement, _with_tensors
+from broken_builders._base import (
+    Groups,
+    _Base,
+    _layer_specs,
+    _Placement,
+    _with_layer_specs,
+    _with_tensors,
+)
 from kvref import (
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -143,6 +150,30 @@ class WindowlessPromotion(_Base):
                 spec = self._full(spec)
             out.append(attrs.evolve(g, kv_cache_spec=spec))
         return out
+
+
+class DropsGroupAlignment(_Base):
+    """Rebuilds its group specs without the layers' ``block_stride_alignment``.
+
+    A port that copies the head geometry into fresh group specs and forgets
+    the backend's stride alignment: placement then sizes block strides from
+    the group spec and steps blocks that the backend's kernels cannot
+    address (contract.md#group-spec-meaning: a group spec may ask for more
+    alignment, never less).  Only layers whose backend asks for one are hit.
+    """
+
+    CAUGHT_BY = "KV-GROUP-SPEC-MEANING"
+    #: The strides placed from the weakened group specs are not the layers' aligned pitch.
+    ALSO = frozenset({"KV-PLACE-PAGE-PITCH"})
+    EXAMPLES = 50
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
+        return [
+            _with_layer_specs(g, lambda s: attrs.evolve(s, block_stride_alignment=None))
+            for g in super().get_kv_cache_groups(config, kv_cache_spec)
+        ]
 
 
 class SetOrderedGroups(_Base):

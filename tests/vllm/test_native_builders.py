@@ -126,6 +126,8 @@ LEGAL = (
     Case("drafts:ScattersTargetsBuilder", None),
     # vLLM's plan on a backing padded to 4 KiB per block (legal padding).
     Case("padded:Padded4KiBBuilder", None),
+    # Group specs that ask block strides for more alignment than the layers (legal).
+    Case("alignment:DmaAlignedGroupsBuilder", None),
 )
 BROKEN = (
     Case(
@@ -173,6 +175,13 @@ BROKEN = (
         "KV-PLACE-POOL-BYTES",
         # Core sizes the pool with the short block and plans more blocks than fit.
         frozenset({"KV-CORE-MEMORY", "KV-CORE-SLACK", "KV-CORE-ADMISSION"}),
+    ),
+    Case(
+        "alignment:DropsAlignmentBuilder",
+        None,
+        "KV-GROUP-SPEC-MEANING",
+        # Placed from the weakened group specs, strides may leave the layers' pitch.
+        frozenset({"KV-PLACE-PAGE-PITCH"}),
     ),
     Case(
         "drafts:ScattersDraftsBuilder",

@@ -27,7 +27,9 @@ Legal builders (the kit must pass them, up to vLLM's own upstream defects):
 - :mod:`.drafts`: ``ScattersTargetsBuilder``, every target layer in a group of
   its own, drafters kept together;
 - :mod:`.padded`: ``Padded4KiBBuilder``, vLLM's plan on a backing padded to
-  4 KiB per block (and the device layers' block-stride alignment).
+  4 KiB per block (and the device layers' block-stride alignment);
+- :mod:`.alignment`: ``DmaAlignedGroupsBuilder``, plain attention groups whose
+  specs ask block strides for 4 KiB multiples of the layers' alignment.
 
 Broken builders (one planted bug each; the docstring names the invariant):
 
@@ -38,7 +40,9 @@ Broken builders (one planted bug each; the docstring names the invariant):
   (``KV-PLACE-INPUT-UNCHANGED``), a grouping that drops the MTP layer
   (``KV-GROUP-PARTITION``);
 - :mod:`.deepseek_v32_bug`: a pool-bytes answer without the granule
-  (``KV-PLACE-POOL-BYTES``).
+  (``KV-PLACE-POOL-BYTES``);
+- :mod:`.alignment`: ``DropsAlignmentBuilder``, group specs rebuilt without
+  the backends' block-stride alignment (``KV-GROUP-SPEC-MEANING``).
 
 :mod:`._common` holds the gates and the per-block arithmetic they share.
 """
