@@ -158,9 +158,16 @@ def _result(
         reason=next((t["reason"] for t, _ in tallies if t["reason"]), None),
         na_reason=next((t["na_reason"] for t, _ in tallies if t["na_reason"]), None),
     )
-    failing = [(tuple(t["failure_key"]), r) for t, r in tallies if t["failure_key"] is not None]
+    # The whole run shows the first failure the builder's parent does not share,
+    # else the first failure (Tally.shown): so does the merge.
+    failing = [
+        ((r.get("inherited") is not None, tuple(t["failure_key"])), r)
+        for t, r in tallies
+        if t["failure_key"] is not None
+    ]
+    failing.sort(key=lambda f: f[0])
     if failing:
-        tally.failure_key = min(k for k, _ in failing)
+        tally.failure_key = failing[0][0][1]
     status, reason = verdict(tally, interrupted=interrupted)
     counts = {
         "examples": tally.judged,
@@ -169,8 +176,7 @@ def _result(
     }
     shown = expected_status(status, expected)
     if status == "fail":
-        earliest = min(failing, key=lambda f: f[0])[1]
-        return _record(earliest, status=shown, **counts)
+        return _record(failing[0][1], status=shown, **counts)
     return _record(mine[0][1], status=shown, reason=reason, **_no_failure(), **counts)
 
 

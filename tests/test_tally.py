@@ -34,3 +34,19 @@ def test_a_checks_own_reason_is_kept() -> None:
         "inconclusive",
         "none of the 1 examples that reached it could judge it: the twin cannot import the builder",
     )
+
+
+def test_the_builders_own_failure_is_shown_before_an_inherited_one() -> None:
+    from conformance.run.tally import INHERIT_CHECKS
+
+    tally = _tally()
+    first, own = ("placement", "inherited", "s"), ("placement", "own", "s")
+    tally.failure, tally.failure_key = first, (0, 1)  # type: ignore[assignment]
+    assert tally.shown == first and tally.wants_parent_check()
+    tally.introduced, tally.introduced_key = own, (3, 7)  # type: ignore[assignment]
+    assert tally.shown == own and tally.as_dict()["failure_key"] == [3, 7]
+    assert not tally.wants_parent_check()
+    # A builder that inherits a defect on every example is asked about a bounded number.
+    bounded = _tally(inherit_checks=INHERIT_CHECKS)
+    bounded.failure = first  # type: ignore[assignment]
+    assert not bounded.wants_parent_check()

@@ -148,11 +148,35 @@ class Findings:
             return make(shown, **self.clock.judge(inv.id, self._failure, inv, tally))
         return make(shown, reason=reason)
 
+    def note_introduced(
+        self,
+        inv: Invariant,
+        scenario: str,
+        example: Example,
+        stratum: Stratum,
+        key: tuple[int, ...] | None,
+    ) -> None:
+        """Ask the parent whether it fails ``example`` too, until one failure is the builder's own.
+
+        A vendor builder that calls ``super()`` inherits its parent's defects,
+        which may fail an invariant on many examples; the report must still
+        show the vendor's own failure of that invariant where there is one,
+        or a documented upstream defect would hide it (and an expectations
+        manifest would excuse it).
+        """
+        tally = self.tallies[inv.id]
+        if not tally.wants_parent_check() or parent_builder(self.builder) is None:
+            return
+        tally.inherit_checks += 1
+        if self._inherited(inv, scenario, example) is None:
+            tally.introduced = (scenario, example, stratum)
+            tally.introduced_key = key
+
     def _failure(self, inv: Invariant, tally: Tally) -> dict[str, Any]:
         """The shrunk counterexample of a failed invariant and how to reproduce it."""
-        if tally.failure is None:
+        if tally.shown is None:
             raise ValueError(f"{inv.id} has no failure to report")
-        scenario, failing, stratum = tally.failure
+        scenario, failing, stratum = tally.shown
         minimal = failing
         if self.options.shrink and self.guard.hung is None and not self.interrupted:
             try:
@@ -161,15 +185,22 @@ class Findings:
                 clear_interrupt()
                 self.interrupted = True
         outcome = judge_outcome(inv, self.observe(scenario, minimal))
-        if not outcome or isinstance(outcome, Unjudged):
+        inherited = self._inherited(inv, scenario, minimal)
+        if (
+            not outcome
+            or isinstance(outcome, Unjudged)
+            # Shrinking may walk from the builder's own failure to its parent's.
+            or (tally.introduced is not None and inherited is not None)
+        ):
             minimal = failing
             outcome = judge_outcome(inv, self.observe(scenario, failing))
+            inherited = self._inherited(inv, scenario, minimal)
         violations = () if not outcome or isinstance(outcome, Unjudged) else tuple(outcome)
         if not violations:
             # A builder that hung is not called again: keep what the run saw.
             violations = tally.found
         return {
-            "inherited": self._inherited(inv, scenario, minimal),
+            "inherited": inherited,
             "upstream": self._upstream(inv, scenario, minimal),
             "violations": violations[:5],
             "counterexample": repr(minimal),

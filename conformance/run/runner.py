@@ -536,7 +536,7 @@ class _Run(Findings):
         if isinstance(obs, CoreObservation):
             self.waste.add(obs, ex)
         for inv in checks:
-            self.tallies[inv.id].add(
+            failed = self.tallies[inv.id].add(
                 self.clock.judge(inv.id, judge_outcome, inv, obs),
                 scenario,
                 ex,
@@ -545,6 +545,8 @@ class _Run(Findings):
                 spoiled=functools.partial(builder_spoiled, obs),
                 key=key,
             )
+            if failed:
+                self.note_introduced(inv, scenario, ex, stratum, key)
 
     def report(self, selected: Sequence[Invariant], seconds: float) -> Report:
         results = [self._result(inv) for inv in selected]

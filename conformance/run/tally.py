@@ -12,7 +12,11 @@ from conformance.run.options import OptionError
 from conformance.run.strata import Stratum
 from conformance.scenarios.examples import Example
 
-__all__ = ["Tally", "expected_status", "select_invariants", "verdict"]
+__all__ = ["INHERIT_CHECKS", "Tally", "expected_status", "select_invariants", "verdict"]
+
+#: Failing examples of one invariant asked of the builder's parent, at most: a
+#: builder that inherits a defect on every example costs a parent call each.
+INHERIT_CHECKS = 64
 
 
 @attrs.define
@@ -32,6 +36,13 @@ class Tally:
     found: tuple[Any, ...] = ()
     #: Where the first failure falls in the whole run's order (shard.order_key).
     failure_key: tuple[int, ...] | None = None
+    #: The first failing example the builder's parent does not also fail (for a
+    #: builder with a parent whose first failure was inherited), and its key:
+    #: the builder's own bug is reported rather than its parent's defect.
+    introduced: tuple[str, Example, Stratum] | None = None
+    introduced_key: tuple[int, ...] | None = None
+    #: Failing examples asked of the parent so far (bounded: INHERIT_CHECKS).
+    inherit_checks: int = 0
 
     def add(
         self,
@@ -43,8 +54,8 @@ class Tally:
         stratum: Stratum,
         spoiled: Callable[[], bool] = lambda: False,
         key: tuple[int, ...] | None = None,
-    ) -> None:
-        """Count what one example's judgement (``outcome``) said.
+    ) -> bool:
+        """Count what one example's judgement (``outcome``) said; whether it failed.
 
         ``primary``: the example is of the invariant's own scenario, whose
         reason for not judging explains best; ``spoiled``: whether a call of
@@ -61,12 +72,13 @@ class Tally:
                 # The invariant's own scenario explains best why it was not judged.
                 if isinstance(outcome, Unjudged) and (primary or self.reason is None):
                     self.reason = outcome.reason
-            return
+            return False
         self.judged += 1
         if outcome and self.failure is None:
             self.failure = (scenario, example, stratum)
             self.found = tuple(outcome)
             self.failure_key = key
+        return bool(outcome)
 
     def as_dict(self) -> dict[str, Any]:
         """The counts, as a sharded run's report carries them for the merge."""
@@ -77,8 +89,26 @@ class Tally:
             "spoiled": self.spoiled,
             "reason": self.reason,
             "na_reason": self.na_reason,
-            "failure_key": None if self.failure_key is None else list(self.failure_key),
+            "failure_key": None if self.shown_key is None else list(self.shown_key),
         }
+
+    @property
+    def shown(self) -> tuple[str, Example, Stratum] | None:
+        """The failure the report shows: the first introduced one, else the first."""
+        return self.introduced or self.failure
+
+    @property
+    def shown_key(self) -> tuple[int, ...] | None:
+        """Where :attr:`shown` falls in the whole run's order."""
+        return self.introduced_key if self.introduced is not None else self.failure_key
+
+    def wants_parent_check(self) -> bool:
+        """Whether a new failing example should be asked of the builder's parent."""
+        return (
+            self.failure is not None
+            and self.introduced is None
+            and self.inherit_checks < INHERIT_CHECKS
+        )
 
 
 #: Why examples were unjudged when no call failed and the check gave no reason.
