@@ -278,8 +278,10 @@ def _group_changes(
 ) -> list[str]:
     """How a hook changed the group list it was handed (``objects``: its groups as handed)."""
     changes: list[str] = []
-    if len(given) != len(pristine) or any(a is not b for a, b in zip(given, objects, strict=False)):
-        changes.append("the group list was changed")
+    if len(given) != len(pristine):
+        changes.append(f"the group list ({len(pristine)} groups handed, {len(given)} after)")
+    elif any(a is not b for a, b in zip(given, objects, strict=False)):
+        changes.append("the group list (groups replaced or reordered)")
     for i, (group, clean) in enumerate(zip(objects, pristine, strict=True)):
         if group != clean:
             changes += _spec_changes(f"group {i}", group, clean)

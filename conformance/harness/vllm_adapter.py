@@ -156,13 +156,18 @@ def _native_pool_bytes(
     """The native ``_get_pool_bytes_per_block`` answer (installed where the native overrides it).
 
     The answer is passed on as it is: the kit's guard judges its type (an
-    ``int`` or ``None``), as it does for a kvref builder.
+    ``int`` or ``None``), as it does for a kvref builder.  Changes to its
+    groups are mirrored back, as placement's are: vLLM's Core hands the same
+    list on to placement, so the kit's purity check must see them.
     """
     with kit_side("vLLM adapter", "converting the pool-bytes input to vLLM"):
         vcfg = iv.to_vllm_config(config)
         groups = iv.groups_to_vllm(kv_cache_groups)
+    objects = list(groups)
+    pristine = [_group_state(g) for g in groups]
     with _as_vllm_sees(config), _config_watched(config, vcfg), _native_scope():
         value: Any = self.native._get_pool_bytes_per_block(vcfg, groups)
+    _mirror_groups(kv_cache_groups, groups, objects, pristine)
     return value  # type: ignore[no-any-return]
 
 

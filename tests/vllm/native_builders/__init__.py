@@ -42,7 +42,12 @@ Broken builders (one planted bug each; the docstring names the invariant):
 - :mod:`.deepseek_v32_bug`: a pool-bytes answer without the granule
   (``KV-PLACE-POOL-BYTES``);
 - :mod:`.alignment`: ``DropsAlignmentBuilder``, group specs rebuilt without
-  the backends' block-stride alignment (``KV-GROUP-SPEC-MEANING``).
+  the backends' block-stride alignment (``KV-GROUP-SPEC-MEANING``);
+- :mod:`.pool_bytes_mutates`: ``CompactsGroupsBuilder``, a pool-bytes hook
+  that drops the caller's empty groups in place (``KV-PLACE-INPUT-UNCHANGED``);
+- :mod:`.inherits`: ``GhostLayerBuilder``, a ghost layer in large pools that
+  fails the invariants vLLM's own projection defect fails too
+  (tests/vllm/test_inherited_native.py).
 
 :mod:`._common` holds the gates and the per-block arithmetic they share.
 """
