@@ -165,9 +165,9 @@ def _result(
         for t, r in tallies
         if t["failure_key"] is not None
     ]
-    failing.sort(key=lambda f: f[0])
-    if failing:
-        tally.failure_key = failing[0][0][1]
+    shown_failure = min(failing, key=lambda f: f[0]) if failing else None
+    if shown_failure is not None:
+        tally.failure_key = shown_failure[0][1]
     status, reason = verdict(tally, interrupted=interrupted)
     counts = {
         "examples": tally.judged,
@@ -175,8 +175,8 @@ def _result(
         "seconds": sum(r["seconds"] for _, r in mine),
     }
     shown = expected_status(status, expected)
-    if status == "fail":
-        return _record(failing[0][1], status=shown, **counts)
+    if status == "fail" and shown_failure is not None:
+        return _record(shown_failure[1], status=shown, **counts)
     return _record(mine[0][1], status=shown, reason=reason, **_no_failure(), **counts)
 
 

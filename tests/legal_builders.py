@@ -8,9 +8,10 @@ contract shows up as a false alarm here (tests/test_power.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
+from broken_builders._base import _with_layer_specs
 
 from kvref import (
     KVCacheConfig,
@@ -219,18 +220,7 @@ class AlignsStrides4KiB(ReferenceKVCacheConfigBuilder):
             wanted = math.lcm(spec.get_block_stride_alignment(), 4096)
             return attrs.evolve(spec, block_stride_alignment=wanted)
 
-        return [g if g.host_resident else _with_each_spec(g, aligned) for g in groups]
-
-
-def _with_each_spec(
-    group: KVCacheGroupSpec, change: Callable[[KVCacheSpec], KVCacheSpec]
-) -> KVCacheGroupSpec:
-    """``group`` with ``change`` applied to its spec, or to each of its layers' specs."""
-    spec = group.kv_cache_spec
-    if isinstance(spec, UniformTypeKVCacheSpecs):
-        inner = {n: change(s) for n, s in spec.kv_cache_specs.items()}
-        return attrs.evolve(group, kv_cache_spec=UniformTypeKVCacheSpecs(kv_cache_specs=inner))
-    return attrs.evolve(group, kv_cache_spec=change(spec))
+        return [g if g.host_resident else _with_layer_specs(g, aligned) for g in groups]
 
 
 def _part(group: KVCacheGroupSpec, names: list[str]) -> KVCacheGroupSpec:

@@ -185,13 +185,10 @@ class Findings:
                 clear_interrupt()
                 self.interrupted = True
         outcome = judge_outcome(inv, self.observe(scenario, minimal))
-        inherited = self._inherited(inv, scenario, minimal)
-        if (
-            not outcome
-            or isinstance(outcome, Unjudged)
-            # Shrinking may walk from the builder's own failure to its parent's.
-            or (tally.introduced is not None and inherited is not None)
-        ):
+        reproduced = bool(outcome) and not isinstance(outcome, Unjudged)
+        inherited = self._inherited(inv, scenario, minimal) if reproduced else None
+        # Shrinking may also walk from the builder's own failure to its parent's.
+        if not reproduced or (tally.introduced is not None and inherited is not None):
             minimal = failing
             outcome = judge_outcome(inv, self.observe(scenario, failing))
             inherited = self._inherited(inv, scenario, minimal)

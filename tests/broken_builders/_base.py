@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -81,7 +81,9 @@ def _layer_specs(group: KVCacheGroupSpec) -> list[KVCacheSpec]:
     return [spec]
 
 
-def _with_layer_specs(group: KVCacheGroupSpec, change: Any) -> KVCacheGroupSpec:
+def _with_layer_specs(
+    group: KVCacheGroupSpec, change: Callable[[KVCacheSpec], KVCacheSpec]
+) -> KVCacheGroupSpec:
     """``group`` with ``change(spec)`` applied to every layer spec (wrapper included)."""
     from kvref import UniformTypeKVCacheSpecs
 
