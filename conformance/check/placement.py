@@ -106,13 +106,17 @@ def group_index(groups: Sequence[KVCacheGroupSpec]) -> dict[str, int]:
 
 
 def register_placement(id_: str, title: str, anchor: str, check: Check, *, module: str) -> None:
-    """Declare a placement invariant Core's flow judges too (``module``: where it is written)."""
+    """Declare a placement invariant Core's flow and the profiling path judge too.
+
+    ``module``: where it is written.  Both flows hand the builder groups it
+    must place safely; the profiling path's placement is as real as Core's.
+    """
     register(
         Invariant(
             id=id_,
             title=title,
             anchor=anchor,
-            scenarios=("placement", "core"),
+            scenarios=("placement", "core", "profiling"),
             check=judged_in_core(id_, check),
         ),
         module=module,

@@ -347,10 +347,13 @@ def _through(builder: Any, config: PlanningConfig) -> type[Any]:
             # The kit's checking proxy judges each answer as kvref's Core would
             # ask it; vLLM's Core asks otherwise (it probes under
             # num_gpu_blocks_override and hands a worker the projected groups
-            # of its PP defect), so those verdicts would blame the builder for
-            # vLLM's flow.  Its answers go straight to vLLM; the Core
-            # invariants judge the plan vLLM makes of them.
+            # of its PP defect), so most of those verdicts would blame the
+            # builder for vLLM's flow.  Its answers go straight to vLLM, after
+            # the proxy judged each placement's memory safety (which holds
+            # however vLLM asks); the Core invariants judge the plan vLLM makes.
             self.inner = getattr(made, "inner", made)
+            self.judge: Any = getattr(made, "judge_in_vllm_flow", None)
+            self.declared: dict[tuple[tuple[str, ...], ...], int | None] = {}
 
         def get_kv_cache_groups(self, vcfg: Any, kv_cache_spec: dict[str, Any]) -> list[Any]:
             with kit_side("vLLM adapter", "converting Core's grouping input to kvref"):
@@ -370,13 +373,26 @@ def _through(builder: Any, config: PlanningConfig) -> type[Any]:
             placed = self.inner.get_kv_cache_config_from_groups(
                 planning_config(vcfg), groups, num_blocks
             )
+            if self.judge is not None:
+                self._judge(vcfg, list(kv_cache_groups), num_blocks, placed)
             with kit_side("vLLM adapter", "converting a checked placement back to vLLM"):
                 return iv.config_to_vllm(placed)
+
+        def _judge(self, vcfg: Any, vgroups: list[Any], num_blocks: int, placed: Any) -> None:
+            with kit_side("vLLM adapter", "converting Core's placement input to kvref"):
+                groups = iv.groups_from_vllm(vgroups)
+            key = tuple(tuple(g.layer_names) for g in groups)
+            if key not in self.declared:
+                # vLLM asked no pool bytes of these groups (HiSparse, a re-plan):
+                # the builder's answer decides whether several allocations are legal.
+                self._get_pool_bytes_per_block(vcfg, vgroups)
+            self.judge(planning_config(vcfg), groups, num_blocks, placed, self.declared[key])
 
         def _get_pool_bytes_per_block(self, vcfg: Any, kv_cache_groups: list[Any]) -> int | None:
             with kit_side("vLLM adapter", "converting Core's pool-bytes input to kvref"):
                 groups = iv.groups_from_vllm(list(kv_cache_groups))
             answer: int | None = self.inner._get_pool_bytes_per_block(planning_config(vcfg), groups)
+            self.declared[tuple(tuple(g.layer_names) for g in groups)] = answer
             return answer
 
     return _ThroughKvref

@@ -35,7 +35,17 @@ from kvref.planning import plan_kv_cache
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
 
-__all__ = ["CORE", "ContractBrokenError", "observe_core"]
+__all__ = ["CORE", "IN_VLLM_FLOW", "ContractBrokenError", "observe_core"]
+
+#: What a placement inside vLLM's own Core flow is judged by.  vLLM asks its
+#: hooks in ways kvref's Core does not (probes under num_gpu_blocks_override,
+#: a worker's projected groups that keep a plain spec for fewer layers), so
+#: the invariants that compare an answer with how Core asked would blame
+#: vLLM's flow on the builder.  Memory safety holds whatever the builder is
+#: asked: vLLM allocates and runs every placement its flow gets.
+IN_VLLM_FLOW = frozenset(
+    {"KV-PLACE-IN-BOUNDS", "KV-PLACE-NO-BLOCK-ALIAS", "KV-PLACE-NO-LAYER-OVERLAP"}
+)
 
 
 class ContractBrokenError(Exception):
@@ -77,9 +87,11 @@ class _Checked(KVCacheConfigBuilder):
         # Whether the pool-bytes hook changed the groups it was asked about.
         self.pool_changed: set[tuple[tuple[str, ...], ...]] = set()
 
-    def _record(self, found: Mapping[str, tuple[Violation, ...]]) -> None:
+    def _record(self, found: Mapping[str, tuple[Violation, ...]], *, stop: bool = True) -> None:
         for invariant, violations in found.items():
             self.verdicts.setdefault(invariant, []).extend(violations)
+        if not stop:
+            return
         broken = sorted(k for k, v in found.items() if v)
         if broken:
             raise ContractBrokenError(f"the hook's answer breaks {', '.join(broken)}")
@@ -150,6 +162,43 @@ class _Checked(KVCacheConfigBuilder):
             )
         )
         return config_out
+
+    def judge_in_vllm_flow(
+        self,
+        config: PlanningConfig,
+        groups: Sequence[KVCacheGroupSpec],
+        num_blocks: int,
+        placed: KVCacheConfig,
+        pool_bytes: int | None,
+    ) -> None:
+        """Judge a placement vLLM's Core flow got from the builder, by :data:`IN_VLLM_FLOW`.
+
+        ``pool_bytes`` is the builder's own answer for these groups, if it
+        gave one (several allocations are legal only then).  The flow goes
+        on whatever the verdict, as vLLM's would: the Core invariants still
+        judge the plan vLLM makes, and a builder that inherits a vLLM defect
+        answers there exactly as vLLM's default does.
+        """
+        from conformance.check.gate import judge_placement
+
+        hook = "get_kv_cache_config_from_groups (inside vLLM's Core flow)"
+        declared = (
+            None
+            if pool_bytes is None
+            else CallResult(hook="_get_pool_bytes_per_block", value=pool_bytes)
+        )
+        self._record(
+            judge_placement(
+                config,
+                list(groups),
+                {num_blocks: CallResult(hook=hook, value=placed)},
+                num_blocks,
+                pool_bytes=declared,
+                mutations=(),
+                only=IN_VLLM_FLOW,
+            ),
+            stop=False,
+        )
 
     def _get_pool_bytes_per_block(
         self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]

@@ -128,6 +128,8 @@ LEGAL = (
     Case("padded:Padded4KiBBuilder", None),
     # Group specs that ask block strides for more alignment than the layers (legal).
     Case("alignment:DmaAlignedGroupsBuilder", None),
+    # Long full-attention tensors cut into descriptor-sized chunks, addresses kept.
+    Case("descriptors:DescriptorChunksBuilder", None),
 )
 BROKEN = (
     Case(
@@ -189,6 +191,13 @@ BROKEN = (
         "KV-GROUP-SPEC-MEANING",
         # Placed from the weakened group specs, strides may leave the layers' pitch.
         frozenset({"KV-PLACE-PAGE-PITCH"}),
+    ),
+    Case(
+        "descriptors:StaleChunkOffsetBuilder",
+        None,
+        "KV-PLACE-NO-LAYER-OVERLAP",
+        # The device tags and the serving simulation see the overwrite too.
+        frozenset({"KV-DEV-TAGS", "KV-SERVE-ISOLATION", "KV-SERVE-POOL"}),
     ),
     Case(
         "drafts:ScattersDraftsBuilder",
