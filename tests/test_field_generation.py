@@ -23,7 +23,7 @@ from hypothesis.errors import NoSuchExample
 
 from conformance.generate import strategies as cs
 from conformance.generate.families import family_strategy
-from conformance.generate.problems import FOUR_GIB
+from conformance.generate.problems import FOUR_GIB, TWO_GIB
 from conformance.generate.records import PlanningProblem
 from conformance.run.runner import check_builder
 from kvref import KVCacheLayout, ReferenceKVCacheConfigBuilder
@@ -60,6 +60,18 @@ def test_one_layer_run_passes_4_gib() -> None:
             lambda n: n * page > FOUR_GIB,
             settings=settings(max_examples=2000),
         )
+
+
+def test_one_layer_run_between_2_and_4_gib() -> None:
+    """Counts whose layer run wraps a signed 32-bit field but not an unsigned one are drawn."""
+    page = 1 << 16
+    strategy = cs.num_blocks_for(64 * page, layer_bytes=page)
+    n = find(
+        strategy,
+        lambda n: TWO_GIB < n * page < FOUR_GIB,
+        settings=settings(max_examples=2000),
+    )
+    assert TWO_GIB < n * page < FOUR_GIB
 
 
 # -- the generation reaches each class of issue 23's item 1 ----------------------------

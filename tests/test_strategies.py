@@ -731,7 +731,7 @@ class TestDecoderLayerSplits:
 
 class TestBlockCounts:
     def test_buckets_occur(self) -> None:
-        """1, 2..4, odd, 17..1024, large and >4 GiB counts are all drawn."""
+        """1, 2..4, odd, 17..1024, large, 2..4 GiB and >4 GiB counts are all drawn."""
         strategy = cs.num_blocks_for(1 << 20)
         for predicate in (
             lambda n: n == 1,
@@ -739,6 +739,7 @@ class TestBlockCounts:
             lambda n: n > 4 and n % 2 == 1 and n < 64,
             lambda n: 17 <= n <= 1024,
             lambda n: 1024 < n <= 1 << 16,
+            lambda n: 1 << 31 < n * (1 << 20) < 1 << 32,
             lambda n: n * (1 << 20) > 1 << 32,
         ):
             find(strategy, predicate, settings=OCCURS)

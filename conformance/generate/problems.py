@@ -30,7 +30,7 @@ from kvref.axes import KVCacheLayout
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.errors import KVRefError
-from kvref.specs import CrossAttentionSpec, KVCacheSpec, MambaSpec
+from kvref.specs import CrossAttentionSpec, KVCacheSpec, MambaSpec, SlidingWindowSpec
 
 __all__ = [
     "DEFAULT_MAX_MEMORY_BYTES",
@@ -139,6 +139,8 @@ def _planning_configs(
         changes["num_gpu_blocks_override"] = draw(
             st.one_of(st.integers(enough, cap), st.integers(1, min(16, cap)))
         )
+    if rarely(draw):
+        changes.update(_parallel(draw, values))
     # A model-declared grouping owns every layer's group, host residency included.
     declared = isinstance(model, ExtendedModel) and model.extras.kv_cache_grouping is not None
     if len(values) >= 2 and rarely(draw) and not declared:
@@ -147,6 +149,24 @@ def _planning_configs(
     if backends:
         changes["attention_backends"] = backends
     return attrs.evolve(config, **changes) if changes else config
+
+
+#: Tensor-parallel sizes of real deployments (a vendor builder may gate on them).
+TENSOR_PARALLEL_SIZES = (2, 4, 8)
+
+
+def _parallel(draw: st.DrawFn, specs: list[KVCacheSpec]) -> dict[str, int]:
+    """A tensor-parallel size and a decode-context-parallel size within it.
+
+    vLLM's DCP ranks are TP ranks (the DCP size divides the TP size), and it
+    refuses DCP-sharded sliding-window layers under DCP: such models keep
+    DCP at 1.
+    """
+    tp = pick(draw, TENSOR_PARALLEL_SIZES)
+    sharded_window = any(isinstance(s, SlidingWindowSpec) and s.dcp_sharded for s in specs)
+    dcps = [d for d in TENSOR_PARALLEL_SIZES if tp % d == 0 and not sharded_window]
+    dcp = pick(draw, [1, *dcps])
+    return {"tensor_parallel_size": tp, "decode_context_parallel_size": dcp}
 
 
 def model_config_fields(model: Model | Mapping[str, KVCacheSpec]) -> dict[str, Any]:
@@ -238,7 +258,9 @@ def planning_configs(
     and tokens of
     :func:`~conformance.generate.families.drafts.speculation`), and draft
     layers turn on the lookahead vLLM derives for that method.
-    Never a config that asks for DCP, TP replication or HiSparse.
+    Rarely a tensor-parallel size of 2, 4 or 8 with a decode-context-parallel
+    size that divides it (1 where the model has DCP-sharded sliding-window
+    layers, which vLLM refuses under DCP).  Never HiSparse.
     ``steer`` draws only the layouts and hybrid-manager setting it names.
     """
     return _planning_configs(model, pipeline_parallel_size, max_memory_bytes, steer or Steer())
@@ -310,6 +332,8 @@ def _count_buckets(max_value: int) -> list[st.SearchStrategy[int]]:
 
 #: Backings above this many bytes need 64-bit offsets and strides.
 FOUR_GIB = 1 << 32
+#: Offsets and strides from this many bytes wrap in a signed 32-bit field.
+TWO_GIB = 1 << 31
 #: The most blocks the over-4-GiB bucket asks for (the checks stay cheap).
 MAX_HUGE_BLOCKS = 1 << 22
 
@@ -322,11 +346,12 @@ def num_blocks_for(
     The buckets of :func:`num_blocks` and, when ``bytes_per_block`` (the problem's bytes
     per block, e.g. the sum of its layers' block strides) makes it
     reachable with at most :data:`MAX_HUGE_BLOCKS` blocks, the first
-    counts whose backing passes 4 GiB (32-bit offset and stride overflow).
+    counts whose backing passes 2 GiB (a signed 32-bit offset or stride
+    wraps) and 4 GiB (an unsigned one does).
     With ``layer_bytes`` (the largest layer's block stride) also the first
-    counts at which one layer's run passes 4 GiB: a layer-outer layout's
-    ``layer_stride`` (``num_blocks x page``) and the offsets after it no
-    longer fit a 32-bit descriptor.
+    counts at which one layer's run passes 2 GiB and 4 GiB: a layer-outer
+    layout's ``layer_stride`` (``num_blocks x page``) and the offsets after
+    it no longer fit a 32-bit descriptor field.
     Nothing is allocated for them: device checks cap their allocations.
 
     Raises:
@@ -339,9 +364,10 @@ def num_blocks_for(
         )
     strategies = _count_buckets(max_value)
     for weight in dict.fromkeys((bytes_per_block, layer_bytes)):
-        first = FOUR_GIB // weight + 1 if weight > 0 else MAX_HUGE_BLOCKS + 1
-        if first <= MAX_HUGE_BLOCKS:
-            strategies.append(st.integers(first, first + 7))
+        for limit in (TWO_GIB, FOUR_GIB):
+            first = limit // weight + 1 if weight > 0 else MAX_HUGE_BLOCKS + 1
+            if first <= MAX_HUGE_BLOCKS:
+                strategies.append(st.integers(first, first + 7))
     return _spread(strategies)
 
 

@@ -32,6 +32,7 @@ from broken_builders.field import (
     PlacesAbsentLayers,
     RolelessSource,
     ScatteredDrafts,
+    SignedWraps32,
     Wraps32,
 )
 from broken_builders.placement import (
@@ -158,6 +159,7 @@ ALL = (*ALL, *FIELD)
 #: (tests/test_field_generation.py: caught at 50 examples, seeds 1-5).
 FIELD_REGIMES: tuple[type[_Base], ...] = (
     Wraps32,
+    SignedWraps32,
     DensePadded,
     LinearKernelPage,
     InterleavedCompressed,
@@ -227,6 +229,7 @@ __all__ = [
     "RepeatedInGroup",
     "RolelessSource",
     "ScatteredDrafts",
+    "SignedWraps32",
     "SetOrderedGroups",
     "SharedInstance",
     "SizeOneBlockTooBig",

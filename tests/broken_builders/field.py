@@ -169,6 +169,37 @@ class Wraps32(_Placement):
         )
 
 
+class SignedWraps32(_Placement):
+    """A descriptor's 32-bit fast path is signed: values in ``[2**31, 2**32)`` lose their top bit.
+
+    Values from 4 GiB take the 64-bit path and are right, so only plans
+    whose strides or offsets lie between 2 GiB and 4 GiB break: a
+    layer-outer layer stride there wraps and the layers of a tensor alias.
+    """
+
+    CAUGHT_BY = "KV-PLACE-NO-BLOCK-ALIAS"
+    #: As for Wraps32: one block's layers land on each other too.
+    ALSO = frozenset({"KV-PLACE-NO-LAYER-OVERLAP", "KV-HOST-DEVICE-SAFE"})
+    EXAMPLES = 50
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        def field(x: int) -> int:
+            return x & 0x7FFFFFFF if 1 << 31 <= x < 1 << 32 else x
+
+        return _with_tensors(
+            result,
+            [
+                attrs.evolve(
+                    t,
+                    offset=field(t.offset),
+                    layer_stride=field(t.layer_stride),
+                    block_stride=field(t.block_stride),
+                )
+                for t in result.kv_cache_tensors
+            ],
+        )
+
+
 class DensePadded(_Placement):
     """Steps a padded page's blocks by its dense bytes, as if no backend padded pages.
 

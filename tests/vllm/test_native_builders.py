@@ -200,6 +200,14 @@ BROKEN = (
         frozenset({"KV-DEV-TAGS", "KV-SERVE-ISOLATION", "KV-SERVE-POOL"}),
     ),
     Case(
+        "wide_fields:SignedFastPathBuilder",
+        None,
+        "KV-PLACE-NO-BLOCK-ALIAS",
+        # The wrapped layer stride lands one block's layers on each other too;
+        # beside host groups the same pages are judged by their own invariant.
+        frozenset({"KV-PLACE-NO-LAYER-OVERLAP", "KV-HOST-DEVICE-SAFE"}),
+    ),
+    Case(
         "drafts:ScattersDraftsBuilder",
         "drafts",
         "KV-GROUP-DRAFTS-TOGETHER",
@@ -263,7 +271,7 @@ def assert_verdict(case: Case, report: Report) -> None:
         assert by_id[case.meant].violations, by_id[case.meant]
         assert failed <= {case.meant} | case.also | UPSTREAM, _describe(report)
     # What vLLM's own default breaks is reported as inherited, never as the vendor's.
-    for inv in failed & UPSTREAM - case.also:
+    for inv in failed & UPSTREAM - case.also - {case.meant}:
         assert by_id[inv].inherited, (inv, by_id[inv].violations)
 
 
