@@ -64,7 +64,7 @@ class OneGroupPerLayer(ReferenceKVCacheConfigBuilder):
 class TestAnswersDiffer:
     """The signal: the builder's answer against the reference's on one observation."""
 
-    @pytest.mark.parametrize("scenario", ["grouping", "placement", "host", "core"])
+    @pytest.mark.parametrize("scenario", ["grouping", "placement", "host", "core", "profiling"])
     def test_the_reference_never_differs_from_itself(self, scenario: str) -> None:
         for ex in _examples():
             if scenario == "host" and not ex.config.host_resident_layers:
@@ -88,6 +88,22 @@ class TestAnswersDiffer:
             groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(ex.config, specs)
             other = any(len(g.layer_names) > 1 for g in groups)
             assert answers_differ(_observe(OneGroupPerLayer, "grouping", ex)) is other
+
+    def test_the_profiling_path_differs_where_the_builder_acts(self) -> None:
+        """Each worker's grouping and placement on the profiling path count, as elsewhere."""
+        for ex in _examples():
+            specs: dict[str, KVCacheSpec] = ex.merged
+            groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(ex.config, specs)
+            if any(len(g.layer_names) > 1 for g in groups):
+                break
+        else:
+            pytest.fail("no example groups two layers together")
+        assert answers_differ(_observe(OneGroupPerLayer, "profiling", ex)) is True
+        found = [
+            answers_differ(_observe(legal_builders.SplitTensors, "profiling", ex))
+            for ex in _examples(30)
+        ]
+        assert any(found)
 
     def test_serving_has_no_signal(self) -> None:
         assert answers_differ(object()) is None

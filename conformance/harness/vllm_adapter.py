@@ -381,21 +381,30 @@ def _through(builder: Any, config: PlanningConfig) -> type[Any]:
         def _judge(self, vcfg: Any, vgroups: list[Any], num_blocks: int, placed: Any) -> None:
             with kit_side("vLLM adapter", "converting Core's placement input to kvref"):
                 groups = iv.groups_from_vllm(vgroups)
-            key = tuple(tuple(g.layer_names) for g in groups)
+                key = _layer_names(groups)
             if key not in self.declared:
                 # vLLM asked no pool bytes of these groups (HiSparse, a re-plan):
                 # the builder's answer decides whether several allocations are legal.
                 self._get_pool_bytes_per_block(vcfg, vgroups)
-            self.judge(planning_config(vcfg), groups, num_blocks, placed, self.declared[key])
+            with kit_side("vLLM adapter", "judging a placement inside vLLM's Core flow"):
+                self.judge(
+                    planning_config(vcfg), groups, num_blocks, placed, self.declared.get(key)
+                )
 
         def _get_pool_bytes_per_block(self, vcfg: Any, kv_cache_groups: list[Any]) -> int | None:
             with kit_side("vLLM adapter", "converting Core's pool-bytes input to kvref"):
                 groups = iv.groups_from_vllm(list(kv_cache_groups))
+                # Keyed as asked: a hook that rewrites its groups changes them in place.
+                key = _layer_names(groups)
             answer: int | None = self.inner._get_pool_bytes_per_block(planning_config(vcfg), groups)
-            self.declared[tuple(tuple(g.layer_names) for g in groups)] = answer
+            self.declared[key] = answer
             return answer
 
     return _ThroughKvref
+
+
+def _layer_names(groups: Sequence[Any]) -> tuple[tuple[str, ...], ...]:
+    return tuple(tuple(g.layer_names) for g in groups)
 
 
 def resolve_vllm_class(qualname: str) -> type[Any]:

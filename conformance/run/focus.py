@@ -58,6 +58,7 @@ from conformance.check.observations import (
     GroupingObservation,
     HostObservation,
     PlacementObservation,
+    ProfilingObservation,
 )
 from conformance.errors import KitError
 from conformance.generate.engine_paths import EnginePath, engine_path
@@ -170,11 +171,38 @@ def _host_differs(obs: HostObservation, baseline: Baseline) -> bool:
     )
 
 
+def _profiling_differs(obs: ProfilingObservation, baseline: Baseline) -> bool:
+    # The calls run worker by worker: a grouping, then a placement of its groups
+    # unless the grouping failed, broke a rule or gave no group.
+    parent, calls = baseline.builder, list(obs.calls)
+    for specs in obs.workers:
+        if not calls:
+            return False
+        grouped = calls.pop(0)
+        regrouped = lambda specs=specs: parent.get_kv_cache_groups(obs.config, dict(specs))  # noqa: E731
+        if _differs(grouped, regrouped, baseline):
+            return True
+        if calls and calls[0].hook == "get_kv_cache_config_from_groups":
+            placed, groups = calls.pop(0), list(grouped.value)
+            if _differs(
+                placed,
+                lambda groups=groups: parent.get_kv_cache_config_from_groups(
+                    obs.config, groups, obs.num_blocks
+                ),
+                baseline,
+            ):
+                return True
+    return False
+
+
 def answers_differ(obs: Any, baseline: Baseline = REFERENCE) -> bool | None:
     """Whether the builder answered ``obs``'s example otherwise than ``baseline``.
 
-    ``None`` for observations with no comparable answer (profiling, serving,
-    the twin process): those scenarios draw no focus.
+    ``None`` for observations with no comparable answer (serving, the twin
+    process): those scenarios draw no focus.  The profiling path's
+    groupings and placements of each worker's own slice count: a family
+    that has few examples per scenario opens a builder's gate in one
+    scenario's and not another's.
     """
     if isinstance(obs, GroupingObservation):
         return _differs(
@@ -186,6 +214,8 @@ def answers_differ(obs: Any, baseline: Baseline = REFERENCE) -> bool | None:
         return _placement_differs(obs, baseline)
     if isinstance(obs, HostObservation):
         return _host_differs(obs, baseline)
+    if isinstance(obs, ProfilingObservation):
+        return _profiling_differs(obs, baseline)
     if isinstance(obs, CoreObservation):
         return _differs(
             obs.result,
