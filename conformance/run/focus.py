@@ -47,6 +47,7 @@ uses instead of learning one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -179,18 +180,15 @@ def _profiling_differs(obs: ProfilingObservation, baseline: Baseline) -> bool:
         if not calls:
             return False
         grouped = calls.pop(0)
-        regrouped = lambda specs=specs: parent.get_kv_cache_groups(obs.config, dict(specs))  # noqa: E731
+        regrouped = functools.partial(parent.get_kv_cache_groups, obs.config, dict(specs))
         if _differs(grouped, regrouped, baseline):
             return True
         if calls and calls[0].hook == "get_kv_cache_config_from_groups":
             placed, groups = calls.pop(0), list(grouped.value)
-            if _differs(
-                placed,
-                lambda groups=groups: parent.get_kv_cache_config_from_groups(
-                    obs.config, groups, obs.num_blocks
-                ),
-                baseline,
-            ):
+            replaced = functools.partial(
+                parent.get_kv_cache_config_from_groups, obs.config, groups, obs.num_blocks
+            )
+            if _differs(placed, replaced, baseline):
                 return True
     return False
 
