@@ -337,7 +337,9 @@ class PlanningConfig:
         mamba_cache_mode: ``"none"``, ``"align"`` or ``"all"``.
         decode_context_parallel_size, pipeline_parallel_size, tensor_parallel_size:
             parallel sizes.
-        prefix_cache_retention_interval: copied into every config.
+        prefix_cache_retention_interval: copied into every config: the tokens
+            between retained sliding-window and Mamba prefix-cache checkpoints
+            (0: only the semantic ones; ``None``: densely, as in vLLM).
         num_prefill_lookahead_tokens: speculative lookahead; sliding windows
             retain ``max(0, n - 1)`` extra tokens (contract.md#core-flow).
         eagle_block_drop: mark groups holding draft layers as EAGLE groups.
@@ -406,7 +408,9 @@ class PlanningConfig:
     decode_context_parallel_size: int = attrs.field(default=1, validator=_int_check(1))
     pipeline_parallel_size: int = attrs.field(default=1, validator=_int_check(1))
     tensor_parallel_size: int = attrs.field(default=1, validator=_int_check(1))
-    prefix_cache_retention_interval: int = attrs.field(default=0, validator=_int_check(0))
+    prefix_cache_retention_interval: int | None = attrs.field(
+        default=0, validator=_int_check(0, optional=True)
+    )
     num_prefill_lookahead_tokens: int = attrs.field(default=0, validator=_int_check(0))
     eagle_block_drop: bool = attrs.field(default=False, validator=_bool)
     host_resident_layers: frozenset[str] = attrs.field(default=frozenset(), converter=_layers)

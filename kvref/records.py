@@ -160,7 +160,7 @@ class KVCacheConfig:
         num_blocks: device block IDs (block 0 is the null block).
         kv_cache_tensors: device and host tensors.
         kv_cache_groups: the groups, in the order given to placement.
-        prefix_cache_retention_interval: copied from the config.
+        prefix_cache_retention_interval: copied from the config (``None``: dense checkpoints).
         kv_cache_layout: the layout the plan was made for (set by Core).
         host_num_blocks: block IDs of the host pool (``hisparse_host_num_blocks``).
         kv_tp_replicas: consecutive TP ranks holding identical KV (set by Core).
@@ -173,7 +173,9 @@ class KVCacheConfig:
     num_blocks: int = attrs.field(validator=_int_at_least(0))
     kv_cache_tensors: tuple[KVCacheTensor, ...] = attrs.field(converter=_tensors)
     kv_cache_groups: tuple[KVCacheGroupSpec, ...] = attrs.field(converter=_groups)
-    prefix_cache_retention_interval: int = attrs.field(default=0, validator=_int_at_least(0))
+    prefix_cache_retention_interval: int | None = attrs.field(
+        default=0, validator=_optional_int_at_least(0)
+    )
     kv_cache_layout: KVCacheLayout | None = attrs.field(default=None, converter=_layout)
     host_num_blocks: int | None = attrs.field(default=None, validator=_optional_int_at_least(0))
     kv_tp_replicas: int = attrs.field(default=1, validator=_int_at_least(1))

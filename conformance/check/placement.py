@@ -100,6 +100,31 @@ def _groups_echoed(obs: PlacementObservation) -> list[Violation] | None:
     return out[:1]
 
 
+@invariant(
+    "KV-PLACE-RETENTION",
+    "the config keeps the operator's prefix-cache retention interval",
+    anchor="placement-request",
+    scenario="placement",
+    in_core=True,
+)
+def _retention(obs: PlacementObservation) -> list[Violation] | None:
+    configs = placed_configs(obs)
+    if configs is None or not obs.groups:
+        # An empty plan has no group whose checkpoints the interval would thin.
+        return None
+    want = obs.config.prefix_cache_retention_interval
+    return [
+        flag(
+            f"at {n} blocks the config has prefix_cache_retention_interval="
+            f"{c.prefix_cache_retention_interval!r}; the planning config says {want!r} "
+            "(vLLM's KV cache manager reads it from the config: None keeps checkpoints "
+            "densely, 0 only the semantic ones)",
+        )
+        for n, c in configs.items()
+        if c.prefix_cache_retention_interval != want
+    ][:1]
+
+
 def group_index(groups: Sequence[KVCacheGroupSpec]) -> dict[str, int]:
     """The index of the group holding each layer name."""
     return {n: i for i, g in enumerate(groups) for n in g.layer_names}

@@ -141,6 +141,8 @@ def _planning_configs(
         )
     if rarely(draw):
         changes.update(_parallel(draw, values))
+    if rarely(draw):
+        changes["prefix_cache_retention_interval"] = pick(draw, _retention_intervals(values))
     # A model-declared grouping owns every layer's group, host residency included.
     declared = isinstance(model, ExtendedModel) and model.extras.kv_cache_grouping is not None
     if len(values) >= 2 and rarely(draw) and not declared:
@@ -167,6 +169,17 @@ def _parallel(draw: st.DrawFn, specs: list[KVCacheSpec]) -> dict[str, int]:
     dcps = [d for d in TENSOR_PARALLEL_SIZES if tp % d == 0 and not sharded_window]
     dcp = pick(draw, [1, *dcps])
     return {"tensor_parallel_size": tp, "decode_context_parallel_size": dcp}
+
+
+def _retention_intervals(specs: list[KVCacheSpec]) -> list[int | None]:
+    """Retention intervals other than the default 0 that vLLM serves the model with.
+
+    ``None`` (dense checkpoints) always; a positive interval only beside
+    sliding-window or Mamba layers, the only ones it thins (vLLM refuses it
+    elsewhere).
+    """
+    thinned = any(isinstance(s, (SlidingWindowSpec, MambaSpec)) for s in specs)
+    return [None, 2048, 8192] if thinned else [None]
 
 
 def model_config_fields(model: Model | Mapping[str, KVCacheSpec]) -> dict[str, Any]:
@@ -260,7 +273,9 @@ def planning_configs(
     layers turn on the lookahead vLLM derives for that method.
     Rarely a tensor-parallel size of 2, 4 or 8 with a decode-context-parallel
     size that divides it (1 where the model has DCP-sharded sliding-window
-    layers, which vLLM refuses under DCP).  Never HiSparse.
+    layers, which vLLM refuses under DCP); rarely a prefix-cache retention
+    interval other than 0 (``None``, or a positive one beside sliding-window
+    or Mamba layers).  Never HiSparse.
     ``steer`` draws only the layouts and hybrid-manager setting it names.
     """
     return _planning_configs(model, pipeline_parallel_size, max_memory_bytes, steer or Steer())

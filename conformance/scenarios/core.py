@@ -42,9 +42,15 @@ __all__ = ["CORE", "IN_VLLM_FLOW", "ContractBrokenError", "observe_core"]
 #: a worker's projected groups that keep a plain spec for fewer layers), so
 #: the invariants that compare an answer with how Core asked would blame
 #: vLLM's flow on the builder.  Memory safety holds whatever the builder is
-#: asked: vLLM allocates and runs every placement its flow gets.
+#: asked: vLLM allocates and runs every placement its flow gets; and every
+#: config it keeps carries the operator's retention interval to its manager.
 IN_VLLM_FLOW = frozenset(
-    {"KV-PLACE-IN-BOUNDS", "KV-PLACE-NO-BLOCK-ALIAS", "KV-PLACE-NO-LAYER-OVERLAP"}
+    {
+        "KV-PLACE-IN-BOUNDS",
+        "KV-PLACE-NO-BLOCK-ALIAS",
+        "KV-PLACE-NO-LAYER-OVERLAP",
+        "KV-PLACE-RETENTION",
+    }
 )
 
 

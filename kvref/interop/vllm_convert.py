@@ -544,7 +544,7 @@ def config_from_vllm(config: Any) -> KVCacheConfig:
             num_blocks=config.num_blocks,
             kv_cache_tensors=tensors,
             kv_cache_groups=groups_from_vllm(list(config.kv_cache_groups)),
-            prefix_cache_retention_interval=config.prefix_cache_retention_interval or 0,
+            prefix_cache_retention_interval=config.prefix_cache_retention_interval,
             kv_cache_layout=config.kv_cache_layout,
             host_num_blocks=config.hisparse_host_num_blocks,
             kv_tp_replicas=config.kv_tp_replicas,

@@ -70,6 +70,7 @@ from broken_builders.placement import (
 from broken_builders.power import (
     DeviceAfterHost,
     DropsGroupAlignment,
+    DropsRetention,
     GuardedBlocks,
     HostBlocksAlias,
     PoolBytesCountHost,
@@ -131,6 +132,7 @@ POWER: tuple[type[_Base], ...] = (
     SetOrderedGroups,
     GuardedBlocks,
     DropsGroupAlignment,
+    DropsRetention,
 )
 
 # Caught at the meta-tests' 25 examples (seed 11) by exactly their invariant;
@@ -189,6 +191,7 @@ __all__ = [
     "DeviceAfterHost",
     "DroppedHeads",
     "DropsGroupAlignment",
+    "DropsRetention",
     "DroppedLayer",
     "DuplicatedLayer",
     "EmptyGroup",

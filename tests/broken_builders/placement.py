@@ -440,6 +440,8 @@ class StatefulPlacement(_Base):
     """Counts its placements in prefix_cache_retention_interval."""
 
     CAUGHT_BY = "KV-PLACE-DETERMINISTIC"
+    #: The count is not the interval the engine was started with.
+    ALSO = frozenset({"KV-PLACE-RETENTION"})
 
     def __init__(self) -> None:
         self.calls = 0

@@ -176,6 +176,35 @@ class DropsGroupAlignment(_Base):
         ]
 
 
+class DropsRetention(_Base):
+    """Rebuilds every config without the operator's prefix-cache retention interval.
+
+    A platform helper written before the field existed: its configs carry
+    the record's default (0, only semantic checkpoints) whatever the engine
+    was started with, so a deployment asking for dense checkpoints
+    (``None``) or periodic ones silently gets others
+    (contract.md#placement-request).
+    """
+
+    CAUGHT_BY = "KV-PLACE-RETENTION"
+    EXAMPLES = 50
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        placed = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
+        return KVCacheConfig(
+            num_blocks=placed.num_blocks,
+            kv_cache_tensors=placed.kv_cache_tensors,
+            kv_cache_groups=placed.kv_cache_groups,
+            kv_cache_layout=placed.kv_cache_layout,
+            host_num_blocks=placed.host_num_blocks,
+            kv_tp_replicas=placed.kv_tp_replicas,
+            host_block_stride=placed.host_block_stride,
+            shared_host_pool=placed.shared_host_pool,
+        )
+
+
 class SetOrderedGroups(_Base):
     """Orders the groups by iterating a set of their first layer names.
 

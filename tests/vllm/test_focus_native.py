@@ -62,7 +62,11 @@ class TestFocusOfNativeBuilders:
         assert not any("focus" in c for c in report.coverage.values()), report.coverage
 
     def test_the_focus_goes_where_the_vendor_code_acts(self) -> None:
-        """The drafts family alone gets the extras, and the scattered drafter is found."""
+        """Only families with draft layers get the extras, and the scattered drafter is found.
+
+        The drafts family always has draft layers; the local/full hybrids
+        rarely carry one or two EAGLE draft layers, where the builder acts too.
+        """
         report = check_builder(
             load_builder(f"{PKG}.drafts:ScattersDraftsBuilder"),
             select=SELECT,
@@ -73,6 +77,7 @@ class TestFocusOfNativeBuilders:
             shrink=False,
         )
         for scenario in ("grouping", "placement", "core"):
-            assert set(report.coverage[scenario].get("focus", {})) == {"drafts"}, report.coverage
+            focused = set(report.coverage[scenario].get("focus", {}))
+            assert "drafts" in focused and focused <= {"drafts", "hybrid"}, report.coverage
         (clause,) = [r for r in report.results if r.id == "KV-GROUP-DRAFTS-TOGETHER"]
         assert clause.status == "fail" and not clause.inherited, clause
