@@ -59,10 +59,14 @@ class Steer:
     Attributes:
         layouts: the layouts to draw from (those the model allows among them).
         hybrid_off: whether the hybrid KV cache manager is switched off.
+        block_outer: a lean, not a rule: draw among the allowed layouts whose
+            blocks are outermost (``True``) or not (``False``) when the
+            model allows any such, else among all it allows.
     """
 
     layouts: frozenset[KVCacheLayout] | None = None
     hybrid_off: bool | None = None
+    block_outer: bool | None = None
 
 
 @st.composite
@@ -75,7 +79,11 @@ def _planning_configs(
 ) -> PlanningConfig:
     specs = as_specs(model)
     values = list(specs.values())
-    if steer.layouts is None:
+    if steer.layouts is None and steer.block_outer is not None:
+        allowed = allowed_layouts(specs)
+        leaning = [lay for lay in allowed if lay.is_block_outermost == steer.block_outer]
+        layout = pick(draw, leaning or list(allowed))
+    elif steer.layouts is None:
         layout = draw(layouts_for(specs))
     else:
         wanted = [lay for lay in allowed_layouts(specs) if lay in steer.layouts]

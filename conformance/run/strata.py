@@ -10,7 +10,10 @@ deals its examples over strata, each drawn by its own Hypothesis run:
   get the remainder, so that successive seeds cover them all when there are
   fewer examples than families);
 - the vendor's models, when given, get half of the examples first (all of
-  them with ``--models-only``).
+  them with ``--models-only``);
+- a family's share is drawn in two runs, one leaning to block-outermost
+  layouts and one away from them (where the model allows either), so that
+  a gate on the layout class opens at every seed.
 
 A Hypothesis run starts from its simplest example, a family's smallest
 model with roomy memory: the same at every seed.  Only the scenario's first
@@ -84,14 +87,24 @@ class Stratum:
     limits: Limits = NO_LIMITS
 
     def examples(
-        self, scenario: str, profile: str, paths: frozenset[EnginePath] | None = None
+        self,
+        scenario: str,
+        profile: str,
+        paths: frozenset[EnginePath] | None = None,
+        lean: bool | None = None,
     ) -> st.SearchStrategy[Example]:
         """This stratum's examples of ``scenario``, fit to the builder's limits.
 
-        ``paths``: only examples on these engine paths (a focus, focus.py).
+        ``paths``: only examples on these engine paths (a focus, focus.py);
+        ``lean``: towards block-outermost layouts or away from them.
         """
         return registry.examples(
-            scenario, models=self.models, profile=profile, limits=self.limits, paths=paths
+            scenario,
+            models=self.models,
+            profile=profile,
+            limits=self.limits,
+            paths=paths,
+            lean=lean,
         )
 
 
@@ -184,9 +197,28 @@ def draw(
         if not owns(stratum):
             continue
         skip = index > 0 and not stratum.keep_simplest
-        try:
-            _one_run(scenario, stratum, count, seed, profile, body, skip_simplest=skip)
-        except hypothesis.errors.Unsatisfiable:
+        # A family's examples lean half to block-outermost layouts, half away
+        # from them: a platform's gates read that first, and two or three
+        # examples left to chance all fell on one side at some seeds.  The
+        # vendor's models keep their own layouts; a lean the model cannot
+        # follow draws among the layouts it allows.
+        halves = (
+            [(count - count // 2, True, scenario), (count // 2, False, f"{scenario}/layer-outer")]
+            if count >= 2 and not stratum.share
+            else [(count, None, scenario)]
+        )
+        drew = False
+        for part, lean, label in halves:
+            try:
+                _one_run(
+                    scenario, stratum, part, seed, profile, body,
+                    skip_simplest=skip, lean=lean, label=label,
+                )  # fmt: skip
+                drew = True
+            except hypothesis.errors.Unsatisfiable:
+                pass
+            skip = not stratum.keep_simplest
+        if not drew:
             empty.append(stratum.name)
     return empty
 
@@ -231,6 +263,7 @@ def draw_focus(
                 skip_simplest=True,
                 paths=pins[stratum.name],
                 label=label,
+                first_deal=False,
             )
     return [(s.name, n) for s, n in extra]
 
@@ -268,6 +301,7 @@ def sample(
             lambda _s, ex, _first: drawn.append(ex),
             skip_simplest=True,
             label=label,
+            first_deal=False,
         )
     return drawn
 
@@ -283,6 +317,8 @@ def _one_run(
     skip_simplest: bool,
     paths: frozenset[EnginePath] | None = None,
     label: str | None = None,
+    lean: bool | None = None,
+    first_deal: bool = True,
 ) -> None:
     skip = [skip_simplest]
 
@@ -294,13 +330,13 @@ def _one_run(
         phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
     )
     @hypothesis.seed(stratum_seed(seed, label or scenario, stratum.name))
-    @hypothesis.given(stratum.examples(scenario, profile, paths))
+    @hypothesis.given(stratum.examples(scenario, profile, paths, lean))
     def run(ex: Example) -> None:
         if skip[0]:
             # The family's simplest model (module docstring).
             skip[0] = False
             hypothesis.reject()
-        body(stratum, ex, paths is None)
+        body(stratum, ex, first_deal)
 
     with seed_only_draws():
         run()

@@ -31,12 +31,15 @@ class Draw:
         profile: the run's profile (sizes what grows with it).
         limits: what the builder cannot be given (never drawn for it).
         paths: only problems on these engine paths (a focus; ``None``: any).
+        lean: lean towards layouts whose blocks are outermost (``True``) or
+            not (``False``) where the model allows them (``None``: no lean).
     """
 
     models: st.SearchStrategy[Model] | None = None
     profile: str = "ci"
     limits: Limits = NO_LIMITS
     paths: frozenset[EnginePath] | None = None
+    lean: bool | None = None
 
 
 def every_family(_family: str, _limits: Limits) -> bool:

@@ -311,7 +311,7 @@ _DRAW = ProblemDraw(config=_keep_host)
 
 CORE = Scenario(
     name="core",
-    examples=lambda d: _DRAW.examples(d.models, d.limits, d.paths),
+    examples=_DRAW.examples_for,
     observe=_observe,
     focused=True,
     explored=True,

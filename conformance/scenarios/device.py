@@ -15,7 +15,7 @@ __all__ = ["DEVICE"]
 
 DEVICE = Scenario(
     name="device",
-    examples=lambda d: PLAIN.examples(d.models, d.limits, d.paths),
+    examples=PLAIN.examples_for,
     observe=observe_example,
     focused=True,
     explored=True,

@@ -144,24 +144,31 @@ class ProblemDraw:
         models: st.SearchStrategy[kst.Model] | None = None,
         limits: Limits = NO_LIMITS,
         paths: frozenset[EnginePath] | None = None,
+        lean: bool | None = None,
     ) -> st.SearchStrategy[Example]:
         """The examples drawn from ``models`` (default: :attr:`models`, else the families).
 
         ``limits`` says what the builder cannot be given (never drawn for it);
-        ``paths``: only problems on these engine paths (conformance.run.focus).
+        ``paths``: only problems on these engine paths (conformance.run.focus);
+        ``lean``: towards block-outermost layouts or away from them
+        (:class:`~conformance.generate.problems.Steer`).
         """
         # Decorated once, at import: a composite made per call costs a source parse.
-        return _problem_example(self, models, limits, paths)
+        return _problem_example(self, models, limits, paths, lean)
+
+    def examples_for(self, d: Any) -> st.SearchStrategy[Example]:
+        """:meth:`examples` for what a run asks (a :class:`~conformance.scenarios.base.Draw`)."""
+        return self.examples(d.models, d.limits, d.paths, d.lean)
 
 
 #: A scenario that places the problem as generated, without host-resident layers.
 PLAIN = ProblemDraw()
 
 
-def _steer(paths: frozenset[EnginePath] | None) -> Steer | None:
+def _steer(paths: frozenset[EnginePath] | None, lean: bool | None) -> Steer | None:
     """The config settings a focus's engine paths fix (the rest is drawn, then checked)."""
     if paths is None:
-        return None
+        return None if lean is None else Steer(block_outer=lean)
     flags = {off for _, off, _ in paths}
     return Steer(
         layouts=frozenset(KVCacheLayout[layout] for layout, _, _ in paths),
@@ -176,9 +183,10 @@ def _problem_example(
     models: st.SearchStrategy[kst.Model] | None,
     limits: Limits,
     paths: frozenset[EnginePath] | None,
+    lean: bool | None,
 ) -> Example:
     chosen = models if models is not None else how.models(draw)
-    problem = draw(kst.planning_problems(models_strategy=chosen, steer=_steer(paths)))
+    problem = draw(kst.planning_problems(models_strategy=chosen, steer=_steer(paths, lean)))
     num_blocks, extra = how.num_blocks(draw, problem)
     workers = tuple(problem.workers)
     config = limits.fit(how.config(draw, problem.config, workers, limits))

@@ -39,7 +39,7 @@ def _observe(ctx: Context, ex: Any) -> GroupingObservation:
 
 GROUPING = Scenario(
     name="grouping",
-    examples=lambda d: PLAIN.examples(d.models, d.limits, d.paths),
+    examples=PLAIN.examples_for,
     observe=_observe,
     focused=True,
     explored=True,

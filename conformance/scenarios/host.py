@@ -148,7 +148,7 @@ def _observe(ctx: Context, ex: Any) -> HostObservation:
 
 HOST = Scenario(
     name="host",
-    examples=lambda d: _DRAW.examples(d.models, d.limits, d.paths),
+    examples=_DRAW.examples_for,
     observe=_observe,
     admits=_admits,
     focused=True,

@@ -118,7 +118,7 @@ def observe_example(ctx: Context, ex: Any) -> PlacementObservation:
 
 PLACEMENT = Scenario(
     name="placement",
-    examples=lambda d: PLAIN.examples(d.models, d.limits, d.paths),
+    examples=PLAIN.examples_for,
     observe=observe_example,
     focused=True,
     explored=True,

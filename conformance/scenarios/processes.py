@@ -74,7 +74,7 @@ def _prepare(ctx: Context, builder: object, checks: Sequence[Any]) -> Context:
 
 PROCESSES = Scenario(
     name="processes",
-    examples=lambda d: PLAIN.examples(d.models, d.limits, d.paths),
+    examples=PLAIN.examples_for,
     observe=observe_processes,
     prepare=_prepare,
 )

@@ -268,7 +268,7 @@ _DRAW = ProblemDraw(num_blocks=_profiling_blocks, per_worker=True)
 
 PROFILING = Scenario(
     name="profiling",
-    examples=lambda d: _DRAW.examples(d.models, d.limits, d.paths),
+    examples=_DRAW.examples_for,
     observe=_observe,
     focused=True,
 )

@@ -68,14 +68,18 @@ def examples(
     profile: str = "ci",
     limits: Limits = NO_LIMITS,
     paths: frozenset[EnginePath] | None = None,
+    lean: bool | None = None,
 ) -> st.SearchStrategy[Any]:
     """The examples of scenario ``name``, drawn from ``models`` (default: the built-in families).
 
     ``profile`` sizes what grows with it (the request streams of ``serve``);
     ``limits`` says what the builder cannot be given (never drawn for it);
-    ``paths``: only problems on these engine paths (conformance.run.focus).
+    ``paths``: only problems on these engine paths (conformance.run.focus);
+    ``lean``: towards block-outermost layouts (``True``) or away from them.
     """
-    return get(name).examples(Draw(models=models, profile=profile, limits=limits, paths=paths))
+    return get(name).examples(
+        Draw(models=models, profile=profile, limits=limits, paths=paths, lean=lean)
+    )
 
 
 def observe_in(ctx: Context, name: str, example: Any) -> Any:
