@@ -104,3 +104,42 @@ class TestDrawn:
         assert "no_valid_examples" not in host
         assert set(host["families"]) == set(DEFAULT_FAMILIES) - {"attention_free"}
         assert report.ok, report.failures
+
+
+class TestLean:
+    """A family's first deal covers block-outermost layouts and the others."""
+
+    @pytest.mark.parametrize("seed", [1, 2, 3])
+    def test_both_layout_classes_in_every_two_example_family(self, seed: int) -> None:
+        """With two or more examples, a family that allows both classes draws both."""
+        from conformance.generate.layouts import allowed_layouts
+
+        drawn: dict[str, list[bool]] = {}
+        allows: dict[str, set[bool]] = {}
+
+        def note(stratum: Stratum, ex: object, _first: bool) -> None:
+            config = ex.config  # type: ignore[attr-defined]
+            drawn.setdefault(stratum.name, []).append(config.kv_cache_layout.is_block_outermost)
+            classes = {lay.is_block_outermost for lay in allowed_layouts(ex.merged)}  # type: ignore[attr-defined]
+            if config.hisparse is not None:
+                classes = {True}  # HiSparse needs block-outermost layouts
+            allows.setdefault(stratum.name, set()).update(classes)
+
+        draw("placement", BUILTIN, 2 * len(DEFAULT_FAMILIES), seed, "ci", note)
+        both = [name for name, classes in allows.items() if classes == {True, False}]
+        assert both, allows
+        for name in both:
+            assert set(drawn[name]) == {True, False}, (name, drawn[name])
+
+    def test_an_interrupt_hypothesis_masks_is_still_an_interrupt(self) -> None:
+        """Hypothesis may raise its own error while handling Ctrl-C: the run still stops as one."""
+        from conformance.run.strata import _interrupted
+
+        try:
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise AssertionError("state._runner is not None") from None
+        except AssertionError as masked:
+            assert _interrupted(masked)
+        assert not _interrupted(ValueError("a real error"))

@@ -204,7 +204,7 @@ def draw(
         # follow draws among the layouts it allows.
         halves = (
             [(count - count // 2, True, scenario), (count // 2, False, f"{scenario}/layer-outer")]
-            if count >= 2 and not stratum.share
+            if count >= 2 and not stratum.share and registry.get(scenario).leans
             else [(count, None, scenario)]
         )
         drew = False
@@ -322,6 +322,9 @@ def _one_run(
 ) -> None:
     skip = [skip_simplest]
 
+    # A run's examples are fixed by its seed and it keeps no database: without
+    # a database key Hypothesis parses no source on every run, and an
+    # interrupt has less time to land before its engine exists.
     @settings(
         max_examples=count,
         deadline=None,
@@ -338,5 +341,25 @@ def _one_run(
             hypothesis.reject()
         body(stratum, ex, first_deal)
 
+    run._hypothesis_internal_database_key = None  # type: ignore[attr-defined]
     with seed_only_draws():
-        run()
+        try:
+            run()
+        except Exception as exc:
+            if _interrupted(exc):
+                # Hypothesis met the interrupt before its engine existed and
+                # raised its own error: the run was interrupted, nothing failed.
+                raise KeyboardInterrupt from exc
+            raise
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while handling a KeyboardInterrupt."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False

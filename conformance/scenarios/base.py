@@ -65,6 +65,8 @@ class Scenario:
         focused: a run's focus draws more of its examples where the builder's
             answers differ from its baseline's (conformance.run.focus).
         explored: ``--explore`` judges its candidates in this scenario.
+        leans: its examples follow a :class:`Draw`'s layout lean (the first
+            deal then draws each family half on block-outermost layouts).
         prepare: called once before the run's first example, with the
             invariants the run judges in this scenario; returns the run's
             context (e.g. with a helper process started).
@@ -76,4 +78,5 @@ class Scenario:
     admits: Callable[[str, Limits], bool] = every_family
     focused: bool = False
     explored: bool = False
+    leans: bool = True
     prepare: Callable[[Context, object, Sequence[Any]], Context] = _no_preparation

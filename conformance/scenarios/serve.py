@@ -219,4 +219,6 @@ SERVE_SCENARIO = Scenario(
     name=SERVE,
     examples=lambda d: serve_examples(d.models, max_ops=OPS_BY_PROFILE[d.profile]),
     observe=_observe,
+    # Request streams draw their own small problems; a lean would only reseed them.
+    leans=False,
 )

@@ -145,6 +145,7 @@ ALL = (
     WindowlessPromotion,
     SetOrderedGroups,
     GuardedBlocks,
+    DropsRetention,
 )
 
 #: The broken builders of issue 23, each caught by its new invariant.
