@@ -33,6 +33,7 @@ __all__ = [
     "deep_copies",
     "deep_copy",
     "fresh_lists",
+    "groups_key",
     "note_interrupt",
     "raise_if_interrupted",
     "snapshot_differs",
@@ -257,6 +258,14 @@ def fresh_lists(items: Sequence[Any], count: int) -> list[list[Any]]:
     """
     copies = [deep_copies(item, count) for item in items]
     return [[c[k] for c in copies] for k in range(count)]
+
+
+def groups_key(groups: Sequence[Any]) -> tuple[tuple[str, ...], ...]:
+    """Groups as their layer names, in order: what a hook was asked about, as a dict key.
+
+    Works for kvref's and vLLM's group records alike.
+    """
+    return tuple(tuple(g.layer_names) for g in groups)
 
 
 def deep_copy(value: Any) -> Any:

@@ -23,6 +23,7 @@ import attrs
 
 from conformance.errors import kit_side
 from conformance.harness import handed
+from conformance.harness.guard import groups_key
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.interop import vllm as iv
@@ -380,8 +381,11 @@ def _through(builder: Any, config: PlanningConfig) -> type[Any]:
 
         def _judge(self, vcfg: Any, vgroups: list[Any], num_blocks: int, placed: Any) -> None:
             with kit_side("vLLM adapter", "converting Core's placement input to kvref"):
+                # Converted afresh: the hook's changes to the list it was handed
+                # are mirrored back into that list, and placement is judged on
+                # the groups vLLM asked about.
                 groups = iv.groups_from_vllm(vgroups)
-                key = _layer_names(groups)
+                key = groups_key(groups)
             if key not in self.declared:
                 # vLLM asked no pool bytes of these groups (HiSparse, a re-plan):
                 # the builder's answer decides whether several allocations are legal.
@@ -395,16 +399,12 @@ def _through(builder: Any, config: PlanningConfig) -> type[Any]:
             with kit_side("vLLM adapter", "converting Core's pool-bytes input to kvref"):
                 groups = iv.groups_from_vllm(list(kv_cache_groups))
                 # Keyed as asked: a hook that rewrites its groups changes them in place.
-                key = _layer_names(groups)
+                key = groups_key(groups)
             answer: int | None = self.inner._get_pool_bytes_per_block(planning_config(vcfg), groups)
             self.declared[key] = answer
             return answer
 
     return _ThroughKvref
-
-
-def _layer_names(groups: Sequence[Any]) -> tuple[tuple[str, ...], ...]:
-    return tuple(tuple(g.layer_names) for g in groups)
 
 
 def resolve_vllm_class(qualname: str) -> type[Any]:

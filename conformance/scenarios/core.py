@@ -18,7 +18,7 @@ import attrs
 
 from conformance.check.observations import CallResult, CoreObservation
 from conformance.check.violations import Violation
-from conformance.harness.guard import fresh_lists
+from conformance.harness.guard import fresh_lists, groups_key
 from conformance.harness.hooks import (
     ConstructionFailedError,
     Context,
@@ -155,7 +155,7 @@ class _Checked(KVCacheConfigBuilder):
         mutations: tuple[str, ...] = ()
         if given != pristine:
             mutations += ("placement changed the groups it was given",)
-        if _groups_key(kv_cache_groups) in self.pool_changed:
+        if groups_key(kv_cache_groups) in self.pool_changed:
             mutations += ("_get_pool_bytes_per_block changed the groups it was given",)
         self._record(
             judge_placement(
@@ -163,7 +163,7 @@ class _Checked(KVCacheConfigBuilder):
                 list(kv_cache_groups),
                 results,
                 num_blocks,
-                pool_bytes=self.pools.get(_groups_key(kv_cache_groups)),
+                pool_bytes=self.pools.get(groups_key(kv_cache_groups)),
                 mutations=mutations,
             )
         )
@@ -218,15 +218,11 @@ class _Checked(KVCacheConfigBuilder):
             validate=pool_validator,
         )
         declared: int | None = self._answer(result)
-        key = _groups_key(kv_cache_groups)
+        key = groups_key(kv_cache_groups)
         self.pools[key] = result
         if given != pristine:
             self.pool_changed.add(key)
         return declared
-
-
-def _groups_key(groups: Sequence[KVCacheGroupSpec]) -> tuple[tuple[str, ...], ...]:
-    return tuple(tuple(g.layer_names) for g in groups)
 
 
 def observe_core(
