@@ -181,15 +181,8 @@ def find_golden_dir() -> Path | None:
     if env:
         path = Path(env)
         return path if path.is_dir() else None
-    repo = Path(__file__).resolve().parents[1]
-    for candidate in (
-        repo / "tests" / "data" / "golden",
-        repo / "shared" / "golden",
-        repo.parent / "shared" / "golden",
-    ):
-        if candidate.is_dir():
-            return candidate
-    return None
+    copy = Path(__file__).resolve().parent / "data" / "golden"
+    return copy if copy.is_dir() else None
 
 
 def golden_input_files(directory: Path) -> list[Path]:

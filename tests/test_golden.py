@@ -168,7 +168,7 @@ def _probe_params(*, override: bool) -> list[Any]:
 
 pytestmark = pytest.mark.skipif(
     GOLDEN_DIR is None,
-    reason="golden files not found: set KVREF_GOLDEN_DIR or provide shared/golden",
+    reason="golden files not found: set KVREF_GOLDEN_DIR or restore tests/data/golden",
 )
 
 
