@@ -93,7 +93,10 @@ def rarely(draw: st.DrawFn) -> bool:
     # checking whether the edge case applies: Hypothesis orders examples by
     # their choice sequence, shortest first, so a path that skipped this draw
     # would shrink towards whatever made the edge case inapplicable.
-    return draw(st.integers(0, 7)) == 7
+    return draw(_EIGHTHS) == 7
+
+
+_EIGHTHS = st.integers(0, 7)
 
 
 def pick_block_size(

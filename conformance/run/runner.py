@@ -49,6 +49,7 @@ from conformance.run.strata import (
     split_by_example,
 )
 from conformance.run.tally import Tally, select_invariants
+from conformance.run.threads import one_torch_thread
 from conformance.run.timing import InvariantClock
 from conformance.scenarios import registry
 from conformance.scenarios.examples import Example
@@ -229,7 +230,8 @@ def check_builder(
             warnings.warn(
                 f"xfail entry {entry!r} matches no invariant id", UnknownIdWarning, stacklevel=2
             )
-    return _check(builder, options, selected, progress, models, started, focus_exchange)
+    with one_torch_thread():
+        return _check(builder, options, selected, progress, models, started, focus_exchange)
 
 
 def _models_label(models: object | None) -> str | None:

@@ -6,6 +6,7 @@ whose specs are what vLLM's layers report for models of that shape.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 
@@ -64,20 +65,24 @@ def layer_names(template: str, indices: Iterable[int]) -> list[str]:
     return [template.format(i) for i in indices]
 
 
+@functools.cache
+def _uniform_kinds() -> st.SearchStrategy[KVCacheSpec]:
+    # Built once: a new strategy tree per draw is validated afresh each time.
+    return st.one_of(
+        full_attention_specs(),
+        mla_specs(),
+        sliding_window_specs(),
+        mamba_specs(),
+        chunked_local_specs(),
+        sliding_window_mla_specs(),
+        compressed_mla_specs(),
+    )
+
+
 @st.composite
 def _uniform_models(draw: st.DrawFn, max_layers: int) -> Model:
     n = draw(st.integers(1, max_layers))
-    spec: KVCacheSpec = draw(
-        st.one_of(
-            full_attention_specs(),
-            mla_specs(),
-            sliding_window_specs(),
-            mamba_specs(),
-            chunked_local_specs(),
-            sliding_window_mla_specs(),
-            compressed_mla_specs(),
-        )
-    )
+    spec: KVCacheSpec = draw(_uniform_kinds())
     template = MAMBA if isinstance(spec, MambaSpec) else ATTENTION
     return Model(
         dict.fromkeys(layer_names(template, range(n)), spec),
