@@ -43,6 +43,7 @@ class _Progress:
         self.stream = stream
         self.tty = stream.isatty()
         self.last = ""
+        self.last_done = -1
         self.started = time.perf_counter()
 
     def __call__(self, scenario: str, done: int, total: int) -> None:
@@ -56,9 +57,11 @@ class _Progress:
             # Clear to the end of the line: a shorter line must not leave stale text.
             self.stream.write("\r" + line + "\x1b[K")
             self.stream.flush()
-        elif scenario != self.last or done == total:
+        elif scenario != self.last or (done == total and self.last_done != done):
+            # A log gets one line per scenario and one at its end, never a line per
+            # example: the focus's examples past the first deal stay at ``total``.
             self.stream.write(line + "\n")
-        self.last = scenario
+        self.last, self.last_done = scenario, done
 
     def close(self) -> None:
         if self.tty:

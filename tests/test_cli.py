@@ -461,6 +461,18 @@ class TestFirstContact:
         progress.close()
         assert _screen(stream.getvalue()) == ""
 
+    def test_progress_in_a_log_is_a_line_per_scenario(self) -> None:
+        """Not a TTY: one line per scenario and one at its end, none per repeated count."""
+        stream = io.StringIO()
+        progress = _Progress(stream)
+        for done in range(1, 51):
+            progress("grouping", done, 50)
+        for _ in range(30):  # the focus's examples past the first deal stay at the total
+            progress("grouping, focus", 50, 50)
+        lines = stream.getvalue().splitlines()
+        assert len(lines) == 3, lines
+        assert "1/50" in lines[0] and "50/50" in lines[1] and "grouping, focus" in lines[2]
+
     def test_version(self) -> None:
         proc = subprocess.run(
             [str(SCRIPT), "--version"],

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from conformance.check.geometry import aligned_page, block_stride_alignment
+from conformance.check.geometry import aligned_page, block_stride_alignment, page_bytes, round_up
+from kvref.extra_specs import HiSparseHotSpec
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
 
@@ -39,10 +40,24 @@ def named_layer_specs(group: KVCacheGroupSpec) -> list[tuple[str, KVCacheSpec]]:
 
 
 def size_bound(groups: Sequence[KVCacheGroupSpec]) -> int:
-    """Bytes per block if every device layer had its own aligned pages (no aliasing)."""
+    """Bytes per block if every device layer had its own aligned pages (no aliasing).
+
+    Where HiSparse hot groups are placed, the block is then rounded up to tile
+    every hot page and every alignment: vLLM's own block-outermost rule
+    (contract.md#placement-backing).  With a raised alignment that lcm can
+    be many pages (a 10,496-byte hot page and 4 KiB: 167,936 bytes), and a
+    legal plan that follows vLLM's rule must stay inside the bound.
+    """
     specs = [s for g in groups if not g.host_resident for _, s in named_layer_specs(g)]
     alignment = math.lcm(1, *(block_stride_alignment(s) for s in specs))
-    return sum(aligned_page(s, alignment) for s in specs)
+    pages = sum(aligned_page(s, alignment) for s in specs)
+    hot = math.lcm(1, *(page_bytes(g.kv_cache_spec) for g in groups if _is_hot(g)))
+    return round_up(pages, math.lcm(alignment, hot)) if hot > 1 else pages
+
+
+def _is_hot(group: KVCacheGroupSpec) -> bool:
+    # vLLM counts every hot group, even one with no layer on this worker.
+    return isinstance(group.kv_cache_spec, HiSparseHotSpec) and not group.host_resident
 
 
 #: Padding a legal plan may add to every block: rounding a block up to a page of

@@ -408,7 +408,8 @@ def _size_bound(obs: PlacementObservation) -> list[Violation] | None:
             out.append(
                 flag(
                     f"at {n} blocks the device backing is {size} bytes, more than twice what "
-                    f"giving every layer its own aligned pages takes ({bound} x {n} = {bound * n}) "
+                    "giving every layer its own aligned pages takes, a block tiling any HiSparse "
+                    f"hot page ({bound} x {n} = {bound * n}) "
                     f"plus {BLOCK_PADDING_ALLOWANCE} bytes of padding per block and 1 MiB; the "
                     "kit will not allocate it",
                 )

@@ -491,6 +491,7 @@ class _Run(Findings):
         """Judge ``scenario``'s first deal, or with ``focus`` its focus (focus.py)."""
         done = done_before
         phase, where = 0 if focus is None else 1, registry.names().index(scenario)
+        label = scenario if focus is None else f"{scenario}, focus"
         positions = {s.name: i for i, s in enumerate(self.strata)}
 
         def judge(stratum: Stratum, ex: Example, first_deal: bool) -> None:
@@ -503,7 +504,7 @@ class _Run(Findings):
                 self._judge_one(scenario, checks, stratum, ex, first_deal=first_deal, key=key)
             done += 1
             if self.progress is not None:
-                self.progress(scenario, min(done, total), total)
+                self.progress(label, min(done, total), total)
 
         args = (scenario, self.strata, self.options.max_examples, self.options.seed)
         profile, shard = self.options.profile, self.shard
