@@ -540,6 +540,30 @@ class DeclaresPoolBytes(ReferenceKVCacheConfigBuilder):
         return max((t.size for t in placed.device_tensors), default=0)
 
 
+class DropsTPShards(ReferenceKVCacheConfigBuilder):
+    """Rebuilds every group spec without ``max_tp_shards``.
+
+    A platform whose spec constructors do not know the field (it came with
+    MLA's TP replication) drops it.  Core then derives ``kv_tp_replicas``
+    of 1: KV connectors keep every TP rank's copy, which costs memory and
+    stays correct (contract.md#grouping-tp-shards).  The edge of
+    ``broken_builders.ClaimsReplicatedKV``: fewer replicas claimed is legal,
+    more is not.
+    """
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> list[KVCacheGroupSpec]:
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+
+        def dropped(spec: KVCacheSpec) -> KVCacheSpec:
+            if getattr(spec, "max_tp_shards", None) is None:
+                return spec
+            return attrs.evolve(spec, max_tp_shards=None)
+
+        return [_with_layer_specs(g, dropped) for g in groups]
+
+
 #: The legal counterparts, one or more per class of issue 13.
 ALL: tuple[type[ReferenceKVCacheConfigBuilder], ...] = (
     SplitTensors,
@@ -559,4 +583,5 @@ FIELD_REGIMES: tuple[type[ReferenceKVCacheConfigBuilder], ...] = (
     DeclaresPoolBytes,
     ScattersTargets,
     AlignsStrides4KiB,
+    DropsTPShards,
 )

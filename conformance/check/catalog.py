@@ -56,6 +56,7 @@ _MODULES = (
     "conformance.check.core",
     "conformance.check.meaning",
     "conformance.check.drafts",
+    "conformance.check.tp_shards",
     "conformance.check.pitch",
     "conformance.check.processes",
     "conformance.check.device_rows",

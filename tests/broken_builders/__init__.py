@@ -24,6 +24,7 @@ from broken_builders.calls import (
     WrongReturnType,
 )
 from broken_builders.field import (
+    ClaimsReplicatedKV,
     DensePadded,
     HotIgnoresDecodeQuery,
     InterleavedCompressed,
@@ -154,6 +155,7 @@ FIELD: tuple[type[_Base], ...] = (
     HotIgnoresDecodeQuery,
     RolelessSource,
     InterleavedHostPool,
+    ClaimsReplicatedKV,
 )
 
 ALL = (*ALL, *FIELD)
@@ -186,6 +188,7 @@ __all__ = [
     "ALL",
     "AbsurdSize",
     "AttentionFreeZeroBlocks",
+    "ClaimsReplicatedKV",
     "ConstantHeader",
     "ConstructsOnce",
     "DensePadded",

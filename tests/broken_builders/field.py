@@ -343,3 +343,31 @@ class PlacesAbsentLayers(_Base):
         ]
         result = super().get_kv_cache_config_from_groups(config, given, num_blocks)
         return attrs.evolve(result, kv_cache_groups=list(kv_cache_groups))
+
+
+class ClaimsReplicatedKV(_Base):
+    """Records ``max_tp_shards=1`` in every attention group spec, as MLA's are.
+
+    A vendor who copies MLA's spec fields onto every attention kind claims
+    that each layer's KV is one shard, held whole by every TP rank.  Core
+    derives ``kv_tp_replicas`` from the group specs, so with tensor
+    parallelism a KV connector keeps one rank's copy for ranks that hold
+    different heads.  The storage and every page are unchanged.
+    """
+
+    CAUGHT_BY = "KV-GROUP-TP-SHARDS"
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
+        from kvref.specs import AttentionSpec
+
+        def one_shard(spec: KVCacheSpec) -> KVCacheSpec:
+            if not isinstance(spec, AttentionSpec) or spec.max_tp_shards == 1:
+                return spec
+            return attrs.evolve(spec, max_tp_shards=1)
+
+        return [
+            _with_layer_specs(g, one_shard)
+            for g in super().get_kv_cache_groups(config, kv_cache_spec)
+        ]

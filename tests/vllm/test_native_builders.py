@@ -130,6 +130,9 @@ LEGAL = (
     Case("alignment:DmaAlignedGroupsBuilder", None),
     # Long full-attention tensors cut into descriptor-sized chunks, addresses kept.
     Case("descriptors:DescriptorChunksBuilder", None),
+    # Group specs without a TP shard count: no replication claimed (legal).  The
+    # fast tier's verdicts are tests/vllm/test_tp_shards_native.py's.
+    Case("tp_shards:DropsTPShardsBuilder", None, fast=False),
 )
 BROKEN = (
     Case(
@@ -208,6 +211,7 @@ BROKEN = (
         frozenset({"KV-PLACE-NO-LAYER-OVERLAP", "KV-HOST-DEVICE-SAFE"}),
     ),
     Case("retention:RetentionDroppedBuilder", None, "KV-PLACE-RETENTION"),
+    Case("tp_shards:ClaimsReplicatedKVBuilder", None, "KV-GROUP-TP-SHARDS", fast=False),
     Case(
         "drafts:ScattersDraftsBuilder",
         "drafts",
