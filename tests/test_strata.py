@@ -133,7 +133,7 @@ class TestLean:
 
     def test_an_interrupt_hypothesis_masks_is_still_an_interrupt(self) -> None:
         """Hypothesis may raise its own error while handling Ctrl-C: the run still stops as one."""
-        from conformance.run.strata import _interrupted
+        from conformance.run.interrupts import masked_interrupt as _interrupted
 
         try:
             try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -14,6 +13,7 @@ from hypothesis.database import ExampleDatabase
 
 from conformance.check.catalog import Invariant, Unjudged
 from conformance.generate.determinism import seed_only_draws
+from conformance.run.interrupts import masked_interrupt
 from conformance.scenarios.examples import Example
 
 __all__ = ["Namespaced", "fails", "search"]
@@ -111,6 +111,12 @@ def search(
             smallest[0] = ex
             raise _StillFailsError
 
-    with contextlib.suppress(Exception), seed_only_draws():
-        run()
+    with seed_only_draws():
+        try:
+            run()
+        except Exception as exc:
+            # The search ends, with its best example, on any failure of its
+            # own; an interrupt Hypothesis reported as its error stops the run.
+            if masked_interrupt(exc):
+                raise KeyboardInterrupt from exc
     return smallest[0]

@@ -43,6 +43,7 @@ from conformance.generate.engine_paths import EnginePath
 from conformance.generate.limits import NO_LIMITS, Limits
 from conformance.generate.records import Model
 from conformance.run.focus import FOCUS_SHARE
+from conformance.run.interrupts import masked_interrupt
 from conformance.run.shard import Shard
 from conformance.scenarios import registry
 from conformance.scenarios.examples import Example
@@ -346,20 +347,8 @@ def _one_run(
         try:
             run()
         except Exception as exc:
-            if _interrupted(exc):
+            if masked_interrupt(exc):
                 # Hypothesis met the interrupt before its engine existed and
                 # raised its own error: the run was interrupted, nothing failed.
                 raise KeyboardInterrupt from exc
             raise
-
-
-def _interrupted(exc: BaseException) -> bool:
-    """Whether ``exc`` was raised while handling a KeyboardInterrupt."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        if isinstance(cause, KeyboardInterrupt):
-            return True
-        seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
-    return False
