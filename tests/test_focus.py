@@ -33,7 +33,11 @@ FAMILIES = [s.name for s in run_strata(None, only=False)]
 def _examples(n: int = 6) -> list[Example]:
     drawn: list[Example] = []
 
-    @settings(max_examples=n, database=None, suppress_health_check=list(HealthCheck))
+    # Derandomized: a test that needs an example of some kind finds the same
+    # ones on every run, not whatever a random seed draws.
+    @settings(
+        max_examples=n, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    )
     @given(examples("placement"))
     def collect(ex: Example) -> None:
         drawn.append(ex)
@@ -91,14 +95,21 @@ class TestAnswersDiffer:
 
     def test_the_profiling_path_differs_where_the_builder_acts(self) -> None:
         """Each worker's grouping and placement on the profiling path count, as elsewhere."""
-        for ex in _examples():
-            specs: dict[str, KVCacheSpec] = ex.merged
-            groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(ex.config, specs)
-            if any(len(g.layer_names) > 1 for g in groups):
-                break
-        else:
-            pytest.fail("no example groups two layers together")
-        assert answers_differ(_observe(OneGroupPerLayer, "profiling", ex)) is True
+        # The profiling path groups each worker's own layers: the builder acts
+        # where a worker's grouping puts two layers together, which the whole
+        # model's grouping does not tell (vLLM's hybrid grouping cuts a worker
+        # holding one sliding-window layer into one-layer groups).
+        acted = 0
+        for ex in _examples(12):
+            reference = ReferenceKVCacheConfigBuilder()
+            other = any(
+                len(g.layer_names) > 1
+                for worker in ex.workers
+                for g in reference.get_kv_cache_groups(ex.config, dict(worker))
+            )
+            acted += other
+            assert answers_differ(_observe(OneGroupPerLayer, "profiling", ex)) is other, ex
+        assert acted, "no example's worker groups two layers together"
         found = [
             answers_differ(_observe(legal_builders.SplitTensors, "profiling", ex))
             for ex in _examples(30)
