@@ -10,7 +10,10 @@ stop, and nothing failed.
 
 from __future__ import annotations
 
-__all__ = ["masked_interrupt"]
+import contextlib
+from collections.abc import Iterator
+
+__all__ = ["interrupts_unmasked", "masked_interrupt"]
 
 
 def masked_interrupt(exc: BaseException) -> bool:
@@ -23,3 +26,14 @@ def masked_interrupt(exc: BaseException) -> bool:
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__
     return False
+
+
+@contextlib.contextmanager
+def interrupts_unmasked() -> Iterator[None]:
+    """Around a Hypothesis run: an error :func:`masked_interrupt` recognises is the interrupt."""
+    try:
+        yield
+    except Exception as exc:
+        if masked_interrupt(exc):
+            raise KeyboardInterrupt from exc
+        raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -13,7 +14,7 @@ from hypothesis.database import ExampleDatabase
 
 from conformance.check.catalog import Invariant, Unjudged
 from conformance.generate.determinism import seed_only_draws
-from conformance.run.interrupts import masked_interrupt
+from conformance.run.interrupts import interrupts_unmasked
 from conformance.scenarios.examples import Example
 
 __all__ = ["Namespaced", "fails", "search"]
@@ -111,12 +112,8 @@ def search(
             smallest[0] = ex
             raise _StillFailsError
 
-    with seed_only_draws():
-        try:
-            run()
-        except Exception as exc:
-            # The search ends, with its best example, on any failure of its
-            # own; an interrupt Hypothesis reported as its error stops the run.
-            if masked_interrupt(exc):
-                raise KeyboardInterrupt from exc
+    # The search ends, with its best example, on any failure of its own; an
+    # interrupt Hypothesis reported as its error stops the run.
+    with seed_only_draws(), contextlib.suppress(Exception), interrupts_unmasked():
+        run()
     return smallest[0]

@@ -43,7 +43,7 @@ from conformance.generate.engine_paths import EnginePath
 from conformance.generate.limits import NO_LIMITS, Limits
 from conformance.generate.records import Model
 from conformance.run.focus import FOCUS_SHARE
-from conformance.run.interrupts import masked_interrupt
+from conformance.run.interrupts import interrupts_unmasked
 from conformance.run.shard import Shard
 from conformance.scenarios import registry
 from conformance.scenarios.examples import Example
@@ -343,12 +343,7 @@ def _one_run(
         body(stratum, ex, first_deal)
 
     run._hypothesis_internal_database_key = None  # type: ignore[attr-defined]
-    with seed_only_draws():
-        try:
-            run()
-        except Exception as exc:
-            if masked_interrupt(exc):
-                # Hypothesis met the interrupt before its engine existed and
-                # raised its own error: the run was interrupted, nothing failed.
-                raise KeyboardInterrupt from exc
-            raise
+    # Hypothesis may meet an interrupt before its engine exists and raise its
+    # own error: the run was interrupted, nothing failed.
+    with seed_only_draws(), interrupts_unmasked():
+        run()
