@@ -12,8 +12,9 @@ else goes to vLLM's default builder.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from vllm.config import VllmConfig
@@ -35,6 +36,7 @@ __all__ = [
     "round_up",
     "slot_config",
     "usable_block_count",
+    "with_layer_specs",
 ]
 
 
@@ -146,3 +148,15 @@ def slot_config(
         kv_cache_groups=list(groups),
         prefix_cache_retention_interval=vllm_config.cache_config.prefix_cache_retention_interval,
     )
+
+
+def with_layer_specs(
+    group: KVCacheGroupSpec, change: Callable[[KVCacheSpec], KVCacheSpec]
+) -> KVCacheGroupSpec:
+    """``group`` with ``change(spec)`` applied to every layer spec (a uniform wrapper's too)."""
+    spec = group.kv_cache_spec
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        inner = {name: change(s) for name, s in spec.kv_cache_specs.items()}
+        wrapper = dataclasses.replace(spec, kv_cache_specs=inner)
+        return dataclasses.replace(group, kv_cache_spec=wrapper)
+    return dataclasses.replace(group, kv_cache_spec=change(spec))

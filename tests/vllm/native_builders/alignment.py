@@ -25,8 +25,9 @@ from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
     KVCacheSpec,
     SlidingWindowSpec,
-    UniformTypeKVCacheSpecs,
 )
+
+from tests.vllm.native_builders._common import with_layer_specs
 
 __all__ = ["DmaAlignedGroupsBuilder", "DropsAlignmentBuilder"]
 
@@ -63,16 +64,8 @@ class DropsAlignmentBuilder(DefaultKVCacheConfigBuilder):
         self, vllm_config: VllmConfig, kv_cache_spec: dict[str, KVCacheSpec]
     ) -> list[KVCacheGroupSpec]:
         """vLLM's grouping with every ``block_stride_alignment`` of a group spec forgotten."""
-        out = []
-        for group in super().get_kv_cache_groups(vllm_config, kv_cache_spec):
-            spec = group.kv_cache_spec
-            if isinstance(spec, UniformTypeKVCacheSpecs):
-                inner = {n: _unaligned(s) for n, s in spec.kv_cache_specs.items()}
-                spec = dataclasses.replace(spec, kv_cache_specs=inner)
-            else:
-                spec = _unaligned(spec)
-            out.append(dataclasses.replace(group, kv_cache_spec=spec))
-        return out
+        groups = super().get_kv_cache_groups(vllm_config, kv_cache_spec)
+        return [with_layer_specs(group, _unaligned) for group in groups]
 
 
 def _unaligned(spec: KVCacheSpec) -> KVCacheSpec:

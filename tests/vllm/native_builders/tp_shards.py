@@ -25,49 +25,40 @@ from vllm.v1.kv_cache_interface import (
     AttentionSpec,
     KVCacheGroupSpec,
     KVCacheSpec,
-    UniformTypeKVCacheSpecs,
 )
 
-from tests.vllm.native_builders._common import plain_engine
+from tests.vllm.native_builders._common import plain_engine, with_layer_specs
 
 __all__ = ["ClaimsReplicatedKVBuilder", "DropsTPShardsBuilder"]
 
 
-def _with_shards(group: KVCacheGroupSpec, shards: int | None) -> KVCacheGroupSpec:
-    def change(spec: KVCacheSpec) -> KVCacheSpec:
-        if not isinstance(spec, AttentionSpec) or spec.max_tp_shards == shards:
-            return spec
-        return dataclasses.replace(spec, max_tp_shards=shards)
+class _ShardsBuilder(DefaultKVCacheConfigBuilder):
+    """vLLM's groups; on the platform's layouts, every attention spec records ``SHARDS``."""
 
-    spec = group.kv_cache_spec
-    if isinstance(spec, UniformTypeKVCacheSpecs):
-        inner = {name: change(s) for name, s in spec.kv_cache_specs.items()}
-        wrapper = dataclasses.replace(spec, kv_cache_specs=inner)
-        return dataclasses.replace(group, kv_cache_spec=wrapper)
-    return dataclasses.replace(group, kv_cache_spec=change(spec))
-
-
-class ClaimsReplicatedKVBuilder(DefaultKVCacheConfigBuilder):
-    """vLLM's groups, every attention group spec recording one TP shard."""
+    SHARDS: int | None
 
     def get_kv_cache_groups(
         self, vllm_config: VllmConfig, kv_cache_spec: dict[str, KVCacheSpec]
     ) -> list[KVCacheGroupSpec]:
-        """vLLM's grouping; on the platform's layouts, MLA's shard count on every spec."""
+        """vLLM's grouping, with the shard count rewritten where the platform's layouts apply."""
         groups = super().get_kv_cache_groups(vllm_config, kv_cache_spec)
         if not plain_engine(vllm_config):
             return groups
-        return [_with_shards(g, 1) for g in groups]
+        return [with_layer_specs(g, self._with_shards) for g in groups]
+
+    def _with_shards(self, spec: KVCacheSpec) -> KVCacheSpec:
+        if not isinstance(spec, AttentionSpec) or spec.max_tp_shards == self.SHARDS:
+            return spec
+        return dataclasses.replace(spec, max_tp_shards=self.SHARDS)
 
 
-class DropsTPShardsBuilder(DefaultKVCacheConfigBuilder):
+class ClaimsReplicatedKVBuilder(_ShardsBuilder):
+    """vLLM's groups, every attention group spec recording one TP shard (MLA's count)."""
+
+    SHARDS = 1
+
+
+class DropsTPShardsBuilder(_ShardsBuilder):
     """vLLM's groups, every attention group spec without a shard count."""
 
-    def get_kv_cache_groups(
-        self, vllm_config: VllmConfig, kv_cache_spec: dict[str, KVCacheSpec]
-    ) -> list[KVCacheGroupSpec]:
-        """vLLM's grouping; on the platform's layouts, the shard count dropped."""
-        groups = super().get_kv_cache_groups(vllm_config, kv_cache_spec)
-        if not plain_engine(vllm_config):
-            return groups
-        return [_with_shards(g, None) for g in groups]
+    SHARDS = None
