@@ -11,7 +11,9 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from conformance.check.observations import CallResult, PlacementObservation
 from kvref import KVCacheConfig, KVCacheGroupSpec, PlanningConfig, ReferenceKVCacheConfigBuilder
+from kvref.kernel_blocks import KernelTensorGeometry, kernel_tensor_geometries
 from kvref.layout import KVCacheLayout
 from kvref.specs import (
     AttentionSpec,
@@ -122,3 +124,42 @@ class UnpackedSingleLayers(ReferenceKVCacheConfigBuilder):
                 for i, name in enumerate(t.layers)
             ]
         return attrs.evolve(result, kv_cache_tensors=tensors)
+
+
+# -- hand-made observations of the reference's plan (tests/test_kernel_view*.py) ----------
+
+
+def reference_placement(
+    config: PlanningConfig, specs: dict[str, KVCacheSpec], num_blocks: int
+) -> PlacementObservation:
+    """The placement observation of the reference grouping and placing ``specs``."""
+    reference = ReferenceKVCacheConfigBuilder()
+    groups = reference.get_kv_cache_groups(config, specs)
+    plan = reference.get_kv_cache_config_from_groups(config, groups, num_blocks)
+    ok = CallResult(hook="get_kv_cache_config_from_groups", value=plan)
+    return PlacementObservation(
+        config=config,
+        specs=specs,
+        groups=tuple(groups),
+        groups_source="builder",
+        num_blocks=num_blocks,
+        results={num_blocks: ok},
+        repeat=ok,
+        fresh=ok,
+        mutations=(),
+        pool_bytes=None,
+        empty=ok,
+    )
+
+
+def misstepped_geometries(
+    *args: object, **kwargs: object
+) -> tuple[KernelTensorGeometry | None, ...]:
+    """The worker's kernel views, each stepping kernel blocks by half a kernel page."""
+    out = kernel_tensor_geometries(*args, **kwargs)  # type: ignore[arg-type]
+    return tuple(
+        None
+        if g is None
+        else attrs.evolve(g, strides=(g.strides[0], g.strides[1] // 2, *g.strides[2:]))
+        for g in out
+    )

@@ -10,16 +10,15 @@ blocks by half a kernel page fails both with the same message.
 
 from __future__ import annotations
 
-import attrs
 import pytest
 import torch
+from kernel_builders import misstepped_geometries, reference_placement
 
 import conformance.check.device_kernel as device_kernel
-from conformance.check.observations import CallResult, PlacementObservation
+from conformance.check.observations import PlacementObservation
 from conformance.check.violations import Violation
-from kvref import PlanningConfig, ReferenceKVCacheConfigBuilder
+from kvref import PlanningConfig
 from kvref.backends import AttentionBackend
-from kvref.kernel_blocks import KernelTensorGeometry, kernel_tensor_geometries
 from kvref.layout import KVCacheLayout
 from kvref.specs import FullAttentionSpec, KVCacheSpec
 
@@ -32,33 +31,7 @@ def _observation(layout: KVCacheLayout) -> PlacementObservation:
     config = PlanningConfig(
         max_model_len=256, kv_cache_layout=layout, attention_backends=(_BACKEND,)
     )
-    reference = ReferenceKVCacheConfigBuilder()
-    groups = reference.get_kv_cache_groups(config, specs)
-    plan = reference.get_kv_cache_config_from_groups(config, groups, 5)
-    ok = CallResult(hook="get_kv_cache_config_from_groups", value=plan)
-    return PlacementObservation(
-        config=config,
-        specs=specs,
-        groups=tuple(groups),
-        groups_source="builder",
-        num_blocks=5,
-        results={5: ok},
-        repeat=ok,
-        fresh=ok,
-        mutations=(),
-        pool_bytes=None,
-        empty=ok,
-    )
-
-
-def _misstep(*args: object, **kwargs: object) -> tuple[KernelTensorGeometry | None, ...]:
-    out = kernel_tensor_geometries(*args, **kwargs)  # type: ignore[arg-type]
-    return tuple(
-        None
-        if g is None
-        else attrs.evolve(g, strides=(g.strides[0], g.strides[1] // 2, *g.strides[2:]))
-        for g in out
-    )
+    return reference_placement(config, specs, 5)
 
 
 def _messages(outcome: object) -> list[str]:
@@ -78,7 +51,7 @@ def test_broadcast_and_gather_agree(
 ) -> None:
     """Same findings through the broadcast reading and through the gather alone."""
     if broken:
-        monkeypatch.setattr(device_kernel, "kernel_tensor_geometries", _misstep)
+        monkeypatch.setattr(device_kernel, "kernel_tensor_geometries", misstepped_geometries)
     taken: list[bool] = []
     real_order = device_kernel._runs_order
 

@@ -9,7 +9,6 @@ kernel blocks differently from the plan (contract.md#kernel-views).
 
 from __future__ import annotations
 
-import attrs
 import kernel_builders
 import legal_builders
 import pytest
@@ -18,16 +17,13 @@ import torch
 import conformance.check.device_kernel as device_kernel
 from conformance import check_builder
 from conformance.check.catalog import Unjudged, by_id
-from conformance.check.observations import CallResult, PlacementObservation
+from conformance.check.observations import PlacementObservation
 from conformance.check.violations import Violation
 from kvref import (
-    KVCacheConfig,
-    KVCacheGroupSpec,
     PlanningConfig,
     ReferenceKVCacheConfigBuilder,
 )
 from kvref.backends import AttentionBackend
-from kvref.kernel_blocks import KernelTensorGeometry, kernel_tensor_geometries
 from kvref.layout import KVCacheLayout
 from kvref.specs import FullAttentionSpec, KVCacheSpec
 
@@ -130,33 +126,7 @@ def _observation(
     config = PlanningConfig(
         max_model_len=256, kv_cache_layout=KVCacheLayout.LBNHC, attention_backends=backends
     )
-    reference = ReferenceKVCacheConfigBuilder()
-    groups = reference.get_kv_cache_groups(config, specs)
-    plan = reference.get_kv_cache_config_from_groups(config, groups, num_blocks)
-    return _placement(config, specs, groups, plan, num_blocks)
-
-
-def _placement(
-    config: PlanningConfig,
-    specs: dict[str, KVCacheSpec],
-    groups: list[KVCacheGroupSpec],
-    plan: KVCacheConfig,
-    num_blocks: int,
-) -> PlacementObservation:
-    ok = CallResult(hook="get_kv_cache_config_from_groups", value=plan)
-    return PlacementObservation(
-        config=config,
-        specs=specs,
-        groups=tuple(groups),
-        groups_source="builder",
-        num_blocks=num_blocks,
-        results={num_blocks: ok},
-        repeat=ok,
-        fresh=ok,
-        mutations=(),
-        pool_bytes=None,
-        empty=ok,
-    )
+    return kernel_builders.reference_placement(config, specs, num_blocks)
 
 
 class TestFindings:
@@ -179,18 +149,9 @@ class TestFindings:
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """A kernel view stepping kernel blocks by half a kernel page is caught on the device."""
-        real = kernel_tensor_geometries
-
-        def misstep(*args: object, **kwargs: object) -> tuple[KernelTensorGeometry | None, ...]:
-            out = real(*args, **kwargs)  # type: ignore[arg-type]
-            return tuple(
-                None
-                if g is None
-                else attrs.evolve(g, strides=(g.strides[0], g.strides[1] // 2, *g.strides[2:]))
-                for g in out
-            )
-
-        monkeypatch.setattr(device_kernel, "kernel_tensor_geometries", misstep)
+        monkeypatch.setattr(
+            device_kernel, "kernel_tensor_geometries", kernel_builders.misstepped_geometries
+        )
         backend = AttentionBackend(name="k16", supported_kernel_block_sizes=(16,))
         outcome = device_kernel.kernel_view_findings(_observation((backend,)))
         assert isinstance(outcome, list) and outcome
