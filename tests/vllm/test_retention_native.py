@@ -12,10 +12,9 @@ import pytest
 
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
+from _native import native_context
+
 from conformance.check.catalog import by_id
-from conformance.harness.adapters import load_builder
-from conformance.harness.guard import Guard
-from conformance.harness.hooks import Context, make_factory
 from conformance.scenarios.examples import Example
 from conformance.scenarios.registry import observe_in
 from kvref import FullAttentionSpec, KVCacheLayout, PlanningConfig, SlidingWindowSpec
@@ -50,13 +49,7 @@ def _example(interval: int | None) -> Example:
 
 
 def _judge(name: str, interval: int | None, scenario: str) -> object:
-    builder = load_builder(name)
-    guard = Guard(120.0)
-    ctx = Context(
-        factory=make_factory(builder, guard),
-        guard=guard,
-        core=getattr(builder, "kvref_core", None),
-    )
+    ctx = native_context(name)
     return by_id()["KV-PLACE-RETENTION"].check(observe_in(ctx, scenario, _example(interval)))
 
 

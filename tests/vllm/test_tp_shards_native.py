@@ -15,13 +15,12 @@ import pytest
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
 import torch
+from _native import native_context
 
 from conformance import check_builder
 from conformance.check.catalog import by_id
 from conformance.check.violations import Violation
 from conformance.harness.adapters import load_builder
-from conformance.harness.guard import Guard
-from conformance.harness.hooks import Context, make_factory
 from conformance.scenarios.examples import Example
 from conformance.scenarios.registry import observe_in
 from kvref import FullAttentionSpec, KVCacheLayout, MLAAttentionSpec, PlanningConfig
@@ -51,13 +50,7 @@ def _example(spec: FullAttentionSpec) -> Example:
 
 
 def _judge(name: str, spec: FullAttentionSpec) -> object:
-    builder = load_builder(name)
-    guard = Guard(120.0)
-    ctx = Context(
-        factory=make_factory(builder, guard),
-        guard=guard,
-        core=getattr(builder, "kvref_core", None),
-    )
+    ctx = native_context(name)
     return by_id()[ID].check(observe_in(ctx, "grouping", _example(spec)))
 
 

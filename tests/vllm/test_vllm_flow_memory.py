@@ -18,10 +18,10 @@ import pytest
 
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
+from _native import native_context
+
 from conformance.check.catalog import by_id
-from conformance.harness.adapters import load_builder
-from conformance.harness.guard import Guard
-from conformance.harness.hooks import Context, make_factory
+from conformance.harness.hooks import Context
 from conformance.scenarios.core import IN_VLLM_FLOW, observe_core
 from conformance.scenarios.profiling import observe_profiling
 from kvref import FullAttentionSpec, KVCacheLayout, PlanningConfig
@@ -36,13 +36,7 @@ FULL = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype="bfl
 
 
 def _ctx(name: str) -> Context:
-    builder = load_builder(f"{PKG}:{name}")
-    guard = Guard(120.0)
-    return Context(
-        factory=make_factory(builder, guard),
-        guard=guard,
-        core=getattr(builder, "kvref_core", None),
-    )
+    return native_context(f"{PKG}:{name}")
 
 
 def _workers(sizes: tuple[int, ...]) -> list[dict[str, KVCacheSpec]]:
