@@ -226,7 +226,13 @@ def _config_watched(config: PlanningConfig, vcfg: Any) -> Iterator[None]:
         yield
     finally:
         with kit_side("vLLM adapter", "reading the VllmConfig's state"):
-            changes = handed.state_changes(before, handed.object_state(vcfg, "vllm_config"))
+            # Pickling the whole object again proves it unchanged faster than
+            # the walk; the walk names what changed, or finds that what did
+            # lies deeper than a hook's planning inputs.
+            if iv.is_pristine(config, vcfg):
+                changes = []
+            else:
+                changes = handed.state_changes(before, handed.object_state(vcfg, "vllm_config"))
         handed.record(*changes)
 
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copy
+import copyreg
 import dataclasses
 import functools
 import importlib
 import json
 import mmap
 import os
+import pickle
 import shutil
 import tempfile
 from collections.abc import Hashable, Iterator
@@ -148,7 +150,25 @@ def _pinned_class(base: Any) -> type[Any]:
         ),
         "speculative_config": property(spec_config, set_spec_config),
     }
-    return type("KVRefPinnedVllmConfig", (base,), namespace)
+    cls = type("KVRefPinnedVllmConfig", (base,), namespace)
+    copyreg.pickle(cls, _reduce_swapped)
+    return cls
+
+
+def _reduce_swapped(obj: Any) -> tuple[Any, ...]:
+    """Pickle an instance of a class made at run time as its base plus the swap.
+
+    The classes this module makes cannot be found by name, so pickle (the
+    copy :func:`to_vllm_config` hands out) could not rebuild their instances.
+    """
+    cls = type(obj)
+    return _rebuild_swapped, (cls.__bases__[0], cls.__name__), dict(obj.__dict__)
+
+
+def _rebuild_swapped(base: Any, name: str) -> Any:
+    made = {"KVRefPinnedVllmConfig": _pinned_class, "KVRefDeclaringModelConfig": _declaring_class}
+    cls: Any = made[name](base)
+    return object.__new__(cls)
 
 
 @functools.lru_cache(maxsize=256)
@@ -334,8 +354,8 @@ def to_vllm_config(config: PlanningConfig) -> Any:
 
     Constructing a ``VllmConfig`` takes a noticeable fraction of a second, so
     one is built per PP size and scheduling mode, configured once per
-    distinct ``config`` (both cached), and handed out as a deep copy
-    (about a millisecond): vLLM's Core mutates ``max_model_len`` and
+    distinct ``config`` (both cached), and handed out as a copy (unpickled,
+    a fraction of a millisecond): vLLM's Core mutates ``max_model_len`` and
     ``num_gpu_blocks_override`` while it plans, which must not leak into the cache.
 
     The copy has the layout resolved to ``config.kv_cache_layout``,
@@ -366,7 +386,46 @@ def to_vllm_config(config: PlanningConfig) -> Any:
             other than the host page size).
     """
     vllm_modules()
-    return copy.deepcopy(_template(config))
+    template = _template(config)
+    frozen = _frozen(config)
+    return copy.deepcopy(template) if frozen is None else pickle.loads(frozen)
+
+
+def is_pristine(config: PlanningConfig, vllm_config: Any) -> bool:
+    """Whether ``vllm_config`` still pickles byte for byte as :func:`to_vllm_config`'s copy did.
+
+    ``True`` proves that nothing reachable by pickling changed; ``False``
+    proves nothing (some configs are copied without pickling, and a value
+    rebuilt by a reader may pickle differently): a caller that must know
+    what changed then compares the object's state itself.
+    """
+    frozen = _frozen(config)
+    if frozen is None:
+        return False
+    try:
+        return pickle.dumps(vllm_config, protocol=pickle.HIGHEST_PROTOCOL) == frozen
+    except Exception:
+        # A hook stored something that cannot be pickled: certainly a change.
+        return False
+
+
+@functools.lru_cache(maxsize=256)
+def _frozen(config: PlanningConfig) -> bytes | None:
+    """The template pickled at its fixed point, or ``None`` to deep-copy it instead.
+
+    Unpickling is about three times faster than ``copy.deepcopy`` and
+    pickling the result again says cheaply whether a hook changed it.  The
+    template itself may pickle differently from its copies (values it
+    shares with the cached skeleton are rebuilt), so the bytes kept are a
+    copy's.  A hook the user's config holds (a lambda, say) may not pickle:
+    deep-copied instead.
+    """
+    template = _template(config)
+    try:
+        copied = pickle.loads(pickle.dumps(template, protocol=pickle.HIGHEST_PROTOCOL))
+        return pickle.dumps(copied, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return None
 
 
 def _apply_hisparse(vcfg: Any, config: PlanningConfig) -> None:
@@ -456,7 +515,9 @@ def _declaring_class(base: Any) -> type[Any]:
         "supports_kv_cache_grouping": property(lambda self: True),
         "registry": property(registry),
     }
-    return type("KVRefDeclaringModelConfig", (base,), namespace)
+    cls = type("KVRefDeclaringModelConfig", (base,), namespace)
+    copyreg.pickle(cls, _reduce_swapped)
+    return cls
 
 
 def _declare_grouping(vcfg: Any, config: PlanningConfig) -> None:
