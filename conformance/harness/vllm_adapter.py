@@ -200,7 +200,7 @@ def _as_vllm_sees(config: PlanningConfig) -> Iterator[None]:
         yield
 
 
-#: The state of a fresh ``VllmConfig`` per ``PlanningConfig`` (each call's is a deep copy
+#: The state of a fresh ``VllmConfig`` per ``PlanningConfig`` (each call's is a copy
 #: of one template, so one walk serves every call with that config).
 _PRISTINE: dict[PlanningConfig, dict[str, Any]] = {}
 
