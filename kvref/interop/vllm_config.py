@@ -96,6 +96,19 @@ def _skeleton(pipeline_parallel_size: int, async_scheduling: bool) -> Any:
         )
 
 
+@functools.lru_cache(maxsize=32)
+def _skeleton_pickle(pipeline_parallel_size: int, async_scheduling: bool) -> bytes | None:
+    """:func:`_skeleton` pickled (``None``: it does not pickle and is deep-copied).
+
+    Each template starts as a copy of it; unpickling is the faster copy.
+    """
+    skeleton = _skeleton(pipeline_parallel_size, async_scheduling)
+    try:
+        return pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return None
+
+
 class _EagleBlockDrop:
     """The one question planning asks a speculative config: is the EAGLE block drop on?"""
 
@@ -178,7 +191,12 @@ def _template(config: PlanningConfig) -> Any:
             "host_resident_layers has no vLLM counterpart outside HiSparse; "
             "the vLLM adapter cannot express host-resident groups"
         )
-    vcfg = copy.deepcopy(_skeleton(config.pipeline_parallel_size, config.async_scheduling))
+    pickled = _skeleton_pickle(config.pipeline_parallel_size, config.async_scheduling)
+    vcfg = (
+        copy.deepcopy(_skeleton(config.pipeline_parallel_size, config.async_scheduling))
+        if pickled is None
+        else pickle.loads(pickled)
+    )
     model, cache, sched, par = (
         vcfg.model_config,
         vcfg.cache_config,
@@ -387,7 +405,11 @@ def to_vllm_config(config: PlanningConfig) -> Any:
     """
     vllm_modules()
     template = _template(config)
-    frozen = _frozen(config)
+    if config not in _FROZEN:
+        fresh = _freeze(config, template)
+        if fresh is not None:
+            return fresh
+    frozen = _FROZEN.get(config)
     return copy.deepcopy(template) if frozen is None else pickle.loads(frozen)
 
 
@@ -399,7 +421,7 @@ def is_pristine(config: PlanningConfig, vllm_config: Any) -> bool:
     rebuilt by a reader may pickle differently): a caller that must know
     what changed then compares the object's state itself.
     """
-    frozen = _frozen(config)
+    frozen = _FROZEN.get(config)
     if frozen is None:
         return False
     try:
@@ -409,23 +431,31 @@ def is_pristine(config: PlanningConfig, vllm_config: Any) -> bool:
         return False
 
 
-@functools.lru_cache(maxsize=256)
-def _frozen(config: PlanningConfig) -> bytes | None:
-    """The template pickled at its fixed point, or ``None`` to deep-copy it instead.
+#: Per config, the pickle of a copy of its template (``None``: it is deep-copied).
+#: Unpickling is about three times faster than ``copy.deepcopy``, and pickling
+#: a copy again says cheaply whether a hook changed it.
+_FROZEN: dict[PlanningConfig, bytes | None] = {}
 
-    Unpickling is about three times faster than ``copy.deepcopy`` and
-    pickling the result again says cheaply whether a hook changed it.  The
-    template itself may pickle differently from its copies (values it
-    shares with the cached skeleton are rebuilt), so the bytes kept are a
-    copy's.  A hook the user's config holds (a lambda, say) may not pickle:
-    deep-copied instead.
+
+def _freeze(config: PlanningConfig, template: Any) -> Any:
+    """Record how ``config``'s template is copied; the fresh copy made on the way, or ``None``.
+
+    The template itself may pickle differently from its copies (a first
+    round trip can rebuild values it shares), so the bytes kept are a
+    copy's, taken before the copy is handed out.  A hook the user's config
+    holds (a lambda, say) may not pickle: that config is deep-copied.
     """
-    template = _template(config)
+    if len(_FROZEN) >= 256:
+        # Most configs of a run are planned once or twice (Core's auto-fit
+        # probes one per length), so a plain bound keeps the cache small.
+        _FROZEN.clear()
     try:
         copied = pickle.loads(pickle.dumps(template, protocol=pickle.HIGHEST_PROTOCOL))
-        return pickle.dumps(copied, protocol=pickle.HIGHEST_PROTOCOL)
+        _FROZEN[config] = pickle.dumps(copied, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
+        _FROZEN[config] = None
         return None
+    return copied
 
 
 def _apply_hisparse(vcfg: Any, config: PlanningConfig) -> None:

@@ -44,7 +44,7 @@ def test_a_pickled_copy_is_the_deep_copy(config: PlanningConfig) -> None:
     """Same class, same state as the deep copy it replaces, fresh each time, and pristine."""
     template = vc._template(config)
     first, second = vc.to_vllm_config(config), vc.to_vllm_config(config)
-    assert vc._frozen(config) is not None
+    assert vc._FROZEN[config] is not None
     assert type(first) is type(template)
     assert type(first.model_config) is type(template.model_config)
     expected = handed.object_state(copy.deepcopy(template), "v")
@@ -80,6 +80,6 @@ def test_an_unpicklable_hook_is_deep_copied() -> None:
     """A lambda the user's config holds cannot pickle: the deep copy, never the proof."""
     config = PlanningConfig(model_kv_cache_grouping=lambda c, s: [])
     vcfg = vc.to_vllm_config(config)
-    assert vc._frozen(config) is None
+    assert vc._FROZEN[config] is None
     assert type(vcfg.model_config).__name__ == "KVRefDeclaringModelConfig"
     assert not vc.is_pristine(config, vcfg)
