@@ -391,7 +391,37 @@ def _session(config: pytest.Config) -> _Session | None:
 def pytest_configure(config: pytest.Config) -> None:
     """Check the kit's options once, before collection, when a builder is given."""
     if config.getoption("--kv-builder", default=None) is not None:
+        _keep_hypothesis_plain(config)
         config._kvref_session = _check_options(config)  # type: ignore[attr-defined]
+
+
+#: Packages of the kit's run that pytest marks for assertion rewriting only
+#: because they ship a pytest plugin (the kit's own, installed from a wheel).
+_NOT_REWRITTEN = ("hypothesis", "kvref", "conformance")
+
+
+def _keep_hypothesis_plain(config: pytest.Config) -> None:
+    """Import Hypothesis and the kit as Python does, not assertion-rewritten, for the kit's run.
+
+    pytest rewrites the asserts of every installed package that ships a
+    plugin, Hypothesis and the kit included, so that their failures explain
+    themselves.  The kit's run drives Hypothesis's engine hard: rewriting
+    its modules (on every run where bytecode is not cached) and running its
+    rewritten asserts made the plugin about a quarter slower than the CLI
+    for the same run (benchmarks/plugin_cost.py).  The kit reports its own
+    failures, and the kit's items (the collected test module) are rewritten
+    as any test module is, so nothing is lost.  pytest offers no public way
+    to unmark a package: where its rewrite hook does not look as expected,
+    this does nothing.
+    """
+    hook = getattr(config.pluginmanager, "rewrite_hook", None)
+    marked = getattr(hook, "_must_rewrite", None)
+    cache = getattr(hook, "_marked_for_rewrite_cache", None)
+    if not isinstance(marked, set) or not isinstance(cache, dict):
+        return
+    for name in _NOT_REWRITTEN:
+        marked.discard(name)
+    cache.clear()
 
 
 @pytest.hookimpl(optionalhook=True)
