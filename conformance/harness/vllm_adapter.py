@@ -229,11 +229,18 @@ def _config_watched(config: PlanningConfig, vcfg: Any) -> Iterator[None]:
             # Pickling the whole object again proves it unchanged faster than
             # the walk; the walk names what changed, or finds that what did
             # lies deeper than a hook's planning inputs.
-            if iv.is_pristine(config, vcfg):
-                changes = []
-            else:
-                changes = handed.state_changes(before, handed.object_state(vcfg, "vllm_config"))
+            changes = [] if iv.is_pristine(config, vcfg) else _changes_read(before, vcfg)
         handed.record(*changes)
+
+
+def _changes_read(before: dict[str, Any], vcfg: Any) -> list[str]:
+    """The hook's changes to ``vcfg``; an object it left there that cannot be read is one."""
+    try:
+        return handed.state_changes(before, handed.object_state(vcfg, "vllm_config"))
+    except Exception as exc:
+        # The same walk read the pristine copy before the call: what fails
+        # now, the hook put there.  Its message is the hook's too: not read.
+        return [f"vllm_config: the hook left a value that cannot be read ({type(exc).__name__})"]
 
 
 def _converted(convert: Callable[[Any], Any], value: Any, expected: Any = object) -> Any:

@@ -32,12 +32,17 @@ class TestVllmConfigWrites:
                 "vllm_config.cache_config.num_gpu_blocks_override: None -> ",
             ),
             (
+                "LeavesUnreadable",
+                "KV-GROUP-INPUT-UNCHANGED",
+                "vllm_config: the hook left a value that cannot be read (RuntimeError)",
+            ),
+            (
                 "PinsOverrideInPoolBytes",
                 "KV-PLACE-INPUT-UNCHANGED",
                 "_get_pool_bytes_per_block changed vllm_config.cache_config.num_gpu_blocks",
             ),
         ],
-        ids=["grouping", "placement", "pool-bytes"],
+        ids=["grouping", "placement", "unreadable", "pool-bytes"],
     )
     def test_a_written_vllm_config_fails_the_hooks_purity(
         self, name: str, meant: str, field: str, isolate: bool

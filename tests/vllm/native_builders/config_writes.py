@@ -44,3 +44,28 @@ class PinsOverrideInPoolBytes(DefaultKVCacheConfigBuilder):
     def _get_pool_bytes_per_block(self, vllm_config: Any, kv_cache_groups: list[Any]) -> Any:
         vllm_config.cache_config.num_gpu_blocks_override = 1
         return None
+
+
+class _Unreadable:
+    """An object whose state cannot be read or pickled (a hostile builder's plant)."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in ("__class__",):
+            return object.__getattribute__(self, name)
+        raise RuntimeError(f"no {name} here")
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise RuntimeError("not pickled either")
+
+
+class LeavesUnreadable(DefaultKVCacheConfigBuilder):
+    """Replaces ``model_config.hf_config`` with an object no one can read, after grouping.
+
+    The kit's comparison fails to read it: that is the hook's write, judged
+    as such, never a kit error.
+    """
+
+    def get_kv_cache_groups(self, vllm_config: Any, kv_cache_spec: dict[str, Any]) -> list[Any]:
+        groups = super().get_kv_cache_groups(vllm_config, kv_cache_spec)
+        vars(vllm_config.model_config)["hf_config"] = _Unreadable()
+        return groups  # type: ignore[no-any-return]
