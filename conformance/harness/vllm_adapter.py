@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import attrs
 
 from conformance.errors import kit_side
-from conformance.harness import handed
+from conformance.harness import answer_parts, handed
 from conformance.harness.guard import groups_key
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
@@ -247,16 +247,28 @@ def _converted(convert: Callable[[Any], Any], value: Any, expected: Any = object
     """``convert(value)``: the builder's answer in kvref records.
 
     A :class:`~kvref.interop.vllm.VLLMOutputError` is the builder's (its answer
-    does not convert).  Any other exception on an answer of the documented
-    type is the converter's own failure: a kit error, never a verdict.
+    does not convert), and so is any exception on an answer that is not of
+    the documented type or holds a value vLLM's records never hold
+    (:func:`~conformance.harness.answer_parts.odd_part`).  Any other
+    exception, on a plain answer of the documented type, is the converter's
+    own failure: a kit error, never a verdict.
     """
     try:
         return convert(value)
     except iv.VLLMOutputError:
         raise
     except Exception as exc:
+        # The answer's own methods may be what raised: describe it by types only.
         if not isinstance(value, expected):
-            raise iv.VLLMOutputError(f"cannot convert {value!r:.200}: {exc}") from exc
+            raise iv.VLLMOutputError(
+                f"cannot convert a {type(value).__name__}: {type(exc).__name__}"
+            ) from exc
+        odd = answer_parts.odd_part(value)
+        if odd is not None:
+            raise iv.VLLMOutputError(
+                f"cannot convert the answer: it holds {odd}, where vLLM's records hold "
+                f"plain values ({type(exc).__name__} reading it)"
+            ) from exc
         with kit_side("vLLM adapter", "converting the builder's answer back to kvref"):
             raise
 

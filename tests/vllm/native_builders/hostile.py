@@ -1,0 +1,66 @@
+"""Hostile vLLM-native builders: answers built to break the kit's reading of them.
+
+Each one calls ``super()`` and then plants, in an answer of the documented
+vLLM type, a value whose methods raise: a field whose truth value raises, a
+size that is an ``int`` whose comparisons raise.  Reading such an answer is
+the builder's failure (the answer is not what the contract promises), never
+an internal error of the kit, which would exit 2 and let a builder turn its
+own failure into the kit's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
+
+
+class _Raises:
+    """Every question about it raises (truth, text, comparison, iteration)."""
+
+    def __bool__(self) -> bool:
+        raise RuntimeError("no truth value here")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no text here")
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("no comparison here")
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class _RaisingInt(int):
+    """An ``int`` whose comparisons and text raise."""
+
+    def __lt__(self, other: object) -> bool:
+        raise RuntimeError("no order here")
+
+    __le__ = __gt__ = __ge__ = __lt__  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no text here")
+
+
+class TruthRaisingField(DefaultKVCacheConfigBuilder):
+    """The first tensor's ``host_resident`` is a value whose truth raises."""
+
+    def get_kv_cache_config_from_groups(
+        self, vllm_config: Any, kv_cache_groups: list[Any], num_blocks: int
+    ) -> Any:
+        config = super().get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, num_blocks)
+        if config.kv_cache_tensors:
+            config.kv_cache_tensors[0].host_resident = _Raises()
+        return config
+
+
+class RaisingIntSize(DefaultKVCacheConfigBuilder):
+    """The first tensor's size is an ``int`` subclass whose comparisons raise."""
+
+    def get_kv_cache_config_from_groups(
+        self, vllm_config: Any, kv_cache_groups: list[Any], num_blocks: int
+    ) -> Any:
+        config = super().get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, num_blocks)
+        if config.kv_cache_tensors:
+            config.kv_cache_tensors[0].size = _RaisingInt(config.kv_cache_tensors[0].size)
+        return config
