@@ -353,8 +353,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     Serves until the kit closes the pipe, then ends the process (it never returns).
     """
+    from conformance.harness import wire
+
     args = list(sys.argv[1:] if argv is None else argv)
     keep_vllm_quiet()
+    wire.in_builder_process()
     # Answers go on the real stdout; the builder's prints must not corrupt them.
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     sys.stdout = sys.stderr

@@ -29,6 +29,7 @@ that builds only the kit's own record types and plain values:
 from __future__ import annotations
 
 import builtins
+import copyreg
 import enum
 import fractions
 import importlib
@@ -361,6 +362,47 @@ def _decode_opaque(body: Any, where: str, depth: int) -> Opaque:
     return Opaque(str(body["type"])[:200], str(body["repr"])[:400])
 
 
+class _Placeholder(type):
+    """The type of the kit's placeholder classes (pickled by name, see :func:`builder_class`)."""
+
+
+def _reduce_placeholder(cls: Any) -> tuple[Any, ...]:
+    return builder_class, (cls.kvref_placeholder_for,)
+
+
+# A placeholder travels to the builder's worker inside a vendor spec the kit
+# hands back (a grouping Core re-plans); there it is the vendor's own class.
+copyreg.pickle(_Placeholder, _reduce_placeholder)
+
+#: Whether this process is the builder's own (its worker or its twin).
+_BUILDER_PROCESS = [False]
+
+
+def in_builder_process() -> None:
+    """Mark this process as the builder's: class names resolve to the builder's classes."""
+    _BUILDER_PROCESS[0] = True
+
+
+def builder_class(name: str) -> type:
+    """The builder's class ``module:qualname`` in the builder's process, its placeholder elsewhere.
+
+    The kit's own process never imports the builder's modules; the builder's
+    worker has imported them already, and a vendor hook there must get its
+    own class back (``isinstance`` gates).
+    """
+    if _BUILDER_PROCESS[0]:
+        module, _, qualname = name.partition(":")
+        try:
+            found: Any = importlib.import_module(module)
+            for part in qualname.split("."):
+                found = getattr(found, part)
+        except Exception:
+            found = None
+        if isinstance(found, type):
+            return found
+    return placeholder_class(name)
+
+
 @cache
 def placeholder_class(name: str) -> type:
     """A class of the kit's that stands for the builder's class ``module:qualname``.
@@ -368,7 +410,7 @@ def placeholder_class(name: str) -> type:
     It has the name only: the kit never imports the builder's module.
     """
     module, _, qualname = name.partition(":")
-    return type(
+    return _Placeholder(
         qualname.rpartition(".")[2] or "Unknown",
         (),
         {
@@ -395,7 +437,7 @@ def _decode_vendor(body: Any, where: str, depth: int) -> Any:
     if type(extra) is not tuple:
         raise WireError(f"{where}.extra must be a tuple of (field, value) pairs")
     values = _decode_record_fields(kind, body["fields"], where, depth)
-    cls = vendor_spec_class(kind, placeholder_class(body["class"]), extra)
+    cls = vendor_spec_class(kind, builder_class(body["class"]), extra)
     return _build(cls, values, where)
 
 

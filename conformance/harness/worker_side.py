@@ -375,6 +375,7 @@ def serve(
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     _own_group_and_output(output)
     _watch_parent(parent)
+    wire.in_builder_process()
     # This process only plans: vLLM's logger stays quiet for good once set.
     keep_vllm_quiet()
     keep_freed_memory()  # the worker is the kit's process (heap.py)

@@ -309,19 +309,53 @@ def spec_to_vllm(spec: GroupKVCacheSpec) -> Any:
 
 
 def _vendor_to_vllm(spec: KVCacheSpec, origin: VendorOrigin) -> Any:
-    """A fresh instance of the vendor's own class (never cached: a builder gets its own copy)."""
+    """A fresh instance of the vendor's own class (never cached: a builder gets its own copy).
+
+    Where the vendor's class is known by name only (a process that never
+    imports the vendor's module), the instance is of a subclass of the
+    nearest vLLM class named like it (:func:`_named_like`): vLLM plans it as
+    that class, which kvref already requires of a vendor class (its page is
+    its base's), and converting it back gives the same kvref stand-in.
+    """
     kwargs = {
         f.name: _value_to_vllm(f.name, getattr(spec, f.name))
         for f in attrs.fields(origin.kind)
         if f.init
     }
     kwargs.update(origin.extra)
+    target: Any = origin.vendor_cls
+    base = getattr(vllm_modules().kvi, origin.kind.__name__)
+    if not (isinstance(target, type) and issubclass(target, base)):
+        target = _named_like(target, base, tuple(name for name, _ in origin.extra))
     try:
-        return origin.vendor_cls(**kwargs)
+        return target(**kwargs)
     except (ValueError, AssertionError, TypeError) as exc:
         raise UnsupportedError(
             f"{origin.vendor_cls.__qualname__} refuses the fields of {spec!r:.200}: {exc}"
         ) from exc
+
+
+#: The class attribute a :func:`_named_like` class names the vendor class it stands for in.
+_STANDS_FOR = "_kvref_stands_for"
+
+
+@functools.lru_cache(maxsize=64)
+def _named_like(vendor_cls: Any, base: Any, extra: tuple[str, ...]) -> type[Any]:
+    """A frozen subclass of vLLM's ``base``, named as ``vendor_cls``, with ``extra`` fields.
+
+    Made once per arguments, so its instances compare equal as the vendor's
+    would (vLLM's spec equality is class-strict).
+    """
+    cls = dataclasses.make_dataclass(
+        getattr(vendor_cls, "__name__", "VendorSpec"),
+        [(name, Any, dataclasses.field(default=None)) for name in extra],
+        bases=(base,),
+        frozen=True,
+        kw_only=True,
+    )
+    setattr(cls, _STANDS_FOR, vendor_cls)
+    cls.__qualname__ = getattr(vendor_cls, "__qualname__", cls.__name__)
+    return cls
 
 
 def _vendor_base(vendor_cls: type[Any]) -> tuple[Any, type[KVCacheSpec]] | None:
@@ -346,9 +380,11 @@ def _vendor_from_vllm(spec: Any) -> KVCacheSpec | None:
         for f in dataclasses.fields(spec)
         if f.init and f.name not in names
     )
+    # A class made by _named_like converts back to the vendor class it stands for.
+    vendor_cls = type(spec).__dict__.get(_STANDS_FOR, type(spec))
     try:
         plain = spec_from_vllm(base(**{n: getattr(spec, n) for n in names}))
-        stand_in = vendor_spec_class(kind, type(spec), extra)
+        stand_in = vendor_spec_class(kind, vendor_cls, extra)
         converted: KVCacheSpec = stand_in(
             **{f.name: getattr(plain, f.name) for f in attrs.fields(kind) if f.init}
         )
