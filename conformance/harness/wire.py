@@ -18,7 +18,8 @@ that builds only the kit's own record types and plain values:
   ``{"dtype": name}``, ``{"fraction": [n, d]}``;
 - ``{"vendor": {...}}``: a vendor's subclass of a vLLM spec class, as the
   kvref kind, the vendor class's name and the field values; the kit keeps a
-  stand-in class of that name and never imports the vendor's module;
+  stand-in class of that name and never imports the vendor's module (the
+  builder's own worker and twin get the vendor's class: :func:`builder_class`);
 - ``{"opaque": {"type": name, "repr": text}}``: anything else; the kit gets
   an :class:`Opaque` that type checks reject as what it is;
 - exceptions as their class names (most derived first), message and
