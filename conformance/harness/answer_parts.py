@@ -50,8 +50,8 @@ def odd_part(answer: Any) -> str | None:
 
     Plain: ``int``, ``float``, ``str``, ``bool``, ``bytes`` and ``None`` of
     exactly those types, torch dtypes, vLLM's enums, lists, tuples and dicts
-    of plain values, and instances of vLLM's own dataclasses (exactly their
-    class) whose fields are plain.  The answer is ``"answer..."``, e.g.
+    of plain values, and instances of vLLM's own dataclasses, or of a
+    vendor's dataclass subclass of one, whose fields are plain.  The answer is ``"answer..."``, e.g.
     ``"answer.kv_cache_tensors[0].size (a _RaisingInt)"``.
     """
     stack: list[tuple[str, Any, int]] = [("answer", answer, 0)]
@@ -76,6 +76,24 @@ def odd_part(answer: Any) -> str | None:
                 (f"{path}.{f.name}", getattr(value, f.name), depth + 1)
                 for f in dataclasses.fields(cls)
             )
+        elif _vendor_record(cls):
+            # A vendor's subclass of a vLLM record is legal (vLLM plans it as
+            # its base): its fields are judged, read from the instance itself.
+            try:
+                state = object.__getattribute__(value, "__dict__")
+            except AttributeError:
+                return f"{path} (a {cls.__name__} without instance fields)"
+            names = [f.name for f in dataclasses.fields(cls)]
+            if type(state) is not dict or any(name not in state for name in names):
+                return f"{path} (a {cls.__name__} without its fields)"
+            stack.extend((f"{path}.{name}", state[name], depth + 1) for name in names)
         else:
             return f"{path} (a {cls.__name__})"
     return None
+
+
+def _vendor_record(cls: type) -> bool:
+    """Whether ``cls`` is a dataclass subclass of one of vLLM's dataclasses."""
+    return dataclasses.is_dataclass(cls) and any(
+        _trusted_module(base) and dataclasses.is_dataclass(base) for base in cls.__mro__[1:]
+    )
