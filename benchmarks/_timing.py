@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import resource
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 
@@ -35,3 +36,39 @@ def timed_parts(
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     user = after.ru_utime - before.ru_utime
     return wall, user, after.ru_stime - before.ru_stime, done.returncode
+
+
+def in_turns(
+    checkouts: Sequence[Path],
+    repeats: int,
+    command: list[str],
+    pythonpath: Callable[[Path], str],
+) -> None:
+    """Run ``command`` in every checkout, in turns, ``repeats`` times, and print the figures.
+
+    Each run has its checkout as working directory and ``pythonpath(root)``
+    as ``PYTHONPATH`` (so that checkout's code is imported); turns go
+    checkout A, B, ..., then again, so load on a shared machine hits every
+    checkout alike.  Printed: one line per run, the load average at the
+    end, and each checkout's wall and user+sys range.
+    """
+    results: dict[Path, list[tuple[float, float, float, int]]] = {c: [] for c in checkouts}
+    for repeat in range(repeats):
+        for checkout in checkouts:
+            root = checkout.resolve()
+            env = dict(os.environ, PYTHONPATH=pythonpath(root))
+            wall, user, system, code = timed_parts(command, cwd=root, env=env)
+            results[checkout].append((wall, user, system, code))
+            print(
+                f"run {repeat + 1} {checkout}: {wall:.1f} s wall, {user:.1f} s user, "
+                f"{system:.1f} s sys, exit {code}",
+                flush=True,
+            )
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    for checkout, runs in results.items():
+        walls = sorted(r[0] for r in runs)
+        cpu = sorted(r[1] + r[2] for r in runs)
+        print(
+            f"{checkout}: wall {walls[0]:.1f}-{walls[-1]:.1f} s, "
+            f"user+sys {cpu[0]:.1f}-{cpu[-1]:.1f} s"
+        )

@@ -19,19 +19,10 @@ is fine as long as it needs nothing newer.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from _timing import timed_parts
-
-
-def _one(checkout: Path, seed: int, extra: list[str]) -> tuple[float, float, float, int]:
-    return timed_parts(
-        [sys.executable, "-m", "conformance.cli", "--no-database", "--seed", str(seed), *extra],
-        cwd=checkout,
-        env=dict(os.environ, PYTHONPATH=str(checkout)),
-    )
+from _timing import in_turns
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,24 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     for checkout in args.checkout:
         if not (checkout / "conformance" / "cli.py").is_file():
             parser.error(f"--checkout {checkout}: no conformance/cli.py there")
-    results: dict[Path, list[tuple[float, float, float, int]]] = {c: [] for c in args.checkout}
-    for repeat in range(args.repeats):
-        for checkout in args.checkout:
-            wall, user, system, code = _one(checkout.resolve(), args.seed, args.extra)
-            results[checkout].append((wall, user, system, code))
-            print(
-                f"run {repeat + 1} {checkout}: {wall:.1f} s wall, {user:.1f} s user, "
-                f"{system:.1f} s sys, exit {code}",
-                flush=True,
-            )
-    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
-    for checkout, runs in results.items():
-        walls = sorted(r[0] for r in runs)
-        cpu = sorted(r[1] + r[2] for r in runs)
-        print(
-            f"{checkout}: wall {walls[0]:.1f}-{walls[-1]:.1f} s, "
-            f"user+sys {cpu[0]:.1f}-{cpu[-1]:.1f} s"
-        )
+    command = [sys.executable, "-m", "conformance.cli", "--no-database", "--seed", str(args.seed)]
+    in_turns(args.checkout, args.repeats, [*command, *args.extra], str)
     return 0
 
 

@@ -4,7 +4,7 @@ The run is the one tests/vllm/test_native_builders.py's fast tier makes:
 ``check_builder`` in process (the builder isolated in its worker, as by
 default), the paper invariants, seed 1, no reach, no shrinking.  Each
 checkout runs in its own fresh interpreter with its own code first on the
-path, in turns, so load on a shared machine hits every checkout alike.
+path, in turns (``_timing.in_turns``).
 
 Usage::
 
@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from _timing import timed_parts
+from _timing import in_turns
 
 _RUN = """
 import sys
@@ -46,24 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    cpu: dict[Path, list[float]] = {}
-    for repeat in range(args.repeats):
-        for checkout in args.checkout:
-            root = checkout.resolve()
-            wall, user, system, code = timed_parts(
-                [sys.executable, "-c", _RUN, args.builder, str(args.seed)],
-                cwd=root,
-                env=dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{root / 'tests'}"),
-            )
-            cpu.setdefault(checkout, []).append(user + system)
-            print(
-                f"run {repeat + 1} {checkout}: {wall:.1f} s wall, {user + system:.1f} s cpu, "
-                f"exit {code}",
-                flush=True,
-            )
-    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
-    for checkout, times in cpu.items():
-        print(f"{checkout}: cpu {min(times):.1f}-{max(times):.1f} s")
+    for checkout in args.checkout:
+        if not (checkout / "tests" / "vllm" / "native_builders").is_dir():
+            parser.error(f"--checkout {checkout}: no tests/vllm/native_builders there")
+    in_turns(
+        args.checkout,
+        args.repeats,
+        [sys.executable, "-c", _RUN, args.builder, str(args.seed)],
+        lambda root: f"{root}{os.pathsep}{root / 'tests'}",
+    )
     return 0
 
 

@@ -6,7 +6,8 @@ fault (a kit error) only if the answer holds nothing but plain values: a
 builder that plants a value whose truth, order or text raises (an ``int``
 subclass, an object of its own) would otherwise turn its own failure into
 the kit's.  :func:`odd_part` finds such a value without calling any of its
-methods: only ``type()`` and the members of vLLM's own record classes are read.
+methods: only ``type()``, the members of vLLM's own record classes and the
+instance fields of a vendor's subclass of one are read.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def odd_part(answer: Any) -> str | None:
     Plain: ``int``, ``float``, ``str``, ``bool``, ``bytes`` and ``None`` of
     exactly those types, torch dtypes, vLLM's enums, lists, tuples and dicts
     of plain values, and instances of vLLM's own dataclasses, or of a
-    vendor's dataclass subclass of one, whose fields are plain.  The answer is ``"answer..."``, e.g.
-    ``"answer.kv_cache_tensors[0].size (a _RaisingInt)"``.
+    vendor's dataclass subclass of one, whose fields are plain.  The answer
+    is ``"answer..."``, e.g. ``"answer.kv_cache_tensors[0].size (a _RaisingInt)"``.
     """
     stack: list[tuple[str, Any, int]] = [("answer", answer, 0)]
     parts = 0

@@ -96,6 +96,10 @@ def _skeleton(pipeline_parallel_size: int, async_scheduling: bool) -> Any:
         )
 
 
+def _pickled(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 @functools.lru_cache(maxsize=32)
 def _skeleton_pickle(pipeline_parallel_size: int, async_scheduling: bool) -> bytes | None:
     """:func:`_skeleton` pickled (``None``: it does not pickle and is deep-copied).
@@ -104,7 +108,7 @@ def _skeleton_pickle(pipeline_parallel_size: int, async_scheduling: bool) -> byt
     """
     skeleton = _skeleton(pipeline_parallel_size, async_scheduling)
     try:
-        return pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
+        return _pickled(skeleton)
     except Exception:
         return None
 
@@ -425,7 +429,7 @@ def is_pristine(config: PlanningConfig, vllm_config: Any) -> bool:
     if frozen is None:
         return False
     try:
-        return pickle.dumps(vllm_config, protocol=pickle.HIGHEST_PROTOCOL) == frozen
+        return _pickled(vllm_config) == frozen
     except Exception:
         # A hook stored something that cannot be pickled: certainly a change.
         return False
@@ -450,8 +454,8 @@ def _freeze(config: PlanningConfig, template: Any) -> Any:
         # probes one per length), so a plain bound keeps the cache small.
         _FROZEN.clear()
     try:
-        copied = pickle.loads(pickle.dumps(template, protocol=pickle.HIGHEST_PROTOCOL))
-        _FROZEN[config] = pickle.dumps(copied, protocol=pickle.HIGHEST_PROTOCOL)
+        copied = pickle.loads(_pickled(template))
+        _FROZEN[config] = _pickled(copied)
     except Exception:
         _FROZEN[config] = None
         return None

@@ -42,25 +42,30 @@ class _RaisingInt(int):
         raise RuntimeError("no text here")
 
 
-class TruthRaisingField(DefaultKVCacheConfigBuilder):
+class _PlantsInFirstTensor(DefaultKVCacheConfigBuilder):
+    """vLLM's placement, then :meth:`plant` on its first tensor."""
+
+    def get_kv_cache_config_from_groups(
+        self, vllm_config: Any, kv_cache_groups: list[Any], num_blocks: int
+    ) -> Any:
+        config = super().get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, num_blocks)
+        if config.kv_cache_tensors:
+            self.plant(config.kv_cache_tensors[0])
+        return config
+
+    def plant(self, tensor: Any) -> None:
+        raise NotImplementedError
+
+
+class TruthRaisingField(_PlantsInFirstTensor):
     """The first tensor's ``host_resident`` is a value whose truth raises."""
 
-    def get_kv_cache_config_from_groups(
-        self, vllm_config: Any, kv_cache_groups: list[Any], num_blocks: int
-    ) -> Any:
-        config = super().get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, num_blocks)
-        if config.kv_cache_tensors:
-            config.kv_cache_tensors[0].host_resident = _Raises()
-        return config
+    def plant(self, tensor: Any) -> None:
+        tensor.host_resident = _Raises()
 
 
-class RaisingIntSize(DefaultKVCacheConfigBuilder):
+class RaisingIntSize(_PlantsInFirstTensor):
     """The first tensor's size is an ``int`` subclass whose comparisons raise."""
 
-    def get_kv_cache_config_from_groups(
-        self, vllm_config: Any, kv_cache_groups: list[Any], num_blocks: int
-    ) -> Any:
-        config = super().get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, num_blocks)
-        if config.kv_cache_tensors:
-            config.kv_cache_tensors[0].size = _RaisingInt(config.kv_cache_tensors[0].size)
-        return config
+    def plant(self, tensor: Any) -> None:
+        tensor.size = _RaisingInt(tensor.size)
