@@ -80,3 +80,40 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         lines = "\n  ".join(_VLLM_SKIPS[:20])
         print(f"\nKVREF_REQUIRE_VLLM: {len(_VLLM_SKIPS)} skipped for want of vLLM:\n  {lines}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# --- the long kit runs first --------------------------------------------------
+# xdist's worksteal gives each worker a contiguous share of the collection and
+# steals from the end of a share.  A long test collected late (tests/vllm comes
+# last) then starts when the other worker has nothing left to take, and the
+# suite waits for it alone.  Modules whose tests make whole kit runs are moved
+# to the front, longest first (from --durations on 2 cores); each module keeps
+# its tests together and in order, so its module fixtures are made once.
+_LONG_FIRST = (
+    "tests/vllm/test_native_builders.py",
+    "tests/test_meta.py",
+    "tests/vllm/test_vllm_path.py",
+    "tests/vllm/test_inherited_native.py",
+    "tests/vllm/test_shard_native.py",
+    "tests/test_shard.py",
+    "tests/test_focus.py",
+    "tests/vllm/test_focus_native.py",
+    "tests/test_plugin_xdist.py",
+    "tests/vllm/test_tp_shards_native.py",
+    "tests/vllm/test_kernel_views_vllm.py",
+    "tests/vllm/test_hf_gates.py",
+    "tests/test_stage_placement.py",
+    "tests/vllm/test_config_writes.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the modules of :data:`_LONG_FIRST` first, in that order; the rest as collected."""
+    rank = {path: i for i, path in enumerate(_LONG_FIRST)}
+    last = len(_LONG_FIRST)
+
+    def key(item: pytest.Item) -> int:
+        return rank.get(item.nodeid.partition("::")[0], last)
+
+    # sorted() is stable: tests of one module, and the modules not listed, keep their order.
+    items[:] = sorted(items, key=key)
