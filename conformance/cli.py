@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from conformance.cli_parser import parser as _parser
-from conformance.errors import REPORT_HINT, KitError
+from conformance.errors import KitError
 from conformance.harness.heap import keep_freed_memory, settle_startup_objects
+from conformance.harness.integrity import keep_guarding
 
 __all__ = ["main"]
 
@@ -102,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KitError as exc:
         # No verdict: the kit's own code failed, not the builder.
         detail = exc.detail or "".join(traceback.format_exception(exc))
-        print(f"kvref-conformance: {exc}\n{detail.rstrip()}\n{REPORT_HINT}", file=sys.stderr)
+        print(f"kvref-conformance: {exc}\n{detail.rstrip()}\n{exc.hint}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         # Ctrl-C before the run started or while the report was written; a
@@ -525,8 +526,11 @@ def entry() -> None:
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     _PROCESS["own"] = True
-    # The console script's process is the kit's own: tune its allocator (heap.py).
+    # The console script's process is the kit's own: tune its allocator (heap.py),
+    # and once a run has guarded its imports, guard them to the end (reports
+    # are written, and their writers imported, after the run: integrity.py).
     keep_freed_memory()
+    keep_guarding()
     status = main()
     sys.stdout.flush()
     sys.stderr.flush()

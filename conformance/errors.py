@@ -32,7 +32,10 @@ class KitError(RuntimeError):
     Attributes:
         where: which part of the kit failed (``"vLLM adapter"``, ``"twin process"``...).
         detail: the traceback of the failure, as text (it may come from another process).
+        hint: what a front end tells the user to do about it.
     """
+
+    hint: str = REPORT_HINT
 
     def __init__(self, where: str, message: str, detail: str = "") -> None:
         super().__init__(f"internal error in the kit ({where}): {message}")

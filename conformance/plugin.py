@@ -234,7 +234,7 @@ def _no_verdict(check: Any, builder: Any, options: Any) -> Any:
     failure of the kit's own code an internal error, as in the CLI (exit 2
     there): one message, not a failure per item.
     """
-    from conformance.errors import REPORT_HINT, KitError
+    from conformance.errors import KitError
     from conformance.run.options import OptionError, flag_message
 
     try:
@@ -246,7 +246,7 @@ def _no_verdict(check: Any, builder: Any, options: Any) -> Any:
     except KitError as exc:
         detail = exc.detail or ""
         pytest.exit(
-            f"kvref-conformance: {exc}\n{detail.rstrip()}\n{REPORT_HINT}",
+            f"kvref-conformance: {exc}\n{detail.rstrip()}\n{exc.hint}",
             pytest.ExitCode.INTERNAL_ERROR,
         )
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import attrs
 
-from conformance.harness import handed, wire
+from conformance.harness import handed, integrity, wire
 from conformance.harness.lineage import DescribedBuilder
 from conformance.harness.prefetch import imports_vllm
 from conformance.harness.worker_side import Ref, encode_reply, serve, walk
@@ -172,8 +172,13 @@ class _Worker:
         #: builder there, starts its reach tracer), and its last answer.
         self.describe_args: tuple[Any, ...] | None = None
         self.described: dict[str, Any] = {}
+        #: When the first worker started, as the file system stamps changes
+        #: (integrity.mark): files changed since may hold the builder's writes.
+        self.marked: int | None = None
 
     def _start(self) -> None:
+        if self.marked is None:
+            self.marked = integrity.mark()
         parent_conn, child_conn = self.context.Pipe()
         process = self.context.Process(
             target=serve,

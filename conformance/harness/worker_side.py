@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from conformance.harness import handed, wire
+from conformance.harness import handed, integrity, wire
 from conformance.harness.heap import keep_freed_memory
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
@@ -375,6 +375,7 @@ def serve(
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     _own_group_and_output(output)
     _watch_parent(parent)
+    integrity.unguard()
     wire.in_builder_process()
     # This process only plans: vLLM's logger stays quiet for good once set.
     keep_vllm_quiet()

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
+from hypothesis.strategies import SearchStrategy
 
 from conformance.check.catalog import Invariant, catalog
 from conformance.check.observations import CoreObservation, builder_spoiled
@@ -24,6 +25,8 @@ from conformance.contract import version_note
 from conformance.generate.coverage import coverage, coverage_sets
 from conformance.generate.engine_paths import EnginePath, spell
 from conformance.generate.limits import CAPABILITIES, Limits
+from conformance.generate.records import Model
+from conformance.harness import integrity
 from conformance.harness.boundary import prepare
 from conformance.harness.guard import Guard, clear_interrupt
 from conformance.harness.hooks import ConstructionFailedError, Context, make_factory
@@ -260,7 +263,33 @@ def _check(
     started: float,
     focus_exchange: FocusExchange | None = None,
 ) -> Report:
-    """Run the validated ``options`` over ``selected`` and make the report."""
+    """Run the validated ``options`` over ``selected`` and make the report.
+
+    Isolated, from before the builder's worker starts to the report, the
+    run imports no code that changed since (harness/integrity.py); the
+    vendor's models are read before.
+    """
+    vendor = _vendor_models(options.models if models is None else models)
+    since = None
+    if options.isolate:
+        since = integrity.mark()
+        # A proxy the caller isolated (the plugin keeps one per session) started earlier.
+        started_at = getattr(getattr(builder, "_kvref_worker", None), "marked", None)
+        if isinstance(started_at, int):
+            since = min(since, started_at)
+    with integrity.guarded(since):
+        return _check_guarded(builder, options, selected, progress, vendor, started, focus_exchange)
+
+
+def _check_guarded(
+    builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder] | str,
+    options: RunOptions,
+    selected: Sequence[Invariant],
+    progress: Progress | None,
+    vendor: SearchStrategy[Model] | None,
+    started: float,
+    focus_exchange: FocusExchange | None,
+) -> Report:
     isolate = options.isolate
     guard = Guard(options.timeout, watchdog=not isolate)
     # One rule for every front end (boundary.py): isolated unless asked not
@@ -277,7 +306,7 @@ def _check(
     _preflight(builder, guard)
     run = _Run(builder, options, guard, progress)
     run.focus_exchange = focus_exchange
-    run.strata = _strata(options.models if models is None else models, options, run.limits)
+    run.strata = run_strata(vendor, only=options.models_only, limits=run.limits)
     if meter is not None:
         # Isolated, the builder's code runs only in its worker, which traces it;
         # tracing this process's threads too would cost time and find nothing.
@@ -314,15 +343,15 @@ def _check(
     return report
 
 
-def _strata(models: object | None, options: RunOptions, limits: Limits) -> tuple[Stratum, ...]:
+def _vendor_models(models: object | None) -> SearchStrategy[Model] | None:
+    """The vendor's models, read now: before the builder's code runs anywhere."""
     # models_only without models was refused by RunOptions.validate already.
     from conformance.generate.vendor import VendorModelError, load_models
 
     try:
-        vendor = None if models is None else load_models(models)
+        return None if models is None else load_models(models)
     except VendorModelError as exc:
         raise OptionError(str(exc)) from None
-    return run_strata(vendor, only=options.models_only, limits=limits)
 
 
 class _Run(Findings):

@@ -1,0 +1,138 @@
+"""The kit's process imports no code changed after a builder's code started (integrity.py)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance import check_builder
+from conformance.harness import integrity
+from conformance.harness.integrity import ChangedCodeError, guarded, mark
+from conformance.run import runner
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def module_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def _name() -> str:
+    return f"kvref_probe_{uuid.uuid4().hex}"
+
+
+def _write(directory: Path, name: str, value: str) -> Path:
+    path = directory / f"{name}.py"
+    path.write_text(f"VALUE = {value!r}\n", encoding="utf-8")
+    importlib.invalidate_caches()
+    return path
+
+
+def test_a_module_unchanged_since_the_mark_imports(module_dir: Path) -> None:
+    name = _name()
+    _write(module_dir, name, "before")
+    with guarded(mark()):
+        assert importlib.import_module(name).VALUE == "before"
+
+
+def test_a_module_changed_after_the_mark_is_refused(module_dir: Path) -> None:
+    name = _name()
+    _write(module_dir, name, "before")
+    since = mark()
+    path = _write(module_dir, name, "after")
+    with guarded(since), pytest.raises(ChangedCodeError) as caught:
+        importlib.import_module(name)
+    assert name in str(caught.value) and str(path) in str(caught.value)
+    assert caught.value.where == "code integrity"
+    assert name not in sys.modules
+
+
+def test_the_check_ends_with_its_block(module_dir: Path) -> None:
+    """A caller's process (check_builder, the plugin) is guarded only while a run lasts."""
+    name = _name()
+    since = mark()
+    _write(module_dir, name, "after")
+    with guarded(since):
+        pass
+    assert not any(isinstance(f, integrity._Unchanged) for f in sys.meta_path)
+    assert importlib.import_module(name).VALUE == "after"
+
+
+def test_nested_blocks_keep_one_finder_with_the_earliest_mark(module_dir: Path) -> None:
+    name = _name()
+    early = mark()
+    _write(module_dir, name, "after")
+    with guarded(mark()), guarded(early):
+        assert sum(isinstance(f, integrity._Unchanged) for f in sys.meta_path) == 1
+        with pytest.raises(ChangedCodeError):
+            importlib.import_module(name)
+
+
+def test_bytecode_written_after_the_mark_is_not_read(module_dir: Path) -> None:
+    """Forged bytecode that matches the source's stamp loses to the source itself."""
+    name = _name()
+    source = _write(module_dir, name, "source")
+    since = mark()
+    cached = Path(importlib.util.cache_from_source(str(source)))
+    cached.parent.mkdir(exist_ok=True)
+    code = compile("VALUE = 'forged bytecode'\n", str(source), "exec")
+    stat = source.stat()
+    external: Any = importlib._bootstrap_external  # type: ignore[attr-defined]
+    cached.write_bytes(external._code_to_timestamp_pyc(code, stat.st_mtime, stat.st_size))
+    with guarded(since):
+        assert importlib.import_module(name).VALUE == "source"
+
+
+def test_a_builder_that_rewrites_a_module_cannot_run_it_in_the_kit(
+    module_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its worker rewrites a module the kit's process imports during the run: refused there."""
+    name = _name()
+    target = _write(module_dir, name, "original")
+    monkeypatch.setenv("KVREF_TAMPER_FILE", str(target))
+    monkeypatch.setenv("KVREF_FORGE_MARKER", str(module_dir / "forged.txt"))
+    monkeypatch.syspath_prepend(str(TESTS))
+    seen: list[BaseException | str] = []
+    report_of = runner._Run.report
+
+    def report(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # A lazy import of the kit's, made after the builder's module ran in its worker.
+        try:
+            seen.append(importlib.import_module(name).VALUE)
+        except ChangedCodeError as exc:
+            seen.append(exc)
+        return report_of(self, *args, **kwargs)
+
+    monkeypatch.setattr(runner._Run, "report", report)
+    result = check_builder(
+        "forgers.tampers:TampersLazyModule",
+        select=["KV-PLACE-BACKING-SIZE"],
+        max_examples=6,
+        seed=1,
+        reach=False,
+    )
+    assert "forge('tampered module')" in target.read_text()  # the worker did rewrite it
+    assert len(seen) == 1 and isinstance(seen[0], ChangedCodeError), seen
+    assert name not in sys.modules
+    assert not (module_dir / "forged.txt").exists()
+    assert "KV-PLACE-BACKING-SIZE" in result.failed_ids
+
+
+def test_a_builder_may_import_modules_it_writes_in_its_worker() -> None:
+    """The check guards the kit's process only; the worker forked from it drops it."""
+    report = check_builder(
+        "integrity_builders:CompilesAModule",
+        select=["KV-CALL-RAISES", "KV-GROUP-PARTITION"],
+        max_examples=6,
+        seed=1,
+        reach=False,
+    )
+    assert report.ok, [(r.id, r.violations) for r in report.failures]
