@@ -91,6 +91,18 @@ def test_bytecode_written_after_the_mark_is_not_read(module_dir: Path) -> None:
         assert importlib.import_module(name).VALUE == "source"
 
 
+def test_a_bytecode_only_module_written_after_the_mark_is_refused(module_dir: Path) -> None:
+    """A module that is only bytecode (no source beside it) is checked as its own origin."""
+    name = _name()
+    since = mark()
+    external: Any = importlib._bootstrap_external  # type: ignore[attr-defined]
+    code = compile("VALUE = 'forged'\n", f"{name}.py", "exec")
+    (module_dir / f"{name}.pyc").write_bytes(external._code_to_timestamp_pyc(code, 0, 0))
+    importlib.invalidate_caches()
+    with guarded(since), pytest.raises(ChangedCodeError):
+        importlib.import_module(name)
+
+
 def test_a_builder_that_rewrites_a_module_cannot_run_it_in_the_kit(
     module_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
