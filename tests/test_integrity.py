@@ -148,3 +148,20 @@ def test_a_builder_may_import_modules_it_writes_in_its_worker() -> None:
         reach=False,
     )
     assert report.ok, [(r.id, r.violations) for r in report.failures]
+
+
+def test_a_kit_error_raised_by_a_kvref_native_builder_is_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No kit code runs inside its hooks: the error is KV-CALL-RAISES, not the kit's failure."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    report = check_builder(
+        "forgers.kit_errors:RaisesKitError",
+        select=["KV-CALL-RAISES"],
+        max_examples=6,
+        seed=1,
+        reach=False,
+    )
+    raises = report.result("KV-CALL-RAISES")
+    assert raises.status == "fail", raises
+    assert any("KitError" in str(v) for v in raises.violations), raises.violations

@@ -36,6 +36,7 @@ from typing import Any
 
 import attrs
 
+from conformance.errors import KitError
 from conformance.harness import handed, integrity, wire
 from conformance.harness.lineage import DescribedBuilder
 from conformance.harness.prefetch import imports_vllm
@@ -217,7 +218,15 @@ class _Worker:
         """Run ``op`` in the worker; returns the answer or raises what the builder raised."""
         with self.lock:
             data = self._exchange(op, key, hook, args)
-        return self._answer(hook, args, data)
+        try:
+            return self._answer(hook, args, data)
+        except KitError as exc:
+            # Inside a kvref-native builder's construction or hook the worker runs
+            # none of the kit's code (only the vLLM adapter does, for a vLLM-native
+            # one): a kit error reported from there was raised by the builder.
+            if op in ("new", "call") and self.described and not self.described.get("native"):
+                raise wire.as_builders(exc) from None
+            raise
 
     def _exchange(
         self, op: str, key: int, hook: str, args: tuple[Any, ...], wait: float | None = None
@@ -530,7 +539,6 @@ def isolated(
     Raises:
         BuilderLoadError: the builder cannot be loaded in the worker.
     """
-    from conformance.errors import KitError
     from conformance.harness.adapters import BuilderLoadError
 
     if isinstance(builder, str):

@@ -44,6 +44,7 @@ import attrs
 __all__ = [
     "Opaque",
     "WireError",
+    "as_builders",
     "decode",
     "decode_exception",
     "encode",
@@ -517,6 +518,19 @@ def _builder_error_class(name: str, base: type[BaseException]) -> type[BaseExcep
         },
     )
     _ERROR_CLASSES[(name, base)] = made
+    return made
+
+
+def as_builders(exc: BaseException) -> BaseException:
+    """``exc`` as an exception of the builder's own: a stand-in named like its class.
+
+    For an error of the kit's class that the builder's process reported where
+    no code of the kit ran (a kvref-native builder's hook): the builder raised
+    it, so it is a finding about the builder, not the kit's failure.
+    """
+    cls = _builder_error_class(f"{type(exc).__module__}:{type(exc).__qualname__}", RuntimeError)
+    made = cls.__new__(cls)
+    BaseException.__init__(made, str(exc))
     return made
 
 
