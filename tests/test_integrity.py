@@ -36,6 +36,18 @@ def _write(directory: Path, name: str, value: str) -> Path:
     return path
 
 
+def _pyc(source: str, filename: str, mtime: float, size: int) -> bytes:
+    """``source`` compiled as the timestamped bytecode the import system reads."""
+    external: Any = importlib._bootstrap_external  # type: ignore[attr-defined]
+    pyc: bytes = external._code_to_timestamp_pyc(compile(source, filename, "exec"), mtime, size)
+    return pyc
+
+
+def _small_run(builder: str, *select: str) -> Any:
+    """An isolated run of ``builder`` (``module:Class``) on a few examples, reach off."""
+    return check_builder(builder, select=list(select), max_examples=6, seed=1, reach=False)
+
+
 def test_a_module_unchanged_since_the_mark_imports(module_dir: Path) -> None:
     name = _name()
     _write(module_dir, name, "before")
@@ -83,10 +95,10 @@ def test_bytecode_written_after_the_mark_is_not_read(module_dir: Path) -> None:
     since = mark()
     cached = Path(importlib.util.cache_from_source(str(source)))
     cached.parent.mkdir(exist_ok=True)
-    code = compile("VALUE = 'forged bytecode'\n", str(source), "exec")
     stat = source.stat()
-    external: Any = importlib._bootstrap_external  # type: ignore[attr-defined]
-    cached.write_bytes(external._code_to_timestamp_pyc(code, stat.st_mtime, stat.st_size))
+    cached.write_bytes(
+        _pyc("VALUE = 'forged bytecode'\n", str(source), stat.st_mtime, stat.st_size)
+    )
     with guarded(since):
         assert importlib.import_module(name).VALUE == "source"
 
@@ -95,9 +107,7 @@ def test_a_bytecode_only_module_written_after_the_mark_is_refused(module_dir: Pa
     """A module that is only bytecode (no source beside it) is checked as its own origin."""
     name = _name()
     since = mark()
-    external: Any = importlib._bootstrap_external  # type: ignore[attr-defined]
-    code = compile("VALUE = 'forged'\n", f"{name}.py", "exec")
-    (module_dir / f"{name}.pyc").write_bytes(external._code_to_timestamp_pyc(code, 0, 0))
+    (module_dir / f"{name}.pyc").write_bytes(_pyc("VALUE = 'forged'\n", f"{name}.py", 0, 0))
     importlib.invalidate_caches()
     with guarded(since), pytest.raises(ChangedCodeError):
         importlib.import_module(name)
@@ -124,13 +134,7 @@ def test_a_builder_that_rewrites_a_module_cannot_run_it_in_the_kit(
         return report_of(self, *args, **kwargs)
 
     monkeypatch.setattr(runner._Run, "report", report)
-    result = check_builder(
-        "forgers.tampers:TampersLazyModule",
-        select=["KV-PLACE-BACKING-SIZE"],
-        max_examples=6,
-        seed=1,
-        reach=False,
-    )
+    result = _small_run("forgers.tampers:TampersLazyModule", "KV-PLACE-BACKING-SIZE")
     assert "forge('tampered module')" in target.read_text()  # the worker did rewrite it
     assert len(seen) == 1 and isinstance(seen[0], ChangedCodeError), seen
     assert name not in sys.modules
@@ -140,12 +144,8 @@ def test_a_builder_that_rewrites_a_module_cannot_run_it_in_the_kit(
 
 def test_a_builder_may_import_modules_it_writes_in_its_worker() -> None:
     """The check guards the kit's process only; the worker forked from it drops it."""
-    report = check_builder(
-        "integrity_builders:CompilesAModule",
-        select=["KV-CALL-RAISES", "KV-GROUP-PARTITION"],
-        max_examples=6,
-        seed=1,
-        reach=False,
+    report = _small_run(
+        "integrity_builders:CompilesAModule", "KV-CALL-RAISES", "KV-GROUP-PARTITION"
     )
     assert report.ok, [(r.id, r.violations) for r in report.failures]
 
@@ -155,13 +155,7 @@ def test_a_kit_error_raised_by_a_kvref_native_builder_is_its_own(
 ) -> None:
     """No kit code runs inside its hooks: the error is KV-CALL-RAISES, not the kit's failure."""
     monkeypatch.syspath_prepend(str(TESTS))
-    report = check_builder(
-        "forgers.kit_errors:RaisesKitError",
-        select=["KV-CALL-RAISES"],
-        max_examples=6,
-        seed=1,
-        reach=False,
-    )
+    report = _small_run("forgers.kit_errors:RaisesKitError", "KV-CALL-RAISES")
     raises = report.result("KV-CALL-RAISES")
     assert raises.status == "fail", raises
     assert any("KitError" in str(v) for v in raises.violations), raises.violations
