@@ -85,6 +85,8 @@ class KVCacheSpec:
     registered: ClassVar[bool] = True
     #: Whether the class has a ``dtype`` views are reinterpreted as (contract.md#views-and-strides).
     has_dtype: ClassVar[bool] = False
+    #: Whether a worker gives each layer strided views of its page (raw-page kinds do not).
+    has_layer_views: ClassVar[bool] = True
 
     block_size: int = attrs.field(validator=positive)
     dcp_sharded: bool = attrs.field(default=False, validator=boolean)

@@ -210,8 +210,9 @@ def _attention_page(spec: AttentionSpec, block_size: int, padded: int | None) ->
             value_size = 0 if isinstance(spec, _MLA_KINDS) else spec.head_size
         content = (spec.head_size + value_size) * dtype_bytes(spec.dtype)
     dense = heads * states * content
-    alignment = getattr(spec, "alignment", None)
-    if isinstance(spec, _MLA_KINDS) and alignment is not None and dense % alignment:
+    # Only MLA kinds have the field (a missing one is slow to ask a slotted spec).
+    alignment = spec.alignment if isinstance(spec, _MLA_KINDS) else None
+    if alignment is not None and dense % alignment:
         padded = round_up(dense, alignment)
     return PageGeometry(
         heads=heads,

@@ -115,9 +115,24 @@ def kind_of(spec: KVCacheSpec) -> str:
     return f"class {type(spec).__qualname__}"
 
 
+_HAS: dict[tuple[type, str], bool] = {}
+
+
+def _field(spec: KVCacheSpec, field: str) -> Any:
+    """``getattr(spec, field, _MISSING)``, answered by the class where it can be."""
+    # Asking a slotted spec for a field its class lacks goes through attrs'
+    # generated __getattr__ and two exceptions.  An instance with a __dict__
+    # (a builder's own subclass) may hold any name: it is always asked.
+    cls = type(spec)
+    may = _HAS.get((cls, field))
+    if may is None:
+        may = _HAS[cls, field] = hasattr(cls, field) or cls.__dictoffset__ != 0
+    return getattr(spec, field, _MISSING) if may else _MISSING
+
+
 def _differs(given: KVCacheSpec, kept: KVCacheSpec, field: str) -> str | None:
-    a = getattr(given, field, _MISSING)
-    b = getattr(kept, field, _MISSING)
+    a = _field(given, field)
+    b = _field(kept, field)
     if a is _MISSING or b is _MISSING or a == b:
         return None
     return f"{field} {a!r} -> {b!r}"

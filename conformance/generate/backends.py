@@ -64,10 +64,10 @@ def kernel_block_choices(specs: Mapping[str, KVCacheSpec]) -> list[int]:
     return out
 
 
-@st.composite
-def _kernel_backends(
+def draw_kernel_backends(
     draw: st.DrawFn, specs: Mapping[str, KVCacheSpec], layout: KVCacheLayout
 ) -> tuple[AttentionBackend, ...]:
+    """One draw of :func:`kernel_backends`, made with the caller's ``draw``."""
     choices = kernel_block_choices(specs)
     # Drawn for three problems in four; 0 (the shrink target) draws none.
     if not choices or layout in _HEAD_OUTER or draw(st.integers(0, 3)) == 0:
@@ -80,6 +80,9 @@ def _kernel_backends(
             name=f"paged-{'-'.join(map(str, sizes))}", supported_kernel_block_sizes=tuple(sizes)
         ),
     )
+
+
+_kernel_backends = st.composite(draw_kernel_backends)
 
 
 def kernel_backends(

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 
 from hypothesis import strategies as st
 
+from conformance.generate.pick import pick
 from kvref.hf import HFValue
 from kvref.specs import KVCacheSpec, MLAAttentionSpec
 
@@ -128,6 +129,16 @@ def hf_descriptions(
     if not choices:
         return st.just(())
     return st.sampled_from([tuple(sorted(c.items())) for c in choices])
+
+
+def draw_hf_description(
+    draw: st.DrawFn, family: str, specs: Mapping[str, KVCacheSpec]
+) -> tuple[tuple[str, HFValue], ...]:
+    """One draw of :func:`hf_descriptions` (the same choices), made with the caller's ``draw``."""
+    choices = _choices(family, specs)
+    if not choices:
+        return ()
+    return pick(draw, [tuple(sorted(c.items())) for c in choices])
 
 
 def described_again(

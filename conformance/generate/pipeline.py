@@ -155,10 +155,10 @@ def _assign(
     return workers, sizes
 
 
-@st.composite
-def _pipeline_splits(
+def draw_pipeline_split(
     draw: st.DrawFn, model: Model | Mapping[str, KVCacheSpec], max_workers: int
 ) -> PipelineSplit:
+    """One draw of :func:`pipeline_splits`, made with the caller's ``draw`` (see :mod:`.inline`)."""
     specs = as_specs(model)
     layers = decoder_layers(model)
     hidden = layers.num_hidden_layers
@@ -179,6 +179,9 @@ def _pipeline_splits(
         partition = vllm_partition(hidden, stages)
     workers, sizes = _assign(specs, layers, partition)
     return PipelineSplit(tuple(workers), tuple(sizes), kind, hidden)
+
+
+_pipeline_splits = st.composite(draw_pipeline_split)
 
 
 def pipeline_splits(

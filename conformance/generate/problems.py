@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -10,15 +11,15 @@ from hypothesis import reject
 from hypothesis import strategies as st
 
 from conformance.check.geometry import cdiv
-from conformance.generate.backends import kernel_backends
+from conformance.generate.backends import draw_kernel_backends
 from conformance.generate.estimate import blocks_per_request, promotion_succeeds, worker_estimate
 from conformance.generate.families import models
 from conformance.generate.families.drafts import speculation
-from conformance.generate.families.extras import ExtendedModel, apply_model_extras
+from conformance.generate.families.extras import ExtendedModel, draw_model_extras
 from conformance.generate.hf import cache_dtype_of
-from conformance.generate.layouts import allowed_layouts, as_specs, layouts_for
+from conformance.generate.layouts import allowed_layouts, as_specs
 from conformance.generate.pick import pick
-from conformance.generate.pipeline import decoder_layers, pipeline_splits
+from conformance.generate.pipeline import decoder_layers, draw_pipeline_split
 from conformance.generate.records import Model, PlanningProblem
 from conformance.generate.specs import (
     AUTO_FIT_MAX_MODEL_LENS,
@@ -34,6 +35,7 @@ from kvref.specs import CrossAttentionSpec, KVCacheSpec, MambaSpec, SlidingWindo
 
 __all__ = [
     "DEFAULT_MAX_MEMORY_BYTES",
+    "DEFAULT_MAX_WORKERS",
     "Steer",
     "memory_budgets",
     "num_blocks",
@@ -46,6 +48,8 @@ __all__ = [
 #: Default ceiling of one worker's available memory in :func:`planning_problems`
 #: (the kit's default device allocation cap).
 DEFAULT_MAX_MEMORY_BYTES = 2**30
+#: Default most pipeline stages (workers) of :func:`planning_problems`.
+DEFAULT_MAX_WORKERS = 4
 
 
 @attrs.frozen
@@ -69,14 +73,19 @@ class Steer:
     block_outer: bool | None = None
 
 
-@st.composite
-def _planning_configs(
+def draw_planning_config(
     draw: st.DrawFn,
     model: Model | Mapping[str, KVCacheSpec],
     pipeline_parallel_size: int,
     max_memory_bytes: int | None,
     steer: Steer,
 ) -> PlanningConfig:
+    """One draw of :func:`planning_configs`, made with the caller's ``draw``.
+
+    The kit's own composites call this rather than drawing a strategy built
+    for each model: Hypothesis validates and labels every strategy object it
+    is handed, which cost about a tenth of generation.
+    """
     specs = as_specs(model)
     values = list(specs.values())
     if steer.layouts is None and steer.block_outer is not None:
@@ -84,7 +93,7 @@ def _planning_configs(
         leaning = [lay for lay in allowed if lay.is_block_outermost == steer.block_outer]
         layout = pick(draw, leaning or list(allowed))
     elif steer.layouts is None:
-        layout = draw(layouts_for(specs))
+        layout = pick(draw, list(allowed_layouts(specs)))
     else:
         wanted = [lay for lay in allowed_layouts(specs) if lay in steer.layouts]
         if not wanted:
@@ -154,8 +163,8 @@ def _planning_configs(
     # A model-declared grouping owns every layer's group, host residency included.
     declared = isinstance(model, ExtendedModel) and model.extras.kv_cache_grouping is not None
     if len(values) >= 2 and rarely(draw) and not declared:
-        changes.update(draw(_host_resident(specs, config)))
-    backends = draw(kernel_backends(specs, layout))
+        changes.update(_host_resident(draw, specs, config))
+    backends = draw_kernel_backends(draw, specs, layout)
     if backends:
         changes["attention_backends"] = backends
     return attrs.evolve(config, **changes) if changes else config
@@ -230,7 +239,6 @@ def _derived_lookahead(fields: Mapping[str, Any]) -> int:
     return 1
 
 
-@st.composite
 def _host_resident(
     draw: st.DrawFn, specs: Mapping[str, KVCacheSpec], config: PlanningConfig
 ) -> dict[str, Any]:
@@ -289,6 +297,9 @@ def planning_configs(
     return _planning_configs(model, pipeline_parallel_size, max_memory_bytes, steer or Steer())
 
 
+_planning_configs = st.composite(draw_planning_config)
+
+
 def memory_budgets(
     bytes_per_block: int, blocks_per_request: int, *, max_extra_blocks: int = 4096
 ) -> st.SearchStrategy[int]:
@@ -329,18 +340,25 @@ def num_blocks(*, max_value: int = 1 << 16) -> st.SearchStrategy[int]:
     """
     if max_value < 1:
         raise ValueError(f"num_blocks(max_value={max_value}) must allow at least one block")
-    return _spread(_count_buckets(max_value))
+    return _spread(list(_count_buckets(max_value)))
 
 
 def _spread(buckets: list[st.SearchStrategy[int]]) -> st.SearchStrategy[int]:
-    # The first bucket (one block) is what shrinking returns to, but
-    # Hypothesis favours low choices while generating: give every other
-    # bucket twice its weight so one block stays a minority of the examples.
     last = 2 * len(buckets) - 2
     return st.integers(0, last).flatmap(lambda i: buckets[(i + 1) // 2])
 
 
-def _count_buckets(max_value: int) -> list[st.SearchStrategy[int]]:
+def _draw_spread(draw: st.DrawFn, buckets: Sequence[st.SearchStrategy[int]]) -> int:
+    """What :func:`_spread` draws (the same two choices), with no strategy built."""
+    # The first bucket (one block) is what shrinking returns to, but
+    # Hypothesis favours low choices while generating: give every other
+    # bucket twice its weight so one block stays a minority of the examples.
+    i = draw(st.integers(0, 2 * len(buckets) - 2))
+    return draw(buckets[(i + 1) // 2])
+
+
+@functools.lru_cache(maxsize=16)
+def _count_buckets(max_value: int) -> tuple[st.SearchStrategy[int], ...]:
     buckets: list[st.SearchStrategy[int]] = [st.just(1)]
     if max_value >= 2:
         buckets.append(st.integers(2, min(4, max_value)))
@@ -350,7 +368,7 @@ def _count_buckets(max_value: int) -> list[st.SearchStrategy[int]]:
         buckets.append(st.integers(17, min(1024, max_value)))
     if max_value > 1024:
         buckets.append(st.integers(1025, max_value))
-    return buckets
+    return tuple(buckets)
 
 
 #: Backings above this many bytes need 64-bit offsets and strides.
@@ -380,25 +398,42 @@ def num_blocks_for(
     Raises:
         ValueError: ``bytes_per_block`` is negative or ``max_value`` is below 1.
     """
+    return _spread(_block_buckets(bytes_per_block, max_value, layer_bytes))
+
+
+def _block_buckets(
+    bytes_per_block: int, max_value: int, layer_bytes: int
+) -> list[st.SearchStrategy[int]]:
     if bytes_per_block < 0 or max_value < 1:
         raise ValueError(
             f"num_blocks_for({bytes_per_block}, max_value={max_value}): bytes_per_block must "
             "be non-negative and max_value at least 1"
         )
-    strategies = _count_buckets(max_value)
+    strategies = list(_count_buckets(max_value))
     for weight in dict.fromkeys((bytes_per_block, layer_bytes)):
         for limit in (TWO_GIB, FOUR_GIB):
             first = limit // weight + 1 if weight > 0 else MAX_HUGE_BLOCKS + 1
             if first <= MAX_HUGE_BLOCKS:
                 strategies.append(st.integers(first, first + 7))
-    return _spread(strategies)
+    return strategies
+
+
+def _problem_strides(problem: PlanningProblem) -> tuple[int, int]:
+    host = problem.config.host_resident_layers
+    strides = [s.block_stride for n, s in problem.specs.items() if n not in host]
+    return sum(strides), max(strides, default=0)
 
 
 def problem_num_blocks(problem: PlanningProblem) -> st.SearchStrategy[int]:
     """:func:`num_blocks_for` sized by the problem's device layers (Σ and max block strides)."""
-    host = problem.config.host_resident_layers
-    strides = [s.block_stride for n, s in problem.specs.items() if n not in host]
-    return num_blocks_for(sum(strides), layer_bytes=max(strides, default=0))
+    total, largest = _problem_strides(problem)
+    return num_blocks_for(total, layer_bytes=largest)
+
+
+def draw_problem_num_blocks(draw: st.DrawFn, problem: PlanningProblem) -> int:
+    """One draw of :func:`problem_num_blocks`, made with the caller's ``draw``."""
+    total, largest = _problem_strides(problem)
+    return _draw_spread(draw, _block_buckets(total, 1 << 16, largest))
 
 
 def _groupable(config: PlanningConfig, specs: Mapping[str, KVCacheSpec]) -> bool:
@@ -410,27 +445,20 @@ def _groupable(config: PlanningConfig, specs: Mapping[str, KVCacheSpec]) -> bool
     return True
 
 
-@st.composite
-def _planning_problems(
+def draw_planning_problem(
     draw: st.DrawFn,
     model_strategy: st.SearchStrategy[Model],
     max_workers: int,
     max_memory_bytes: int,
     steer: Steer,
 ) -> PlanningProblem:
+    """One draw of :func:`planning_problems`, made with the caller's ``draw``."""
     model = draw(model_strategy)
-    split = draw(pipeline_splits(model, max_workers=max_workers))
+    split = draw_pipeline_split(draw, model, max_workers)
     workers = list(split.workers)
-    config = draw(
-        planning_configs(
-            model,
-            pipeline_parallel_size=len(workers),
-            max_memory_bytes=max_memory_bytes,
-            steer=steer,
-        )
-    )
+    config = draw_planning_config(draw, model, len(workers), max_memory_bytes, steer)
     # Settings the model brings (HiSparse, a declared grouping) need the drawn length.
-    config, workers = draw(apply_model_extras(model, config, workers))
+    config, workers = draw_model_extras(draw, model, config, workers)
     host = config.host_resident_layers
     if host and any(w and all(n in host for n in w) for w in workers):
         # A worker with only host layers has no device group; keep the
@@ -473,7 +501,7 @@ def _planning_problems(
 def planning_problems(
     *,
     models_strategy: st.SearchStrategy[Model] | None = None,
-    max_workers: int = 4,
+    max_workers: int = DEFAULT_MAX_WORKERS,
     max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
     steer: Steer | None = None,
 ) -> st.SearchStrategy[PlanningProblem]:
@@ -493,6 +521,14 @@ def planning_problems(
     vLLM would refuse, or with a worker without device layers (unless the
     model is attention-free).  ``steer`` draws only the layouts and
     hybrid-manager setting it names (a focus's engine paths).
+
+    Raises:
+        ValueError: ``max_workers`` is below one.
     """
+    if max_workers < 1:
+        raise ValueError(f"planning_problems(max_workers={max_workers}) needs at least one worker")
     strategy = models_strategy if models_strategy is not None else models()
     return _planning_problems(strategy, max_workers, max_memory_bytes, steer or Steer())
+
+
+_planning_problems = st.composite(draw_planning_problem)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -12,7 +13,13 @@ from hypothesis import strategies as st
 from conformance.generate import strategies as kst
 from conformance.generate.engine_paths import EnginePath, engine_path
 from conformance.generate.limits import NO_LIMITS, Limits
-from conformance.generate.problems import Steer
+from conformance.generate.problems import (
+    DEFAULT_MAX_MEMORY_BYTES,
+    DEFAULT_MAX_WORKERS,
+    Steer,
+    draw_planning_problem,
+    draw_problem_num_blocks,
+)
 from conformance.generate.records import PlanningProblem
 from conformance.report.pycode import to_python
 from conformance.report.records import decode_example
@@ -101,7 +108,7 @@ def _plain_config(
 
 def _plain_blocks(draw: st.DrawFn, problem: PlanningProblem) -> tuple[int, str]:
     # Spread over 1, small, odd, large and past-4-GiB backings of this model.
-    return draw(kst.problem_num_blocks(problem)), ""
+    return draw_problem_num_blocks(draw, problem), ""
 
 
 def _no_models(_draw: st.DrawFn) -> st.SearchStrategy[kst.Model] | None:
@@ -156,6 +163,15 @@ class ProblemDraw:
         # Decorated once, at import: a composite made per call costs a source parse.
         return _problem_example(self, models, limits, paths, lean)
 
+    def draw_example(
+        self,
+        draw: st.DrawFn,
+        models: st.SearchStrategy[kst.Model] | None = None,
+        limits: Limits = NO_LIMITS,
+    ) -> Example:
+        """One draw of :meth:`examples`, made with the caller's ``draw`` (no strategy built)."""
+        return _draw_problem_example(draw, self, models, limits, None, None)
+
     def examples_for(self, d: Any) -> st.SearchStrategy[Example]:
         """:meth:`examples` for what a run asks (a :class:`~conformance.scenarios.base.Draw`)."""
         return self.examples(d.models, d.limits, d.paths, d.lean)
@@ -176,8 +192,13 @@ def _steer(paths: frozenset[EnginePath] | None, lean: bool | None) -> Steer | No
     )
 
 
-@st.composite
-def _problem_example(
+@functools.cache
+def _all_families() -> st.SearchStrategy[kst.Model]:
+    """The built-in families' models, built once (see :func:`draw_planning_problem`)."""
+    return kst.models()
+
+
+def _draw_problem_example(
     draw: st.DrawFn,
     how: ProblemDraw,
     models: st.SearchStrategy[kst.Model] | None,
@@ -186,7 +207,13 @@ def _problem_example(
     lean: bool | None,
 ) -> Example:
     chosen = models if models is not None else how.models(draw)
-    problem = draw(kst.planning_problems(models_strategy=chosen, steer=_steer(paths, lean)))
+    problem = draw_planning_problem(
+        draw,
+        chosen if chosen is not None else _all_families(),
+        DEFAULT_MAX_WORKERS,
+        DEFAULT_MAX_MEMORY_BYTES,
+        _steer(paths, lean) or Steer(),
+    )
     num_blocks, extra = how.num_blocks(draw, problem)
     workers = tuple(problem.workers)
     config = limits.fit(how.config(draw, problem.config, workers, limits))
@@ -204,6 +231,9 @@ def _problem_example(
         num_blocks=num_blocks,
         description=f"{problem!r}, num_blocks={num_blocks}{extra}{how.describe(config)}",
     )
+
+
+_problem_example = st.composite(_draw_problem_example)
 
 
 def reference_accepts(config: PlanningConfig, workers: Sequence[Mapping[str, KVCacheSpec]]) -> bool:

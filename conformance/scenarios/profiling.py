@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 
 from conformance.check.observations import CallResult, ProfilingObservation, Resolution
 from conformance.check.violations import Violation
-from conformance.generate import strategies as kst
+from conformance.generate.problems import draw_problem_num_blocks
 from conformance.generate.records import PlanningProblem
 from conformance.harness.hooks import (
     ConstructionFailedError,
@@ -251,7 +251,7 @@ def profiling_sizes() -> st.SearchStrategy[tuple[int, int]]:
 def _profiling_blocks(draw: st.DrawFn, problem: PlanningProblem) -> tuple[int, str]:
     # The generic count is drawn and replaced, so that the choices before the
     # sizes are those of the other scenarios' draws of the same problem.
-    draw(kst.problem_num_blocks(problem))
+    draw_problem_num_blocks(draw, problem)
     reqs, capture = draw(profiling_sizes())
     return (
         profiling_block_count(reqs, capture),

@@ -125,7 +125,7 @@ def serve_examples(
 def _serve_example(
     draw: st.DrawFn, models: st.SearchStrategy[kst.Model] | None, max_ops: int
 ) -> ServeExample:
-    base = draw(_BASE.examples(models))
+    base = _BASE.draw_example(draw, models)
     # Every worker's pages of one block, summed: at least what each block ID costs.
     per_block = sum(page_bytes(s) for s in base.merged.values()) or 1
     fit = max(2, EXAMPLE_BYTES // per_block)

@@ -35,7 +35,7 @@ from conformance.generate.families.classic import (
     uniform_models,
 )
 from conformance.generate.families.presets import realistic_models
-from conformance.generate.hf import hf_descriptions
+from conformance.generate.hf import draw_hf_description
 from conformance.generate.records import Model
 
 __all__ = [
@@ -120,14 +120,19 @@ def family_strategy(name: str, *, max_layers: int = 64) -> st.SearchStrategy[Mod
     if name in SPECIALISED:
         floor = st.lists(st.integers(0, 1), min_size=_CHOICE_FLOOR, max_size=_CHOICE_FLOOR)
         strategy = st.tuples(floor, strategy).map(lambda pair: pair[1])
-    return strategy.flatmap(lambda m: _described(name, _tag(name, m)))
+    return _described(strategy, name)
 
 
-def _described(family: str, model: Model) -> st.SearchStrategy[Model]:
-    """``model`` with the Hugging Face fields vLLM would show for it (:mod:`..hf`)."""
-    return hf_descriptions(family, model.specs).map(
-        lambda hf: attrs.evolve(model, hf_config=hf) if hf else model
-    )
+@st.composite
+def _described(draw: st.DrawFn, strategy: st.SearchStrategy[Model], family: str) -> Model:
+    """A model of ``strategy`` tagged with ``family``, with the Hugging Face fields vLLM would show.
+
+    Drawn in place rather than through a strategy made for each model
+    (a flatmap), which Hypothesis would validate and label afresh.
+    """
+    model = _tag(family, draw(strategy))
+    hf = draw_hf_description(draw, family, model.specs)
+    return attrs.evolve(model, hf_config=hf) if hf else model
 
 
 def models(

@@ -180,13 +180,17 @@ def mla_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
     return _mla_models(max_layers)
 
 
+#: Built once: a strategy made per draw is validated and labelled afresh.
+_HYBRID_MAMBA_STATE = mamba_state(max_bytes=3 * 2**20)
+
+
 @st.composite
 def _mamba_hybrid_models(draw: st.DrawFn, max_layers: int) -> Model:
     dtype = pick(draw, [torch.bfloat16, torch.float16])
     heads = pick(draw, [8, 2, 4, 1, 16])
     head_size = pick(draw, [128, 64, 256])
     token_bytes = heads * 2 * head_size * dtype_size(dtype)
-    shapes, dtypes_, mamba_type = draw(mamba_state(max_bytes=3 * 2**20))
+    shapes, dtypes_, mamba_type = draw(_HYBRID_MAMBA_STATE)
     state = sum(math.prod(s) * dtype_size(d) for s, d in zip(shapes, dtypes_, strict=True))
     shaping = pick(draw, ["platform", "unpadded"])
     if shaping == "platform":

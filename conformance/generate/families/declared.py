@@ -12,6 +12,7 @@ layer in block tables of a bounded size
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from hypothesis import strategies as st
@@ -24,12 +25,20 @@ from kvref.specs import MambaSpec
 __all__ = ["declared_grouping_models"]
 
 
+@functools.lru_cache(maxsize=8)
+def _bases(max_layers: int) -> tuple[st.SearchStrategy[Model], st.SearchStrategy[Model]]:
+    # Built once per size: a strategy made per draw is validated and labelled afresh.
+    hybrid = hybrid_models(max_layers=max_layers)
+    return st.one_of(hybrid, uniform_models(max_layers=12)), hybrid
+
+
 @st.composite
 def _declared(draw: st.DrawFn, max_layers: int) -> Model:
-    base = draw(st.one_of(hybrid_models(max_layers=max_layers), uniform_models(max_layers=12)))
+    either, hybrid = _bases(max_layers)
+    base = draw(either)
     if any(isinstance(s, MambaSpec) for s in base.specs.values()):
         # Mamba states are one per request: their grouping is not the model's to bound.
-        base = draw(hybrid_models(max_layers=max_layers))
+        base = draw(hybrid)
     size = draw(st.integers(1, 8))
     return ExtendedModel(
         base.specs,

@@ -217,13 +217,13 @@ def _block_size(specs: Mapping[str, KVCacheSpec]) -> int:
     return max(sizes, default=1)
 
 
-@st.composite
-def _apply(
+def draw_model_extras(
     draw: st.DrawFn,
     model: Model,
     config: PlanningConfig,
     workers: Sequence[Mapping[str, KVCacheSpec]],
 ) -> tuple[PlanningConfig, list[dict[str, KVCacheSpec]]]:
+    """One draw of :func:`apply_model_extras`, made with the caller's ``draw``."""
     from kvref.errors import HiSparseError
     from kvref.hisparse import resolve_hisparse_specs
 
@@ -265,6 +265,9 @@ def _apply(
             # indexer: vLLM refuses to serve such a split.
             hypothesis.reject()
     return config, out
+
+
+_apply = st.composite(draw_model_extras)
 
 
 def apply_model_extras(
