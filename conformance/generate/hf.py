@@ -125,20 +125,22 @@ def hf_descriptions(
     kit's plain Llama description) for the generic families.  Shrinks to the
     first published model of the family.
     """
-    choices = _choices(family, specs)
-    if not choices:
-        return st.just(())
-    return st.sampled_from([tuple(sorted(c.items())) for c in choices])
+    described = _described(family, specs)
+    return st.sampled_from(described) if described else st.just(())
 
 
 def draw_hf_description(
     draw: st.DrawFn, family: str, specs: Mapping[str, KVCacheSpec]
 ) -> tuple[tuple[str, HFValue], ...]:
     """One draw of :func:`hf_descriptions` (the same choices), made with the caller's ``draw``."""
-    choices = _choices(family, specs)
-    if not choices:
-        return ()
-    return pick(draw, [tuple(sorted(c.items())) for c in choices])
+    described = _described(family, specs)
+    return pick(draw, described) if described else ()
+
+
+def _described(
+    family: str, specs: Mapping[str, KVCacheSpec]
+) -> list[tuple[tuple[str, HFValue], ...]]:
+    return [tuple(sorted(c.items())) for c in _choices(family, specs)]
 
 
 def described_again(

@@ -340,21 +340,23 @@ def num_blocks(*, max_value: int = 1 << 16) -> st.SearchStrategy[int]:
     """
     if max_value < 1:
         raise ValueError(f"num_blocks(max_value={max_value}) must allow at least one block")
-    return _spread(list(_count_buckets(max_value)))
+    return _spread(_count_buckets(max_value))
 
 
-def _spread(buckets: list[st.SearchStrategy[int]]) -> st.SearchStrategy[int]:
-    last = 2 * len(buckets) - 2
-    return st.integers(0, last).flatmap(lambda i: buckets[(i + 1) // 2])
+def _spread(buckets: Sequence[st.SearchStrategy[int]]) -> st.SearchStrategy[int]:
+    return _spread_drawn(tuple(buckets))
 
 
 def _draw_spread(draw: st.DrawFn, buckets: Sequence[st.SearchStrategy[int]]) -> int:
-    """What :func:`_spread` draws (the same two choices), with no strategy built."""
+    """One draw of :func:`_spread`, made with the caller's ``draw``."""
     # The first bucket (one block) is what shrinking returns to, but
     # Hypothesis favours low choices while generating: give every other
     # bucket twice its weight so one block stays a minority of the examples.
     i = draw(st.integers(0, 2 * len(buckets) - 2))
     return draw(buckets[(i + 1) // 2])
+
+
+_spread_drawn = st.composite(_draw_spread)
 
 
 @functools.lru_cache(maxsize=16)
