@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import pickle
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -216,12 +217,7 @@ def _config_watched(config: PlanningConfig, vcfg: Any) -> Iterator[None]:
     (:mod:`conformance.harness.handed`), as a changed spec object is.
     """
     with kit_side("vLLM adapter", "reading the VllmConfig's state"):
-        before = _PRISTINE.get(config)
-        if before is None:
-            before = handed.object_state(vcfg, "vllm_config")
-            if len(_PRISTINE) > 64:
-                _PRISTINE.clear()
-            _PRISTINE[config] = before
+        before = _state_before(config, vcfg)
     try:
         yield
     finally:
@@ -229,8 +225,32 @@ def _config_watched(config: PlanningConfig, vcfg: Any) -> Iterator[None]:
             # Pickling the whole object again proves it unchanged faster than
             # the walk; the walk names what changed, or finds that what did
             # lies deeper than a hook's planning inputs.
-            changes = [] if iv.is_pristine(config, vcfg) else _changes_read(before, vcfg)
+            changes = [] if iv.is_pristine(config, vcfg) else _changes_read(before(), vcfg)
         handed.record(*changes)
+
+
+def _state_before(config: PlanningConfig, vcfg: Any) -> Callable[[], dict[str, Any]]:
+    """How to read ``vcfg``'s state as handed to a hook, asked only if the hook changed it.
+
+    A copy unpickled from :func:`kvref.interop.vllm.pristine_pickle` is read
+    from that pickle afresh, after the call (most hooks change nothing, and
+    the walk costs more than the call); any other copy is read now.
+    """
+    known = _PRISTINE.get(config)
+    if known is not None:
+        return lambda: known
+    source = iv.pristine_pickle(config)
+    if source is not None:
+        return lambda: _remember(config, handed.object_state(pickle.loads(source), "vllm_config"))
+    walked = _remember(config, handed.object_state(vcfg, "vllm_config"))
+    return lambda: walked
+
+
+def _remember(config: PlanningConfig, state: dict[str, Any]) -> dict[str, Any]:
+    if len(_PRISTINE) > 64:
+        _PRISTINE.clear()
+    _PRISTINE[config] = state
+    return state
 
 
 def _changes_read(before: dict[str, Any], vcfg: Any) -> list[str]:

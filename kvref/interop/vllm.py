@@ -12,7 +12,12 @@ A thin re-export, kept so that ``kvref.interop.vllm`` stays importable:
 
 from __future__ import annotations
 
-from kvref.interop.vllm_config import hisparse_patches, is_pristine, to_vllm_config
+from kvref.interop.vllm_config import (
+    hisparse_patches,
+    is_pristine,
+    pristine_pickle,
+    to_vllm_config,
+)
 from kvref.interop.vllm_convert import (
     INSTALL_HINT,
     VLLM_VERSION,
@@ -51,6 +56,7 @@ __all__ = [
     "hisparse_patches",
     "installed_builder",
     "is_pristine",
+    "pristine_pickle",
     "is_vllm_available",
     "layer_spec_from_vllm",
     "plan_with_vllm",

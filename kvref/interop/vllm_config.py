@@ -435,6 +435,17 @@ def is_pristine(config: PlanningConfig, vllm_config: Any) -> bool:
         return False
 
 
+def pristine_pickle(config: PlanningConfig) -> bytes | None:
+    """The pickle :func:`to_vllm_config` copies ``config``'s ``VllmConfig`` from, if any.
+
+    ``None`` where :func:`is_pristine` can never say ``True`` (the config is
+    deep-copied, or was never converted).  Unpickled, it is another copy of
+    what was handed out: a caller that wants to name a hook's changes can
+    read the state before the call from it, only once a change is found.
+    """
+    return _FROZEN.get(config)
+
+
 #: Per config, the pickle of a copy of its template (``None``: it is deep-copied).
 #: Unpickling is about three times faster than ``copy.deepcopy``, and pickling
 #: a copy again says cheaply whether a hook changed it.
