@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -42,3 +43,25 @@ def test_an_interpreter_starts_with_the_environment() -> None:
         check=False,
     )
     assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
+
+
+def test_a_run_leaves_the_callers_collector_as_it_was() -> None:
+    """Objects made before the run are frozen during it and thawed after, even if it raises."""
+    gc.unfreeze()
+    with pytest.raises(RuntimeError), heap.older_objects_settled():
+        assert gc.get_freeze_count() > 0
+        raise RuntimeError("the run failed")
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_callers_own_freeze_is_kept() -> None:
+    """A process that froze objects itself keeps them frozen after the run."""
+    gc.unfreeze()
+    gc.freeze()
+    try:
+        mine = gc.get_freeze_count()
+        with heap.older_objects_settled():
+            pass
+        assert gc.get_freeze_count() >= mine > 0
+    finally:
+        gc.unfreeze()

@@ -17,8 +17,9 @@ import ctypes
 import ctypes.util
 import gc
 import sys
+from collections.abc import Iterator
 
-__all__ = ["ENVIRONMENT", "keep_freed_memory", "settle_startup_objects"]
+__all__ = ["ENVIRONMENT", "keep_freed_memory", "older_objects_settled", "settle_startup_objects"]
 
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -74,3 +75,23 @@ def settle_startup_objects() -> None:
     kit owns.
     """
     gc.freeze()
+
+
+@contextlib.contextmanager
+def older_objects_settled() -> Iterator[None]:
+    """During a run: the objects made before it (the caller's, torch, vLLM) left out of GC.
+
+    A vLLM-native run made in a process with vLLM loaded spent about a
+    twentieth of its CPU time in full collections walking those objects
+    (docs/performance.md).  The caller's process gets its collector back as
+    it was when the run ends, unless it had frozen objects itself: then what
+    this run froze stays frozen too, as after a second ``gc.freeze()`` of
+    its own (``gc.unfreeze`` cannot tell the two apart).
+    """
+    frozen_before = gc.get_freeze_count()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        if frozen_before == 0:
+            gc.unfreeze()

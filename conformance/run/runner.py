@@ -29,6 +29,7 @@ from conformance.generate.records import Model
 from conformance.harness import integrity
 from conformance.harness.boundary import prepare
 from conformance.harness.guard import Guard, clear_interrupt
+from conformance.harness.heap import older_objects_settled
 from conformance.harness.hooks import ConstructionFailedError, Context, make_factory
 from conformance.harness.lineage import (
     builder_name,
@@ -277,7 +278,7 @@ def _check(
         started_at = getattr(getattr(builder, "_kvref_worker", None), "marked", None)
         if isinstance(started_at, int):
             since = min(since, started_at)
-    with integrity.guarded(since):
+    with integrity.guarded(since), older_objects_settled():
         return _check_guarded(builder, options, selected, progress, vendor, started, focus_exchange)
 
 
