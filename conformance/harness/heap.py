@@ -81,8 +81,9 @@ def settle_startup_objects() -> None:
 def older_objects_settled() -> Iterator[None]:
     """During a run: the objects made before it (the caller's, torch, vLLM) left out of GC.
 
-    A vLLM-native run made in a process with vLLM loaded spent about a
-    twentieth of its CPU time in full collections walking those objects
+    A vLLM-native run in a fresh process with vLLM loaded spent about 2 s
+    of its kit process's CPU in the two full collections of the run, walking
+    those objects; frozen, its eight cost about 0.4 s together
     (docs/performance.md).  The caller's process gets its collector back as
     it was when the run ends, unless it had frozen objects itself: then what
     this run froze stays frozen too, as after a second ``gc.freeze()`` of

@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 
 from conformance.harness import handed, integrity, wire
-from conformance.harness.heap import keep_freed_memory, settle_startup_objects
+from conformance.harness.heap import keep_freed_memory
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.interop.vllm_convert import keep_vllm_quiet
@@ -403,8 +403,6 @@ def serve(
             if builder is None:
                 with _traced(cov):
                     builder = _resolve(target)
-                # The builder's modules are loaded: full collections need not walk them.
-                settle_startup_objects()
             if op == "describe":
                 described = _describe(builder, *args)
                 if cov is None and described["reach_files"]:
