@@ -13,7 +13,10 @@ real ``VllmConfig``.  The kit loads them through its adapter and must:
 
 Every verdict is checked on a default run (50 examples per scenario): the
 fast tier at one seed with the paper invariants, the ``slow`` tier with the
-whole catalog at two seeds and with reach measured.  Each run must also have
+whole catalog at two seeds and with reach measured.  The fast tier runs a
+broken builder at half that budget (:data:`BROKEN_FAST_EXAMPLES`): its
+planted bug must be caught with fewer draws, a stricter claim; the legal
+builders, whose runs are the proof of no false alarm, keep the default.  Each run must also have
 drawn the model family that opens the builder's gate, and a cheap check
 proves the gates open on the kit's own examples of that family, so that a
 pass is never a pass of ``super()`` alone.
@@ -78,6 +81,11 @@ PAPER = tuple(
     and inv.id != "KV-GROUP-HASH-STABLE"
 )
 FAST_SEED = 1
+#: Examples per scenario of a broken builder's fast-tier run, as the
+#: kvref-native meta-tests' default budget: the catch is proved with half the
+#: draws of a default run; the slow tier proves it at the default 50, at
+#: seeds 1-5 and with the whole catalog.
+BROKEN_FAST_EXAMPLES = 25
 SLOW_SEEDS = (1, 2)
 
 
@@ -298,7 +306,8 @@ class _FastRuns(dict[str, Report]):
         # The paper invariants for legal and broken builders alike: a selection
         # of one invariant runs fewer scenarios, whose first deals teach the
         # focus less (conformance/run/focus.py) than the default run's.
-        report = self[qualname] = run_kit(case, FAST_SEED, PAPER)
+        examples = {} if case.meant is None else {"max_examples": BROKEN_FAST_EXAMPLES}
+        report = self[qualname] = run_kit(case, FAST_SEED, PAPER, **examples)
         return report
 
 
