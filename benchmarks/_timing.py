@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import resource
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -38,6 +39,21 @@ def timed_parts(
     return wall, user, after.ru_stime - before.ru_stime, done.returncode
 
 
+#: A fixed pure-Python loop: its CPU time says how fast this machine is right now.
+_CALIBRATION = "s = 0\nfor i in range(20_000_000):\n    s += i\n"
+
+
+def calibration_seconds() -> float:
+    """CPU seconds of :data:`_CALIBRATION` in a fresh interpreter (the machine's speed now).
+
+    Shared machines differ by 2x between days and drift within the hour;
+    a figure quoted with this one can be related to another machine's,
+    while a ratio measured side by side needs no such help.
+    """
+    _, user, system, _ = timed_parts([sys.executable, "-c", _CALIBRATION])
+    return user + system
+
+
 def in_turns(
     checkouts: Sequence[Path],
     repeats: int,
@@ -50,8 +66,10 @@ def in_turns(
     as ``PYTHONPATH`` (so that checkout's code is imported); turns go
     checkout A, B, ..., then again, so load on a shared machine hits every
     checkout alike.  Printed: one line per run, the load average at the
-    end, and each checkout's wall and user+sys range.
+    end, and each checkout's wall and user+sys range; the calibration loop's
+    time (:func:`calibration_seconds`) before the first turn and after the last.
     """
+    print(f"calibration before: {calibration_seconds():.2f} s", flush=True)
     results: dict[Path, list[tuple[float, float, float, int]]] = {c: [] for c in checkouts}
     for repeat in range(repeats):
         for checkout in checkouts:
@@ -65,6 +83,7 @@ def in_turns(
                 flush=True,
             )
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+    print(f"calibration after: {calibration_seconds():.2f} s")
     for checkout, runs in results.items():
         walls = sorted(r[0] for r in runs)
         cpu = sorted(r[1] + r[2] for r in runs)
