@@ -16,10 +16,10 @@ fast tier at one seed with the paper invariants, the ``slow`` tier with the
 whole catalog at two seeds and with reach measured.  The fast tier runs a
 broken builder at half that budget (:data:`BROKEN_FAST_EXAMPLES`): its
 planted bug must be caught with fewer draws, a stricter claim; the legal
-builders, whose runs are the proof of no false alarm, keep the default.  Each run must also have
-drawn the model family that opens the builder's gate, and a cheap check
-proves the gates open on the kit's own examples of that family, so that a
-pass is never a pass of ``super()`` alone.
+builders, whose runs are the proof of no false alarm, keep the default.
+Each run must also have drawn the model family that opens the builder's
+gate, and a cheap check proves the gates open on the kit's own examples of
+that family, so that a pass is never a pass of ``super()`` alone.
 """
 
 from __future__ import annotations
