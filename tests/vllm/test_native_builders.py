@@ -424,6 +424,9 @@ _CLI_SELECT = ("--select", "KV-PLACE-BACKING-SIZE,KV-PLACE-IN-BOUNDS", "--no-rea
 class TestCLI:
     """``python -m conformance.cli tests.vllm.native_builders.<mod>:<Class>`` gives the verdicts."""
 
+    # The same proof on the same builder, named on the command line, is the
+    # whole run of tests/vllm/test_shard_native.py (default suite).
+    @pytest.mark.slow
     def test_broken_is_caught(self, tmp_path: Path) -> None:
         """The GLM-5 short backing, named on the command line, is caught as the builder's own."""
         broken = next(c for c in BROKEN if c.meant == "KV-PLACE-BACKING-SIZE")
