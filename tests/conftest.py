@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import os
 import re
+import warnings
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -46,8 +47,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if not _REQUIRE_VLLM:
         return
     try:
-        importlib.import_module("vllm.config")
-        importlib.import_module("vllm.v1.core.kv_cache_planning")
+        # Importing vLLM imports torch's compiler stack, whose deprecation
+        # warnings would print once per xdist worker, before any test runs.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            importlib.import_module("vllm.config")
+            importlib.import_module("vllm.v1.core.kv_cache_planning")
     except Exception as exc:
         raise pytest.UsageError(
             f"KVREF_REQUIRE_VLLM is set but vLLM cannot be imported ({type(exc).__name__}: "
