@@ -46,9 +46,10 @@ _CALIBRATION = "s = 0\nfor i in range(20_000_000):\n    s += i\n"
 def calibration_seconds() -> float:
     """CPU seconds of :data:`_CALIBRATION` in a fresh interpreter (the machine's speed now).
 
-    Shared machines differ by 2x between days and drift within the hour;
-    a figure quoted with this one can be related to another machine's,
-    while a ratio measured side by side needs no such help.
+    Shared machines differ by 2x between days and drift within the hour.
+    It is a rough gauge only: it does not follow a kit run or the suite
+    across machines (docs/performance.md), so the figure to quote is still
+    a ratio measured side by side.
     """
     _, user, system, _ = timed_parts([sys.executable, "-c", _CALIBRATION])
     return user + system
