@@ -12,7 +12,13 @@ from conformance.harness.vllm_adapter import wrap_vllm_builder
 from kvref.builder import KVCacheConfigBuilder, ReferenceKVCacheConfigBuilder
 from kvref.interop.vllm import INSTALL_HINT, VLLMUnavailableError
 
-__all__ = ["DEFAULT_BUILDER", "BuilderLoadError", "is_vllm_native", "load_builder"]
+__all__ = [
+    "DEFAULT_BUILDER",
+    "BuilderLoadError",
+    "is_vllm_native",
+    "load_builder",
+    "native_adapter",
+]
 
 #: What ``kvref-conformance`` checks when no builder is named.
 DEFAULT_BUILDER = "kvref:ReferenceKVCacheConfigBuilder"
@@ -82,6 +88,21 @@ def load_builder(spec: str) -> type[KVCacheConfigBuilder] | KVCacheConfigBuilder
         missing = ", ".join(sorted(abstract))
         raise BuilderLoadError(f"{spec!r} is abstract: it does not implement {missing}")
     return obj  # type: ignore[no-any-return]
+
+
+def native_adapter(obj: Any, name: str | None = None) -> Any:
+    """``obj`` as the kit runs it: a vLLM-native class or instance behind the vLLM adapter.
+
+    A builder given as an object (``check_builder(AcmeBuilder)``) is adapted
+    as one given by name is (:func:`load_builder`); anything else is
+    returned as it is.
+
+    Raises:
+        BuilderLoadError: ``obj`` is vLLM-native, but vLLM cannot be imported.
+    """
+    if isinstance(obj, str) or not is_vllm_native(obj):
+        return obj
+    return _wrap_vllm(name or (obj if isinstance(obj, type) else type(obj)).__qualname__, obj)
 
 
 def _import_file(path: Path) -> Any:

@@ -64,9 +64,14 @@ def prepare(
     Raises:
         OptionError: the builder cannot be loaded, or the reach options are unusable.
     """
-    from conformance.harness.adapters import BuilderLoadError, load_builder
+    from conformance.harness.adapters import BuilderLoadError, load_builder, native_adapter
 
     _check_min_reach(reach, min_reach)
+    try:
+        # A vLLM-native class or instance runs behind the vLLM adapter, as a named one does.
+        builder = native_adapter(builder, name)
+    except BuilderLoadError as exc:
+        raise OptionError(str(exc)) from None
     wanted = None if reach is False or reach is None else reach
     if isolate:
         from conformance.harness.isolate import IsolatedBuilder, isolated
