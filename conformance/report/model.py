@@ -7,7 +7,8 @@ Verdicts (the contract document's "Verdicts" section):
 - ``inconclusive``: no example judged it (the builder's calls failed, or no
   example reached it); fails the run like ``fail``;
 - ``not-applicable``: it cannot apply to this run (the device cannot measure
-  it); does not fail the run;
+  it, or no model of the run can give its scenario an example for this
+  builder); does not fail the run;
 - ``skipped``: the vendor declared the capability it needs unsupported;
 - ``xfail``: listed as expected to fail, and it failed or was not judged;
 - ``xpass``: listed as expected to fail, yet it held; reported, does not

@@ -56,6 +56,7 @@ from conformance.run.tally import Tally, select_invariants
 from conformance.run.threads import one_torch_thread
 from conformance.run.timing import InvariantClock
 from conformance.scenarios import registry
+from conformance.scenarios.base import undrawable_reason
 from conformance.scenarios.examples import Example
 from kvref.builder import KVCacheConfigBuilder
 
@@ -540,6 +541,13 @@ class _Run(Findings):
         profile, shard = self.options.profile, self.shard
         if focus is None:
             self.empty[scenario] = draw(*args, profile, judge, shard)
+            if self.empty[scenario] and not self.drawn.get(scenario):
+                # No model of the run can give this builder the scenario's inputs:
+                # not a verdict on its answers (contract.md#verdicts).
+                why = undrawable_reason(registry.get(scenario), self.empty[scenario], self.limits)
+                for inv in checks:
+                    if scenario in inv.scenarios:  # not the call invariants, read everywhere
+                        self.tallies[inv.id].undrawable(why)
         else:
             self.focus.drew(scenario, draw_focus(*args, profile, judge, focus, shard))
 

@@ -44,6 +44,15 @@ class Tally:
     #: Failing examples asked of the parent so far (bounded: INHERIT_CHECKS).
     inherit_checks: int = 0
 
+    def undrawable(self, reason: str) -> None:
+        """Count a scenario of the invariant that no model of the run could give an example.
+
+        The invariant is then not applicable (verdict) unless an example of
+        another scenario judged it, or a call of the builder failed on one.
+        """
+        self.not_applicable += 1
+        self.na_reason = reason
+
     def add(
         self,
         outcome: Any,

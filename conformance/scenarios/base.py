@@ -19,7 +19,7 @@ from conformance.generate.limits import NO_LIMITS, Limits
 from conformance.generate.records import Model
 from conformance.harness.hooks import Context
 
-__all__ = ["Draw", "Scenario", "every_family"]
+__all__ = ["Draw", "Scenario", "every_family", "undrawable_reason"]
 
 
 @attrs.frozen(kw_only=True)
@@ -70,6 +70,9 @@ class Scenario:
         prepare: called once before the run's first example, with the
             invariants the run judges in this scenario; returns the run's
             context (e.g. with a helper process started).
+        undrawable: why none of a run's models can give the scenario an
+            example under the builder's limits (``None``: no reason of its
+            own to add); see :func:`undrawable_reason`.
     """
 
     name: str
@@ -80,3 +83,20 @@ class Scenario:
     explored: bool = False
     leans: bool = True
     prepare: Callable[[Context, object, Sequence[Any]], Context] = _no_preparation
+    undrawable: Callable[[Limits], str] | None = None
+
+
+def undrawable_reason(scenario: Scenario, strata: Sequence[str], limits: Limits) -> str:
+    """Why ``scenario``'s invariants cannot apply to a run whose ``strata`` drew it nothing.
+
+    Every stratum dealt examples of the scenario (``strata``) could draw no
+    valid one for this builder: the run's models and the builder's limits
+    leave the scenario nothing to judge, whatever the builder answers.
+    """
+    text = (
+        f"the {scenario.name} scenario could draw no valid example from this run's "
+        f"models ({', '.join(strata)}) for this builder"
+    )
+    if scenario.undrawable is not None:
+        text += f": {scenario.undrawable(limits)}"
+    return text

@@ -146,10 +146,21 @@ def _observe(ctx: Context, ex: Any) -> HostObservation:
     return observe_host(ctx, ex.config, ex.merged, ex.num_blocks)
 
 
+def _undrawable(limits: Limits) -> str:
+    if limits.draws_generic_host():
+        return "none of its models has a layer to keep on the host"
+    return (
+        "this builder takes host-resident layers only as HiSparse's source storage (it "
+        "declares host_outside_hisparse unsupported, as vLLM 0.33.0's adapter does), and "
+        "none of the models is HiSparse-served; give the kit such a model to judge them"
+    )
+
+
 HOST = Scenario(
     name="host",
     examples=_DRAW.examples_for,
     observe=_observe,
     admits=_admits,
     focused=True,
+    undrawable=_undrawable,
 )
