@@ -29,6 +29,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from conformance.errors import OptionError
 from kvref.config import PlanningConfig
 
 __all__ = ["CAPABILITIES", "HOST_OUTSIDE_HISPARSE", "HOST_RESIDENT", "NO_LIMITS", "Limits"]
@@ -54,8 +55,21 @@ class Limits:
         """The limits ``builder`` declares (``kvref_unsupported``) plus ``unsupported``.
 
         An isolated builder's proxy carries the declaration as data.
+
+        Raises:
+            OptionError: the declaration names a capability the kit does not
+                know (a misspelt one would otherwise be ignored, and the
+                invariants it meant to opt out of judged).
         """
         declared = getattr(builder, "kvref_unsupported", ()) or ()
+        if isinstance(declared, str):
+            declared = (declared,)  # a lone name, not its letters
+        unknown = sorted(str(c) for c in declared if str(c) not in CAPABILITIES)
+        if unknown:
+            raise OptionError(
+                f"the builder's kvref_unsupported names {', '.join(map(repr, unknown))}: not a "
+                f"capability the kit knows ({', '.join(CAPABILITIES)})"
+            )
         return cls(frozenset(str(c) for c in declared) | frozenset(unsupported))
 
     @property

@@ -509,6 +509,12 @@ def _warm_up() -> None:
         )
 
 
+def _unsupported(native_cls: type[Any]) -> tuple[str, ...]:
+    own = getattr(native_cls, "kvref_unsupported", ()) or ()
+    own = (own,) if isinstance(own, str) else tuple(own)
+    return tuple(dict.fromkeys((*VLLMBuilderAdapter.kvref_unsupported, *map(str, own))))
+
+
 def wrap_vllm_builder(native_cls: type[Any]) -> type[KVCacheConfigBuilder]:
     """A kvref builder class that runs the vLLM-native builder class ``native_cls``.
 
@@ -551,6 +557,8 @@ def wrap_vllm_builder(native_cls: type[Any]) -> type[KVCacheConfigBuilder]:
         "__module__": __name__,
         "native_cls": native_cls,
         "kvref_core": staticmethod(core),
+        # What the vendor's class declares it lacks, beside what vLLM itself lacks.
+        "kvref_unsupported": _unsupported(native_cls),
     }
     # The kit checks _get_pool_bytes_per_block only on builders that override
     # it; forward it only where the native class does, or vLLM's default

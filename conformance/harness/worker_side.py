@@ -310,6 +310,12 @@ def _traced(cov: Any) -> Iterator[None]:
         cov.stop()
 
 
+def _declared_unsupported(builder: Any) -> list[str]:
+    """The builder's ``kvref_unsupported``, as names (a lone name is one, not its letters)."""
+    declared = getattr(builder, "kvref_unsupported", ()) or ()
+    return [declared] if isinstance(declared, str) else [str(c) for c in declared]
+
+
 def _reach_lines(cov: Any) -> dict[str, list[int]]:
     if cov is None:
         return {}
@@ -349,7 +355,7 @@ def _describe(builder: Any, name: str | None, reach: Any) -> dict[str, Any]:
         }
     return {
         "class": f"{cls.__module__}:{cls.__qualname__}",
-        "unsupported": [str(c) for c in (getattr(builder, "kvref_unsupported", ()) or ())],
+        "unsupported": _declared_unsupported(builder),
         "native": None if native is None else f"{native.__module__}:{native.__qualname__}",
         "vllm_core": native is not None,
         "parent": parent_kind,
