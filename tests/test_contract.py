@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 import conformance.contract as contract
-import conformance.run.runner as runner
+import conformance.run.judging as judging
 from conformance.report.render import json_schema_path, report_to_dict
 from conformance.run.runner import ContractVersionWarning, check_builder
 from kvref import ReferenceKVCacheConfigBuilder
@@ -45,7 +45,7 @@ def test_a_run_with_another_vllm_warns_once_and_reports_it(
 ) -> None:
     """The note is in the report's warnings, and Python warns once for two runs."""
     monkeypatch.setattr(contract, "installed_vllm", lambda: "0.34.1")
-    monkeypatch.setattr(runner, "_WARNED", set())
+    monkeypatch.setattr(judging, "_WARNED", set())
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("default")
         first, second = _run(), _run()

@@ -14,7 +14,7 @@ import pytest
 from conformance import check_builder
 from conformance.harness import integrity
 from conformance.harness.integrity import ChangedCodeError, guarded, mark
-from conformance.run import runner
+from conformance.run import judging
 
 TESTS = Path(__file__).resolve().parent
 
@@ -123,7 +123,7 @@ def test_a_builder_that_rewrites_a_module_cannot_run_it_in_the_kit(
     monkeypatch.setenv("KVREF_FORGE_MARKER", str(module_dir / "forged.txt"))
     monkeypatch.syspath_prepend(str(TESTS))
     seen: list[BaseException | str] = []
-    report_of = runner._Run.report
+    report_of = judging.Run.report
 
     def report(self: Any, *args: Any, **kwargs: Any) -> Any:
         # A lazy import of the kit's, made after the builder's module ran in its worker.
@@ -133,7 +133,7 @@ def test_a_builder_that_rewrites_a_module_cannot_run_it_in_the_kit(
             seen.append(exc)
         return report_of(self, *args, **kwargs)
 
-    monkeypatch.setattr(runner._Run, "report", report)
+    monkeypatch.setattr(judging.Run, "report", report)
     result = _small_run("forgers.tampers:TampersLazyModule", "KV-PLACE-BACKING-SIZE")
     assert "forge('tampered module')" in target.read_text()  # the worker did rewrite it
     assert len(seen) == 1 and isinstance(seen[0], ChangedCodeError), seen

@@ -1,6 +1,6 @@
 """What a run reports of each invariant: verdicts, failures, their shrinking and replay.
 
-The runner (:mod:`conformance.run.runner`) judges examples; this part turns
+A run (:class:`conformance.run.judging.Run`) judges examples; this part turns
 its tallies into results: a failure's minimal counterexample (shrunk by its
 stratum's strategy), its reproduce line, whether the builder's parent or
 vLLM's default fails the same way, and the saved counterexamples replayed.
@@ -56,7 +56,7 @@ _PLACING = frozenset({"placement", "device", "core"})
 
 
 class Findings:
-    """The reporting half of a run (the runner's ``_Run`` is the judging half)."""
+    """The reporting half of a run (:class:`conformance.run.judging.Run` is the judging half)."""
 
     builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder]
     options: RunOptions
@@ -74,7 +74,7 @@ class Findings:
     ctx: Context
 
     def observe(self, scenario: str, example: Example) -> Any:
-        """Observe ``example`` in ``scenario`` (the runner's)."""
+        """Observe ``example`` in ``scenario`` (the judging half's)."""
         raise NotImplementedError
 
     def _database(self, inv: Invariant, stratum: Stratum) -> ExampleDatabase | None:
