@@ -6,6 +6,8 @@ import logging
 import subprocess
 import sys
 
+import pytest
+
 from kvref.interop.vllm_convert import quiet_vllm
 
 
@@ -44,3 +46,21 @@ def test_the_kits_own_process_stays_quiet() -> None:
     )
     error = str(logging.ERROR)
     assert done.stdout.split() == [error, error, error], done.stdout + done.stderr
+
+
+def test_vllms_import_warns_nothing_through_the_kit() -> None:
+    """Torch's deprecations raised by vLLM's import stay out of the caller's output.
+
+    Under pytest (the plugin) deprecation warnings are shown, and vLLM's
+    import printed about a dozen before the session began, once per process.
+    """
+    pytest.importorskip("vllm.v1.core.kv_cache_planning")
+    code = "from kvref.interop.vllm_convert import vllm_modules\nvllm_modules()\n"
+    done = subprocess.run(
+        [sys.executable, "-W", "always::DeprecationWarning", "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "DeprecationWarning" not in done.stderr, done.stderr[-2000:]

@@ -25,6 +25,7 @@ import functools
 import importlib
 import logging
 import os
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -114,6 +115,20 @@ class _VLLM:
     version: str
 
 
+def _import_vllm() -> dict[str, Any]:
+    return {
+        name: importlib.import_module(name)
+        for name in (
+            "vllm",
+            "vllm.config",
+            "vllm.v1.core.kv_cache_config_builder",
+            "vllm.v1.core.kv_cache_planning",
+            "vllm.v1.kv_cache_interface",
+            "vllm.v1.attention.backend",
+        )
+    }
+
+
 @functools.lru_cache(maxsize=1)
 def vllm_modules() -> _VLLM:
     """Import the parts of vLLM that planning needs (once; importing vLLM takes seconds).
@@ -125,17 +140,11 @@ def vllm_modules() -> _VLLM:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
-        modules = {
-            name: importlib.import_module(name)
-            for name in (
-                "vllm",
-                "vllm.config",
-                "vllm.v1.core.kv_cache_config_builder",
-                "vllm.v1.core.kv_cache_planning",
-                "vllm.v1.kv_cache_interface",
-                "vllm.v1.attention.backend",
-            )
-        }
+        with warnings.catch_warnings():
+            # What vLLM's import warns of (torch's deprecations) is vLLM's, not the
+            # caller's: under pytest it was printed before the session began.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            modules = _import_vllm()
     except ImportError as exc:
         raise VLLMUnavailableError(f"cannot import vLLM ({exc}). {INSTALL_HINT}") from exc
     vllm = modules["vllm"]
