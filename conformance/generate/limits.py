@@ -32,7 +32,14 @@ import attrs
 from conformance.errors import OptionError
 from kvref.config import PlanningConfig
 
-__all__ = ["CAPABILITIES", "HOST_OUTSIDE_HISPARSE", "HOST_RESIDENT", "NO_LIMITS", "Limits"]
+__all__ = [
+    "CAPABILITIES",
+    "HOST_OUTSIDE_HISPARSE",
+    "HOST_RESIDENT",
+    "NO_LIMITS",
+    "Limits",
+    "declared_unsupported",
+]
 
 HOST_RESIDENT = "host_resident"
 HOST_OUTSIDE_HISPARSE = "host_outside_hisparse"
@@ -42,6 +49,15 @@ CAPABILITIES: dict[str, str] = {
     HOST_RESIDENT: "host-resident groups (generic and HiSparse's host pool)",
     HOST_OUTSIDE_HISPARSE: "host-resident layers outside HiSparse",
 }
+
+
+def declared_unsupported(builder: object) -> tuple[str, ...]:
+    """The capabilities ``builder`` declares it lacks (``kvref_unsupported``), as names.
+
+    A lone name is one capability, not its letters.
+    """
+    declared = getattr(builder, "kvref_unsupported", ()) or ()
+    return (declared,) if isinstance(declared, str) else tuple(str(c) for c in declared)
 
 
 @attrs.frozen
@@ -61,16 +77,14 @@ class Limits:
                 know (a misspelt one would otherwise be ignored, and the
                 invariants it meant to opt out of judged).
         """
-        declared = getattr(builder, "kvref_unsupported", ()) or ()
-        if isinstance(declared, str):
-            declared = (declared,)  # a lone name, not its letters
-        unknown = sorted(str(c) for c in declared if str(c) not in CAPABILITIES)
+        declared = declared_unsupported(builder)
+        unknown = sorted(c for c in declared if c not in CAPABILITIES)
         if unknown:
             raise OptionError(
                 f"the builder's kvref_unsupported names {', '.join(map(repr, unknown))}: not a "
                 f"capability the kit knows ({', '.join(CAPABILITIES)})"
             )
-        return cls(frozenset(str(c) for c in declared) | frozenset(unsupported))
+        return cls(frozenset(declared) | frozenset(unsupported))
 
     @property
     def host_layers_allowed(self) -> bool:

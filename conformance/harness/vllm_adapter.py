@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import attrs
 
 from conformance.errors import kit_side
+from conformance.generate.limits import declared_unsupported
 from conformance.harness import answer_parts, handed
 from conformance.harness.guard import groups_key
 from kvref.builder import KVCacheConfigBuilder
@@ -510,9 +511,8 @@ def _warm_up() -> None:
 
 
 def _unsupported(native_cls: type[Any]) -> tuple[str, ...]:
-    own = getattr(native_cls, "kvref_unsupported", ()) or ()
-    own = (own,) if isinstance(own, str) else tuple(own)
-    return tuple(dict.fromkeys((*VLLMBuilderAdapter.kvref_unsupported, *map(str, own))))
+    own = declared_unsupported(native_cls)
+    return tuple(dict.fromkeys((*VLLMBuilderAdapter.kvref_unsupported, *own)))
 
 
 def wrap_vllm_builder(native_cls: type[Any]) -> type[KVCacheConfigBuilder]:

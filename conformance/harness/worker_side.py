@@ -25,6 +25,7 @@ from typing import Any
 
 import attrs
 
+from conformance.generate.limits import declared_unsupported
 from conformance.harness import handed, integrity, wire
 from conformance.harness.heap import keep_freed_memory
 from kvref.builder import KVCacheConfigBuilder
@@ -310,12 +311,6 @@ def _traced(cov: Any) -> Iterator[None]:
         cov.stop()
 
 
-def _declared_unsupported(builder: Any) -> list[str]:
-    """The builder's ``kvref_unsupported``, as names (a lone name is one, not its letters)."""
-    declared = getattr(builder, "kvref_unsupported", ()) or ()
-    return [declared] if isinstance(declared, str) else [str(c) for c in declared]
-
-
 def _reach_lines(cov: Any) -> dict[str, list[int]]:
     if cov is None:
         return {}
@@ -355,7 +350,7 @@ def _describe(builder: Any, name: str | None, reach: Any) -> dict[str, Any]:
         }
     return {
         "class": f"{cls.__module__}:{cls.__qualname__}",
-        "unsupported": _declared_unsupported(builder),
+        "unsupported": list(declared_unsupported(builder)),
         "native": None if native is None else f"{native.__module__}:{native.__qualname__}",
         "vllm_core": native is not None,
         "parent": parent_kind,
