@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import re
-import warnings
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -46,13 +44,14 @@ def pytest_configure(config: pytest.Config) -> None:
     """With KVREF_REQUIRE_VLLM set, refuse to start when vLLM's planning modules do not import."""
     if not _REQUIRE_VLLM:
         return
+    from kvref.interop.vllm_convert import VLLMUnavailableError, vllm_modules
+
     try:
-        # Importing vLLM imports torch's compiler stack, whose deprecation
-        # warnings would print once per xdist worker, before any test runs.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            importlib.import_module("vllm.config")
-            importlib.import_module("vllm.v1.core.kv_cache_planning")
+        # The kit's own import of vLLM (it keeps torch's deprecation warnings quiet).
+        vllm_modules()
+    except VLLMUnavailableError as exc:
+        # Its message says how to install vLLM.
+        raise pytest.UsageError(f"KVREF_REQUIRE_VLLM is set, but {exc}") from None
     except Exception as exc:
         raise pytest.UsageError(
             f"KVREF_REQUIRE_VLLM is set but vLLM cannot be imported ({type(exc).__name__}: "
