@@ -51,9 +51,13 @@ class RaisesOnPlacement(HostOnlyUnderHiSparse):
         raise RuntimeError("planted placement failure")
 
 
-def _run(
+def run_on_models(
     builder: type, *, models_only: bool, select: Sequence[str] = ("KV-HOST", "KV-DEV-HOST")
 ) -> Report:
+    """A small run of ``builder`` on :data:`MODELS` (the host invariants by default).
+
+    tests/vllm/test_undrawable_native.py runs its vLLM-native builders through it too.
+    """
     return check_builder(
         builder,
         select=list(select),
@@ -69,7 +73,7 @@ def _run(
 
 def test_host_invariants_are_not_applicable_with_the_reason() -> None:
     """Models-only, nothing HiSparse-served: every host invariant N/A, the run OK."""
-    report = _run(HostOnlyUnderHiSparse, models_only=True)
+    report = run_on_models(HostOnlyUnderHiSparse, models_only=True)
     statuses = {r.id: r.status for r in report.results}
     assert set(statuses) == set(HOST), statuses
     assert set(statuses.values()) == {"not-applicable"}, statuses
@@ -87,7 +91,7 @@ def test_the_same_invariants_are_judged_where_the_run_can_feed_them() -> None:
     strata drew decides.  Two stay N/A for reasons of their own (no memory
     counter on the CPU; HiSparse has no device-only twin to compare with).
     """
-    report = _run(HostOnlyUnderHiSparse, models_only=False)
+    report = run_on_models(HostOnlyUnderHiSparse, models_only=False)
     assert report.coverage["host"]["no_valid_examples"] == ["vendor"]
     assert report.ok
     passed = {r.id for r in report.results if r.status == "pass"}
@@ -97,7 +101,7 @@ def test_the_same_invariants_are_judged_where_the_run_can_feed_them() -> None:
 
 def test_a_builder_whose_calls_fail_is_not_excused() -> None:
     """A failed call of the builder's own decides first: inconclusive and a call failure."""
-    report = _run(
+    report = run_on_models(
         RaisesOnPlacement, models_only=True, select=("KV-HOST-DEVICE-SAFE", "KV-CALL-RAISES")
     )
     statuses = {r.id: r.status for r in report.results}

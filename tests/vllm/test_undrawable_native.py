@@ -15,11 +15,8 @@ import pytest
 
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
-from test_undrawable import HOST, MODELS, UNDRAWABLE
+from test_undrawable import HOST, UNDRAWABLE, run_on_models
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
-
-from conformance import check_builder
-from conformance.report.model import Report
 
 pytestmark = pytest.mark.vllm
 
@@ -38,23 +35,9 @@ class VendorRaisesOnPlacement(VendorDefault):
         raise RuntimeError("planted placement failure")
 
 
-def _run(builder: type, select: list[str]) -> Report:
-    return check_builder(
-        builder,
-        select=select,
-        max_examples=6,
-        seed=1,
-        models=MODELS,
-        models_only=True,
-        database=None,
-        shrink=False,
-        reach=False,
-    )
-
-
 def test_host_invariants_are_not_applicable_with_the_reason() -> None:
     """Every host invariant N/A, naming vLLM's HiSparse-only host tier; the run OK."""
-    report = _run(VendorDefault, list(HOST))
+    report = run_on_models(VendorDefault, models_only=True)
     assert {r.id: r.status for r in report.results} == dict.fromkeys(HOST, "not-applicable")
     for result in report.results:
         assert UNDRAWABLE in (result.reason or ""), result.reason
@@ -64,7 +47,9 @@ def test_host_invariants_are_not_applicable_with_the_reason() -> None:
 
 def test_a_builder_whose_calls_fail_is_not_excused() -> None:
     """Its failed placements decide: inconclusive and a call failure, the run not OK."""
-    report = _run(VendorRaisesOnPlacement, ["KV-HOST-DEVICE-SAFE", "KV-CALL-RAISES"])
+    report = run_on_models(
+        VendorRaisesOnPlacement, models_only=True, select=("KV-HOST-DEVICE-SAFE", "KV-CALL-RAISES")
+    )
     statuses = {r.id: r.status for r in report.results}
     assert statuses == {"KV-HOST-DEVICE-SAFE": "inconclusive", "KV-CALL-RAISES": "fail"}
     assert not report.ok
