@@ -34,6 +34,18 @@ VLLMDefault = wrap_vllm_builder(DefaultKVCacheConfigBuilder)
 Workers = Sequence[Mapping[str, KVCacheSpec]]
 
 
+def split_stages(
+    model: Mapping[str, KVCacheSpec], workers: int | Sequence[int]
+) -> list[dict[str, KVCacheSpec]]:
+    """Contiguous PP split: even (vLLM's default) for a count, else the given stage sizes."""
+    items = list(model.items())
+    if isinstance(workers, int):
+        cuts = [len(items) * k // workers for k in range(workers + 1)]
+    else:
+        cuts = [sum(workers[:k]) for k in range(len(workers) + 1)]
+    return [dict(items[cuts[k] : cuts[k + 1]]) for k in range(len(cuts) - 1)]
+
+
 @attrs.frozen
 class Outcome:
     """A plan, or the error that replaced it."""

@@ -23,6 +23,7 @@ from _vllm_diff import (
     describe_tensors,
     run_kvref,
     run_vllm,
+    split_stages,
 )
 from hypothesis import HealthCheck, assume, given, settings
 
@@ -62,16 +63,6 @@ def _layers(pattern: str, specs: dict[str, KVCacheSpec], repeats: int) -> dict[s
     for i, letter in enumerate(pattern * repeats):
         out[f"model.layers.{i}.attn"] = specs[letter]
     return out
-
-
-def _split(model: dict[str, KVCacheSpec], workers: int | list[int]) -> list[dict[str, KVCacheSpec]]:
-    """Contiguous PP split: even (vLLM's default) for a count, else the given stage sizes."""
-    items = list(model.items())
-    if isinstance(workers, int):
-        cuts = [len(items) * k // workers for k in range(workers + 1)]
-    else:
-        cuts = [sum(workers[:k]) for k in range(len(workers) + 1)]
-    return [dict(items[cuts[k] : cuts[k + 1]]) for k in range(len(cuts) - 1)]
 
 
 def _mamba_hybrid() -> dict[str, KVCacheSpec]:
@@ -268,7 +259,7 @@ def _cases() -> list[object]:
 
 def _problem(name: str, layout: KVCacheLayout) -> tuple[PlanningConfig, Workers, list[int]]:
     model, workers, changes, memory = CATALOG[name]()
-    split = _split(model, workers) if model else [{} for _ in range(int(workers))]
+    split = split_stages(model, workers) if model else [{} for _ in range(int(workers))]
     config = PlanningConfig(
         kv_cache_layout=layout,
         pipeline_parallel_size=len(split),

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from _vllm_diff import assert_agree, run_kvref
+from _vllm_diff import assert_agree, run_kvref, split_stages
 
 from conformance.generate import strategies as kst
 from kvref import (
@@ -212,13 +212,6 @@ SHAPES: dict[str, Shape] = {
 }
 
 
-def _split(model: dict[str, KVCacheSpec], stages: int) -> list[dict[str, KVCacheSpec]]:
-    """Contiguous stages of (nearly) equal layer counts, as vLLM splits by default."""
-    items = list(model.items())
-    cuts = [len(items) * k // stages for k in range(stages + 1)]
-    return [dict(items[cuts[k] : cuts[k + 1]]) for k in range(stages)]
-
-
 def _cases() -> list[object]:
     return [
         pytest.param(name, layout, id=f"{name}-{layout.name}")
@@ -237,7 +230,7 @@ def test_core_flow_agrees(name: str, layout: object) -> None:
         pipeline_parallel_size=stages,
         **fields,  # type: ignore[arg-type]
     )
-    workers = _split(make(), stages)
+    workers = split_stages(make(), stages)
     assert assert_agree(config, workers, [memory] * stages) == "ok"
     plan = run_kvref(config, workers, [memory] * stages).plan
     assert plan is not None and plan.num_blocks > 0
