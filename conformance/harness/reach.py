@@ -39,6 +39,7 @@ import attrs
 from conformance.harness.callees import callee_closure
 
 __all__ = [
+    "line_tracer",
     "PLATFORMS",
     "module_figures",
     "reach_summary",
@@ -199,6 +200,17 @@ def _functions(source: Path) -> list[tuple[str, set[int]]]:
     return found
 
 
+def line_tracer(files: Sequence[str]) -> Any:
+    """A coverage.py tracer of ``files``' lines, not started (the kit's and the worker's)."""
+    import coverage
+
+    cov = coverage.Coverage(data_file=None, include=list(files), branch=False, config_file=False)
+    # Reach is read after every scenario; a builder whose own code has not
+    # run yet (its grouping inherited, say) is a figure of 0, not a warning.
+    cov.set_option("run:disable_warnings", ["no-data-collected"])
+    return cov
+
+
 @attrs.define
 class ReachMeter:
     """Measures the reach of a run (start, run, stop, then :meth:`summary`).
@@ -265,17 +277,7 @@ class ReachMeter:
         ``trace_here=False`` traces nothing in this process: the builder runs
         elsewhere (an isolated worker) and its lines arrive by :meth:`add_lines`.
         """
-        import coverage
-
-        self._cov = coverage.Coverage(
-            data_file=None,
-            include=[str(f) for f in self.files],
-            branch=False,
-            config_file=False,
-        )
-        # Reach is read after every scenario; a builder whose own code has not
-        # run yet (its grouping inherited, say) is a figure of 0, not a warning.
-        self._cov.set_option("run:disable_warnings", ["no-data-collected"])
+        self._cov = line_tracer([str(f) for f in self.files])
         if not trace_here:
             return
         self._cov.start()

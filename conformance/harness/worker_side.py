@@ -285,6 +285,8 @@ def _start_reach(files: Sequence[str] | None) -> Any:
         return None
     import coverage
 
+    from conformance.harness.reach import line_tracer
+
     inherited = coverage.Coverage.current()
     if inherited is not None:
         # A forked worker inherits the kit's tracer, whose data would stay here.
@@ -292,10 +294,7 @@ def _start_reach(files: Sequence[str] | None) -> Any:
             inherited.stop()
     # Started only around the builder's own code (see _traced): the worker's
     # bookkeeping is neither reach nor worth tracing.
-    cov = coverage.Coverage(data_file=None, include=list(files), branch=False, config_file=False)
-    # A worker asked for its lines before the builder's own code ran reads 0, not a warning.
-    cov.set_option("run:disable_warnings", ["no-data-collected"])
-    return cov
+    return line_tracer(files)
 
 
 @contextlib.contextmanager
