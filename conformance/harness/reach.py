@@ -218,7 +218,8 @@ class ReachMeter:
     Attributes:
         files: what is traced (coverage.py ``include`` patterns): the own
             modules, and the platform's directory for a platform's builder.
-            An isolated run's worker traces the same (``isolate._start_reach``).
+            An isolated run's worker traces the same (``worker_side._start_reach``,
+            through :func:`line_tracer`).
         own: the modules every function of which counts.
         platform: the directory whose other modules count over the
             functions the hooks entered (``None``: none).
