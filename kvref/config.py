@@ -1,6 +1,7 @@
 """PlanningConfig: the slice of vLLM's ``VllmConfig`` the planner reads.
 
-Defaults are vLLM 0.33.0's for a CUDA-like platform with async scheduling.
+Defaults are vLLM's for a CUDA-like platform with async scheduling; which vLLM
+release the problem plans as is its ``vllm_version`` (:mod:`kvref.versions`).
 The config is frozen: Core's auto-fit, which mutates ``max_model_len`` in
 place in vLLM, works on evolved copies here.
 """
@@ -18,6 +19,7 @@ from kvref.backends import AttentionBackend, get_supported_kv_cache_layouts
 from kvref.errors import BuilderResolutionError, ConfigError, KVRefError
 from kvref.hf import HFValue, hf_config_fields
 from kvref.layout_resolution import resolve_kv_cache_layout
+from kvref.versions import NEWEST, Rules, VllmVersion, parse_version, rules
 
 if TYPE_CHECKING:
     from kvref.records import KVCacheGroupSpec
@@ -98,6 +100,10 @@ def _speculative_method(inst: object, attribute: attrs.Attribute[Any], value: ob
             f"PlanningConfig.speculative_method={value!r} must be None or one of "
             f"{SPECULATIVE_METHODS}"
         )
+
+
+def _vllm_version(value: object) -> VllmVersion:
+    return parse_version(value, "PlanningConfig.vllm_version")
 
 
 def _layout(value: object) -> KVCacheLayout:
@@ -373,6 +379,9 @@ class PlanningConfig:
         cache_dtype: vLLM's ``cache_config.cache_dtype`` (``"auto"``,
             ``"fp8_ds_mla"``...): the specs carry each layer's own dtype, which
             planning reads; builders may read this one.
+        vllm_version: the vLLM release whose planning rules apply
+            (:mod:`kvref.versions`; ``"0.34"``, ``"0.34.0"`` or a
+            :class:`~kvref.versions.VllmVersion`; default: the newest supported).
 
     With a speculative method the config must be one vLLM could derive:
     ``num_prefill_lookahead_tokens`` is :attr:`derived_prefill_lookahead`
@@ -429,6 +438,12 @@ class PlanningConfig:
     num_speculative_tokens: int = attrs.field(default=0, validator=_int_check(0))
     hf_config: tuple[tuple[str, HFValue], ...] = attrs.field(default=(), converter=hf_config_fields)
     cache_dtype: str = attrs.field(default="auto", validator=_cache_dtype)
+    vllm_version: VllmVersion = attrs.field(default=NEWEST, converter=_vllm_version)
+
+    @property
+    def rules(self) -> Rules:
+        """The planning rules of :attr:`vllm_version` (:mod:`kvref.versions`)."""
+        return rules(self.vllm_version)
 
     def hf(self, name: str, default: HFValue = None) -> HFValue:
         """The model's Hugging Face config field ``name`` (``default`` when not described)."""
