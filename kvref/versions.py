@@ -120,7 +120,14 @@ class Rules:
             every worker (an OR), resolved by Core.
         drafter_decode_slot: a draft model adds one slot to
             ``max_decode_query_len``.
-        spec_fields: spec fields this release has that the oldest does not.
+        spec_fields: spec fields this release has that the oldest does not, as
+            ``"Class.field"`` (the class that declares it; subclasses have it
+            too).  A spec that sets one to other than its default is refused
+            when planned as a release without it.
+        block_alignment_from_layers: the block-outermost bytes per block is
+            rounded up to the alignments of the layers a worker holds only; a
+            HiSparse hot group with no layer on the worker no longer adds its
+            page (it did before).
         extensible_kv_cache: Core plans a capacity that it may later lower in
             place without calling the builder; the worker splits the backing
             into segments and refuses placements it cannot (docs/contract.md).
@@ -135,6 +142,7 @@ class Rules:
     spec_fields: frozenset[str]
     extensible_kv_cache: bool
 
+    block_alignment_from_layers: bool
 
 _RULES = {
     V0_33: Rules(
@@ -147,6 +155,7 @@ _RULES = {
         spec_fields=frozenset(),
         extensible_kv_cache=False,
     ),
+        block_alignment_from_layers=False,
     V0_34: Rules(
         version=V0_34,
         placement_walks_layer_specs=True,
@@ -155,10 +164,15 @@ _RULES = {
         zeroing_across_workers=True,
         drafter_decode_slot=True,
         spec_fields=frozenset(
-            {"state_alignment", "kv_head_major_slots", "non_causal_multi_token_decode"}
+            {
+                "MambaSpec.state_alignment",
+                "AttentionSpec.kv_head_major_slots",
+                "SlidingWindowMLASpec.non_causal_multi_token_decode",
+            }
         ),
         extensible_kv_cache=True,
     ),
+        block_alignment_from_layers=True,
 }
 
 
