@@ -327,7 +327,7 @@ def _run(args: argparse.Namespace) -> int:
         raise _UsageError(flag_message(str(exc))) from None
     # Resolved in the options, not in check_builder: the header printed before
     # the first example, and the incomplete outputs, must already name them.
-    args.seed, args.max_examples = options.seed, options.max_examples
+    args.seed, args.max_examples, args.vllm = options.seed, options.max_examples, options.vllm
     _start_outputs(args, _run_start(args))
     try:
         check_device(options.device)
@@ -376,6 +376,7 @@ def _options(args: argparse.Namespace, xfail: list[str]) -> Any:
         explore=args.explore,
         explore_candidates=args.explore_candidates,
         shard=args.shard,
+        vllm=args.vllm,
     )
 
 
@@ -399,6 +400,7 @@ def _run_start(args: argparse.Namespace) -> Any:
         profile=args.profile,
         max_examples=args.max_examples,
         options=_header_options(args),
+        contract=f"vLLM {args.vllm}",
     )
 
 

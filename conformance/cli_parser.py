@@ -96,6 +96,12 @@ def _run_options(group: argparse._ArgumentGroup) -> None:
         default="",
         help="comma-separated capabilities the builder lacks (e.g. host_resident)",
     )
+    group.add_argument(
+        "--vllm",
+        metavar="VERSION",
+        help="the vLLM release whose contract the run judges (0.33 or 0.34; default: the "
+        "installed vLLM for a vLLM-native builder, else the newest)",
+    )
     group.add_argument("--list", action="store_true", help="list the invariants and exit")
 
 

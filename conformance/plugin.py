@@ -122,6 +122,15 @@ _OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
         },
     ),
     (
+        "--kv-vllm",
+        {
+            "default": None,
+            "metavar": "VERSION",
+            "help": "the vLLM release whose contract the run judges (0.33 or 0.34; default: "
+            "the installed vLLM for a vLLM-native builder, else the newest)",
+        },
+    ),
+    (
         "--kv-explore-candidates",
         {
             "type": int,
@@ -290,6 +299,7 @@ def _options(config: pytest.Config) -> Any:
         focus=config.getoption("--kv-focus"),
         explore=config.getoption("--kv-explore"),
         explore_candidates=config.getoption("--kv-explore-candidates"),
+        vllm=config.getoption("--kv-vllm"),
         reach=_reach(config),
         min_reach=config.getoption("--kv-min-reach"),
     )
@@ -513,10 +523,10 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     state = _session(config)
     if state is None:
         return None
-    from conformance.contract import CONTRACT, version_note
+    from conformance.contract import contract_name, version_note
 
     o = state.options
-    note = version_note()
+    note = version_note(o.vllm_version)
     reach = o.measured_reach
     return [
         f"kvref-conformance: builder={o.builder} device={o.device} profile={o.profile} "
@@ -524,7 +534,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         f"xfail_file={config.getoption('--kv-xfail-file')} "
         f"unsupported={','.join(o.unsupported) or '-'} "
         f"isolate={o.isolate} reach={'off' if reach is False else 'on'}",
-        f"kvref-conformance: checks the {CONTRACT} builder contract"
+        f"kvref-conformance: checks the {contract_name(o.vllm_version)} builder contract"
         + ("" if note is None else f"; warning: {note}"),
     ]
 

@@ -31,6 +31,7 @@ import attrs
 
 from conformance.errors import OptionError
 from kvref.config import PlanningConfig
+from kvref.versions import NEWEST, VllmVersion
 
 __all__ = [
     "CAPABILITIES",
@@ -62,13 +63,22 @@ def declared_unsupported(builder: object) -> tuple[str, ...]:
 
 @attrs.frozen
 class Limits:
-    """The capabilities one run's builder lacks, and what follows for its inputs."""
+    """What one run may give its builder: the capabilities it lacks, and the vLLM release.
+
+    Attributes:
+        lacking: the capabilities the builder lacks.
+        vllm: the vLLM release the run judges against: every config drawn for
+            the builder plans as that release (``PlanningConfig.vllm_version``).
+    """
 
     lacking: frozenset[str] = frozenset()
+    vllm: VllmVersion = NEWEST
 
     @classmethod
-    def of(cls, builder: object, unsupported: Iterable[str] = ()) -> Limits:
-        """The limits ``builder`` declares (``kvref_unsupported``) plus ``unsupported``.
+    def of(
+        cls, builder: object, unsupported: Iterable[str] = (), vllm: VllmVersion = NEWEST
+    ) -> Limits:
+        """What ``builder`` lacks (``kvref_unsupported``, ``unsupported``), at release ``vllm``.
 
         An isolated builder's proxy carries the declaration as data.
 
@@ -84,7 +94,7 @@ class Limits:
                 f"the builder's kvref_unsupported names {', '.join(map(repr, unknown))}: not a "
                 f"capability the kit knows ({', '.join(CAPABILITIES)})"
             )
-        return cls(frozenset(declared) | frozenset(unsupported))
+        return cls(frozenset(declared) | frozenset(unsupported), vllm)
 
     @property
     def host_layers_allowed(self) -> bool:
@@ -92,7 +102,12 @@ class Limits:
         return not self.lacking & {HOST_RESIDENT, HOST_OUTSIDE_HISPARSE}
 
     def fit(self, config: PlanningConfig) -> PlanningConfig:
-        """``config`` without what the builder cannot be given (HiSparse is left alone)."""
+        """``config`` at the run's release, without what the builder cannot be given.
+
+        HiSparse is left alone.
+        """
+        if config.vllm_version != self.vllm:
+            config = attrs.evolve(config, vllm_version=self.vllm)
         if config.host_resident_layers and config.hisparse is None and not self.host_layers_allowed:
             return attrs.evolve(config, host_resident_layers=frozenset(), host_pool_bytes=None)
         return config

@@ -29,7 +29,6 @@ import socket
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from conformance.contract import CONTRACT
 from conformance.report.model import InvariantResult, Report
 from conformance.report.render import (
     _MARK,
@@ -100,7 +99,7 @@ def write_incomplete_junit(start: RunStart, path: Path) -> None:
             ("profile", start.profile),
             ("max_examples", start.max_examples),
             ("kit_version", _kit_version()),
-            ("contract", CONTRACT),
+            ("contract", start.contract),
             ("ok", False),
             ("complete", False),
             ("verdicts", "run=incomplete"),

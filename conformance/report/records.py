@@ -54,6 +54,7 @@ _RECORD_MODULES = (
     "kvref.specs",
     "kvref.extra_specs",
     "kvref.config",
+    "kvref.versions",
     "kvref.axes",
     "kvref._spec_fields",
     "conformance.generate.families.extras",

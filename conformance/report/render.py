@@ -90,6 +90,7 @@ class RunStart:
         profile: the Hypothesis profile.
         max_examples: examples per scenario.
         options: the other options that shape the run, as command-line words.
+        contract: the vLLM contract the run judges (``"vLLM 0.34.0"``).
     """
 
     builder: str
@@ -98,6 +99,7 @@ class RunStart:
     profile: str
     max_examples: int
     options: tuple[str, ...] = ()
+    contract: str = CONTRACT
 
 
 def format_header(start: RunStart) -> str:
@@ -107,7 +109,7 @@ def format_header(start: RunStart) -> str:
     report still shows what reruns it.
     """
     line = (
-        f"kvref-conformance {_kit_version()} ({CONTRACT} contract): "
+        f"kvref-conformance {_kit_version()} ({start.contract} contract): "
         f"builder {start.builder} on {start.device}, "
         f"profile {start.profile}, {start.max_examples} examples per scenario, "
         f"seed {start.seed}"
@@ -128,6 +130,7 @@ def format_report(report: Report, *, header: bool = True) -> str:
         seed=report.seed,
         profile=report.profile,
         max_examples=report.max_examples,
+        contract=report.contract,
     )
     lines = [format_header(start), ""] if header else []
     lines += [
@@ -263,7 +266,7 @@ def incomplete_report_dict(start: RunStart) -> dict[str, Any]:
     return {
         "schema_version": JSON_SCHEMA_VERSION,
         "kit_version": _kit_version(),
-        "contract": CONTRACT,
+        "contract": start.contract,
         "builder": start.builder,
         "device": start.device,
         "seed": start.seed,

@@ -17,13 +17,14 @@ from typing import Any
 from conformance.check.catalog import Invariant
 from conformance.check.observations import CoreObservation, builder_spoiled
 from conformance.check.waste import WasteMeter
-from conformance.contract import version_note
+from conformance.contract import contract_name, version_note
 from conformance.generate.coverage import coverage, coverage_sets
 from conformance.generate.engine_paths import EnginePath, spell
 from conformance.generate.limits import Limits
 from conformance.harness.guard import Guard, clear_interrupt
 from conformance.harness.hooks import Context, make_factory
 from conformance.harness.lineage import (
+    is_vllm_native,
     isolated_resolver,
     parent_builder,
     resolvable_qualname,
@@ -49,6 +50,7 @@ from conformance.scenarios import registry
 from conformance.scenarios.base import undrawable_reason
 from conformance.scenarios.examples import Example
 from kvref.builder import KVCacheConfigBuilder
+from kvref.versions import VllmVersion
 
 __all__ = ["ContractVersionWarning", "Progress", "Run", "lines_reached"]
 
@@ -83,7 +85,11 @@ class Run(Findings):
             qualname_note=note,
             resolver=None if qualname is None else isolated_resolver(builder),
         )
-        self.limits = Limits.of(builder, options.unsupported)
+        if is_vllm_native(builder):
+            options.check_native()
+        #: The vLLM release whose contract the run judges (kvref/versions.py).
+        self.vllm = options.vllm_version
+        self.limits = Limits.of(builder, options.unsupported, self.vllm)
         self.tallies: dict[str, Tally] = {}
         self.skipped: dict[str, str] = {}
         self.interrupted = False
@@ -307,7 +313,8 @@ class Run(Findings):
             interrupted=self.interrupted,
             waste=self.waste.summary() if "core" in self.drawn else None,
             observe_seconds=self.clock.observe_seconds(),
-            warnings=_contract_warnings(),
+            warnings=_contract_warnings(self.vllm),
+            contract=contract_name(self.vllm),
             focus=spell(self.focus.pins()) or "off",
             shard=self._shard_data(selected),
         )
@@ -347,7 +354,7 @@ def lines_reached(meter: ReachMeter, builder: object) -> int:
 _WARNED: set[str] = set()
 
 
-def _contract_warnings() -> tuple[str, ...]:
+def _contract_warnings(judged: VllmVersion) -> tuple[str, ...]:
     """The installed vLLM's note (:mod:`conformance.contract`), also as a Python warning.
 
     Every report carries the note; the Python warning is raised once per
@@ -355,7 +362,7 @@ def _contract_warnings() -> tuple[str, ...]:
     own once-per-place rule does not hold here: the kit's guard and
     Hypothesis change the warning filters, which resets it.
     """
-    note = version_note()
+    note = version_note(judged)
     if note is None:
         return ()
     if note not in _WARNED:

@@ -25,6 +25,8 @@ from conformance.errors import OptionError
 from conformance.generate.engine_paths import EnginePath, parse
 from conformance.harness.worker_side import DEFAULT_WORKER_MEMORY_GIB
 from conformance.run.shard import Shard
+from kvref.errors import ConfigError
+from kvref.versions import NEWEST, VllmVersion, installed_vllm_version, parse_version
 
 __all__ = [
     "DEFAULT_WORKER_MEMORY_GIB",
@@ -70,6 +72,19 @@ def _strings(values: Iterable[str] | None) -> tuple[str, ...]:
     if isinstance(values, str):
         values = values.split(",")
     return tuple(v.strip() for v in values if v.strip())
+
+
+def _default_vllm() -> str:
+    """The installed vLLM when the kit supports it, else the newest supported release."""
+    return str(installed_vllm_version() or NEWEST)
+
+
+def _vllm(value: object) -> str:
+    """The release named, spelled in full (``0.34`` -> ``0.34.0``), checked at once."""
+    try:
+        return str(parse_version(value, "vllm"))
+    except ConfigError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def _random_seed() -> int:
@@ -119,6 +134,12 @@ class RunOptions:
         shard: ``"I/N"``: run only the I-th of N shares of the run's strata
             (:mod:`conformance.run.shard`); ``kvref-conformance merge`` joins the
             N reports into the report of the whole run (``None``: the whole run).
+        vllm: the vLLM release whose contract the run judges (``"0.33"``,
+            ``"0.34.0"``...; :mod:`kvref.versions`), spelled in full.  Default:
+            the installed vLLM when the kit supports it, else the newest
+            supported release.  The installed vLLM is what the vendor runs, for
+            a kvref-native builder too; a vLLM-native builder can only be
+            judged under it (:meth:`check_native`).
     """
 
     builder: str | None
@@ -146,6 +167,7 @@ class RunOptions:
     explore: float = 0.0
     explore_candidates: int | None = None
     shard: str | None = None
+    vllm: str = attrs.field(factory=_default_vllm, converter=_vllm)
 
     @classmethod
     def create(cls, builder: str | None, **values: Any) -> RunOptions:
@@ -175,6 +197,30 @@ class RunOptions:
         if self.reach is not None:
             return self.reach
         return self.min_reach is not None or importlib.util.find_spec("coverage") is not None
+
+    @property
+    def vllm_version(self) -> VllmVersion:
+        """:attr:`vllm` as a :class:`~kvref.versions.VllmVersion`."""
+        return parse_version(self.vllm)
+
+    def check_native(self) -> None:
+        """Refuse judging a vLLM-native builder under a release other than the installed one.
+
+        A vLLM-native builder runs vLLM's own code (its specs, its
+        ``VllmConfig``, its Core flow), so only the installed release can
+        judge it.  An installed release the kit does not support is judged
+        under :attr:`vllm` with a warning (:mod:`conformance.contract`).
+
+        Raises:
+            OptionError: a supported vLLM is installed and :attr:`vllm` names another.
+        """
+        installed = installed_vllm_version()
+        if installed is not None and installed != self.vllm_version:
+            raise OptionError(
+                f"vllm={self.vllm!r}: a vLLM-native builder runs vLLM's own code, and this "
+                f"environment has vLLM {installed}; run the kit where vLLM {self.vllm} is "
+                "installed to judge it under that release"
+            )
 
     @property
     def worker_memory_bytes(self) -> int:
@@ -317,6 +363,7 @@ class RunOptions:
         if self.isolate and self.worker_memory != DEFAULT_WORKER_MEMORY_GIB:
             # A leak meets the limit at another call: another verdict, maybe.
             words += ["--worker-memory", f"{self.worker_memory:g}"]
+        words += ["--vllm", self.vllm]
         # Replaying saved counterexamples would run other examples than the seed's.
         words.append("--no-database")
         return " ".join(shlex.quote(w) for w in words)

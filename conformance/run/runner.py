@@ -101,6 +101,7 @@ def check_builder(
     explore: float | None = None,
     explore_candidates: int | None = None,
     shard: str | None = None,
+    vllm: str | None = None,
     focus_exchange: FocusExchange | None = None,
 ) -> Report:
     """Check ``builder`` against the invariant catalog and return a :class:`Report`.
@@ -164,6 +165,9 @@ def check_builder(
         shard: ``"I/N"``: judge only the I-th of N shares of the run's strata
             (needs ``focus`` given); :func:`conformance.merge.merge_reports`
             joins the N reports into the whole run's (docs/vendors.md#shards).
+        vllm: the vLLM release whose contract the run judges (``"0.33"``,
+            ``"0.34.0"``; default: the installed vLLM when supported, else the
+            newest; a vLLM-native builder only under the installed one).
         focus_exchange: for the shards of one run made at the same time (the
             pytest plugin under pytest-xdist): called once, after the first
             deals, with what this shard learned of the focus; returns the union
@@ -199,6 +203,7 @@ def check_builder(
         "explore": explore,
         "explore_candidates": explore_candidates,
         "shard": shard,
+        "vllm": vllm,
     }
     options = _options(builder, options, name, keywords)
     invariants = catalog()

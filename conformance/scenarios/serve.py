@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from conformance.check.geometry import page_bytes
 from conformance.check.observations import CallResult, ServeObservation
 from conformance.generate import strategies as kst
+from conformance.generate.limits import NO_LIMITS, Limits
 from conformance.harness.hooks import Context, builder_or_reference_groups, call_placement
 from conformance.scenarios.base import Scenario
 from conformance.scenarios.examples import Example, ProblemDraw
@@ -109,7 +110,10 @@ class ServeExample:
 
 
 def serve_examples(
-    models: st.SearchStrategy[kst.Model] | None = None, *, max_ops: int = OPS_BY_PROFILE["ci"]
+    models: st.SearchStrategy[kst.Model] | None = None,
+    *,
+    max_ops: int = OPS_BY_PROFILE["ci"],
+    limits: Limits = NO_LIMITS,
 ) -> st.SearchStrategy[ServeExample]:
     """Problems the reference can plan, pools of 4..48 blocks, streams of 1..``max_ops`` calls.
 
@@ -118,14 +122,14 @@ def serve_examples(
     null block.  Streams shrink to fewer, shorter requests.
     """
     # Decorated once, at import: a composite made per call costs a source parse.
-    return _serve_example(models, max_ops)
+    return _serve_example(models, max_ops, limits)
 
 
 @st.composite
 def _serve_example(
-    draw: st.DrawFn, models: st.SearchStrategy[kst.Model] | None, max_ops: int
+    draw: st.DrawFn, models: st.SearchStrategy[kst.Model] | None, max_ops: int, limits: Limits
 ) -> ServeExample:
-    base = _BASE.draw_example(draw, models)
+    base = _BASE.draw_example(draw, models, limits)
     # Every worker's pages of one block, summed: at least what each block ID costs.
     per_block = sum(page_bytes(s) for s in base.merged.values()) or 1
     fit = max(2, EXAMPLE_BYTES // per_block)
@@ -217,7 +221,7 @@ def _observe(ctx: Context, ex: Any) -> ServeObservation:
 
 SERVE_SCENARIO = Scenario(
     name=SERVE,
-    examples=lambda d: serve_examples(d.models, max_ops=OPS_BY_PROFILE[d.profile]),
+    examples=lambda d: serve_examples(d.models, max_ops=OPS_BY_PROFILE[d.profile], limits=d.limits),
     observe=_observe,
     # Request streams draw their own small problems; a lean would only reseed them.
     leans=False,
