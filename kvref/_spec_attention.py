@@ -34,6 +34,8 @@ from kvref.errors import ConflictingWindowError, IncompatibleSpecsError, SpecErr
 if TYPE_CHECKING:
     import torch
 
+    from kvref.versions import Rules
+
 __all__ = [
     "AttentionSpec",
     "ChunkedLocalAttentionSpec",
@@ -64,6 +66,7 @@ _ATTENTION_COMPARE_FIELDS = (
     "page_size_padded",
     "num_head_slots",
     "state_content_bytes",
+    "kv_head_major_slots",
     "tokens_per_state",
 )
 
@@ -85,6 +88,9 @@ class AttentionSpec(KVCacheSpec):
         num_head_slots, state_content_bytes, tokens_per_state: backend-set page shape
             overrides, treated as opaque (``H``, ``C`` and compression).
         max_tp_shards: metadata for TP replication; compared by merge only.
+        kv_head_major_slots: the head slots are grouped by KV head, so each KV
+            head is one contiguous run of the page (vLLM 0.34.0; part of the
+            spec's identity, so of grouping; merges copy the first spec's).
     """
 
     kind: ClassVar[str] = "attention"
@@ -101,6 +107,7 @@ class AttentionSpec(KVCacheSpec):
     page_size_padded: int | None = attrs.field(default=None, validator=optional_positive)
     num_head_slots: int | None = attrs.field(default=None, validator=optional_positive)
     state_content_bytes: int | None = attrs.field(default=None, validator=optional_positive)
+    kv_head_major_slots: bool = attrs.field(default=False, validator=boolean)
     tokens_per_state: int | Fraction = attrs.field(
         default=1, converter=convert_tokens_per_state, validator=tokens_per_state_validator
     )
@@ -203,8 +210,8 @@ class FullAttentionSpec(AttentionSpec):
         return FullAttentionSpec
 
     @classmethod
-    def merge(cls, specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
-        """Merge full-attention specs (contract.md#merge-rules).
+    def merge(cls, specs: Sequence[KVCacheSpec], rules: Rules | None = None) -> KVCacheSpec:
+        """Merge full-attention specs (contract.md#merge-rules); the same in every release.
 
         Raises:
             IncompatibleSpecsError: a spec is not full attention, is MLA, a compared
@@ -266,7 +273,7 @@ class RSWASpec(FullAttentionSpec):
     rswa_window: int = attrs.field(validator=positive)
 
     @classmethod
-    def merge(cls, specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
+    def merge(cls, specs: Sequence[KVCacheSpec], rules: Rules | None = None) -> KVCacheSpec:
         """The full-attention merge, and every ``rswa_window`` equal.
 
         Raises:
@@ -277,7 +284,7 @@ class RSWASpec(FullAttentionSpec):
             raise IncompatibleSpecsError(
                 f"cannot merge RSWA specs with different rswa_window values {windows}"
             )
-        return super().merge(specs)
+        return super().merge(specs, rules)
 
 
 def _mla_alignment(spec: AttentionSpec, alignment: int | None) -> None:
@@ -313,7 +320,7 @@ class MLAAttentionSpec(FullAttentionSpec):
         _mla_alignment(self, self.alignment)
 
     @classmethod
-    def merge(cls, specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
+    def merge(cls, specs: Sequence[KVCacheSpec], rules: Rules | None = None) -> KVCacheSpec:
         """Merge MLA specs: single values of the MLA fields; drops ``alignment``.
 
         See contract.md#merge-rules.
@@ -401,7 +408,11 @@ class SlidingWindowSpec(AttentionSpec):
 @homed
 @attrs.frozen(kw_only=True, eq=False)
 class SlidingWindowMLASpec(SlidingWindowSpec):
-    """Sliding-window MLA (vLLM ``SlidingWindowMLASpec``); ``head_size_v`` defaults to 0."""
+    """Sliding-window MLA (vLLM ``SlidingWindowMLASpec``); ``head_size_v`` defaults to 0.
+
+    ``non_causal_multi_token_decode`` is vLLM 0.34.0's (a group capability:
+    merges OR it).
+    """
 
     kind: ClassVar[str] = "sliding_window_mla"
     _default_head_size_v_is_zero: ClassVar[bool] = True
@@ -410,6 +421,7 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
     alignment: int | None = attrs.field(default=None, validator=optional_positive)
     model_version: str | None = attrs.field(default=None, validator=optional_str)
     bounded_replay: bool = attrs.field(default=False, validator=boolean)
+    non_causal_multi_token_decode: bool = attrs.field(default=False, validator=boolean)
 
     def _apply_alignment(self) -> None:
         _mla_alignment(self, self.alignment)
@@ -424,14 +436,18 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
         )
 
     @classmethod
-    def merge(cls, specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
-        """Merge SW-MLA specs; drops ``kv_quant_mode``, ``alignment``, ``head_size_v``.
+    def merge(cls, specs: Sequence[KVCacheSpec], rules: Rules | None = None) -> KVCacheSpec:
+        """Merge SW-MLA specs (contract.md#merge-rules); ``head_size_v`` becomes 0.
 
-        See contract.md#merge-rules.
+        Under ``rules.sliding_window_mla_merge_keys`` (vLLM 0.34.0, the default
+        without ``rules``) ``kv_quant_mode`` and ``alignment`` must be equal and
+        are kept; vLLM 0.33.0 dropped both to their defaults whatever they were.
+        ``non_causal_multi_token_decode`` is OR-ed.
 
         Raises:
             IncompatibleSpecsError: a spec is not SW-MLA or a compared field differs.
         """
+        keys = rules is None or rules.sliding_window_mla_merge_keys
         swm: list[SlidingWindowMLASpec] = []
         for spec in specs:
             if not isinstance(spec, SlidingWindowMLASpec):
@@ -451,13 +467,23 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
                 "extra_retained_tokens",
                 "bounded_replay",
                 "block_stride_alignment",
+                *(("kv_quant_mode", "alignment") if keys else ()),
             ):
                 if getattr(head, name) != getattr(spec, name):
                     raise IncompatibleSpecsError(
                         f"cannot merge sliding-window MLA specs: {name} differs "
                         f"({getattr(head, name)!r} vs {getattr(spec, name)!r})"
                     )
-        return attrs.evolve(head, kv_quant_mode="NONE", alignment=None, head_size_v=0)
+        decode = any(s.non_causal_multi_token_decode for s in swm)
+        if keys:
+            return attrs.evolve(head, head_size_v=0, non_causal_multi_token_decode=decode)
+        return attrs.evolve(
+            head,
+            kv_quant_mode="NONE",
+            alignment=None,
+            head_size_v=0,
+            non_causal_multi_token_decode=decode,
+        )
 
 
 @homed

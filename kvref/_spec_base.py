@@ -25,6 +25,8 @@ from kvref.errors import IncompatibleSpecsError, SpecError
 if TYPE_CHECKING:
     import torch
 
+    from kvref.versions import Rules
+
 __all__ = ["KVCacheSpec", "MemoryInputs"]
 
 _EQ_FIELD_NAMES: dict[type[KVCacheSpec], tuple[str, ...]] = {}
@@ -243,8 +245,12 @@ class KVCacheSpec:
         return all(isinstance(s, base) for s in specs)
 
     @classmethod
-    def merge(cls, specs: Sequence[KVCacheSpec]) -> KVCacheSpec:
+    def merge(cls, specs: Sequence[KVCacheSpec], rules: Rules | None = None) -> KVCacheSpec:
         """Merge specs of one group into one spec (base rule: all equal).
+
+        ``rules`` are the planning rules of the vLLM release planned as
+        (:attr:`kvref.PlanningConfig.rules`; ``None``: the newest release's);
+        only kinds whose merge differs between releases read them.
 
         Raises:
             IncompatibleSpecsError: the specs cannot share one group spec.

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 
+from kvref._math import round_up
 from kvref._spec_base import KVCacheSpec, MemoryInputs
 from kvref._spec_fields import (
     boolean,
@@ -56,13 +57,16 @@ def _convert_dtypes(value: object) -> tuple[torch.dtype, ...]:
 class MambaSpec(KVCacheSpec):
     """A recurrent state layer (vLLM ``MambaSpec``): one state per request, not per token.
 
-    The page is ``Σ prod(shape_i) * sizeof(dtype_i)`` or ``page_size_padded``.
+    The page is ``Σ round_up(prod(shape_i) * sizeof(dtype_i), state_alignment)``
+    or ``page_size_padded``, which must then be a multiple of ``state_alignment``
+    (vLLM 0.34.0's field; 1, the default, is vLLM 0.33.0's page).
     """
 
     kind: ClassVar[str] = "mamba"
 
     shapes: tuple[tuple[int, ...], ...] = attrs.field(converter=_convert_shapes)
     dtypes: tuple[torch.dtype, ...] = attrs.field(converter=_convert_dtypes)
+    state_alignment: int = attrs.field(default=1, validator=positive)
     page_size_padded: int | None = attrs.field(default=None, validator=optional_positive)
     mamba_type: str = attrs.field(default="MAMBA2")
     mamba_cache_mode: str = attrs.field(default="none")
@@ -83,6 +87,13 @@ class MambaSpec(KVCacheSpec):
             )
         if not is_int(self.tokens_per_state):
             raise SpecError(f"MambaSpec.tokens_per_state={self.tokens_per_state!r} must be an int")
+        padded = self.page_size_padded
+        if padded is not None and padded % self.state_alignment:
+            # vLLM 0.34.0 asserts this at construction.
+            raise SpecError(
+                f"MambaSpec.page_size_padded={padded} must be a multiple of "
+                f"MambaSpec.state_alignment={self.state_alignment}"
+            )
         self._check_padding()
 
     @property
@@ -111,9 +122,9 @@ class MambaSpec(KVCacheSpec):
 
     @property
     def state_content_size_bytes(self) -> int:
-        """``Σ prod(shape_i) * sizeof(dtype_i)``."""
+        """``Σ round_up(prod(shape_i) * sizeof(dtype_i), state_alignment)``."""
         return sum(
-            math.prod(shape) * dtype_size(dtype)
+            round_up(math.prod(shape) * dtype_size(dtype), self.state_alignment)
             for shape, dtype in zip(self.shapes, self.dtypes, strict=True)
         )
 
@@ -131,13 +142,14 @@ class MambaSpec(KVCacheSpec):
         return self.page_size_bytes * (1 + self.num_speculative_blocks)
 
     def is_uniform_with_collection(self, specs: Sequence[KVCacheSpec]) -> bool:
-        """Every spec is Mamba with the same extra blocks, alignment, page and replication."""
+        """Every spec is Mamba with the same extra blocks, alignments, page and replication."""
         return all(
             isinstance(s, MambaSpec)
             and s.num_speculative_blocks == self.num_speculative_blocks
             and s.num_prefill_checkpoint_blocks == self.num_prefill_checkpoint_blocks
             and s.prefill_checkpoint_alignment == self.prefill_checkpoint_alignment
             and s.page_size_bytes == self.page_size_bytes
+            and s.state_alignment == self.state_alignment
             and s.tp_replicated == self.tp_replicated
             for s in specs
         )

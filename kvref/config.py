@@ -246,8 +246,8 @@ class HiSparseConfig:
             decode query plus one top-k of slack).
         index_topk: the model's ``index_topk``, used for source layers whose
             ``topk_buffer_width`` is ``None``.
-        max_decode_query_len: vLLM's ``max_decode_query_len`` (1, or
-            ``1 + num_speculative_tokens`` with speculative decoding).
+        max_decode_query_len: vLLM's ``max_decode_query_len``: 1, or with
+            speculative decoding :attr:`PlanningConfig.derived_max_decode_query_len`.
         shared_host_pool: local TP ranks share one host mmap (vLLM
             ``use_shared_hisparse_host_pool``); host blocks are then rounded
             up to :attr:`host_block_alignment` bytes.
@@ -547,13 +547,13 @@ class PlanningConfig:
                 f"PlanningConfig.eagle_block_drop=True needs an EAGLE-style "
                 f"speculative_method {EAGLE_METHODS}, not {method!r}"
             )
-        query = 1 + tokens
+        query = self.derived_max_decode_query_len
         if self.hisparse is not None and self.hisparse.max_decode_query_len != query:
-            # vLLM's max_decode_query_len: a verification request of 1 + k tokens.
+            slot = " + 1 drafter slot" if query > 1 + tokens else ""
             raise ConfigError(
                 f"HiSparseConfig.max_decode_query_len={self.hisparse.max_decode_query_len} "
-                f"must be {query} (1 + PlanningConfig.num_speculative_tokens) with "
-                f"PlanningConfig.speculative_method={method!r}"
+                f"must be {query} (1 + PlanningConfig.num_speculative_tokens{slot}) with "
+                f"PlanningConfig.speculative_method={method!r} under vLLM {self.vllm_version}"
             )
         derived = self.derived_prefill_lookahead
         if derived is not None and self.num_prefill_lookahead_tokens != derived:
@@ -562,6 +562,19 @@ class PlanningConfig:
                 f"must be {derived}, what vLLM derives for speculative_method={method!r} with "
                 f"num_speculative_tokens={tokens} and num_draft_layers={self.num_draft_layers}"
             )
+
+    @property
+    def derived_max_decode_query_len(self) -> int:
+        """The decode query length vLLM derives: 1 + ``num_speculative_tokens`` + drafter slots.
+
+        1 without a speculative method.  Under vLLM 0.34.0 a draft model adds
+        one slot (``max_num_new_slots_for_drafting``: its autoregressive input
+        keeps one unsliced token); vLLM 0.33.0 adds none.
+        """
+        if self.speculative_method is None:
+            return 1
+        slot = self.rules.drafter_decode_slot and self.speculative_method == "draft_model"
+        return 1 + self.num_speculative_tokens + int(slot)
 
     @property
     def derived_prefill_lookahead(self) -> int | None:

@@ -41,6 +41,7 @@ from kvref.errors import (
 from kvref.extra_specs import HiddenStateCacheSpec
 from kvref.hisparse import get_hisparse_kv_cache_groups
 from kvref.packing import get_packed_kv_cache_groups
+from kvref.partition import check_spec_fields
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
 from kvref.unification import (
@@ -49,6 +50,7 @@ from kvref.unification import (
     unify_hybrid_kv_cache_specs,
     unify_kv_cache_spec_page_size,
 )
+from kvref.versions import Rules
 
 __all__ = ["create_kv_cache_group_specs", "get_kv_cache_groups"]
 
@@ -68,7 +70,8 @@ def get_kv_cache_groups(
         The device groups, then one host-resident group if any layer is host-resident.
 
     Raises:
-        SpecError: a key is not a str or a value is not a per-layer spec.
+        SpecError: a key is not a str or a value is not a per-layer spec, or a spec
+            sets a field ``config.vllm_version`` does not have.
         ConfigError: ``config.host_resident_layers`` names a layer not in the input.
         ConflictingWindowError: full-attention layers with two different windows
             would share the single uniform group (vLLM's ``ValueError``).
@@ -77,6 +80,7 @@ def get_kv_cache_groups(
 
     """
     specs = _validated(kv_cache_spec)
+    check_spec_fields(specs, config.rules)
     host_names = config.host_resident_layers
     unknown = sorted(host_names - specs.keys())
     if unknown:
@@ -88,7 +92,7 @@ def get_kv_cache_groups(
     host = {n: s for n, s in specs.items() if n in host_names}
     groups = _get_device_kv_cache_groups(config, device)
     if host:
-        groups.append(_host_resident_group(host))
+        groups.append(_host_resident_group(host, config.rules))
     return groups
 
 
@@ -114,8 +118,9 @@ def _validated(kv_cache_spec: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpe
 def _get_device_kv_cache_groups(
     config: PlanningConfig, specs: dict[str, KVCacheSpec]
 ) -> list[KVCacheGroupSpec]:
+    rules = config.rules
     if config.disable_hybrid_kv_cache_manager:
-        specs = unify_hybrid_kv_cache_specs(specs)
+        specs = unify_hybrid_kv_cache_specs(specs, rules)
     if not specs:
         # Attention-free: Core gives such models one null block and no tensors.
         return []
@@ -124,8 +129,8 @@ def _get_device_kv_cache_groups(
         return hisparse
 
     values = list(specs.values())
-    if is_kv_cache_spec_uniform(values):
-        return create_kv_cache_group_specs(specs, [list(specs)])
+    if is_kv_cache_spec_uniform(values, rules):
+        return create_kv_cache_group_specs(specs, [list(specs)], rules)
     uniform_type = UniformTypeKVCacheSpecs.from_specs(specs)
     if uniform_type is not None:
         return [KVCacheGroupSpec(layer_names=tuple(specs), kv_cache_spec=uniform_type)]
@@ -157,11 +162,11 @@ def _get_mixed_kv_cache_groups(
     try:
         unified = unify_kv_cache_spec_page_size(rest)
     except PageSizeUnificationError:
-        fallback = try_get_full_allocation_fallback_groups(specs)
+        fallback = try_get_full_allocation_fallback_groups(specs, config.rules)
         if fallback is None:
             raise
         return fallback
-    groups = _get_kv_cache_groups_uniform_page_size(unified)
+    groups = _get_kv_cache_groups_uniform_page_size(unified, config.rules)
     if hidden:
         groups = _align_hidden_state_groups(groups, hidden)
     return groups
@@ -220,13 +225,13 @@ def _scale_group(group: KVCacheGroupSpec, scale: int) -> KVCacheGroupSpec:
     return attrs.evolve(group, kv_cache_spec=attrs.evolve(spec, **changes))
 
 
-def _host_resident_group(host: dict[str, KVCacheSpec]) -> KVCacheGroupSpec:
+def _host_resident_group(host: dict[str, KVCacheSpec], rules: Rules) -> KVCacheGroupSpec:
     # Host layers share the host pool's block table, so they must form a
     # single group: only the uniform and uniform-type rules can give one.
     names = tuple(host)
     values = list(host.values())
-    if is_kv_cache_spec_uniform(values):
-        spec = type(values[0]).merge(values)
+    if is_kv_cache_spec_uniform(values, rules):
+        spec = type(values[0]).merge(values, rules)
         return KVCacheGroupSpec(layer_names=names, kv_cache_spec=spec, host_resident=True)
     uniform_type = UniformTypeKVCacheSpecs.from_specs(host)
     if uniform_type is None:
@@ -241,9 +246,13 @@ def _host_resident_group(host: dict[str, KVCacheSpec]) -> KVCacheGroupSpec:
 
 
 def create_kv_cache_group_specs(
-    specs: Mapping[str, KVCacheSpec], grouped_layer_names: Sequence[Sequence[str]]
+    specs: Mapping[str, KVCacheSpec],
+    grouped_layer_names: Sequence[Sequence[str]],
+    rules: Rules | None = None,
 ) -> list[KVCacheGroupSpec]:
     """One group per name list, with ``type(first).merge`` of its layers' specs as the spec.
+
+    ``rules``: the release's merge rules (``None``: the newest).
 
     Raises:
         IncompatibleSpecsError: a group's specs do not merge.
@@ -253,17 +262,18 @@ def create_kv_cache_group_specs(
     groups = []
     for names in grouped_layer_names:
         layer_specs = [specs[name] for name in names]
-        merged = type(layer_specs[0]).merge(layer_specs)
+        merged = type(layer_specs[0]).merge(layer_specs, rules)
         groups.append(KVCacheGroupSpec(layer_names=tuple(names), kv_cache_spec=merged))
     return groups
 
 
 def _get_kv_cache_groups_uniform_page_size(
-    specs: Mapping[str, KVCacheSpec],
+    specs: Mapping[str, KVCacheSpec], rules: Rules
 ) -> list[KVCacheGroupSpec]:
     """Split layers into groups of equal layer counts when every page has one size.
 
-    See contract.md#uniform-page-grouping.
+    See contract.md#uniform-page-grouping.  Specs that do not merge (under
+    ``rules``) stay in separate buckets, so form separate groups.
     """
     # Bucket by spec equality first: a model repeats a handful of specs, so
     # coalescing then compares distinct specs only, never layers.
@@ -276,7 +286,7 @@ def _get_kv_cache_groups_uniform_page_size(
     for spec, names in same_spec.items():
         for bucket_names, bucket_specs in zip(layer_buckets, spec_buckets, strict=True):
             try:
-                type(bucket_specs[0]).merge([*bucket_specs, spec])
+                type(bucket_specs[0]).merge([*bucket_specs, spec], rules)
             except (IncompatibleSpecsError, ConflictingWindowError):
                 continue
             bucket_names.extend(names)
@@ -298,4 +308,4 @@ def _get_kv_cache_groups_uniform_page_size(
         # Strided, not contiguous: each pipeline stage then holds an equal
         # share of every group instead of whole groups and empty ones.
         grouped.extend(names[i::num_groups] for i in range(num_groups))
-    return create_kv_cache_group_specs(specs, grouped)
+    return create_kv_cache_group_specs(specs, grouped, rules)

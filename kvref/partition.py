@@ -8,13 +8,24 @@ reference builder, on a model-declared grouping.  They live apart from
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Iterable, Mapping, Sequence
 
+import attrs
+
+from kvref import specs as _specs
 from kvref.errors import PartitionError, SpecError
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
+from kvref.versions import SUPPORTED, Rules, VllmVersion, rules
 
-__all__ = ["check_exact_partition", "check_spec_registry", "check_wrapped_layers"]
+__all__ = [
+    "check_exact_partition",
+    "check_group_spec_fields",
+    "check_spec_fields",
+    "check_spec_registry",
+    "check_wrapped_layers",
+]
 
 
 def check_exact_partition(
@@ -73,3 +84,65 @@ def check_spec_registry(specs: Mapping[str, KVCacheSpec]) -> None:
                 f"unsupported KV cache spec type for layer {name!r}: {type(spec).__name__} is "
                 "not registered for planning (vLLM adds such layers after planning)"
             )
+
+
+@functools.lru_cache(maxsize=len(SUPPORTED))
+def _absent_fields(version: VllmVersion) -> tuple[tuple[type[KVCacheSpec], str, VllmVersion], ...]:
+    """``(declaring class, field, release that added it)`` for fields ``version`` lacks."""
+    have = rules(version).spec_fields
+    absent: dict[str, VllmVersion] = {}
+    for release in SUPPORTED:
+        for name in rules(release).spec_fields - have:
+            absent.setdefault(name, release)
+    out = []
+    for name, release in sorted(absent.items()):
+        cls_name, field = name.split(".")
+        out.append((getattr(_specs, cls_name), field, release))
+    return tuple(out)
+
+
+def check_spec_fields(specs: Mapping[str, KVCacheSpec], planning_rules: Rules) -> None:
+    """Refuse a spec field the release planned as does not have (:attr:`Rules.spec_fields`).
+
+    A field another supported release added may keep its default (the spec
+    is then what the older release's would be); any other value has no
+    meaning there.  Core runs this on every worker's specs, and the reference
+    builder on what it is given.
+
+    Raises:
+        SpecError: a layer's spec sets such a field; the message names the
+            layer, the field, its value and both releases.
+    """
+    absent = _absent_fields(planning_rules.version)
+    if not absent:
+        return
+    for name, spec in specs.items():
+        for cls, field, release in absent:
+            if not isinstance(spec, cls):
+                continue
+            value = getattr(spec, field)
+            default = attrs.fields_dict(type(spec))[field].default
+            if value != default:
+                raise SpecError(
+                    f"layer {name!r}: {type(spec).__name__}.{field}={value!r} is a field of "
+                    f"vLLM {release}; vLLM {planning_rules.version} "
+                    f"(PlanningConfig.vllm_version) has no such field (leave it at {default!r} "
+                    f"or plan as vLLM {release})"
+                )
+
+
+def check_group_spec_fields(groups: Iterable[KVCacheGroupSpec], planning_rules: Rules) -> None:
+    """:func:`check_spec_fields` on every layer spec of ``groups`` (and each group's own spec).
+
+    Raises:
+        SpecError: as :func:`check_spec_fields`.
+    """
+    if not _absent_fields(planning_rules.version):
+        return
+    for group in groups:
+        spec = group.kv_cache_spec
+        if isinstance(spec, UniformTypeKVCacheSpecs):
+            check_spec_fields(spec.kv_cache_specs, planning_rules)
+        else:
+            names = group.layer_names or ("<group>",)
+            check_spec_fields(dict.fromkeys(names, spec), planning_rules)

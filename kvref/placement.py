@@ -13,8 +13,13 @@ Deliberate differences from vLLM 0.33.0 (contract.md#deliberate-differences):
 * in layer-outer layouts with several groups whose aligned page strides
   differ, every layer uses one common block stride, so different block IDs
   never alias (vLLM lets them, contract.md#memory-safety);
-* a uniform-type group only places the layers it names (vLLM places every
-  layer of its wrapper, which breaks on PP workers, contract.md#memory-safety).
+* a uniform-type group only places the layers it names (vLLM 0.33.0 places
+  every layer of its wrapper, which breaks on PP workers,
+  contract.md#memory-safety; vLLM 0.34.0 fixed it, issue 54711).
+
+Under vLLM 0.34.0's rules (``config.rules``) a group's layers are bucketed in
+``layer_names`` order, and a block-outermost block is aligned to the layers
+the worker holds only.
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ from kvref.errors import (
 from kvref.extra_specs import HiSparseHotSpec, HiSparseResidentSpec
 from kvref.hisparse import host_pool_layout
 from kvref.layout import KVCacheLayout, compute_layout_strides
+from kvref.partition import check_group_spec_fields
 from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
+from kvref.versions import Rules
 
 __all__ = [
     "bytes_per_block",
@@ -52,12 +59,15 @@ def _layer_stride1(spec: KVCacheSpec) -> int:
     return spec.block_stride
 
 
-def _spec_buckets(group: KVCacheGroupSpec) -> Iterator[tuple[KVCacheSpec, list[str]]]:
+def _spec_buckets(
+    group: KVCacheGroupSpec, by_names: bool = False
+) -> Iterator[tuple[KVCacheSpec, list[str]]]:
     """The group's layers bucketed by equal per-layer spec, in order of first appearance.
 
-    A uniform-type group walks its wrapper (as vLLM does), so layers of one
-    spec become contiguous even when interleaved in ``layer_names``; only the
-    layers the group names are placed.
+    A uniform-type group walks its wrapper (as vLLM 0.33.0 does), or with
+    ``by_names`` its ``layer_names`` (vLLM 0.34.0), so layers of one spec
+    become contiguous even when interleaved; only the layers the group names
+    are placed.
     """
     spec = group.kv_cache_spec
     if not isinstance(spec, UniformTypeKVCacheSpecs):
@@ -71,9 +81,13 @@ def _spec_buckets(group: KVCacheGroupSpec) -> Iterator[tuple[KVCacheSpec, list[s
             f"layers {sorted(missing)} of a group have no spec in its UniformTypeKVCacheSpecs"
         )
     buckets: dict[KVCacheSpec, list[str]] = {}
-    for name, layer_spec in spec.kv_cache_specs.items():
-        if name in named:
-            buckets.setdefault(layer_spec, []).append(name)
+    if by_names:
+        for name in group.layer_names:
+            buckets.setdefault(spec.kv_cache_specs[name], []).append(name)
+    else:
+        for name, layer_spec in spec.kv_cache_specs.items():
+            if name in named:
+                buckets.setdefault(layer_spec, []).append(name)
     yield from buckets.items()
 
 
@@ -106,24 +120,29 @@ def _stride_rule(
     return lambda _spec: common
 
 
-def bytes_per_block(groups: Sequence[KVCacheGroupSpec], layout: KVCacheLayout) -> int:
+def bytes_per_block(
+    groups: Sequence[KVCacheGroupSpec], layout: KVCacheLayout, rules: Rules | None = None
+) -> int:
     """Bytes one block ID takes across all layers of ``groups`` in ``layout``.
 
     See contract.md#default-placement.
 
     Layer-outer: the widest group's sum of aligned strides.  Block-outermost:
     the widest group's sum of pages, rounded up to every layer's alignment
-    and every HiSparse hot group's page.
+    and every HiSparse hot group's page; under
+    ``rules.block_alignment_from_layers`` (vLLM 0.34.0, the default without
+    ``rules``) only hot groups with a layer in ``groups`` count.
     """
     if layout.is_block_outermost:
         raw = max((sum(s.page_size_bytes for s in _layer_specs(g)) for g in groups), default=0)
         alignment = lcm_all(s.get_block_stride_alignment() for g in groups for s in _layer_specs(g))
         # A HiSparse hot page must tile the block (vLLM counts every hot group,
         # even one with no layer on this worker).
+        from_layers = rules is None or rules.block_alignment_from_layers
         hot = lcm_all(
             g.kv_cache_spec.page_size_bytes
             for g in groups
-            if isinstance(g.kv_cache_spec, HiSparseHotSpec)
+            if isinstance(g.kv_cache_spec, HiSparseHotSpec) and (g.layer_names or not from_layers)
         )
         return round_up(raw, math.lcm(alignment, hot))
     stride = _stride_rule(groups, layout)
@@ -133,7 +152,7 @@ def bytes_per_block(groups: Sequence[KVCacheGroupSpec], layout: KVCacheLayout) -
 def pool_bytes_per_block(config: PlanningConfig, groups: Sequence[KVCacheGroupSpec]) -> int:
     """Device bytes per block: :func:`bytes_per_block` over the non-host groups."""
     device = [g for g in groups if not g.host_resident]
-    return bytes_per_block(device, config.kv_cache_layout)
+    return bytes_per_block(device, config.kv_cache_layout, config.rules)
 
 
 def host_bytes_per_block(groups: Sequence[KVCacheGroupSpec]) -> int:
@@ -182,6 +201,7 @@ def _place(
     groups: Sequence[KVCacheGroupSpec],
     layout: KVCacheLayout,
     num_blocks: int,
+    rules: Rules,
     *,
     host_resident: bool,
 ) -> list[KVCacheTensor]:
@@ -190,14 +210,14 @@ def _place(
     contract.md#default-placement.
     """
     validate_kv_cache_layout(groups, layout)
-    bpb = bytes_per_block(groups, layout)
+    bpb = bytes_per_block(groups, layout, rules)
     size = bpb * num_blocks
     fixed_block_stride = bpb if layout.is_block_outermost else None
     stride = _stride_rule(groups, layout)
     tensors: list[KVCacheTensor] = []
     for group in groups:
         offset = 0
-        for spec, names in _spec_buckets(group):
+        for spec, names in _spec_buckets(group, rules.placement_walks_layer_specs):
             block_stride = fixed_block_stride
             if not layout.is_block_outermost and stride(spec) != spec.page_size_bytes:
                 if not layout.is_block_compact:
@@ -249,6 +269,7 @@ def get_kv_cache_config_from_groups(
     if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
         raise ConfigError(f"num_blocks={num_blocks!r} must be an int >= 1")
     groups = _check_groups(kv_cache_groups)
+    check_group_spec_fields(groups, config.rules)
     if not groups:
         return KVCacheConfig(
             num_blocks=1,
@@ -274,8 +295,10 @@ def get_kv_cache_config_from_groups(
                 f"PlanningConfig.host_pool_bytes={config.host_pool_bytes} holds no host block "
                 f"of {host_bpb} bytes"
             )
-        tensors += _place(host, HOST_LAYOUT, max(host_num_blocks, 1), host_resident=True)
-    tensors += _place(device, config.kv_cache_layout, num_blocks, host_resident=False)
+        tensors += _place(
+            host, HOST_LAYOUT, max(host_num_blocks, 1), config.rules, host_resident=True
+        )
+    tensors += _place(device, config.kv_cache_layout, num_blocks, config.rules, host_resident=False)
     return KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=tensors,
@@ -312,8 +335,10 @@ def _place_hisparse(
             f"block-outermost KV layout (BLHNC, BLNHC or BHLNC) for its resident and hot "
             f"layers {raw[:4]}"
         )
-    tensors = _place([pool.source_group], HOST_LAYOUT, pool.host_num_blocks, host_resident=True)
-    tensors += _place(device, layout, num_blocks, host_resident=False)
+    tensors = _place(
+        [pool.source_group], HOST_LAYOUT, pool.host_num_blocks, config.rules, host_resident=True
+    )
+    tensors += _place(device, layout, num_blocks, config.rules, host_resident=False)
     return KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=tensors,

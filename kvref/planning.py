@@ -35,7 +35,12 @@ from kvref.errors import (
     SpecError,
     WorkerSpecMismatchError,
 )
-from kvref.partition import check_exact_partition, check_spec_registry, check_wrapped_layers
+from kvref.partition import (
+    check_exact_partition,
+    check_spec_fields,
+    check_spec_registry,
+    check_wrapped_layers,
+)
 from kvref.placement import pool_bytes_per_block
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.resolution import get_kv_cache_config_builder
@@ -166,7 +171,8 @@ def get_global_kv_cache_groups(
 
     Raises:
         WorkerSpecMismatchError: one layer has different specs on two workers.
-        SpecError: a spec class is not registered for planning.
+        SpecError: a spec class is not registered for planning, or a spec sets a
+            field the release planned as does not have (``config.vllm_version``).
         PartitionError: the builder's groups do not partition the layers.
         LayoutResolutionError: the config leaves the layout to planning and no
             layout meets its requirements (:meth:`PlanningConfig.with_resolved_layout`).
@@ -174,6 +180,7 @@ def get_global_kv_cache_groups(
     config = config.with_resolved_layout(kv_cache_specs)
     merged = _merge_workers(kv_cache_specs)
     check_spec_registry(merged)
+    check_spec_fields(merged, config.rules)
     extra = config.extra_retained_tokens
     tagged: dict[str, KVCacheSpec] = {
         name: (
@@ -408,7 +415,7 @@ def plan_kv_cache(
     if global_groups is None:
         global_groups = get_global_kv_cache_groups(builder, config, kv_cache_specs)
     else:
-        _merge_workers(kv_cache_specs)
+        check_spec_fields(_merge_workers(kv_cache_specs), config.rules)
     groups_global = list(global_groups)
     worker_builder = fresh_builder(builder, config)
     projected = [project_kv_cache_groups_to_worker(groups_global, w) for w in kv_cache_specs]
@@ -441,6 +448,12 @@ def plan_kv_cache(
     ]
     configs = _place_workers(worker_builder, config, projected, before_min)
     target = min(c.num_blocks for c in configs)
+    # vLLM 0.34.0: every worker gets the scheduler's blocks to zero, so one answer for all.
+    zeroing = (
+        any(c.needs_kv_cache_zeroing for c in configs)
+        if config.rules.zeroing_across_workers
+        else None
+    )
     finished = []
     for c in configs:
         layer_specs = [s for g in c.kv_cache_groups for _, s in g.layer_specs()]
@@ -449,6 +462,7 @@ def plan_kv_cache(
                 c,
                 kv_cache_layout=config.kv_cache_layout,
                 kv_tp_replicas=_kv_tp_replicas(config, layer_specs),
+                resolved_kv_cache_zeroing=zeroing,
             )
         )
     workers = tuple(

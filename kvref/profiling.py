@@ -25,7 +25,12 @@ import attrs
 
 from kvref.config import PlanningConfig
 from kvref.errors import ConfigError, PlanningError, SpecError
-from kvref.partition import check_exact_partition, check_spec_registry, check_wrapped_layers
+from kvref.partition import (
+    check_exact_partition,
+    check_spec_fields,
+    check_spec_registry,
+    check_wrapped_layers,
+)
 from kvref.planning import BuilderLike, fresh_builder
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
@@ -120,6 +125,7 @@ def plan_profiling_kv_cache(
     config = config.with_resolved_layout([specs])
     if check_registry:
         check_spec_registry(specs)
+    check_spec_fields(specs, config.rules)
     chosen = fresh_builder(builder, config)
     groups = list(chosen.get_kv_cache_groups(config, dict(specs)))
     check_exact_partition(groups, list(specs))

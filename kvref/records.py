@@ -168,6 +168,10 @@ class KVCacheConfig:
             (``hisparse_host_block_stride``; ``None`` without HiSparse).
         shared_host_pool: local TP ranks share HiSparse's host pool
             (``hisparse_shared_host_pool``).
+        resolved_kv_cache_zeroing: Core's answer to :attr:`needs_kv_cache_zeroing`
+            for every worker (vLLM 0.34.0 resolves it as an OR across the
+            workers' configs); ``None``: derived from this config alone, as
+            vLLM 0.33.0 does and as a builder's placement returns it.
     """
 
     num_blocks: int = attrs.field(validator=_int_at_least(0))
@@ -181,6 +185,9 @@ class KVCacheConfig:
     kv_tp_replicas: int = attrs.field(default=1, validator=_int_at_least(1))
     host_block_stride: int | None = attrs.field(default=None, validator=_optional_int_at_least(1))
     shared_host_pool: bool = attrs.field(default=False, validator=_bool)
+    resolved_kv_cache_zeroing: bool | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_bool)
+    )
 
     def num_blocks_of(self, tensor: KVCacheTensor) -> int:
         """Blocks of ``tensor``: ``num_blocks`` on the device, ``host_num_blocks`` on the host."""
@@ -238,5 +245,11 @@ class KVCacheConfig:
 
     @property
     def needs_kv_cache_zeroing(self) -> bool:
-        """Blocks move between groups, so stale bytes must be zeroed (contract.md#records)."""
+        """Blocks move between groups, so stale bytes must be zeroed (contract.md#records).
+
+        :attr:`resolved_kv_cache_zeroing` when Core set it, else this config's
+        own answer: Mamba layers or a mixed-precision cache.
+        """
+        if self.resolved_kv_cache_zeroing is not None:
+            return self.resolved_kv_cache_zeroing
         return self.has_mamba_layers or self.has_mixed_precision_kv_cache

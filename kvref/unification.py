@@ -34,6 +34,7 @@ from kvref.specs import (
     UniformTypeKVCacheSpecs,
     evolve_spec,
 )
+from kvref.versions import Rules
 
 __all__ = [
     "is_kv_cache_spec_uniform",
@@ -53,11 +54,11 @@ def _names(names: Sequence[str]) -> str:
     return f"[{shown}{f', and {extra} more' if extra > 0 else ''}]"
 
 
-def is_kv_cache_spec_uniform(specs: Sequence[KVCacheSpec]) -> bool:
-    """Whether ``type(first).merge(specs)`` succeeds (vLLM ``is_kv_cache_spec_uniform``).
+def is_kv_cache_spec_uniform(specs: Sequence[KVCacheSpec], rules: Rules | None = None) -> bool:
+    """Whether ``type(first).merge(specs, rules)`` succeeds (vLLM ``is_kv_cache_spec_uniform``).
 
     An empty sequence is uniform.  Only :class:`IncompatibleSpecsError` means
-    "not uniform".
+    "not uniform".  ``rules``: the release's merge rules (``None``: the newest).
 
     Raises:
         ConflictingWindowError: full-attention specs carry two different windows
@@ -67,15 +68,17 @@ def is_kv_cache_spec_uniform(specs: Sequence[KVCacheSpec]) -> bool:
     if not specs:
         return True
     try:
-        type(specs[0]).merge(specs)
+        type(specs[0]).merge(specs, rules)
     except IncompatibleSpecsError:
         return False
     return True
 
 
-def _uniform_or_uniform_type(specs: Mapping[str, KVCacheSpec]) -> bool:
+def _uniform_or_uniform_type(specs: Mapping[str, KVCacheSpec], rules: Rules | None) -> bool:
     values = list(specs.values())
-    return is_kv_cache_spec_uniform(values) or UniformTypeKVCacheSpecs.is_uniform_type(values)
+    return is_kv_cache_spec_uniform(values, rules) or UniformTypeKVCacheSpecs.is_uniform_type(
+        values
+    )
 
 
 # Local kinds and their full counterparts, most specific first: a subclass of
@@ -137,13 +140,18 @@ def _promotion_failure(specs: Mapping[str, KVCacheSpec], cause: Exception | None
     )
 
 
-def promote_local_kv_cache_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
+def promote_local_kv_cache_specs(
+    specs: Mapping[str, KVCacheSpec], rules: Rules | None = None
+) -> dict[str, KVCacheSpec]:
     """Allocate local attention as full attention (vLLM ``_promote_local_kv_cache_specs``).
 
     Specs that are already uniform or of one type come back unchanged.  With a
     full-attention layer and a sliding-window or chunked-local layer present,
     every local spec becomes its full counterpart with the full layers' block
     size (contract.md#hybrid-manager-disabled).  Returns a new dict in the input order.
+    A sliding-window MLA spec becomes MLA without ``bounded_replay``, which MLA
+    lacks (vLLM 0.34.0 drops it too; 0.33.0 fails with a ``TypeError``).
+    ``rules``: the release's merge rules (``None``: the newest).
 
     Raises:
         GroupingError: the result is neither uniform nor of one type (for
@@ -153,7 +161,7 @@ def promote_local_kv_cache_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, 
     """
     promoted = dict(specs)
     try:
-        if _uniform_or_uniform_type(promoted):
+        if _uniform_or_uniform_type(promoted, rules):
             return promoted
     except ConflictingWindowError as exc:
         raise _promotion_failure(specs, exc) from exc
@@ -177,7 +185,7 @@ def promote_local_kv_cache_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, 
             promoted[name] = cache[key]
 
     try:
-        ok = _uniform_or_uniform_type(promoted)
+        ok = _uniform_or_uniform_type(promoted, rules)
     except ConflictingWindowError as exc:
         raise _promotion_failure(promoted, exc) from exc
     if not ok:
@@ -185,7 +193,9 @@ def promote_local_kv_cache_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, 
     return promoted
 
 
-def unify_hybrid_kv_cache_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
+def unify_hybrid_kv_cache_specs(
+    specs: Mapping[str, KVCacheSpec], rules: Rules | None = None
+) -> dict[str, KVCacheSpec]:
     """Promote local attention for a disabled hybrid manager (contract.md#hybrid-manager-disabled).
 
     DCP-replicated attention (``dcp_sharded=False``: draft layers, rings) and
@@ -207,7 +217,7 @@ def unify_hybrid_kv_cache_specs(specs: Mapping[str, KVCacheSpec]) -> dict[str, K
     result = dict(specs)
     for part in (sharded, replicated):
         if part:
-            result.update(promote_local_kv_cache_specs(part))
+            result.update(promote_local_kv_cache_specs(part, rules))
     return result
 
 
@@ -279,28 +289,31 @@ def _unify_one(name: str, spec: KVCacheSpec, page: int, target: int) -> KVCacheS
 
 
 def try_get_full_allocation_fallback_groups(
-    specs: Mapping[str, KVCacheSpec],
+    specs: Mapping[str, KVCacheSpec], rules: Rules | None = None
 ) -> list[KVCacheGroupSpec] | None:
     """One uniform-type group for MLA next to a sliding-window draft, or ``None``.
 
     See contract.md#full-allocation-fallback.
 
-    Applies only without hidden-state, SW-MLA and chunked-local layers and with at least
+    Applies only without hidden-state and chunked-local layers and with at least
     one MLA and one sliding-window layer; the sliding-window layers are then
-    allocated as full attention (their compute keeps the window).
+    allocated as full attention (their compute keeps the window).  Sliding-window
+    MLA layers count as sliding window under
+    ``rules.fallback_covers_sliding_window_mla`` (vLLM 0.34.0, the default
+    without ``rules``); before, any of them ruled the fallback out.
     """
     values = list(specs.values())
-    if any(
-        isinstance(s, (SlidingWindowMLASpec, ChunkedLocalAttentionSpec, HiddenStateCacheSpec))
-        for s in values
-    ):
+    excluded: tuple[type[KVCacheSpec], ...] = (ChunkedLocalAttentionSpec, HiddenStateCacheSpec)
+    if rules is not None and not rules.fallback_covers_sliding_window_mla:
+        excluded += (SlidingWindowMLASpec,)
+    if any(isinstance(s, excluded) for s in values):
         return None
     has_mla = any(isinstance(s, MLAAttentionSpec) for s in values)
     has_sliding_window = any(isinstance(s, SlidingWindowSpec) for s in values)
     if not (has_mla and has_sliding_window):
         return None
     try:
-        promoted = promote_local_kv_cache_specs(specs)
+        promoted = promote_local_kv_cache_specs(specs, rules)
     except (GroupingError, ConflictingWindowError):
         return None
     uniform = UniformTypeKVCacheSpecs.from_specs(promoted)

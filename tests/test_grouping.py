@@ -38,6 +38,7 @@ from kvref.unification import (
     unify_hybrid_kv_cache_specs,
     unify_kv_cache_spec_page_size,
 )
+from kvref.versions import V0_33, rules
 
 LAYER_OUTER = PlanningConfig(kv_cache_layout="LBNHC")
 BLHNC = PlanningConfig(kv_cache_layout="BLHNC")
@@ -542,12 +543,13 @@ class TestFallback:
         assert try_get_full_allocation_fallback_groups({"f": full(), "s": sw()}) is None
         assert try_get_full_allocation_fallback_groups({"m": mla(), "f": full()}) is None
 
-    def test_sw_mla_blocks_fallback(self) -> None:
-        """An SW-MLA layer rules the fallback out."""
+    def test_sw_mla_blocks_fallback_in_0_33(self) -> None:
+        """Under vLLM 0.33.0 an SW-MLA layer rules the fallback out."""
         swm = SlidingWindowMLASpec(
             block_size=64, num_kv_heads=1, head_size=576, dtype="bf16", sliding_window=128
         )
-        assert try_get_full_allocation_fallback_groups({"m": mla(), "s": sw(), "w": swm}) is None
+        specs: dict[str, KVCacheSpec] = {"m": mla(), "s": sw(), "w": swm}
+        assert try_get_full_allocation_fallback_groups(specs, rules(V0_33)) is None
 
     def test_promotion_failure_gives_none(self) -> None:
         """A model that cannot be promoted (different block sizes) gives None."""

@@ -504,10 +504,11 @@ def hisparse_patches(config: PlanningConfig) -> Iterator[None]:
 
     vLLM derives both from the engine (speculative config, platform, executor);
     this patches ``vllm.v1.hisparse``'s two lookups for the duration of the
-    block.  A no-op without HiSparse or with the defaults (1, not shared).
+    block.  A no-op without HiSparse.  (vLLM 0.34.0 asks the platform's
+    HiSparse backend whether the pool may be shared, which a CPU has not.)
     """
     settings = config.hisparse
-    if settings is None or (settings.max_decode_query_len == 1 and not settings.shared_host_pool):
+    if settings is None:
         yield
         return
     runtime: Any = importlib.import_module("vllm.v1.hisparse.runtime")
