@@ -20,7 +20,7 @@ def add_ci_options(group: argparse._ArgumentGroup) -> None:
         default=[],
         metavar="NAME|PATH",
         help="expectations manifest (TOML; repeatable): a file, or one the kit ships "
-        "(vllm-0.33.0: vLLM 0.33.0's documented defects)",
+        "(vllm-0.33.0, vllm-0.34.0: that release's documented defects)",
     )
     group.add_argument(
         "--update-expectations",

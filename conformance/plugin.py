@@ -65,7 +65,7 @@ _OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
         {
             "action": "append",
             "default": [],
-            "help": "expectations manifest (TOML, repeatable): a path, or vllm-0.33.0",
+            "help": "expectations manifest (TOML, repeatable): a path, vllm-0.33.0 or vllm-0.34.0",
         },
     ),
     ("--kv-unsupported", {"default": None, "help": "capabilities the builder lacks"}),

@@ -1,4 +1,4 @@
-"""vLLM 0.33.0's documented defects, and how a failure is matched to one.
+"""vLLM's documented defects, the releases that carry each, and how a failure is matched to one.
 
 A vendor's vLLM-native builder that calls ``super()`` ships vLLM's own code,
 defects included: such a failure stays a failure (the vendor ships it), but
@@ -9,8 +9,17 @@ A failure matches a defect when three things hold on the minimal
 counterexample: the failing invariant is one the defect breaks, the inputs
 have the defect's shape (its *signature*, below), and vLLM's own
 ``DefaultKVCacheConfigBuilder`` fails the same invariant on the same inputs
-(the caller checks that last one by running it).  The defects are described
-in docs/vllm.md ("Differences between kvref and vLLM 0.33.0").
+(the caller checks that last one by running it), and the release the run
+judges (the example's ``PlanningConfig.vllm_version``) is one that carries the
+defect.  The defects are described in docs/vllm.md ("Differences between
+kvref and vLLM").
+
+Which releases carry each defect was read from each release's own code:
+vLLM 0.34.0's default placement walks a group's ``layer_names`` with their
+per-layer specs (``get_kv_cache_config_from_groups``), so the projection
+defect is gone there; its per-layer block strides in layer-outer layouts are
+unchanged, so the stride alias is still there (and 0.34.0's worker refuses
+such a placement outright under the extensible KV cache).
 """
 
 from __future__ import annotations
@@ -21,13 +30,14 @@ from typing import Any
 import attrs
 
 from kvref.specs import KVCacheSpec
+from kvref.versions import V0_33, V0_34, VllmVersion
 
-__all__ = ["DEFECTS", "UpstreamDefect", "matching_defect"]
+__all__ = ["DEFECTS", "UpstreamDefect", "defects_of", "matching_defect"]
 
 
 @attrs.frozen
 class UpstreamDefect:
-    """One documented defect of vLLM 0.33.0's default planning.
+    """One documented defect of vLLM's default planning.
 
     Attributes:
         key: a stable name (used in the report and the expectations manifest).
@@ -36,6 +46,7 @@ class UpstreamDefect:
         doc: where docs/vllm.md describes it.
         issue: the upstream issue, when one is known.
         signature: whether an example has the inputs the defect needs.
+        versions: the supported releases whose default planning carries it.
     """
 
     key: str
@@ -44,11 +55,17 @@ class UpstreamDefect:
     doc: str
     issue: str | None
     signature: Callable[[Any], bool] = attrs.field(eq=False, repr=False)
+    versions: frozenset[VllmVersion] = frozenset({V0_33})
+
+    @property
+    def releases(self) -> str:
+        """The releases that carry it, oldest first (``"0.33.0, 0.34.0"``)."""
+        return ", ".join(str(v) for v in sorted(self.versions))
 
     def describe(self) -> str:
         """One line for the report."""
         issue = f", {self.issue}" if self.issue else ""
-        return f"vLLM 0.33.0 defect {self.key}: {self.title} ({self.doc}{issue})"
+        return f"vLLM {self.releases} defect {self.key}: {self.title} ({self.doc}{issue})"
 
 
 def _pipelined(example: Any) -> bool:
@@ -63,12 +80,15 @@ def _mixed_alignment(specs: Mapping[str, KVCacheSpec]) -> bool:
     return any(len(found) > 1 for found in strides.values())
 
 
-def _aliasing_strides(example: Any) -> bool:
+def _config(example: Any) -> Any:
     # A serving example carries its planning problem.
-    config = getattr(example, "config", None) or getattr(
+    return getattr(example, "config", None) or getattr(
         getattr(example, "example", None), "config", None
     )
-    layout = getattr(config, "kv_cache_layout", None)
+
+
+def _aliasing_strides(example: Any) -> bool:
+    layout = getattr(_config(example), "kv_cache_layout", None)
     if layout is None or layout.is_block_outermost:
         return False
     workers: Sequence[Mapping[str, KVCacheSpec]] = getattr(example, "workers", ())
@@ -98,9 +118,11 @@ DEFECTS: tuple[UpstreamDefect, ...] = (
                 "KV-DEV-VIEWS",
             }
         ),
-        doc="docs/vllm.md#differences-between-kvref-and-vllm-0330 (b)",
+        doc="docs/vllm.md#differences-between-kvref-and-vllm (b)",
         issue="vLLM issue 54711",
         signature=_pipelined,
+        # Fixed in 0.34.0's default placement (it walks layer_names).
+        versions=frozenset({V0_33}),
     ),
     UpstreamDefect(
         key="layer-outer-stride-alias",
@@ -118,20 +140,29 @@ DEFECTS: tuple[UpstreamDefect, ...] = (
                 "KV-SERVE-POOL",
             }
         ),
-        doc="docs/vllm.md#differences-between-kvref-and-vllm-0330 (c)",
+        doc="docs/vllm.md#differences-between-kvref-and-vllm (c)",
         issue=None,
         signature=_aliasing_strides,
+        versions=frozenset({V0_33, V0_34}),
     ),
 )
 
 
-def matching_defect(invariant: str, example: Any) -> UpstreamDefect | None:
-    """The documented defect whose invariants and signature fit this failure (``None``: none).
+def defects_of(version: VllmVersion) -> tuple[UpstreamDefect, ...]:
+    """The documented defects ``version``'s default planning carries."""
+    return tuple(d for d in DEFECTS if version in d.versions)
 
-    The caller must still confirm that vLLM's own default builder fails
+
+def matching_defect(invariant: str, example: Any) -> UpstreamDefect | None:
+    """The documented defect whose release, invariants and signature fit this failure.
+
+    ``None``: none does.  The release is the one the example plans as (its
+    config's ``vllm_version``; an example without one, the oldest).  The
+    caller must still confirm that vLLM's own default builder fails
     ``invariant`` on ``example``: the shape alone proves nothing.
     """
-    for defect in DEFECTS:
+    version = getattr(_config(example), "vllm_version", V0_33)
+    for defect in defects_of(version):
         if invariant in defect.invariants and defect.signature(example):
             return defect
     return None

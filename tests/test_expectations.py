@@ -21,6 +21,7 @@ from conformance.expectations import (
 from conformance.expectations.manifest import FORMAT, PLACEHOLDER_REASON
 from conformance.expectations.tomlw import dump_manifest
 from conformance.upstream import DEFECTS
+from kvref.versions import SUPPORTED
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -43,10 +44,12 @@ def _result(ident: str, status: str, **extra: Any) -> InvariantResult:
     )
 
 
-def _report(*results: InvariantResult, device: str = "cpu") -> Report:
+def _report(
+    *results: InvariantResult, device: str = "cpu", contract: str = "vLLM 0.34.0"
+) -> Report:
     return Report(
         builder="m:B", device=device, seed=1, profile="ci", max_examples=3,
-        results=results, seconds=1.0,
+        results=results, seconds=1.0, contract=contract,
     )  # fmt: skip
 
 
@@ -140,27 +143,40 @@ class TestMatching:
 
 
 class TestShippedManifest:
-    """conformance/expectations/vllm-0.33.0.toml: vLLM 0.33.0's documented defects."""
+    """conformance/expectations/vllm-X.toml: each release's documented defects."""
 
-    def test_it_covers_exactly_the_documented_defects(self) -> None:
-        assert "vllm-0.33.0" in shipped_manifests()
-        manifest = load_manifest(resolve_manifest("vllm-0.33.0"))
-        expected = {(key, inv) for d in DEFECTS for key in [d.key] for inv in d.invariants}
+    @pytest.mark.parametrize("version", SUPPORTED, ids=str)
+    def test_it_covers_exactly_the_releases_documented_defects(self, version: object) -> None:
+        name = f"vllm-{version}"
+        assert name in shipped_manifests()
+        manifest = load_manifest(resolve_manifest(name))
+        expected = {(d.key, inv) for d in DEFECTS if version in d.versions for inv in d.invariants}
         found = {(e.when["upstream"][0], e.id) for e in manifest.entries}
-        assert found == expected
-        assert all(e.when["vllm"] == ("0.33.0",) and not e.strict for e in manifest.entries)
+        assert found == expected and expected
+        assert all(e.when["vllm"] == (str(version),) and not e.strict for e in manifest.entries)
 
-    def test_only_named_upstream_failures_match(self) -> None:
-        from conformance.expectations.apply import _vllm_version
+    def test_the_projection_defect_is_0_33_0s_alone(self) -> None:
+        """vLLM 0.34.0's default placement walks layer_names: the 54711 projection is fixed."""
+        keys = {str(v): {d.key for d in DEFECTS if v in d.versions} for v in SUPPORTED}
+        assert keys == {
+            "0.33.0": {"pp-empty-group-projection", "layer-outer-stride-alias"},
+            "0.34.0": {"layer-outer-stride-alias"},
+        }
 
-        if _vllm_version() != "0.33.0":
-            pytest.skip("vLLM 0.33.0 is not installed; the shipped entries apply with it")
-        manifest = load_manifest(resolve_manifest("vllm-0.33.0"))
+    @pytest.mark.parametrize(
+        ("contract", "statuses"),
+        [("vLLM 0.33.0", ["xfail", "fail"]), ("vLLM 0.34.0", ["fail", "fail"])],
+    )
+    def test_only_named_upstream_failures_of_the_judged_release_match(
+        self, contract: str, statuses: list[str]
+    ) -> None:
+        """An entry applies to the release the run judged, whatever vLLM is installed."""
+        manifests = [load_manifest(resolve_manifest(f"vllm-{v}")) for v in SUPPORTED]
         defect = next(d for d in DEFECTS if d.key == "pp-empty-group-projection")
         named = _result("KV-CORE-WORKER-LAYERS", "fail", upstream=defect.describe())
         own = _result("KV-PLACE-NO-BLOCK-ALIAS", "fail")
-        report = apply_expectations(_report(named, own), [manifest])
-        assert [r.status for r in report.results] == ["xfail", "fail"]
+        report = apply_expectations(_report(named, own, contract=contract), manifests)
+        assert [r.status for r in report.results] == statuses
 
     def test_unknown_name(self) -> None:
         with pytest.raises(ExpectationsError, match=r"vllm-0\.33\.0"):

@@ -1,14 +1,14 @@
 """Expectations manifests: which invariants a builder is known to fail, why, and when.
 
 A manifest is TOML (format ``kvref-expectations/1``, docs/vendors.md
-"Expectations manifest"); the kit ships ``vllm-0.33.0`` for vLLM 0.33.0's
-documented defects.  ``--expectations NAME|PATH`` applies one, and
+"Expectations manifest"); the kit ships ``vllm-0.33.0`` and ``vllm-0.34.0``,
+each release's documented defects.  ``--expectations NAME|PATH`` applies one, and
 ``--update-expectations FILE`` writes or refreshes one from a run.  From
 Python::
 
     from conformance.expectations import apply_expectations, load_manifest, resolve_manifest
 
-    manifest = load_manifest(resolve_manifest("vllm-0.33.0"))
+    manifest = load_manifest(resolve_manifest("vllm-0.34.0"))
     report = apply_expectations(check_builder(MyBuilder), [manifest])
 """
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +32,10 @@ from conformance.report.model import InvariantResult, Report
 __all__ = ["apply_expectations", "update_manifest"]
 
 
-@cache
-def _vllm_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("vllm")
-    except PackageNotFoundError:
-        return None
+def _judged_release(report: Report) -> str | None:
+    """The vLLM release the run judged (its report's ``contract``, ``"vLLM 0.34.0"``)."""
+    prefix = "vLLM "
+    return report.contract[len(prefix) :] if report.contract.startswith(prefix) else None
 
 
 def _accepts(values: tuple[str, ...], actual: str | None) -> bool:
@@ -49,14 +44,18 @@ def _accepts(values: tuple[str, ...], actual: str | None) -> bool:
     return any(v == actual or (v.endswith("*") and actual.startswith(v[:-1])) for v in values)
 
 
-def _applies(entry: Entry, device: str) -> bool:
-    """Whether the run-level conditions (device, vLLM version) hold."""
+def _applies(entry: Entry, device: str, release: str | None) -> bool:
+    """Whether the run-level conditions (device, the vLLM release the run judged) hold.
+
+    ``vllm`` is the release whose contract the run judged: for a vLLM-native
+    builder the installed one, for a kvref-native builder the one it chose.
+    """
     when = entry.when
     if "device" in when and not (
         _accepts(when["device"], device) or _accepts(when["device"], device.partition(":")[0])
     ):
         return False
-    return "vllm" not in when or _accepts(when["vllm"], _vllm_version())
+    return "vllm" not in when or _accepts(when["vllm"], release)
 
 
 def _matches_failure(entry: Entry, r: InvariantResult) -> bool:
@@ -95,10 +94,11 @@ def apply_expectations(report: Report, manifests: Sequence[Manifest]) -> Report:
     warnings = [w for m in manifests for w in m.unknown_ids(inv.id for inv in catalog())]
     used: set[tuple[str, int]] = set()
     selected = {r.id for r in report.results}
+    release = _judged_release(report)
     results = []
     for r in report.results:
         out = r
-        for entry in (e for e in entries if e.id == r.id and _applies(e, report.device)):
+        for entry in (e for e in entries if e.id == r.id and _applies(e, report.device, release)):
             if r.status in ("fail", "inconclusive", "xfail") and _matches_failure(entry, r):
                 out = attrs.evolve(r, status="xfail", expectation=_as_dict(entry))
             elif r.status in ("pass", "xpass"):
@@ -113,7 +113,7 @@ def apply_expectations(report: Report, manifests: Sequence[Manifest]) -> Report:
             break
         results.append(out)
     for e in entries:
-        applicable = e.id in selected and _applies(e, report.device)
+        applicable = e.id in selected and _applies(e, report.device, release)
         if applicable and (e.source, e.index) not in used:
             warnings.append(f"{e.name()}: matched no failure of this run")
     return attrs.evolve(report, results=tuple(results), warnings=(*report.warnings, *warnings))

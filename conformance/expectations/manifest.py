@@ -100,7 +100,7 @@ class Manifest:
 
 
 def shipped_manifests() -> dict[str, Path]:
-    """The manifests the kit ships, by name (``vllm-0.33.0``: vLLM 0.33.0's documented defects)."""
+    """The manifests the kit ships, by name (``vllm-0.34.0``: vLLM 0.34.0's documented defects)."""
     here = Path(__file__).parent
     return {p.stem: p for p in sorted(here.glob("*.toml"))}
 
