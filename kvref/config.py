@@ -15,7 +15,11 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import attrs
 
 from kvref.axes import KVCacheLayout
-from kvref.backends import AttentionBackend, get_supported_kv_cache_layouts
+from kvref.backends import (
+    AttentionBackend,
+    get_supported_kv_cache_layouts,
+    preferred_block_size,
+)
 from kvref.errors import BuilderResolutionError, ConfigError, KVRefError
 from kvref.hf import HFValue, hf_config_fields
 from kvref.layout_resolution import resolve_kv_cache_layout
@@ -301,7 +305,7 @@ def _default_layout(config: PlanningConfig) -> KVCacheLayout:
             return resolve_kv_cache_layout(
                 [supported],
                 env_layout=config.env_kv_cache_layout,
-                connector_layout=config.kv_connector_layout,
+                connector_layout=config.required_connector_layout,
             )
     except KVRefError as exc:
         raise ConfigError(f"PlanningConfig: {exc}") from None
@@ -327,15 +331,21 @@ class PlanningConfig:
         attention_backends: the attention backends and the layers each runs
             (:class:`~kvref.backends.AttentionBackend`: supported layouts and kernel
             block sizes); ``()``: vLLM's base backend everywhere.
+        block_size: the cache block size the deployment gives (vLLM ``--block-size``),
+            or ``None``: not given, vLLM picks it from the attention backends
+            (:attr:`resolved_block_size`).  Planning reads the specs' block sizes;
+            this is what a caller builds the specs with.
         kv_connector_layout: the layout the KV connector requires (vLLM
             ``get_required_kvcache_layout``; ``NHD``/``HND`` accepted), or ``None``.
-            HiSparse's connector requires :data:`HISPARSE_CONNECTOR_LAYOUT`.
+            HiSparse's connector requires :data:`HISPARSE_CONNECTOR_LAYOUT`, which a
+            config with :attr:`hisparse` requires without it
+            (:attr:`required_connector_layout`).
         env_kv_cache_layout: the ``VLLM_KV_CACHE_LAYOUT`` override, or ``None``
             (planning never reads the environment).
         kv_cache_layout: the layout the planner places tensors in.  Given, it is
             used as is (vLLM: a layout set on the cache config wins outright).
             Not given, it is LBNHC for a config that describes no backend,
-            connector or override; otherwise planning resolves it from the
+            connector (HiSparse's included) or override; otherwise planning resolves it from the
             workers' specs as vLLM's Core does (:mod:`kvref.layout_resolution`),
             and until then it holds the resolution without specs.
         resolves_kv_cache_layout: (not an argument) whether planning resolves the
@@ -404,10 +414,13 @@ class PlanningConfig:
     )
     disable_hybrid_kv_cache_manager: bool = attrs.field(default=False, validator=_bool)
     attention_backends: tuple[AttentionBackend, ...] = attrs.field(default=(), converter=_backends)
+    block_size: int | None = attrs.field(default=None, validator=_int_check(1, optional=True))
     kv_connector_layout: KVCacheLayout | None = attrs.field(
         default=None, converter=_connector_layout
     )
     env_kv_cache_layout: KVCacheLayout | None = attrs.field(default=None, converter=_env_layout)
+    # Before kv_cache_layout, whose default reads it (HiSparse's connector layout).
+    hisparse: HiSparseConfig | None = attrs.field(default=None, converter=_hisparse)
     # Set by _default_layout; before kv_cache_layout so that its default runs first.
     resolves_kv_cache_layout: bool = attrs.field(default=False, init=False, repr=False)
     kv_cache_layout: KVCacheLayout = attrs.field(
@@ -424,7 +437,6 @@ class PlanningConfig:
     eagle_block_drop: bool = attrs.field(default=False, validator=_bool)
     host_resident_layers: frozenset[str] = attrs.field(default=frozenset(), converter=_layers)
     host_pool_bytes: int | None = attrs.field(default=None, validator=_int_check(0, optional=True))
-    hisparse: HiSparseConfig | None = attrs.field(default=None, converter=_hisparse)
     platform_builder_cls: str | None = attrs.field(default=None, validator=_builder_qualname)
     model_builder_cls: str | None = attrs.field(default=None, validator=_builder_qualname)
     model_kv_cache_grouping: GroupingHook | None = attrs.field(
@@ -484,9 +496,39 @@ class PlanningConfig:
         """Whether the config describes what vLLM's layout resolution reads."""
         return bool(
             self.attention_backends
-            or self.kv_connector_layout is not None
+            or self.required_connector_layout is not None
             or self.env_kv_cache_layout is not None
         )
+
+    @property
+    def required_connector_layout(self) -> KVCacheLayout | None:
+        """The layout the KV connectors require: :attr:`kv_connector_layout`, else HiSparse's.
+
+        HiSparse runs through vLLM's ``HiSparseConnector``, whose
+        ``get_required_kvcache_layout`` is :data:`HISPARSE_CONNECTOR_LAYOUT`, so
+        a config with :attr:`hisparse` requires it without saying so.
+        """
+        if self.kv_connector_layout is None and self.hisparse is not None:
+            return HISPARSE_CONNECTOR_LAYOUT
+        return self.kv_connector_layout
+
+    @property
+    def resolved_block_size(self) -> int:
+        """The cache block size the deployment runs with: :attr:`block_size`, else vLLM's pick.
+
+        Not given, vLLM asks the attention backends, starting from the
+        release's default (:attr:`Rules.default_block_size
+        <kvref.versions.Rules.default_block_size>`):
+        :func:`kvref.backends.preferred_block_size`.  vLLM's later alignment of
+        hybrid (Mamba) models and of mixed KV cache dtypes is not modelled:
+        the specs carry those block sizes.
+
+        Raises:
+            ConfigError: not given, and the backends share no block size.
+        """
+        if self.block_size is not None:
+            return self.block_size
+        return preferred_block_size(self.attention_backends, self.rules.default_block_size)
 
     def backends_of(self, layer_names: Iterable[str]) -> list[AttentionBackend]:
         """The described backends that run some of ``layer_names``, in config order.
@@ -519,7 +561,7 @@ class PlanningConfig:
             [get_supported_kv_cache_layouts(self.backends_of(w)) for w in kv_cache_specs],
             [spec for worker in kv_cache_specs for spec in worker.values()],
             env_layout=self.env_kv_cache_layout,
-            connector_layout=self.kv_connector_layout,
+            connector_layout=self.required_connector_layout,
         )
         return attrs.evolve(self, kv_cache_layout=layout)
 
@@ -620,6 +662,16 @@ class PlanningConfig:
     def extra_retained_tokens(self) -> int:
         """Tokens every sliding window keeps beyond its window (contract.md#core-flow)."""
         return max(0, self.num_prefill_lookahead_tokens - 1)
+
+    def with_vllm_version(self, version: object) -> PlanningConfig:
+        """A copy planned as another vLLM release (anything :func:`parse_version` accepts).
+
+        Unlike a bare ``attrs.evolve``, the copy still resolves its layout from
+        the specs when this config does.
+        """
+        copy = attrs.evolve(self, vllm_version=version)
+        object.__setattr__(copy, "resolves_kv_cache_layout", self.resolves_kv_cache_layout)
+        return copy
 
     def with_max_model_len(self, max_model_len: int) -> PlanningConfig:
         """A copy with another ``max_model_len`` (auto-fit's search works on copies)."""

@@ -1,4 +1,4 @@
-"""Convert kvref specs and records to and from vLLM 0.33.0's (the lazy vLLM import lives here).
+"""Convert kvref specs and records to and from the installed vLLM's (and import it lazily).
 
 vLLM is imported lazily, on the first call that needs it, so kvref and the
 kit keep working where vLLM is not installed; the calls that need it then
@@ -15,6 +15,9 @@ attrs classes share field names; enums are matched by member name):
   stand-in subclass of the nearest kvref kind (:mod:`kvref.interop.vllm_vendor`),
   which converts back to a fresh instance of the vendor's class, never to
   its vLLM base.
+
+A spec field the installed vLLM lacks (:attr:`kvref.versions.Rules.spec_fields`)
+converts only at its default.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from kvref.specs import (
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
 )
+from kvref.versions import NEWEST, SUPPORTED, installed_vllm_version
 
 __all__ = [
     "INSTALL_HINT",
@@ -74,14 +78,14 @@ __all__ = [
     "vllm_modules",
 ]
 
-#: The vLLM release these conversions are written against.
-VLLM_VERSION = "0.33.0"
+#: The installed vLLM release if kvref supports it, else the newest (no vLLM import).
+VLLM_VERSION = str(installed_vllm_version() or NEWEST)
 
 #: How to get a vLLM this module can use.
 INSTALL_HINT = (
-    f"vLLM {VLLM_VERSION} is needed: run `tox -e vllm`, or install it on a CPU machine with "
-    "`scripts/install-vllm-cpu.sh` (torch==2.13.0, vllm --no-deps and the deps listed in "
-    "requirements/vllm-cpu.txt); see docs/vllm.md"
+    f"vLLM {' or '.join(str(v) for v in SUPPORTED)} is needed: run `tox -e vllm`, or install "
+    "one on a CPU machine with `scripts/install-vllm-cpu.sh [VERSION]` (torch==2.13.0, vllm "
+    "--no-deps and the deps listed in requirements/vllm-cpu.txt); see docs/vllm.md"
 )
 
 
@@ -305,9 +309,15 @@ def spec_to_vllm(spec: GroupKVCacheSpec) -> Any:
     vfields = {f.name for f in dataclasses.fields(vcls) if f.init}
     kwargs: dict[str, Any] = {}
     for field in attrs.fields(cls):
+        value = getattr(spec, field.name)
         if field.name not in vfields:
-            raise UnsupportedError(f"vLLM's {vcls.__name__} has no field {field.name!r}")
-        kwargs[field.name] = _value_to_vllm(field.name, getattr(spec, field.name))
+            if value == field.default:  # a later release's field: the same spec without it
+                continue
+            raise UnsupportedError(
+                f"{cls.__name__}.{field.name}={value!r}: vLLM {vllm_modules().version}'s "
+                f"{vcls.__name__} has no field {field.name!r}"
+            )
+        kwargs[field.name] = _value_to_vllm(field.name, value)
     try:
         converted = vcls(**kwargs)
     except (ValueError, AssertionError, TypeError) as exc:
@@ -550,7 +560,7 @@ def config_to_vllm(config: KVCacheConfig) -> Any:
         for t in config.kv_cache_tensors
     ]
     layout = config.kv_cache_layout
-    return kvi.KVCacheConfig(
+    converted = kvi.KVCacheConfig(
         num_blocks=config.num_blocks,
         kv_cache_tensors=tensors,
         kv_cache_groups=groups_to_vllm(config.kv_cache_groups),
@@ -561,6 +571,15 @@ def config_to_vllm(config: KVCacheConfig) -> Any:
         hisparse_shared_host_pool=config.shared_host_pool,
         kv_tp_replicas=config.kv_tp_replicas,
     )
+    if config.resolved_kv_cache_zeroing is not None and _zeroing_is_a_field():
+        converted.needs_kv_cache_zeroing = config.resolved_kv_cache_zeroing
+    return converted
+
+
+def _zeroing_is_a_field() -> bool:
+    """Whether vLLM's ``KVCacheConfig.needs_kv_cache_zeroing`` is a field Core sets (0.34.0)."""
+    kvi = vllm_modules().kvi
+    return any(f.name == "needs_kv_cache_zeroing" for f in dataclasses.fields(kvi.KVCacheConfig))
 
 
 def config_from_vllm(config: Any) -> KVCacheConfig:
@@ -585,7 +604,7 @@ def config_from_vllm(config: Any) -> KVCacheConfig:
             )
             for t in config.kv_cache_tensors
         ]
-        return KVCacheConfig(
+        converted = KVCacheConfig(
             num_blocks=config.num_blocks,
             kv_cache_tensors=tensors,
             kv_cache_groups=groups_from_vllm(list(config.kv_cache_groups)),
@@ -596,5 +615,10 @@ def config_from_vllm(config: Any) -> KVCacheConfig:
             host_block_stride=config.hisparse_host_block_stride,
             shared_host_pool=bool(config.hisparse_shared_host_pool),
         )
+        zeroing = config.needs_kv_cache_zeroing
+        if _zeroing_is_a_field() and zeroing != converted.needs_kv_cache_zeroing:
+            # Core resolved it across workers (vLLM 0.34.0): keep Core's answer.
+            converted = attrs.evolve(converted, resolved_kv_cache_zeroing=bool(zeroing))
+        return converted
     except (KVRefError, AttributeError, TypeError) as exc:
         raise VLLMOutputError(f"cannot convert {config!r:.300} to kvref: {exc}") from exc

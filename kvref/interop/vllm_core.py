@@ -1,4 +1,4 @@
-"""Run vLLM 0.33.0's own Core planning flow and return kvref records.
+"""Run the installed vLLM's own Core planning flow and return kvref records.
 
 :func:`plan_with_vllm` runs ``get_global_kv_cache_groups`` then
 ``get_kv_cache_configs`` with a given vLLM builder class installed as the
@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from kvref.config import PlanningConfig
-from kvref.errors import InsufficientMemoryError, PlanningError
+from kvref.errors import ConfigError, InsufficientMemoryError, PlanningError
 from kvref.interop.vllm_config import hisparse_patches, to_vllm_config
 from kvref.interop.vllm_convert import (
     config_from_vllm,
@@ -27,6 +27,7 @@ from kvref.interop.vllm_convert import (
 from kvref.interop.vllm_convert import quiet_vllm as _quiet_vllm
 from kvref.planning import KVCachePlan, WorkerPlan
 from kvref.specs import KVCacheSpec
+from kvref.versions import installed_vllm_version
 
 __all__ = ["installed_builder", "plan_with_vllm"]
 
@@ -157,6 +158,8 @@ def plan_with_vllm(
     per-worker figures are recomputed with vLLM's helpers (0 where unknown).
 
     Raises:
+        ConfigError: ``config.vllm_version`` is not the installed vLLM's release
+            (vLLM plans only as itself).
         InsufficientMemoryError: vLLM's "no available memory", "to serve at
             least one request..." and "cannot auto-fit" ``ValueError`` s, with
             the numbers parsed from the message (exact bytes where recomputable).
@@ -165,6 +168,13 @@ def plan_with_vllm(
         AssertionError, NotImplementedError, ...: vLLM's own untyped failures,
             unchanged.
     """
+    installed = installed_vllm_version()
+    if config.vllm_version != installed:
+        raise ConfigError(
+            f"PlanningConfig.vllm_version={config.vllm_version} but the installed vLLM is "
+            f"{installed or vllm_modules().version}: vLLM can only plan as itself; plan as "
+            f"vLLM {installed} (attrs.evolve(config, vllm_version=...)) or install that release"
+        )
     workers = [specs_to_vllm(w) for w in kv_cache_specs]
     if isinstance(available_memory, int):
         memory = [available_memory] * len(workers)

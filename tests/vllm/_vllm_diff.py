@@ -1,8 +1,10 @@
 """Shared helpers of the differential tests: run kvref and vLLM on one problem and compare.
 
 "kvref" is :func:`kvref.plan_kv_cache` with the reference builder; "vLLM" is
-vLLM 0.33.0's own Core flow with its ``DefaultKVCacheConfigBuilder``, reached
-through the kit's adapter (``kvref_core``), so both sides speak kvref records.
+the installed vLLM's own Core flow with its ``DefaultKVCacheConfigBuilder``,
+reached through the kit's adapter (``kvref_core``), so both sides speak kvref
+records.  Both plan as the installed release (:data:`INSTALLED`): a problem's
+``vllm_version`` is replaced by it.
 """
 
 from __future__ import annotations
@@ -29,8 +31,24 @@ from kvref import (
 )
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
+from kvref.versions import VllmVersion, installed_vllm_version
 
 VLLMDefault = wrap_vllm_builder(DefaultKVCacheConfigBuilder)
+
+_installed = installed_vllm_version()
+if _installed is None:  # pragma: no cover - an unsupported vLLM is a broken test environment
+    pytest.skip("the installed vLLM is not a release kvref supports", allow_module_level=True)
+#: The release both sides plan as: the installed vLLM's.
+INSTALLED: VllmVersion = _installed
+
+
+def at_installed(config: PlanningConfig) -> PlanningConfig:
+    """``config`` planned as the installed vLLM release."""
+    if config.vllm_version == INSTALLED:
+        return config
+    return config.with_vllm_version(INSTALLED)
+
+
 Workers = Sequence[Mapping[str, KVCacheSpec]]
 
 
@@ -71,7 +89,8 @@ def _run(flow: Callable[[], KVCachePlan]) -> Outcome:
 
 
 def run_kvref(config: PlanningConfig, workers: Workers, memory: Sequence[int]) -> Outcome:
-    """kvref's Core flow with the reference builder."""
+    """kvref's Core flow with the reference builder, as the installed vLLM release."""
+    config = at_installed(config)
     return _run(
         lambda: plan_kv_cache(ReferenceKVCacheConfigBuilder, config, list(workers), list(memory))
     )
@@ -79,6 +98,7 @@ def run_kvref(config: PlanningConfig, workers: Workers, memory: Sequence[int]) -
 
 def run_vllm(config: PlanningConfig, workers: Workers, memory: Sequence[int]) -> Outcome:
     """vLLM's Core flow with its default builder, converted to kvref records."""
+    config = at_installed(config)
     core: Any = VLLMDefault.kvref_core  # type: ignore[attr-defined]
     return _run(lambda: core(None, config, list(workers), list(memory)))
 
@@ -113,6 +133,9 @@ def assert_same_plan(ref: KVCachePlan, vl: KVCachePlan) -> None:
     assert [c.kv_cache_groups for c in vl.configs] == [c.kv_cache_groups for c in ref.configs]
     assert [c.num_blocks for c in vl.configs] == [c.num_blocks for c in ref.configs]
     assert [c.kv_tp_replicas for c in vl.configs] == [c.kv_tp_replicas for c in ref.configs]
+    assert [c.needs_kv_cache_zeroing for c in vl.configs] == [
+        c.needs_kv_cache_zeroing for c in ref.configs
+    ]
     for rw, vw in zip(ref.workers, vl.workers, strict=True):
         assert (vw.pool_bytes_per_block, vw.check_memory, vw.needed_memory) == (
             rw.pool_bytes_per_block,
@@ -127,13 +150,15 @@ def assert_agree(config: PlanningConfig, workers: Workers, memory: Sequence[int]
     See contract.md#deliberate-differences.
 
     Returns the outcome kind (``ok``, ``insufficient``, ``refused``), or
-    ``pp-projection`` when the problem hits vLLM's PP projection defect; the
-    defect itself is then asserted (vLLM's worker config names layers the
-    worker does not hold; kvref's does not).
+    ``pp-projection`` when the problem hits vLLM 0.33.0's PP projection defect;
+    the defect itself is then asserted (vLLM's worker config names layers the
+    worker does not hold; kvref's does not).  vLLM 0.34.0 fixed it (issue
+    54711): there such problems must agree like any other.
     """
     ref = run_kvref(config, workers, memory)
     vl = run_vllm(config, workers, memory)
-    if ref.plan is not None and empty_uniform_projection(ref.plan, workers):
+    projection_defect = not at_installed(config).rules.placement_walks_layer_specs
+    if projection_defect and ref.plan is not None and empty_uniform_projection(ref.plan, workers):
         assert ref.kind == "ok"
         assert_pp_projection_defect(vl, workers)
         return "pp-projection"
@@ -158,7 +183,7 @@ def mixed_layer_outer_strides(config: PlanningConfig, workers: Workers) -> bool:
         return False
     merged = {n: s for w in workers for n, s in w.items()}
     try:
-        groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(config, merged)
+        groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(at_installed(config), merged)
     except Exception:
         return False
     device = [g for g in groups if not g.host_resident and g.layer_names]

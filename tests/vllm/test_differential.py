@@ -1,4 +1,7 @@
-"""kvref and vLLM 0.33.0 plan alike: a catalog of model shapes, then Hypothesis problems.
+"""kvref and the installed vLLM plan alike: a catalog of model shapes, then Hypothesis problems.
+
+kvref plans as the installed release (``installed_vllm_version()``: 0.33.0 or
+0.34.0), so the same tests hold under either.
 
 Both sides get the same problem; they must agree on the global groups, the
 block count, the (auto-fitted) length, every tensor's size, strides and
@@ -17,6 +20,7 @@ from collections.abc import Callable
 import attrs
 import pytest
 from _vllm_diff import (
+    INSTALLED,
     VLLMDefault,
     Workers,
     assert_agree,
@@ -263,6 +267,7 @@ def _problem(name: str, layout: KVCacheLayout) -> tuple[PlanningConfig, Workers,
     config = PlanningConfig(
         kv_cache_layout=layout,
         pipeline_parallel_size=len(split),
+        vllm_version=INSTALLED,
         **changes,  # type: ignore[arg-type]
     )
     per_worker = memory if isinstance(memory, list) else [memory] * len(split)
@@ -335,6 +340,7 @@ def test_pipeline_split_of_two_strides_gives_each_worker_one() -> None:
         kv_cache_layout=KVCacheLayout.LBNHC,
         pipeline_parallel_size=2,
         num_hidden_layers=3,
+        vllm_version=INSTALLED,
     )
     workers: Workers = (
         {"model.layers.0.self_attn.attn": full},
@@ -354,6 +360,6 @@ class TestGenerated:
     )
     @given(problem=kst.planning_problems())
     def test_core_flow_agrees(self, problem: kst.PlanningProblem) -> None:
-        """kvref and vLLM agree on generated problems, except vLLM's PP projection defect."""
+        """kvref and vLLM agree on generated problems, except vLLM 0.33.0's PP projection defect."""
         assume(not problem.config.host_resident_layers)  # vLLM: HiSparse only
         assert_agree(problem.config, problem.workers, problem.available_memory)
