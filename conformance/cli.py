@@ -323,6 +323,7 @@ def _run(args: argparse.Namespace) -> int:
         from conformance.run.runner import select_invariants
 
         select_invariants(invariants, options.select)
+        _matrix_refusals(args, options)
     except OptionError as exc:
         raise _UsageError(flag_message(str(exc))) from None
     # Resolved in the options, not in check_builder: the header printed before
@@ -404,6 +405,55 @@ def _run_start(args: argparse.Namespace) -> Any:
     )
 
 
+def _matrix_refusals(args: argparse.Namespace, options: Any) -> None:
+    """Refuse, before the run, what a compatibility matrix (``--vllm all``) cannot honour.
+
+    Raises:
+        OptionError: an option that makes sense for one release's report only.
+    """
+    from conformance.run.options import ALL_RELEASES, OptionError
+
+    if options.vllm != ALL_RELEASES:
+        return
+    for flag, given in (
+        ("--baseline", args.baseline),
+        ("--update-expectations", args.update_expectations),
+        ("--certify", args.certify),
+        ("--shard", args.shard),
+    ):
+        if given:
+            raise OptionError(
+                f"vllm=all makes one report per release; {flag} applies to one release's "
+                "report: run it with --vllm 0.33 or --vllm 0.34"
+            )
+
+
+def _check_matrix(args: argparse.Namespace, builder: object, ci: Any, options: Any) -> int:
+    """``--vllm all``: the compatibility matrix (one run per supported release)."""
+    import attrs
+
+    from conformance.ci import finish
+    from conformance.matrix import check_matrix, format_matrix, write_matrix_files
+    from conformance.run.runner import check_builder
+
+    def run(b: Any, o: Any, **overrides: Any) -> Any:
+        release = overrides["vllm"]
+        print(f"== vLLM {release}", file=sys.stderr, flush=True)
+        report = check_builder(b, attrs.evolve(o, vllm=release), progress=_Progress(sys.stderr))
+        return finish(report, ci)
+
+    matrix = check_matrix(builder, options, run=run)
+    print(format_matrix(matrix))
+    errors = write_matrix_files(
+        matrix, json_path=args.json, junit=args.junit, markdown=args.markdown, html_path=args.html
+    )
+    for error in errors:
+        print(f"kvref-conformance: error: {error}", file=sys.stderr)
+    if errors:
+        return 2
+    return 0 if matrix.ok else 1
+
+
 def _check(args: argparse.Namespace, builder: object, ci: Any, options: Any) -> int:
     import datetime
 
@@ -419,6 +469,10 @@ def _check(args: argparse.Namespace, builder: object, ci: Any, options: Any) -> 
         # The console script's process only checks builders: vLLM's logger stays quiet.
         keep_vllm_quiet()
         settle_startup_objects()
+    from conformance.run.options import ALL_RELEASES
+
+    if options.vllm == ALL_RELEASES:
+        return _check_matrix(args, builder, ci, options)
     # Before the first example: a run killed outright still shows how to rerun it.
     print(format_header(_run_start(args)), flush=True)
     progress = _Progress(sys.stderr)

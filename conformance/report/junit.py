@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime as _dt
 import socket
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from pathlib import Path
 
 from conformance.report.model import InvariantResult, Report
@@ -39,7 +40,7 @@ from conformance.report.render import (
     _kit_version,
 )
 
-__all__ = ["write_incomplete_junit", "write_junit"]
+__all__ = ["add_suite", "write_incomplete_junit", "write_junit", "write_junit_suites"]
 
 _CLASSNAME = "kvref.conformance"
 
@@ -55,13 +56,18 @@ def _hostname() -> str:
 
 
 def _suite(
-    name: str, counts: dict[str, int], seconds: float, timestamp: str
+    name: str,
+    counts: dict[str, int],
+    seconds: float,
+    timestamp: str,
+    suites: ET.Element | None = None,
+    index: int = 0,
 ) -> tuple[ET.Element, ET.Element]:
-    suites = ET.Element("testsuites")
+    suites = ET.Element("testsuites") if suites is None else suites
     attrs = {
         "name": name,
         "package": _CLASSNAME,
-        "id": "0",
+        "id": str(index),
         "timestamp": timestamp,
         "hostname": _hostname(),
         **{k: str(v) for k, v in counts.items()},
@@ -124,6 +130,25 @@ def write_junit(report: Report, path: Path) -> None:
     ``system-out``.  Control characters and terminal escapes, which XML 1.0
     cannot carry, are stripped.
     """
+    write_junit_suites([report], path)
+
+
+def write_junit_suites(reports: Sequence[Report], path: Path, *, by_release: bool = False) -> None:
+    """Write several reports as one JUnit file, a ``testsuite`` each (:func:`write_junit`'s).
+
+    ``by_release``: each suite's name also names the vLLM release its run
+    judged (a compatibility matrix, :mod:`conformance.matrix`).
+    """
+    suites = ET.Element("testsuites")
+    for index, report in enumerate(reports):
+        add_suite(suites, report, index, by_release=by_release)
+    _write(suites, path)
+
+
+def add_suite(
+    suites: ET.Element, report: Report, index: int = 0, *, by_release: bool = False
+) -> ET.Element:
+    """Add ``report``'s ``testsuite`` (id ``index``) to ``suites``, and return it."""
     counts = {
         "tests": len(report.results),
         "failures": len(report.by_status("fail")) + sum(r.strict_xpass for r in report.results),
@@ -131,8 +156,10 @@ def write_junit(report: Report, path: Path) -> None:
         "skipped": sum(len(report.by_status(s)) for s in ("not-applicable", "skipped", "xfail")),
     }
     started = report.started or _timestamp(report.seconds)
-    name = _clean(f"kvref-conformance {report.builder}")
-    suites, suite = _suite(name, counts, report.seconds, started)
+    name = f"kvref-conformance {report.builder}"
+    if by_release:
+        name += f" ({report.contract})"
+    _, suite = _suite(_clean(name), counts, report.seconds, started, suites, index)
     _properties(
         suite,
         [
@@ -164,7 +191,7 @@ def write_junit(report: Report, path: Path) -> None:
     ET.SubElement(suite, "system-err").text = _clean(
         "\n".join(f"| {line}" for line in report.builder_output.splitlines())
     )
-    _write(suites, path)
+    return suite
 
 
 def _case(suite: ET.Element, r: InvariantResult) -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "PROFILES",
     "OptionError",
     "RunOptions",
+    "ALL_RELEASES",
     "check_device",
     "flag_message",
 ]
@@ -79,8 +80,14 @@ def _default_vllm() -> str:
     return str(installed_vllm_version() or NEWEST)
 
 
+#: ``vllm``'s value for every supported release (the compatibility matrix).
+ALL_RELEASES = "all"
+
+
 def _vllm(value: object) -> str:
     """The release named, spelled in full (``0.34`` -> ``0.34.0``), checked at once."""
+    if value == ALL_RELEASES:
+        return ALL_RELEASES
     try:
         return str(parse_version(value, "vllm"))
     except ConfigError as exc:
@@ -135,7 +142,8 @@ class RunOptions:
             (:mod:`conformance.run.shard`); ``kvref-conformance merge`` joins the
             N reports into the report of the whole run (``None``: the whole run).
         vllm: the vLLM release whose contract the run judges (``"0.33"``,
-            ``"0.34.0"``...; :mod:`kvref.versions`), spelled in full.  Default:
+            ``"0.34.0"``...; :mod:`kvref.versions`), spelled in full; ``"all"``
+            asks the CLI for the compatibility matrix (:mod:`conformance.matrix`).  Default:
             the installed vLLM when the kit supports it, else the newest
             supported release.  The installed vLLM is what the vendor runs, for
             a kvref-native builder too; a vLLM-native builder can only be
@@ -200,7 +208,17 @@ class RunOptions:
 
     @property
     def vllm_version(self) -> VllmVersion:
-        """:attr:`vllm` as a :class:`~kvref.versions.VllmVersion`."""
+        """:attr:`vllm` as a :class:`~kvref.versions.VllmVersion`.
+
+        Raises:
+            OptionError: :attr:`vllm` is ``all``: one run judges one release
+                (:func:`conformance.matrix.check_matrix` runs one per release).
+        """
+        if self.vllm == ALL_RELEASES:
+            raise OptionError(
+                "vllm='all' asks for the compatibility matrix: one run per release "
+                "(kvref-conformance --vllm all, or conformance.matrix.check_matrix)"
+            )
         return parse_version(self.vllm)
 
     def check_native(self) -> None:

@@ -212,6 +212,7 @@ def check_builder(
         focus_shared=focus_exchange is not None,
     )
     selected = select_invariants(invariants, options.select)
+    options.vllm_version  # noqa: B018 - one release a run: 'all' is refused here
     check_device(options.device)
     known = {inv.id for inv in invariants}
     for entry in options.xfail:
