@@ -53,8 +53,8 @@ def parser() -> argparse.ArgumentParser:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvref-conformance",
-        description="Check a KV cache config builder against vLLM 0.33.0's builder contract "
-        "(docs/contract.md).",
+        description="Check a KV cache config builder against the builder contract of vLLM "
+        "0.33.0 or 0.34.0 (docs/contract.md).",
     )
     parser.add_argument(
         "builder",
@@ -99,8 +99,9 @@ def _run_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--vllm",
         metavar="VERSION",
-        help="the vLLM release whose contract the run judges (0.33 or 0.34; default: the "
-        "installed vLLM for a vLLM-native builder, else the newest)",
+        help="the vLLM release whose contract the run judges: 0.33, 0.34, or all (the "
+        "compatibility matrix, one run per release); default: the installed vLLM when "
+        "supported, else the newest",
     )
     group.add_argument("--list", action="store_true", help="list the invariants and exit")
 

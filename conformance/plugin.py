@@ -127,7 +127,7 @@ _OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
             "default": None,
             "metavar": "VERSION",
             "help": "the vLLM release whose contract the run judges (0.33 or 0.34; default: "
-            "the installed vLLM for a vLLM-native builder, else the newest)",
+            "the installed vLLM when supported, else the newest)",
         },
     ),
     (
