@@ -19,6 +19,7 @@ import attrs
 import torch
 
 from kvref.axes import HOST_LAYOUT
+from kvref.config import PlanningConfig
 from kvref.errors import PlacementError
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig, KVCacheTensor
@@ -34,6 +35,7 @@ from kvref.views import (
 )
 
 __all__ = [
+    "BACKING_DTYPE",
     "HOST_LAYOUT",
     "KVCacheAllocation",
     "TensorGeometry",
@@ -51,6 +53,11 @@ __all__ = [
 
 #: Index in ``KVCacheAllocation.backing_of`` meaning "the device buffer".
 DEVICE_BACKING = -1
+
+#: The element type of every backing, hence of the views of specs without a
+#: dtype: vLLM's worker allocates ``torch.int8`` (``allocate_kv_cache``, and
+#: HiSparse's host pool, ``allocate_pinned_host_pool``).
+BACKING_DTYPE = torch.int8
 
 
 def planned_device_bytes(kv_cache_config: KVCacheConfig) -> int:
@@ -115,8 +122,9 @@ def allocate_backings(
     """
     target = torch.device(device)
     size = _single_size(kv_cache_config.device_tensors, "device")
-    # vLLM allocates int8; uint8 is the same bytes and prints as unsigned.
-    device_buffer = None if size is None else torch.zeros(size, dtype=torch.uint8, device=target)
+    # int8 as vLLM's worker allocates it: the views of specs without a dtype
+    # (Mamba states, HiSparse's raw pages) are these bytes, as a kernel sees them.
+    device_buffer = None if size is None else torch.zeros(size, dtype=BACKING_DTYPE, device=target)
     host_buffers: list[torch.Tensor] = []
     pinned = False
     if include_host:
@@ -127,14 +135,14 @@ def allocate_backings(
             buffer: torch.Tensor | None = None
             if pin:
                 try:
-                    buffer = torch.zeros(host_size, dtype=torch.uint8, pin_memory=True)
+                    buffer = torch.zeros(host_size, dtype=BACKING_DTYPE, pin_memory=True)
                 except RuntimeError:
                     if pin_host:
                         raise
                     # Auto mode: an unpinned pool is slower, not wrong.
                     pin = False
             if buffer is None:
-                buffer = torch.zeros(host_size, dtype=torch.uint8, device=host)
+                buffer = torch.zeros(host_size, dtype=BACKING_DTYPE, device=host)
             host_buffers.append(buffer)
         pinned = pin
     return device_buffer, tuple(host_buffers), pinned
@@ -157,15 +165,16 @@ class KVCacheAllocation:
     Attributes:
         device: where ``device_buffer`` lives.
         layout: the layout of the device tensors' views.
-        device_buffer: the zeroed ``uint8`` backing of ``size`` bytes (``None`` without
-            device tensors).
+        device_buffer: the zeroed :data:`BACKING_DTYPE` (``int8``) backing of ``size``
+            bytes (``None`` without device tensors).
         host_buffers: host backings, one per distinct host tensor size.
         host_pinned: whether the host backings are pinned.
         views: layer name to its view, shape ``(N, H, S, C / sizeof(dtype))`` in the spec's
-            dtype (raw bytes for specs without one, such as Mamba); a spec without
-            layer views (HiSparse resident and hot) maps to the whole backing.
+            dtype (the backing's ``int8`` bytes for specs without one, such as Mamba);
+            a spec without layer views (HiSparse resident and hot) maps to the whole
+            backing.
         geometries: the geometry of every config tensor, in config order.
-        tensor_views: the raw 5-D ``uint8`` view ``(L, N, H, S, C)`` of every config tensor.
+        tensor_views: the raw 5-D ``int8`` view ``(L, N, H, S, C)`` of every config tensor.
         backing_of: for every config tensor, the index of its host buffer, or
             :data:`DEVICE_BACKING`.
         kernel_block_sizes: the kernel block size of each group the views were
@@ -175,7 +184,9 @@ class KVCacheAllocation:
         kernel_views: with ``kernel_block_sizes``, layer name to its kernel view,
             shape ``(N * r, H, S_k, C / sizeof(dtype))``: what the worker binds
             to the layer and its attention kernels read (vLLM's views with
-            ``kernel_block_sizes``).
+            ``kernel_block_sizes``, as ``map_kv_caches_to_kernel_blocks`` binds
+            them); layers without layer views map to the whole backing, as in
+            :attr:`views`.
 
     """
 
@@ -230,12 +241,13 @@ def allocate_kv_cache(
     pin_host: bool | None = None,
     host_device: str | torch.device = "cpu",
     kernel_block_sizes: Sequence[int] | None = None,
+    config: PlanningConfig | None = None,
 ) -> KVCacheAllocation:
     """Allocate a config's backings on ``device`` and build every layer's view.
 
     See contract.md#views-and-strides.
 
-    The device backing is one zeroed ``uint8`` buffer of the (single) device
+    The device backing is one zeroed ``int8`` buffer of the (single) device
     tensor ``size``; host-resident tensors get zeroed buffers on
     ``host_device`` (the CPU), pinned when ``pin_host`` is true, or, with
     ``pin_host=None``, when ``device`` is this process's accelerator and
@@ -252,28 +264,36 @@ def allocate_kv_cache(
         kernel_block_sizes: the kernel block size of each group (vLLM's
             ``kernel_block_sizes``; :func:`kvref.kernel_blocks.prepare_kernel_block_sizes`
             computes the worker's); also builds :attr:`KVCacheAllocation.kernel_views`.
+        config: the planning config whose ``attention_backends`` the worker binds the
+            kernel views for (a layer's own backend may need smaller kernel blocks
+            than its group's: :func:`kvref.kernel_blocks.kernel_tensor_geometries`);
+            ``None``: vLLM's base backend everywhere.
 
     Raises:
         PlacementError: device tensors of different sizes, a layer in two tensors, a
             layer without a group, a view outside its backing, or a view (kernel
             view included) whose offset or strides are not multiples of ``sizeof(dtype)``.
-        LayoutError: a padded page the layout cannot express, or a split block
-            that is not one dense page.
+        LayoutError: a padded page the layout cannot express, a split block
+            that is not one dense page, or a layer whose backend needs kernel
+            blocks its cache cannot be viewed as (:class:`~kvref.errors.KernelBlockError`).
 
     """
     target = torch.device(device)
     chosen = resolve_layout(kv_cache_config, layout)
     geometries = _checked_geometries(kv_cache_config, chosen)
-    kernel = _checked_kernel_geometries(kv_cache_config, kernel_block_sizes, chosen)
+    kernel = _checked_kernel_geometries(kv_cache_config, kernel_block_sizes, chosen, config)
     device_buffer, host_buffers, pinned = allocate_backings(
         kv_cache_config, target, pin_host=pin_host, host_device=host_device
     )
     backing_of, tensor_views, views = _layer_views(geometries, device_buffer, host_buffers)
     kernel_views: dict[str, torch.Tensor] = {}
-    for kernel_geometry in kernel:
-        if kernel_geometry is not None:
-            backing = _buffer(backing_of[kernel_geometry.index], device_buffer, host_buffers)
-            kernel_views.update(_views_of(kernel_geometry, _raw_view(backing, kernel_geometry)))
+    for geometry, kernel_geometry in zip(geometries, kernel, strict=False):
+        if kernel_geometry is None:
+            # No kernel view: the worker binds what it allocated (HiSparse's raw backing).
+            kernel_views.update((n, views[n]) for n in geometry.tensor.layers if n in views)
+            continue
+        backing = _buffer(backing_of[kernel_geometry.index], device_buffer, host_buffers)
+        kernel_views.update(_views_of(kernel_geometry, _raw_view(backing, kernel_geometry)))
     return KVCacheAllocation(
         device=target,
         layout=chosen,
@@ -322,12 +342,15 @@ def _checked_geometries(config: KVCacheConfig, layout: KVCacheLayout) -> tuple[T
 
 
 def _checked_kernel_geometries(
-    config: KVCacheConfig, kernel_block_sizes: Sequence[int] | None, layout: KVCacheLayout
+    config: KVCacheConfig,
+    kernel_block_sizes: Sequence[int] | None,
+    layout: KVCacheLayout,
+    planning: PlanningConfig | None,
 ) -> tuple[TensorGeometry | None, ...]:
     """The kernel views' geometries (none without kernel block sizes), each inside its tensor."""
     if kernel_block_sizes is None:
         return ()
-    kernel = tuple(kernel_geometries(config, kernel_block_sizes, layout))
+    kernel = tuple(kernel_geometries(config, kernel_block_sizes, layout, planning))
     for geometry in kernel:
         problems = [] if geometry is None else view_problems(geometry, geometry.tensor.size)
         if problems:

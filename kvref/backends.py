@@ -25,6 +25,8 @@ two backends.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -41,6 +43,7 @@ __all__ = [
     "KernelBlockSize",
     "block_size_is_supported",
     "get_supported_kv_cache_layouts",
+    "preferred_block_size",
     "select_common_block_size",
 ]
 
@@ -132,6 +135,31 @@ class AttentionBackend:
             for size in self.supported_kernel_block_sizes
         )
 
+    def accepts_block_size(self, block_size: int) -> bool:
+        """Whether a deployment may give this backend's layers ``block_size``-token cache blocks.
+
+        vLLM's ``AttentionBackend.supports_block_size``: any multiple of one of
+        its kernel block sizes, since the worker splits a cache block into
+        kernel blocks; a backend that declares no size accepts any.
+        """
+        sizes = self.supported_kernel_block_sizes
+        return not sizes or any(block_size % _base(size) == 0 for size in sizes)
+
+    def preferred_block_size(self, default_block_size: int) -> int:
+        """The cache block size this backend asks for when a deployment gives none.
+
+        vLLM's ``AttentionBackend.get_preferred_block_size``: the default when it
+        accepts it (or declares no size), else its smallest kernel block size.
+        """
+        sizes = self.supported_kernel_block_sizes
+        if not sizes or self.accepts_block_size(default_block_size):
+            return default_block_size
+        return min(_base(size) for size in sizes)
+
+
+def _base(size: KernelBlockSize) -> int:
+    return size.n if isinstance(size, MultipleOf) else size
+
 
 #: vLLM's base backend: what a layer no :class:`AttentionBackend` names runs.
 DEFAULT_BACKEND = AttentionBackend(name="default")
@@ -206,4 +234,33 @@ def select_common_block_size(block_size: int, backends: Sequence[AttentionBacken
     raise LayoutError(
         f"no kernel block size divides block_size={block_size} and is supported by every "
         f"attention backend ({sizes}); choose a block size these backends share"
+    )
+
+
+def preferred_block_size(backends: Sequence[AttentionBackend], default_block_size: int) -> int:
+    """The cache block size a deployment that gives none runs with.
+
+    vLLM's ``Platform._preferred_block_size_for_backends`` (called by
+    ``update_block_size_for_backend`` when ``--block-size`` is not given): a
+    lone backend's :meth:`~AttentionBackend.preferred_block_size`; with
+    several, the default when all accept it, else the smallest least common
+    multiple of one kernel block size per backend that all accept (one always
+    is: each accepts the multiples of its sizes).  No backend is vLLM's base
+    backend, which accepts the default.  A FlashMLA deployment (64-token
+    kernel blocks) runs 64-token blocks under both defaults (16 in vLLM
+    0.33.0, 64 in 0.34.0).
+    """
+    distinct = list(dict.fromkeys(backends))
+    if not distinct:
+        return default_block_size
+    if len(distinct) == 1:
+        return distinct[0].preferred_block_size(default_block_size)
+    if all(b.accepts_block_size(default_block_size) for b in distinct):
+        return default_block_size
+    # A backend declaring no size accepts any: it contributes 1.
+    per_backend = [[_base(s) for s in b.supported_kernel_block_sizes] or [1] for b in distinct]
+    return min(
+        size
+        for size in {math.lcm(*pick) for pick in itertools.product(*per_backend)}
+        if all(b.accepts_block_size(size) for b in distinct)
     )

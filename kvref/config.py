@@ -522,9 +522,6 @@ class PlanningConfig:
         :func:`kvref.backends.preferred_block_size`.  vLLM's later alignment of
         hybrid (Mamba) models and of mixed KV cache dtypes is not modelled:
         the specs carry those block sizes.
-
-        Raises:
-            ConfigError: not given, and the backends share no block size.
         """
         if self.block_size is not None:
             return self.block_size

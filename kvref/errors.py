@@ -19,6 +19,7 @@ __all__ = [
     "IncompatibleSpecsError",
     "InsufficientMemoryError",
     "KVRefError",
+    "KernelBlockError",
     "LayoutError",
     "LayoutResolutionError",
     "PageSizeUnificationError",
@@ -95,6 +96,17 @@ class LayoutResolutionError(LayoutError):
     workers report different layouts, the specs need a block-compact or a
     block-outermost layout none of the candidates is, or the environment
     override is not a candidate; the message names both sides.
+    """
+
+
+class KernelBlockError(LayoutError):
+    """The worker cannot view a layer's cache blocks as its attention backend's kernel blocks.
+
+    vLLM refuses it when it binds the caches (``ValueError``): a backend
+    needs kernel blocks smaller than a packed (block-outermost) cache block
+    and the layer's cache is not one it can re-stride, or the backend takes
+    no kernel block size that divides the block.  The message names the
+    layer, the block size and the backend's kernel block sizes.
     """
 
 

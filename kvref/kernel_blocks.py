@@ -22,12 +22,23 @@ HiSparse picks one kernel block size for all its MLA layers before the
 worker reports its specs (vLLM ``resolve_hisparse_specs``), and its MLA
 specs take that block size: :func:`hisparse_kernel_block_size`.
 
-Not modelled: in a packed (unsplit) group, an attention group whose own
-backend needs smaller blocks than the group's (vLLM then views compressed
-caches through an extra kernel block stride, ``map_kv_cache_to_kernel_blocks``,
-and refuses other caches); kvref's kernel view of such a group is the
-unsplit one.  Every refusal is a typed kvref error (vLLM: ``ValueError``,
-``AssertionError``, ``NotImplementedError``).
+When the worker binds the caches, each layer's own backend is asked again
+(vLLM ``AttentionGroup.create_metadata_builders`` and
+``map_kv_cache_to_kernel_blocks``; :func:`kernel_tensor_geometries` with a
+``config``): where it needs kernel blocks smaller than the view it is given
+(in a packed group, whose blocks are never split), a compressed cache
+(``tokens_per_state > 1``) of one head slot whose block stride is a whole
+number of kernel pages is re-strided, kernel block ``j`` of block ``b``
+being ``b * s + j`` with ``s = block_stride // kernel page``; any other
+cache is refused (:class:`~kvref.errors.KernelBlockError`, naming the layer,
+the block size and the backend's kernel block sizes), as vLLM refuses
+FlashMLA's 64-token kernel blocks under a packed 128-token block.
+
+Not modelled: encoder-only layers at bind time (vLLM's kernel block size
+list skips their groups), and layers of one tensor that bind different
+kernel block sizes (:class:`~kvref.errors.UnsupportedError`).  Every refusal
+is a typed kvref error (vLLM: ``ValueError``, ``AssertionError``,
+``NotImplementedError``).
 """
 
 from __future__ import annotations
@@ -37,9 +48,15 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from kvref.axes import HOST_LAYOUT, KVCacheLayout
-from kvref.backends import AttentionBackend, select_common_block_size
+from kvref.backends import DEFAULT_BACKEND, AttentionBackend, select_common_block_size
 from kvref.config import PlanningConfig
-from kvref.errors import HiSparseError, LayoutError, PlacementError, UnsupportedError
+from kvref.errors import (
+    HiSparseError,
+    KernelBlockError,
+    LayoutError,
+    PlacementError,
+    UnsupportedError,
+)
 from kvref.layout import Strides, compute_layer_kv_cache_shape_bytes, compute_layout_strides
 from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from kvref.specs import (
@@ -68,10 +85,16 @@ class KernelBlockSplit:
     Attributes:
         block_size: tokens per manager block (the spec's ``block_size``).
         kernel_block_size: tokens per kernel block; divides ``block_size``.
+        kernel_block_stride: kernel block IDs from one manager block to the
+            next: ``0`` for ``r`` (the blocks are split in place); larger where
+            a packed compressed cache is re-strided at bind time, whose kernel
+            block IDs ``b * s + r`` to ``(b + 1) * s - 1`` then address other
+            layers' pages and belong to no block (vLLM's ``kernel_block_stride``).
     """
 
     block_size: int
     kernel_block_size: int = attrs.field()
+    kernel_block_stride: int = attrs.field(default=0)
 
     @kernel_block_size.validator
     def _divides(self, attribute: attrs.Attribute[int], value: int) -> None:
@@ -81,19 +104,43 @@ class KernelBlockSplit:
                 f"block_size={self.block_size}"
             )
 
+    @kernel_block_stride.validator
+    def _covers(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if value and value < self.kernel_blocks_per_block:
+            raise LayoutError(
+                f"KernelBlockSplit.kernel_block_stride={value} must be 0 or at least the "
+                f"{self.kernel_blocks_per_block} kernel blocks of a block"
+            )
+
     @property
     def kernel_blocks_per_block(self) -> int:
         """``r``: kernel blocks per manager block."""
         return self.block_size // self.kernel_block_size
 
+    @property
+    def step(self) -> int:
+        """Kernel block IDs from one manager block to the next (``kernel_block_stride or r``)."""
+        return self.kernel_block_stride or self.kernel_blocks_per_block
+
     def kernel_block_ids(self, block_id: int) -> range:
-        """The kernel block IDs of manager block ``block_id``: ``b * r + j`` for ``j < r``."""
-        r = self.kernel_blocks_per_block
-        return range(block_id * r, (block_id + 1) * r)
+        """The kernel block IDs of manager block ``block_id``: ``b * step + j`` for ``j < r``."""
+        first = block_id * self.step
+        return range(first, first + self.kernel_blocks_per_block)
 
     def manager_block_of(self, kernel_block_id: int) -> tuple[int, int]:
-        """``(b, j)``: the manager block a kernel block belongs to, and its index inside it."""
-        return divmod(kernel_block_id, self.kernel_blocks_per_block)
+        """``(b, j)``: the manager block a kernel block belongs to, and its index inside it.
+
+        Raises:
+            LayoutError: with a ``kernel_block_stride``, an ID between two blocks' kernel blocks.
+        """
+        block, j = divmod(kernel_block_id, self.step)
+        if j >= self.kernel_blocks_per_block:
+            raise LayoutError(
+                f"kernel block {kernel_block_id} lies between manager blocks {block} and "
+                f"{block + 1} (kernel_block_stride={self.kernel_block_stride}): it is no "
+                "block's"
+            )
+        return block, j
 
 
 def kernel_block_split(block_size: int, backends: Sequence[AttentionBackend]) -> KernelBlockSplit:
@@ -241,18 +288,25 @@ def kernel_tensor_geometries(
     kv_cache_config: KVCacheConfig,
     kernel_block_sizes: Sequence[int],
     layout: KVCacheLayout,
+    config: PlanningConfig | None = None,
 ) -> tuple[KernelTensorGeometry | None, ...]:
-    """Every tensor's kernel view, in config order (``None``: no per-layer view).
+    """Every tensor's kernel view as the worker binds it, in config order (``None``: no view).
 
     Tensors without layers and those of specs without per-layer views
-    (HiSparse resident and hot) have no kernel view.  Host tensors use
-    :data:`~kvref.axes.HOST_LAYOUT`.
+    (HiSparse resident and hot, which the worker binds to the raw backing)
+    have no kernel view.  Host tensors use :data:`~kvref.axes.HOST_LAYOUT`.
+    With ``config``, each attention layer's own backend is asked at bind time
+    (see the module docstring); without it, every layer runs vLLM's base
+    backend, which takes its group's kernel blocks.
 
     Raises:
         PlacementError: a tensor's first layer belongs to no group.
         LayoutError: a split block is not one dense page (vLLM's ``ValueError``
             "does not store blocks as dense, unpadded pages"), or the kernel
             block size does not divide the block size.
+        KernelBlockError: a layer's backend needs kernel blocks its cache
+            cannot be viewed as (vLLM's bind-time ``ValueError``).
+        UnsupportedError: layers of one tensor bind different kernel blocks.
     """
     owner = _owner_groups(kv_cache_config)
     by_group = _group_sizes(kv_cache_config, kernel_block_sizes)
@@ -274,8 +328,88 @@ def kernel_tensor_geometries(
         split = KernelBlockSplit(
             block_size=spec.block_size, kernel_block_size=by_group.get(gid, spec.block_size)
         )
-        out.append(_kernel_geometry(kv_cache_config, index, tensor, spec, split, layout))
+        geometry = _kernel_geometry(kv_cache_config, index, tensor, spec, split, layout)
+        out.append(geometry if config is None else _bound(config, geometry))
     return tuple(out)
+
+
+def _bind_size(config: PlanningConfig, name: str, geometry: KernelTensorGeometry) -> int:
+    """The kernel block size layer ``name``'s own backend takes for its group's kernel blocks.
+
+    vLLM ``create_metadata_builders``: ``select_common_block_size`` over the
+    layer's backend alone, from the size its group's view was split into.
+    """
+    backends = config.backends_of([name]) or [DEFAULT_BACKEND]
+    given = geometry.split.kernel_block_size
+    try:
+        return select_common_block_size(given, backends)
+    except LayoutError:
+        sizes = "; ".join(f"{b.name}: {list(b.supported_kernel_block_sizes)}" for b in backends)
+        raise KernelBlockError(
+            f"layer {name!r} (kv_cache_tensors[{geometry.index}]): its attention backend "
+            f"takes no kernel block size dividing its {given}-token blocks ({sizes}); the "
+            "worker cannot bind it"
+        ) from None
+
+
+def _bound(config: PlanningConfig, geometry: KernelTensorGeometry) -> KernelTensorGeometry:
+    """``geometry`` as the worker binds it to its layers (vLLM ``map_kv_cache_to_kernel_blocks``).
+
+    A layer whose backend takes the view's kernel blocks keeps the view.  One
+    whose backend needs smaller ones than its view holds (only in a packed,
+    unsplit group) gets a compressed cache re-strided, or is refused.
+    """
+    spec = geometry.spec
+    if not isinstance(spec, AttentionSpec) or isinstance(spec, EncoderOnlyAttentionSpec):
+        return geometry
+    outcomes: dict[int, tuple[str, KernelTensorGeometry]] = {}
+    for name in geometry.tensor.layers:
+        size = _bind_size(config, name, geometry)
+        if size not in outcomes:
+            outcomes[size] = (name, _restrided(config, name, geometry, size))
+    if len(outcomes) > 1:
+        names = {size: name for size, (name, _) in outcomes.items()}
+        raise UnsupportedError(
+            f"kv_cache_tensors[{geometry.index}]: its layers bind different kernel block "
+            f"sizes ({names}); kvref models one kernel view per tensor"
+        )
+    ((_, bound),) = outcomes.values()
+    return bound
+
+
+def _restrided(
+    config: PlanningConfig, name: str, geometry: KernelTensorGeometry, size: int
+) -> KernelTensorGeometry:
+    """The view layer ``name`` binds with ``size``-token kernel blocks, or a KernelBlockError."""
+    spec = geometry.spec
+    num_layers, blocks, heads, states, content = geometry.shape
+    rows = spec.get_num_kernel_states(size)
+    if size == spec.block_size or states == rows:
+        return geometry
+    # Token and pooled caches are written through the manager blocks' slot
+    # mapping: only a compressed cache of one head slot, whose blocks sit a
+    # whole number of kernel pages apart, can be read in kernel blocks.
+    page = rows * geometry.strides[3]
+    block_stride = geometry.strides[1]
+    if spec.tokens_per_state_value <= 1 or heads != 1 or page <= 0 or block_stride % page:
+        sizes = [b.supported_kernel_block_sizes for b in config.backends_of([name])]
+        raise KernelBlockError(
+            f"layer {name!r} (kv_cache_tensors[{geometry.index}]): its attention backend "
+            f"takes kernel blocks of {list(sizes[0]) if sizes else []} tokens and binds "
+            f"{size}-token kernel blocks, which the packed {spec.block_size}-token cache blocks "
+            f"(block_stride={block_stride}) cannot be split into; reduce the block size to "
+            f"{size} or use a layer-compact layout (e.g. LBNHC)"
+        )
+    step = block_stride // page
+    pages = max(0, (blocks - 1) * step + states // rows)
+    return attrs.evolve(
+        geometry,
+        split=KernelBlockSplit(
+            block_size=spec.block_size, kernel_block_size=size, kernel_block_stride=step
+        ),
+        shape=(num_layers, pages, heads, rows, content),
+        strides=(geometry.strides[0], page, *geometry.strides[2:]),
+    )
 
 
 def _kernel_geometry(

@@ -82,7 +82,9 @@ def parse_version(value: object, field: str = "vllm_version") -> VllmVersion:
             f"(supported: {supported})"
         )
     if found not in SUPPORTED:
-        raise ConfigError(f"{field}={value!r}: vLLM {found} is not supported (supported: {supported})")
+        raise ConfigError(
+            f"{field}={value!r}: vLLM {found} is not supported (supported: {supported})"
+        )
     return found
 
 
@@ -131,6 +133,10 @@ class Rules:
         extensible_kv_cache: Core plans a capacity that it may later lower in
             place without calling the builder; the worker splits the backing
             into segments and refuses placements it cannot (docs/contract.md).
+        default_block_size: the block size a deployment that gives none starts
+            from before the attention backends are asked (vLLM
+            ``CacheConfig.DEFAULT_BLOCK_SIZE``;
+            :attr:`kvref.PlanningConfig.resolved_block_size`).
     """
 
     version: VllmVersion
@@ -140,9 +146,10 @@ class Rules:
     zeroing_across_workers: bool
     drafter_decode_slot: bool
     spec_fields: frozenset[str]
-    extensible_kv_cache: bool
-
     block_alignment_from_layers: bool
+    extensible_kv_cache: bool
+    default_block_size: int
+
 
 _RULES = {
     V0_33: Rules(
@@ -153,9 +160,10 @@ _RULES = {
         zeroing_across_workers=False,
         drafter_decode_slot=False,
         spec_fields=frozenset(),
-        extensible_kv_cache=False,
-    ),
         block_alignment_from_layers=False,
+        extensible_kv_cache=False,
+        default_block_size=16,
+    ),
     V0_34: Rules(
         version=V0_34,
         placement_walks_layer_specs=True,
@@ -170,9 +178,10 @@ _RULES = {
                 "SlidingWindowMLASpec.non_causal_multi_token_decode",
             }
         ),
-        extensible_kv_cache=True,
-    ),
         block_alignment_from_layers=True,
+        extensible_kv_cache=True,
+        default_block_size=64,
+    ),
 }
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import attrs
 
 from kvref.axes import HOST_LAYOUT
+from kvref.config import PlanningConfig
 from kvref.errors import PlacementError
 from kvref.kernel_blocks import kernel_tensor_geometries
 from kvref.layout import (
@@ -260,16 +261,20 @@ def kernel_geometries(
     kv_cache_config: KVCacheConfig,
     kernel_block_sizes: Sequence[int],
     layout: KVCacheLayout | str | None = None,
+    config: PlanningConfig | None = None,
 ) -> tuple[TensorGeometry | None, ...]:
     """Every tensor's geometry as the attention kernels read it, in config order.
 
     Shapes count kernel blocks (``N * r``) and strides step them
-    (:func:`kvref.kernel_blocks.kernel_tensor_geometries`); ``None`` for a
-    tensor without per-layer views.  ``layout`` as in :func:`resolve_layout`.
+    (:func:`kvref.kernel_blocks.kernel_tensor_geometries`, which ``config``'s
+    backends re-stride or refuse at bind time); ``None`` for a tensor
+    without per-layer views.  ``layout`` as in :func:`resolve_layout`.
 
     Raises:
         PlacementError: a tensor's first layer belongs to no group.
-        LayoutError: a split block that is not one dense page.
+        LayoutError: a split block that is not one dense page, or a layer's
+            backend needs kernel blocks its cache cannot be viewed as
+            (:class:`~kvref.errors.KernelBlockError`).
     """
     chosen = resolve_layout(kv_cache_config, layout)
     return tuple(
@@ -283,5 +288,5 @@ def kernel_geometries(
             shape=k.shape,
             strides=k.strides,
         )
-        for k in kernel_tensor_geometries(kv_cache_config, kernel_block_sizes, chosen)
+        for k in kernel_tensor_geometries(kv_cache_config, kernel_block_sizes, chosen, config)
     )

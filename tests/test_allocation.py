@@ -140,7 +140,8 @@ class TestAllocateKVCache:
         with allocate_kv_cache(worked_example(KVCacheLayout.LBNHC), device) as allocation:
             assert allocation.device_buffer is not None
             assert allocation.device_buffer.numel() == 256
-            assert allocation.device_buffer.dtype == torch.uint8
+            # vLLM's worker allocates int8 bytes (vllm/v1/worker/utils.py allocate_kv_cache).
+            assert allocation.device_buffer.dtype == torch.int8
             assert allocation.device_buffer.device.type == torch.device(device).type
             l3, l4 = allocation.views["L3"], allocation.views["L4"]
             assert l3.dtype == torch.float16
@@ -160,10 +161,10 @@ class TestAllocateKVCache:
             assert byte_strides(l3)[0] == 64
 
     def test_mamba_stays_raw_bytes(self, device: str) -> None:
-        """A Mamba layer's view is uint8 of shape (N, 1, 1, C) with its 44-byte page."""
+        """A Mamba layer's view is vLLM's int8 bytes, shape (N, 1, 1, C) with its 44-byte page."""
         with allocate_kv_cache(mamba_config(), device) as allocation:
             view = allocation.views["m0"]
-            assert view.dtype == torch.uint8
+            assert view.dtype == torch.int8
             assert tuple(view.shape) == (3, 1, 1, 44)
             assert view.stride() == (44, 44, 44, 1)
 

@@ -18,7 +18,7 @@ from kvref import KVCacheLayout, PlanningConfig, plan_kv_cache
 from kvref.axes import DEFAULT_LAYOUT_PREFERENCE
 from kvref.backends import AttentionBackend, get_supported_kv_cache_layouts
 from kvref.config import HISPARSE_CONNECTOR_LAYOUT
-from kvref.errors import ConfigError, HiSparseError, LayoutError, LayoutResolutionError
+from kvref.errors import ConfigError, LayoutResolutionError
 from kvref.layout_resolution import resolve_kv_cache_layout
 from kvref.specs import FullAttentionSpec, MultipleOf, SlidingWindowSpec
 
@@ -243,7 +243,12 @@ class TestPlanningResolves:
             plan_kv_cache(None, config, [{"a": FULL8, "b": FULL4}], 1 << 26)
 
     def test_hisparse_with_its_connector_plans_block_outermost(self) -> None:
-        """HiSparse with its connector's layout and none given plans in BLHNC, not LBNHC."""
+        """HiSparse with no layout given plans in its connector's BLHNC, said or not.
+
+        vLLM's HiSparse runs through its ``HiSparseConnector``, whose required
+        layout is BLHNC: a config with ``hisparse`` requires it by itself (it
+        planned LBNHC and was refused as not block-outermost before).
+        """
         from kvref.hisparse import resolve_hisparse_specs
         from kvref.specs import MLAAttentionSpec
 
@@ -268,10 +273,10 @@ class TestPlanningResolves:
         plain = PlanningConfig(**hisparse)
         connected = PlanningConfig(kv_connector_layout=HISPARSE_CONNECTOR_LAYOUT, **hisparse)
         specs = resolve_hisparse_specs(connected, {"m0": source, "i0": indexer})
-        with pytest.raises((HiSparseError, LayoutError), match="block-outermost"):
-            plan_kv_cache(None, plain, [specs], 1 << 30)
+        assert plain.resolves_kv_cache_layout and plain.required_connector_layout is L.BLHNC
         plan = plan_kv_cache(None, connected, [specs], 1 << 30)
         assert {c.kv_cache_layout for c in plan.configs} == {L.BLHNC}
+        assert plan_kv_cache(None, plain, [specs], 1 << 30).configs == plan.configs
 
     def test_kernel_sizes_do_not_change_the_layout(self) -> None:
         """Kernel block sizes alone describe backends but leave the default preference."""
