@@ -320,6 +320,8 @@ def _check_options(config: pytest.Config) -> _Session:
     try:
         options = _options(config)
         options.validate(capabilities={c for inv in invariants for c in inv.requires})
+        # One release a session: the matrix is the CLI's (--vllm all) or check_matrix's.
+        options.vllm_version  # noqa: B018 - raises for 'all'
         select_invariants(invariants, options.select)
         check_device(options.device)
     except OptionError as exc:

@@ -87,6 +87,8 @@ class TestExitStatus:
             (["--max-examples", "0"], "--max-examples"),
             (["--device", "nodevice"], "--device"),
             (["--profile", "forever"], ""),
+            (["--vllm", "0.32"], "--vllm '0.32': vLLM 0.32.0 is not supported"),
+            (["--vllm", "latest"], "--vllm 'latest' must be a vLLM version"),
         ],
     )
     def test_usage_errors(
@@ -317,6 +319,8 @@ class TestPluginFrontEnd:
             (["--kv-worker-memory", "0"], "--kv-worker-memory"),
             (["--kv-select", "KV-NOPE"], "KV-NOPE"),
             (["--kv-no-reach", "--kv-min-reach", "50"], "--kv-no-reach"),
+            (["--kv-vllm", "0.32"], "--kv-vllm '0.32': vLLM 0.32.0 is not supported"),
+            (["--kv-vllm", "all"], "--kv-vllm 'all' asks for the compatibility matrix"),
         ],
     )
     def test_one_usage_error(
