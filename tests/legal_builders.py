@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import attrs
 from broken_builders._base import _with_layer_specs
@@ -86,6 +87,14 @@ class Padded4KiB(ReferenceKVCacheConfigBuilder):
     placement (contract.md#hisparse), so a padded backing would overrun the
     memory Core admitted, which KV-CORE-MEMORY reports.
     """
+
+    #: vLLM 0.34.0's worker drops a layer-outer backing's bytes after the
+    #: last layer region, so Core's one-block probe (padding included) plans
+    #: the capacity with more bytes per block than the worker's segments take:
+    #: fewer blocks than the memory holds (tests/test_worker_accept.py).
+    WORKER_REFUSED: ClassVar[Mapping[str, frozenset[str]]] = {
+        "0.34.0": frozenset({"KV-WORKER-POOL-BYTES"})
+    }
 
     def get_kv_cache_config_from_groups(
         self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
@@ -305,8 +314,16 @@ class SeparateAllocations(ReferenceKVCacheConfigBuilder):
     allocations), one slot, HiSparse or block-outermost layouts it places as
     the reference.  Not in :data:`ALL` yet: the profiling path judges its
     placement without the hook's answer, and the device checks allocate one
-    backing (tests/test_allocations.py says what passes).
+    backing (tests/test_allocations.py says what passes).  Legal by the
+    interface's text only: vLLM's GPU worker, 0.33.0's and 0.34.0's alike,
+    allocates one backing for every device tensor and refuses tensors of
+    several sizes at startup (``KV-WORKER-ONE-BACKING``).
     """
+
+    WORKER_REFUSED: ClassVar[Mapping[str, frozenset[str]]] = {
+        "0.33.0": frozenset({"KV-WORKER-ONE-BACKING"}),
+        "0.34.0": frozenset({"KV-WORKER-ONE-BACKING"}),
+    }
 
     def get_kv_cache_config_from_groups(
         self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
@@ -488,6 +505,13 @@ class SpacedCompressedRuns(ReferenceKVCacheConfigBuilder):
     slots and place as the reference), as are block-outer layouts and models
     without compressed MLA.
     """
+
+    #: vLLM 0.34.0's worker asserts ``layer_stride == num_blocks x block_stride``
+    #: in layer-outer layouts (it moves whole layer regions), so it refuses
+    #: the spaced layers at startup (tests/test_worker_accept.py).
+    WORKER_REFUSED: ClassVar[Mapping[str, frozenset[str]]] = {
+        "0.34.0": frozenset({"KV-WORKER-LAYER-REGIONS"})
+    }
 
     def get_kv_cache_config_from_groups(
         self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int

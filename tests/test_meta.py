@@ -12,6 +12,7 @@ from conformance.check.catalog import catalog
 from conformance.report.model import Report
 from conformance.run.runner import check_builder
 from kvref import ReferenceKVCacheConfigBuilder
+from kvref.versions import rules
 
 # Device checks are exercised on their own in tests/test_device.py.
 _PAPER = ["KV-CALL", "KV-GROUP", "KV-PLACE", "KV-HOST", "KV-CORE"]
@@ -28,6 +29,12 @@ class TestReferenceIsClean:
         assert set(statuses) >= {inv.id for inv in catalog()}
         # cpu has no device memory counter: those two cannot apply there.
         unmeasurable = {"KV-DEV-ALLOC", "KV-DEV-HOST"}
+        # The run judges the installed vLLM's contract: a release without the
+        # extensible KV cache has none of its worker rules.
+        if not rules(report.contract.removeprefix("vLLM ")).extensible_kv_cache:
+            unmeasurable |= {i for i in statuses if i.startswith("KV-WORKER-")} - {
+                "KV-WORKER-ONE-BACKING"
+            }
         assert all(s == "pass" for i, s in statuses.items() if i not in unmeasurable), statuses
         assert all(statuses[i] == "not-applicable" for i in unmeasurable)
         assert statuses["KV-DEV-TAGS"] == statuses["KV-DEV-VIEWS"] == "pass"
@@ -149,8 +156,12 @@ class TestEveryInvariantHasABrokenBuilder:
         # honest builder; tests/test_core_invariants.py breaks the flow itself.
         # The device checks have their fault tests in tests/test_device.py.
         # The serving invariants have theirs in tests/test_serve.py.
+        # vLLM's worker rules are release-bound: tests/test_worker_accept.py
+        # breaks each under every release that has it (tests/worker_builders.py).
         dedicated = {
-            inv.id for inv in catalog() if inv.id.startswith(("KV-CORE", "KV-DEV", "KV-SERVE"))
+            inv.id
+            for inv in catalog()
+            if inv.id.startswith(("KV-CORE", "KV-DEV", "KV-SERVE", "KV-WORKER"))
         }
         missing = {inv.id for inv in catalog()} - covered - dedicated
         assert not missing, missing

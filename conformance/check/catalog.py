@@ -52,6 +52,8 @@ _MODULES = (
     "conformance.check.placement",
     "conformance.check.placement_safety",
     "conformance.check.placement_views",
+    "conformance.check.worker_accept",
+    "conformance.check.extensible",
     "conformance.check.host",
     "conformance.check.core",
     "conformance.check.meaning",
@@ -78,10 +80,15 @@ class Unjudged:
         applicable: ``False`` when the invariant cannot apply to this run at all
             (the device cannot measure it), as opposed to this one example not
             reaching it.
+        spoiled: the builder's own answer made the example unjudgeable (a
+            config that cannot be allocated, sizes that do not grow with the
+            block count...): counted as the builder's, so an invariant no
+            example judged is INCONCLUSIVE, never N/A (contract.md#verdicts).
     """
 
     reason: str
     applicable: bool = True
+    spoiled: bool = False
 
 
 Outcome = "list[Violation] | Unjudged | None"

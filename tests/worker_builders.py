@@ -1,0 +1,189 @@
+"""Builders that break a rule of vLLM's GPU worker, each where vLLM's releases differ.
+
+Each starts from the reference and changes one thing a worker rule is
+about (tests/test_worker_accept.py proves the kit's verdict under both
+releases).  ``CAUGHT_BY`` names the ``KV-WORKER-*`` invariant meant to
+catch it; ``RELEASES`` the vLLM releases whose worker has the rule, the
+others accepting the placement (the invariant is not applicable there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from kvref import KVCacheConfig, KVCacheGroupSpec, PlanningConfig, ReferenceKVCacheConfigBuilder
+from kvref.records import KVCacheTensor
+
+__all__ = [
+    "ALL",
+    "LeadingScratch",
+    "PerLayerPools",
+    "ScratchGap",
+    "ShiftedHeads",
+    "TrailingScratch",
+]
+
+_LAYER_OUTER = ("LBNHC", "LBHNC")
+_BLOCK_OUTER = ("BLHNC", "BLNHC", "BHLNC")
+
+
+class _Worker(ReferenceKVCacheConfigBuilder):
+    CAUGHT_BY = ""
+    RELEASES: frozenset[str] = frozenset({"0.34.0"})
+    #: The layouts where the builder departs from the reference.
+    LAYOUTS: tuple[str, ...] = ()
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
+        if config.kv_cache_layout.name not in self.LAYOUTS or not result.device_tensors:
+            return result
+        return self.change(result, num_blocks)
+
+    def change(self, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        raise NotImplementedError
+
+
+def _device_changed(result: KVCacheConfig, device: Sequence[KVCacheTensor]) -> KVCacheConfig:
+    """``result`` with its device tensors replaced (host tensors kept, first)."""
+    return attrs.evolve(result, kv_cache_tensors=[*result.host_tensors, *device])
+
+
+class LeadingScratch(_Worker):
+    """Leaves one page per block of scratch before every layer region (LBNHC, LBHNC).
+
+    Every page keeps its bytes relative to the others and the backing grows
+    linearly, so vLLM 0.33.0's worker runs it; vLLM 0.34.0's pads layer
+    regions that must tile the backing from byte 0.
+    """
+
+    CAUGHT_BY = "KV-WORKER-LAYER-REGIONS"
+    LAYOUTS = _LAYER_OUTER
+
+    def change(self, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        shift = num_blocks * result.device_tensors[0].block_stride
+        return _device_changed(
+            result,
+            [
+                attrs.evolve(t, size=t.size + shift, offset=t.offset + shift)
+                for t in result.device_tensors
+            ],
+        )
+
+
+class ScratchGap(_Worker):
+    """Moves the last layer region past one page per block of scratch (LBNHC, LBHNC).
+
+    The moved pages use bytes past where the regions before them end, so
+    they no longer tile the backing: vLLM 0.34.0's worker would pad the
+    regions apart and drop the trailing bytes the pages are in.
+    """
+
+    CAUGHT_BY = "KV-WORKER-LAYER-REGIONS"
+    LAYOUTS = _LAYER_OUTER
+
+    def change(self, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        device = result.device_tensors
+        last = max(t.offset + i * t.layer_stride for t in device for i in range(len(t.layers)))
+        gap = num_blocks * device[0].block_stride
+        moved: list[KVCacheTensor] = []
+        for t in device:
+            starts = [t.offset + i * t.layer_stride for i in range(len(t.layers))]
+            kept = [n for n, at in zip(t.layers, starts, strict=True) if at != last]
+            if kept:
+                moved.append(attrs.evolve(t, size=t.size + gap, layers=kept))
+            # Layers at the last region become tensors of their own past the gap.
+            moved += [
+                attrs.evolve(t, size=t.size + gap, layers=[n], offset=last + gap)
+                for n, at in zip(t.layers, starts, strict=True)
+                if at == last
+            ]
+        return _device_changed(result, moved)
+
+
+class PerLayerPools(_Worker):
+    """Gives every device layer a pool of its own in the one backing (BLHNC, BLNHC).
+
+    Each layer steps its own page over ``num_blocks`` blocks, as layer-outer
+    layouts do, inside a block-outermost layout: vLLM 0.34.0's worker cuts
+    such a backing by one block stride and refuses layers of different pages.
+    """
+
+    CAUGHT_BY = "KV-WORKER-BLOCK-SEGMENTS"
+    # BHLNC interleaves a block's heads over its layers: no page of its own to pool.
+    LAYOUTS = ("BLHNC", "BLNHC")
+
+    def change(self, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        placed: list[tuple[tuple[str, ...], int, int]] = []
+        offset = 0
+        for t in result.device_tensors:
+            # In block-outermost layouts a tensor's layers are one page apart.
+            page = t.layer_stride
+            for name in t.layers:
+                placed.append(((name,), page, offset))
+                offset += num_blocks * page
+        return _device_changed(
+            result,
+            [
+                KVCacheTensor(
+                    size=offset, layers=n, layer_stride=num_blocks * p, block_stride=p, offset=o
+                )
+                for n, p, o in placed
+            ],
+        )
+
+
+class TrailingScratch(_Worker):
+    """Adds half a block per block of scratch after the blocks (BLHNC, BLNHC, BHLNC).
+
+    Tensors keep stepping the reference's block, so the backing is no longer
+    a whole number of ``num_blocks``-block segments, which vLLM 0.34.0's
+    worker refuses.
+    """
+
+    CAUGHT_BY = "KV-WORKER-BLOCK-SEGMENTS"
+    LAYOUTS = _BLOCK_OUTER
+
+    def change(self, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        block = result.device_tensors[0].block_stride
+        extra = num_blocks * max(1, block // 2)
+        return _device_changed(
+            result, [attrs.evolve(t, size=t.size + extra) for t in result.device_tensors]
+        )
+
+
+class ShiftedHeads(_Worker):
+    """Starts every device tensor one block stride into a backing one segment larger (LHBNC).
+
+    Safe for the ``num_blocks`` it is asked for: every page stays in the
+    backing and none meets another.  But vLLM 0.34.0 cuts an LHBNC backing
+    into ``num_blocks``-block segments, one per layer and head, and commits
+    only a prefix of each: shifted by a block, the last committed block of
+    every head lies past its segment's committed bytes.
+    """
+
+    CAUGHT_BY = "KV-WORKER-COMMITTED"
+    LAYOUTS = ("LHBNC",)
+
+    def change(self, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        stride = result.device_tensors[0].block_stride
+        return _device_changed(
+            result,
+            [
+                attrs.evolve(t, size=t.size + num_blocks * stride, offset=t.offset + stride)
+                for t in result.device_tensors
+            ],
+        )
+
+
+#: Every builder of this module.
+ALL: tuple[type[_Worker], ...] = (
+    LeadingScratch,
+    ScratchGap,
+    PerLayerPools,
+    TrailingScratch,
+    ShiftedHeads,
+)
