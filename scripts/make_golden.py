@@ -21,8 +21,10 @@ tests read exactly what vLLM was given.  HiSparse problems marked
 ``resolve_hisparse`` get their derived resident and hot layers from vLLM's
 ``get_hisparse_kv_cache_groups`` before they are written.
 
-Run with vLLM installed (``tox -e vllm`` installs it):
+Run with vLLM 0.33.0 installed (``tox -e vllm`` installs it):
 ``python scripts/make_golden.py [--check]`` (``--check``: compare, write nothing).
+Other releases' outputs are ``scripts/golden_versions.py``'s, which reuses
+this module's runner.
 """
 
 from __future__ import annotations
@@ -49,8 +51,11 @@ import golden  # noqa: E402
 
 from kvref.interop import vllm as iv  # noqa: E402
 from kvref.interop.vllm_core import _worker_figures  # noqa: E402
+from kvref.versions import installed_vllm_version  # noqa: E402
 
 ORACLE_VERSION = "kvref-make_golden-1"
+#: The release problems are planned as: the installed vLLM's.
+VERSION = installed_vllm_version() or golden.BASE_VERSION
 OUT_DIR = REPO / "tests" / "data" / "golden"
 
 # -- problems -------------------------------------------------------------------
@@ -407,6 +412,7 @@ def config_record(config: Any, layout: str) -> dict[str, Any]:
         ],
         "kv_cache_groups": [group_record(g) for g in config.kv_cache_groups],
         "kv_tp_replicas": config.kv_tp_replicas,
+        "needs_kv_cache_zeroing": bool(config.needs_kv_cache_zeroing),
         "kv_cache_layout": layout,
         "prefix_cache_retention_interval": config.prefix_cache_retention_interval,
         "hisparse_host_num_blocks": config.hisparse_host_num_blocks,
@@ -494,7 +500,7 @@ def _resolve_layout(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     the resolution: what each worker reported, and the layout or the error.
     """
     utils = __import__("vllm.v1.attention.backends.utils", fromlist=["x"])
-    problem = golden.problem_from_dict(raw)
+    problem = golden.problem_from_dict(raw, version=VERSION)
     descs = raw["config"].get("attention_backends", [])
     supported = [
         [m.name for m in utils.get_supported_kv_cache_layouts(_worker_backends(descs, list(w)))]
@@ -516,7 +522,7 @@ def _resolve_layout(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
 
 def _resolve_hisparse(raw: dict[str, Any]) -> dict[str, Any]:
     """``raw`` with vLLM's derived resident and hot layers added to every worker."""
-    problem = golden.problem_from_dict(raw)
+    problem = golden.problem_from_dict(raw, version=VERSION)
     hisparse_layout = __import__("vllm.v1.hisparse.layout", fromlist=["x"])
     kvi = iv.vllm_modules().kvi
     raw = copy.deepcopy(raw)
@@ -543,7 +549,9 @@ def _resolve_hisparse(raw: dict[str, Any]) -> dict[str, Any]:
 
 def _resolved(config: Any, vcfg: Any, builder_cls: Any) -> dict[str, Any]:
     sched, par = vcfg.scheduler_config, vcfg.parallel_config
+    backend = __import__("vllm.v1.attention.backend", fromlist=["x"])
     return {
+        "max_decode_query_len": backend.max_decode_query_len(vcfg),
         "builder_cls": f"{builder_cls.__module__}.{builder_cls.__qualname__}",
         "kv_cache_layout": config.kv_cache_layout.name,
         "max_model_len": vcfg.model_config.max_model_len,
@@ -573,17 +581,22 @@ def _stage(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         return {"error": error_record(exc)}
 
 
-def run_problem(raw: dict[str, Any]) -> dict[str, Any]:
-    """Run vLLM on one problem (already resolved) and record its output."""
+def run_problem(raw: dict[str, Any], problem: golden.GoldenProblem | None = None) -> dict[str, Any]:
+    """Run vLLM on one problem (already resolved) and record its output.
+
+    ``problem``: the problem as kvref objects, when not the one ``raw`` gives
+    by itself (another release's run of a problem loaded with its outputs).
+    """
     modules = iv.vllm_modules()
     kvp, builder_cls = modules.kvp, modules.kvp.DefaultKVCacheConfigBuilder
-    problem = golden.problem_from_dict(raw)
+    problem = problem or golden.problem_from_dict(raw, version=VERSION)
     config = problem.config
     layout = config.kv_cache_layout.name
     workers = [iv.specs_to_vllm(w) for w in problem.workers]
     merged = {k: v for w in workers for k, v in w.items()}
     memory = [problem.memory_of(i) for i in range(len(workers))]
     out: dict[str, Any] = {"name": raw["name"], "oracle_version": ORACLE_VERSION}
+    out["vllm_version"] = modules.version
     out["layout"] = {"resolved": layout}
     out["resolved"] = _resolved(config, iv.to_vllm_config(config), builder_cls)
     builder_groups: list[Any] = []
@@ -622,7 +635,7 @@ def run_problem(raw: dict[str, Any]) -> dict[str, Any]:
             core["workers"] = _workers(vcfg, global_groups, workers, memory, None, layout)
             core["max_model_len_after"] = vcfg.model_config.max_model_len
         out["core"] = core
-        probes = list(golden.DEFAULT_NUM_BLOCKS_PROBES)
+        probes = list(raw.get("num_blocks_probes", golden.DEFAULT_NUM_BLOCKS_PROBES))
         if "num_blocks" in core:
             probes.append(core["num_blocks"])
         out["from_groups"] = (
@@ -706,6 +719,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     parser.add_argument("--only", choices=sorted(FILES), help="one golden file")
     args = parser.parse_args(argv)
+    if VERSION != golden.BASE_VERSION:
+        print(
+            f"vLLM {VERSION} is installed: this script writes vLLM {golden.BASE_VERSION}'s "
+            "files; run scripts/golden_versions.py for other releases"
+        )
+        return 2
     stale = []
     for name, make in FILES.items():
         if args.only is not None and name != args.only:

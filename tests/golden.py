@@ -1,8 +1,13 @@
-"""Load vLLM 0.33.0 golden planning problems (``golden/*.json``) as kvref objects.
+"""Load golden planning problems (``golden/*.json``) as kvref objects, per vLLM release.
 
 A golden input file holds one planning problem or a list of them; the file
 next to it, ``NAME.out.json``, holds what vLLM 0.33.0's own planning code
-returned (see ``golden/README.md``).  The loader builds, per problem, the
+returned, and ``vllm-X.Y.Z/NAME.out.json`` what release X.Y.Z's returned
+(see ``golden/README.md``).  Problems only a later release can express live
+in its directory, ``vllm-X.Y.Z/NAME.json``, outputs beside them.  Every
+problem is loaded for one release (``version``, default 0.33.0, whose
+outputs the top-level files are): its config plans as that release and its
+expected output is that release's.  The loader builds, per problem, the
 :class:`~kvref.PlanningConfig` vLLM effectively planned with (read from the
 output's ``resolved`` section, so that defaults vLLM derives, such as the
 auto-fit upper bound or the batches in flight, are vLLM's and not guesses),
@@ -45,12 +50,14 @@ from kvref.specs import (
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
 )
+from kvref.versions import V0_33, VllmVersion
 
 __all__ = [
     "GoldenFormatError",
     "GoldenProblem",
     "ListedGrouping",
     "UnsupportedGoldenError",
+    "BASE_VERSION",
     "expected_path",
     "find_golden_dir",
     "golden_input_files",
@@ -59,7 +66,11 @@ __all__ = [
     "load_problem",
     "load_problems",
     "problem_from_dict",
+    "version_dir",
 ]
+
+#: The release whose outputs the top-level ``NAME.out.json`` files are.
+BASE_VERSION = V0_33
 
 #: kvref's spec class for each golden ``kind`` (and for each vLLM class name).
 SPEC_KINDS: Mapping[str, type[KVCacheSpec]] = {
@@ -185,14 +196,31 @@ def find_golden_dir() -> Path | None:
     return copy if copy.is_dir() else None
 
 
-def golden_input_files(directory: Path) -> list[Path]:
-    """The problem files of ``directory`` (``*.json`` that are not ``*.out.json``), sorted."""
+def version_dir(directory: Path, version: VllmVersion) -> Path:
+    """Where ``version``'s outputs (and its own problems) live: ``directory/vllm-X.Y.Z``."""
+    return directory / f"vllm-{version}"
+
+
+def _inputs(directory: Path) -> list[Path]:
     return sorted(p for p in directory.glob("*.json") if not p.name.endswith(".out.json"))
 
 
-def expected_path(path: Path) -> Path:
-    """``NAME.out.json`` next to ``NAME.json``."""
-    return path.with_name(path.name.removesuffix(".json") + ".out.json")
+def golden_input_files(directory: Path, version: VllmVersion = BASE_VERSION) -> list[Path]:
+    """The problem files planned as ``version``: the top-level ones, then the release's own."""
+    own = version_dir(directory, version)
+    return _inputs(directory) + (_inputs(own) if own.is_dir() else [])
+
+
+def expected_path(path: Path, version: VllmVersion = BASE_VERSION) -> Path:
+    """``version``'s output of the problem file ``path``.
+
+    ``NAME.out.json`` beside ``NAME.json`` for :data:`BASE_VERSION` and for a
+    release's own problems, else ``vllm-X.Y.Z/NAME.out.json``.
+    """
+    name = path.name.removesuffix(".json") + ".out.json"
+    if version == BASE_VERSION or path.parent.name.startswith("vllm-"):
+        return path.with_name(name)
+    return version_dir(path.parent, version) / name
 
 
 def _read_json_list(path: Path) -> list[dict[str, Any]]:
@@ -205,20 +233,22 @@ def _read_json_list(path: Path) -> list[dict[str, Any]]:
     return items
 
 
-def load_expected(path: str | Path) -> list[dict[str, Any]]:
-    """vLLM's outputs from ``NAME.out.json`` (or from the ``.out.json`` next to ``NAME.json``).
+def load_expected(path: str | Path, version: VllmVersion = BASE_VERSION) -> list[dict[str, Any]]:
+    """vLLM's outputs from ``NAME.out.json`` (or ``version``'s output of ``NAME.json``).
 
     The file holds one output or a list of them; the result is always a list.
     """
     path = Path(path)
     if not path.name.endswith(".out.json"):
-        path = expected_path(path)
+        path = expected_path(path, version)
     return _read_json_list(path)
 
 
-def iter_problem_ids(directory: Path) -> Iterator[tuple[Path, str]]:
-    """``(input file, problem name)`` for every problem of every golden file."""
-    for path in golden_input_files(directory):
+def iter_problem_ids(
+    directory: Path, version: VllmVersion = BASE_VERSION
+) -> Iterator[tuple[Path, str]]:
+    """``(input file, problem name)`` for every problem planned as ``version``."""
+    for path in golden_input_files(directory, version):
         for raw in _read_json_list(path):
             yield path, raw["name"]
 
@@ -329,6 +359,12 @@ def _settings(raw_config: Mapping[str, Any], expected: Mapping[str, Any]) -> dic
                 settings[key] = resolved[key]
         layout = expected.get("layout", {}).get("resolved", resolved.get("kv_cache_layout"))
         settings["kv_cache_layout"] = layout
+        query = resolved.get("max_decode_query_len")
+        speculating = settings.get("speculative_method") is not None
+        if query is not None and speculating and isinstance(settings["hisparse"], Mapping):
+            # vLLM derived it from the speculative config: kvref's config refuses
+            # a value it would not derive.  (Without one, the problem pins it.)
+            settings["hisparse"] = {**settings["hisparse"], "max_decode_query_len": query}
     else:
         settings["original_max_model_len"] = settings["max_model_len"]
         if settings["max_model_len"] == -1:
@@ -371,7 +407,25 @@ class ListedGrouping:
         return groups
 
 
-def _planning_config(settings: Mapping[str, Any]) -> PlanningConfig:
+def _hisparse_settings(settings: Mapping[str, Any], version: VllmVersion) -> Any:
+    """``config.hisparse``; with a speculative method its decode query length defaults to kvref's.
+
+    Only a problem with no output yet (one being generated) lacks vLLM's value.
+    """
+    hisparse = settings.get("hisparse")
+    method = settings.get("speculative_method")
+    if not isinstance(hisparse, Mapping) or method is None or "max_decode_query_len" in hisparse:
+        return hisparse
+    speculation = PlanningConfig(
+        speculative_method=method,
+        num_speculative_tokens=settings.get("num_speculative_tokens", 0),
+        num_prefill_lookahead_tokens=settings.get("num_prefill_lookahead_tokens", 0),
+        vllm_version=version,
+    )
+    return {**hisparse, "max_decode_query_len": speculation.derived_max_decode_query_len}
+
+
+def _planning_config(settings: Mapping[str, Any], version: VllmVersion) -> PlanningConfig:
     grouping = settings.get("model_grouping")
     return PlanningConfig(
         max_model_len=settings["max_model_len"],
@@ -389,9 +443,13 @@ def _planning_config(settings: Mapping[str, Any]) -> PlanningConfig:
         tensor_parallel_size=settings["tensor_parallel_size"],
         prefix_cache_retention_interval=settings["prefix_cache_retention_interval"],
         num_prefill_lookahead_tokens=settings.get("num_prefill_lookahead_tokens", 0),
-        hisparse=settings.get("hisparse"),
+        hisparse=_hisparse_settings(settings, version),
         host_pool_bytes=settings.get("host_pool_bytes"),
         model_kv_cache_grouping=ListedGrouping(grouping) if grouping else None,
+        speculative_method=settings.get("speculative_method"),
+        num_speculative_tokens=settings.get("num_speculative_tokens", 0),
+        num_draft_layers=settings.get("num_draft_layers", 0),
+        vllm_version=version,
     )
 
 
@@ -409,8 +467,11 @@ def problem_from_dict(
     raw: Mapping[str, Any],
     expected: Mapping[str, Any] | None = None,
     source: Path = Path("<memory>"),
+    version: VllmVersion = BASE_VERSION,
 ) -> GoldenProblem:
     """Convert one golden input problem (and vLLM's output for it, if any) to kvref objects.
+
+    The config plans as ``version`` (the release ``expected`` is of).
 
     Raises:
         UnsupportedGoldenError: a spec kind or layout kvref does not implement.
@@ -418,7 +479,7 @@ def problem_from_dict(
     """
     expected = expected or {}
     settings = _settings(raw.get("config", {}), expected)
-    config = _planning_config(settings)
+    config = _planning_config(settings, version)
     templates = raw.get("spec_templates", {})
     workers: list[dict[str, KVCacheSpec]] = []
     for worker in raw["workers"]:
@@ -444,18 +505,22 @@ def problem_from_dict(
     )
 
 
-def load_problems(path: str | Path) -> list[GoldenProblem]:
-    """Every problem of the golden input file ``path``, with vLLM's outputs when present.
+def load_problems(path: str | Path, version: VllmVersion = BASE_VERSION) -> list[GoldenProblem]:
+    """Every problem of the golden input file ``path``, with ``version``'s outputs when present.
 
     Raises:
         UnsupportedGoldenError: a problem uses what kvref does not implement.
         GoldenFormatError: the file does not follow ``golden/README.md``.
     """
-    return [load_problem(path, raw["name"]) for raw in _read_json_list(Path(path))]
+    return [load_problem(path, raw["name"], version) for raw in _read_json_list(Path(path))]
 
 
-def load_problem(path: str | Path, name: str | None = None) -> GoldenProblem:
+def load_problem(
+    path: str | Path, name: str | None = None, version: VllmVersion = BASE_VERSION
+) -> GoldenProblem:
     """The problem ``name`` of the golden input file ``path`` (the only one if ``name`` is None).
+
+    Planned as ``version``, with that release's output when the file exists.
 
     Raises:
         UnsupportedGoldenError: the problem uses what kvref does not implement.
@@ -470,11 +535,11 @@ def load_problem(path: str | Path, name: str | None = None) -> GoldenProblem:
     matches = [r for r in raws if r["name"] == name]
     if len(matches) != 1:
         raise GoldenFormatError(f"{path} holds {len(matches)} problems named {name!r}")
-    out_path = expected_path(path)
+    out_path = expected_path(path, version)
     expected: Mapping[str, Any] = {}
     if out_path.exists():
         outputs = [o for o in load_expected(out_path) if o["name"] == name]
         if len(outputs) != 1:
             raise GoldenFormatError(f"{out_path} holds {len(outputs)} outputs named {name!r}")
         expected = outputs[0]
-    return problem_from_dict(matches[0], expected, path)
+    return problem_from_dict(matches[0], expected, path, version)

@@ -1,7 +1,9 @@
-"""Differential tests of the reference against vLLM 0.33.0's recorded outputs (``golden/``).
+"""Differential tests of the reference against vLLM's recorded outputs (``golden/``).
 
-Every problem of every golden file is planned by kvref and compared, field by
-field, with what vLLM's own planning code returned: the builder's groups and
+Every problem of every golden file is planned by kvref as each supported vLLM
+release (:data:`kvref.versions.SUPPORTED`) and compared, field by field, with
+what that release's own planning code returned (0.33.0's outputs beside the
+problems, another release's in ``golden/vllm-X.Y.Z/``): the builder's groups and
 bytes per block, Core's global groups, per-worker figures and final configs,
 the errors vLLM raised, and the ``from_groups`` placement probes.  No vLLM is
 needed.  Where the reference deliberately differs (contract.md#deliberate-differences) from vLLM the
@@ -23,6 +25,7 @@ import attrs
 import pytest
 import torch
 from golden import (
+    BASE_VERSION,
     GoldenProblem,
     UnsupportedGoldenError,
     find_golden_dir,
@@ -63,6 +66,7 @@ from kvref.specs import (
     MultipleOf,
     UniformTypeKVCacheSpecs,
 )
+from kvref.versions import SUPPORTED, VllmVersion
 
 GOLDEN_DIR = find_golden_dir()
 
@@ -84,15 +88,29 @@ _DESIGN_OVERRIDE = (
 # -- golden discovery (collection time: only JSON is read) ---------------------
 
 
-def _collect() -> list[tuple[Path, str, dict[str, Any]]]:
+@attrs.frozen
+class Source:
+    """A golden problem file as planned by one vLLM release (whose outputs it is compared to)."""
+
+    path: Path
+    version: VllmVersion
+
+    def tag(self, name: str) -> str:
+        """The test id of problem ``name``: the name, with the release unless it is 0.33.0."""
+        return name if self.version == BASE_VERSION else f"{name}-v{self.version.short}"
+
+
+def _collect() -> list[tuple[Source, str, dict[str, Any]]]:
     if GOLDEN_DIR is None:
         return []
-    out: list[tuple[Path, str, dict[str, Any]]] = []
-    outputs: dict[Path, dict[str, dict[str, Any]]] = {}
-    for path, name in iter_problem_ids(GOLDEN_DIR):
-        if path not in outputs:
-            outputs[path] = {o["name"]: o for o in load_expected(path)}
-        out.append((path, name, outputs[path][name]))
+    out: list[tuple[Source, str, dict[str, Any]]] = []
+    outputs: dict[Source, dict[str, dict[str, Any]]] = {}
+    for version in SUPPORTED:
+        for path, name in iter_problem_ids(GOLDEN_DIR, version):
+            source = Source(path, version)
+            if source not in outputs:
+                outputs[source] = {o["name"]: o for o in load_expected(path, version)}
+            out.append((source, name, outputs[source][name]))
     return out
 
 
@@ -117,7 +135,7 @@ def _params(select: str) -> list[Any]:
             failed = _stage_error(expected, stage) is not None
             if failed != (outcome == "error"):
                 continue
-        params.append(pytest.param(path, name, id=name))
+        params.append(pytest.param(path, name, id=path.tag(name)))
     return params
 
 
@@ -132,7 +150,7 @@ def _declared_partition_error(expected: Mapping[str, Any]) -> bool:
     return bool(declared) and error is not None and "_check_exact_partition" in error["where"]
 
 
-def _problem_output(path: Path, name: str) -> Mapping[str, Any]:
+def _problem_output(path: Source, name: str) -> Mapping[str, Any]:
     return next(e for p, n, e in _PROBLEMS if p == path and n == name)
 
 
@@ -150,7 +168,7 @@ def _profiling_params() -> list[Any]:
     params = []
     for path, name, expected in _PROBLEMS:
         for worker in range(len(expected.get("profiling", []))):
-            params.append(pytest.param(path, name, worker, id=f"{name}-w{worker}"))
+            params.append(pytest.param(path, name, worker, id=f"{path.tag(name)}-w{worker}"))
     return params
 
 
@@ -162,7 +180,7 @@ def _probe_params(*, override: bool) -> list[Any]:
             continue
         for index, probe in enumerate(expected.get("from_groups", [])):
             n = probe["num_blocks_requested"]
-            params.append(pytest.param(path, name, index, id=f"{name}-n{n}"))
+            params.append(pytest.param(path, name, index, id=f"{path.tag(name)}-n{n}"))
     return params
 
 
@@ -176,11 +194,11 @@ pytestmark = pytest.mark.skipif(
 
 
 @functools.cache
-def _problem(path: Path, name: str) -> GoldenProblem:
-    return load_problem(path, name)
+def _problem(path: Source, name: str) -> GoldenProblem:
+    return load_problem(path.path, name, path.version)
 
 
-def _load(path: Path, name: str) -> GoldenProblem:
+def _load(path: Source, name: str) -> GoldenProblem:
     try:
         return _problem(path, name)
     except UnsupportedGoldenError as exc:
@@ -188,13 +206,13 @@ def _load(path: Path, name: str) -> GoldenProblem:
 
 
 @functools.cache
-def _builder_groups(path: Path, name: str) -> list[KVCacheGroupSpec]:
+def _builder_groups(path: Source, name: str) -> list[KVCacheGroupSpec]:
     problem = _problem(path, name)
     return ReferenceKVCacheConfigBuilder().get_kv_cache_groups(problem.config, problem.merged_specs)
 
 
 @functools.cache
-def _plan(path: Path, name: str) -> KVCachePlan:
+def _plan(path: Source, name: str) -> KVCachePlan:
     problem = _problem(path, name)
     return plan_kv_cache(
         ReferenceKVCacheConfigBuilder,
@@ -427,15 +445,29 @@ class TestLoader:
     """``golden.load_problem`` and ``golden.problem_from_dict``."""
 
     @pytest.mark.parametrize(("path", "name"), _params("all"))
-    def test_every_problem_loads_with_its_layers_in_order(self, path: Path, name: str) -> None:
+    def test_every_problem_loads_with_its_layers_in_order(self, path: Source, name: str) -> None:
         """Every golden problem converts to kvref specs, keeping each worker's layer order."""
         problem = _load(path, name)
         raw = next(r for r in _read_raw(path) if r["name"] == name)
         assert [list(w) for w in problem.workers] == [list(w) for w in raw["workers"]]
         assert problem.expected["name"] == name
 
+    @pytest.mark.parametrize(
+        ("path", "name"),
+        [
+            p
+            for p in _params("all")
+            if "max_decode_query_len" in _problem_output(*p.values)["resolved"]
+        ],
+    )
+    def test_decode_query_length_is_vllms(self, path: Source, name: str) -> None:
+        """The decode query length kvref derives is the one vLLM derived (a draft model's slot)."""
+        problem = _load(path, name)
+        expected = problem.expected["resolved"]["max_decode_query_len"]
+        assert problem.config.derived_max_decode_query_len == expected
+
     @pytest.mark.parametrize(("path", "name"), _params("all"))
-    def test_config_is_what_vllm_resolved(self, path: Path, name: str) -> None:
+    def test_config_is_what_vllm_resolved(self, path: Source, name: str) -> None:
         """The planning config carries vLLM's resolved lengths, batches, layout and sizes."""
         problem = _load(path, name)
         resolved = problem.expected["resolved"]
@@ -552,8 +584,8 @@ class TestLoader:
 
 
 @functools.cache
-def _read_raw(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8") as f:
+def _read_raw(path: Source) -> list[dict[str, Any]]:
+    with path.path.open(encoding="utf-8") as f:
         data = json.load(f)
     return data if isinstance(data, list) else [data]
 
@@ -571,7 +603,7 @@ class TestBuilderGroups:
     """``ReferenceKVCacheConfigBuilder.get_kv_cache_groups`` on all workers' specs."""
 
     @pytest.mark.parametrize(("path", "name"), _builder_params(ok=True))
-    def test_groups_match_vllm(self, path: Path, name: str) -> None:
+    def test_groups_match_vllm(self, path: Source, name: str) -> None:
         """Layer names (in order), flags, spec class, block size, page and per-layer specs match."""
         problem = _load(path, name)
         golden = problem.expected["builder"]["groups"]
@@ -579,7 +611,7 @@ class TestBuilderGroups:
         assert ours == theirs
 
     @pytest.mark.parametrize(("path", "name"), _builder_params(ok=True))
-    def test_spec_fields_match_vllm(self, path: Path, name: str) -> None:
+    def test_spec_fields_match_vllm(self, path: Source, name: str) -> None:
         """Every dataclass field vLLM reports for a group's (per-layer) spec has kvref's value."""
         problem = _load(path, name)
         golden = problem.expected["builder"]["groups"]
@@ -587,7 +619,7 @@ class TestBuilderGroups:
         assert ours == theirs
 
     @pytest.mark.parametrize(("path", "name"), _builder_params(ok=True))
-    def test_pool_bytes_per_block_matches_vllm(self, path: Path, name: str) -> None:
+    def test_pool_bytes_per_block_matches_vllm(self, path: Source, name: str) -> None:
         """``pool_bytes_per_block`` of the builder's groups is vLLM's ``_pool_bytes_per_block``."""
         problem = _load(path, name)
         core_error = _stage_error(problem.expected, "core")
@@ -604,7 +636,7 @@ class TestCorePlan:
     """``plan_kv_cache``: Core's cross-worker flow, for problems vLLM planned."""
 
     @pytest.mark.parametrize(("path", "name"), _params("core_ok"))
-    def test_global_groups_match_vllm(self, path: Path, name: str) -> None:
+    def test_global_groups_match_vllm(self, path: Source, name: str) -> None:
         """The global groups (layers, flags, specs and fields) are vLLM's."""
         problem = _load(path, name)
         golden = problem.expected["core"]["global_groups"]
@@ -612,7 +644,7 @@ class TestCorePlan:
         assert ours == theirs
 
     @pytest.mark.parametrize(("path", "name"), _params("core_ok"))
-    def test_projected_groups_match_vllm(self, path: Path, name: str) -> None:
+    def test_projected_groups_match_vllm(self, path: Source, name: str) -> None:
         """Each worker's projection of the global groups names vLLM's layers."""
         problem = _load(path, name)
         plan = _plan(path, name)
@@ -621,7 +653,7 @@ class TestCorePlan:
         assert ours == theirs
 
     @pytest.mark.parametrize(("path", "name"), _params("core_ok"))
-    def test_worker_figures_match_vllm(self, path: Path, name: str) -> None:
+    def test_worker_figures_match_vllm(self, path: Source, name: str) -> None:
         """Per worker: bytes per block, effective and check memory, need, and own block count."""
         problem = _load(path, name)
         keys = (
@@ -637,7 +669,9 @@ class TestCorePlan:
         assert ours == theirs
 
     @pytest.mark.parametrize(("path", "name"), _params("core_ok"))
-    def test_worker_pool_bytes_per_block_from_projected_groups(self, path: Path, name: str) -> None:
+    def test_worker_pool_bytes_per_block_from_projected_groups(
+        self, path: Source, name: str
+    ) -> None:
         """``pool_bytes_per_block`` of each worker's projected groups is vLLM's probe."""
         problem = _load(path, name)
         ours = [
@@ -648,7 +682,7 @@ class TestCorePlan:
         assert ours == theirs
 
     @pytest.mark.parametrize(("path", "name"), _params("core_ok"))
-    def test_final_configs_match_vllm(self, path: Path, name: str) -> None:
+    def test_final_configs_match_vllm(self, path: Source, name: str) -> None:
         """Each worker's block count, tensors (size, layers, strides, offset) and groups match."""
         problem = _load(path, name)
         ours = [config_view(c) for c in _plan(path, name).configs]
@@ -656,28 +690,33 @@ class TestCorePlan:
         assert ours == theirs
 
     @pytest.mark.parametrize(("path", "name"), _params("core_ok"))
-    def test_config_metadata_matches_vllm(self, path: Path, name: str) -> None:
-        """Each config's layout name, TP replicas and retention interval are vLLM's."""
+    def test_config_metadata_matches_vllm(self, path: Source, name: str) -> None:
+        """Each config's layout name, TP replicas, retention interval and zeroing are vLLM's.
+
+        ``needs_kv_cache_zeroing`` where the output records it (those made by
+        this repository's scripts).
+        """
         problem = _load(path, name)
+        keys = ["kv_cache_layout", "kv_tp_replicas", "prefix_cache_retention_interval"]
+        if all(
+            "needs_kv_cache_zeroing" in w["config"] for w in problem.expected["core"]["workers"]
+        ):
+            keys.append("needs_kv_cache_zeroing")
         ours = [
             {
                 "kv_cache_layout": c.kv_cache_layout.name if c.kv_cache_layout else None,
                 "kv_tp_replicas": c.kv_tp_replicas,
                 "prefix_cache_retention_interval": c.prefix_cache_retention_interval,
+                "needs_kv_cache_zeroing": c.needs_kv_cache_zeroing,
             }
             for c in _plan(path, name).configs
         ]
-        theirs = [
-            {
-                k: w["config"][k]
-                for k in ("kv_cache_layout", "kv_tp_replicas", "prefix_cache_retention_interval")
-            }
-            for w in problem.expected["core"]["workers"]
-        ]
+        ours = [{k: v for k, v in config.items() if k in keys} for config in ours]
+        theirs = [{k: w["config"][k] for k in keys} for w in problem.expected["core"]["workers"]]
         assert ours == theirs
 
     @pytest.mark.parametrize(("path", "name"), _params("core_ok"))
-    def test_num_blocks_and_max_model_len_match_vllm(self, path: Path, name: str) -> None:
+    def test_num_blocks_and_max_model_len_match_vllm(self, path: Source, name: str) -> None:
         """The agreed block count and the (auto-fitted) ``max_model_len`` are vLLM's."""
         problem = _load(path, name)
         plan = _plan(path, name)
@@ -692,7 +731,7 @@ class TestCoreErrors:
     """``plan_kv_cache`` on problems where vLLM's Core raised."""
 
     @pytest.mark.parametrize(("path", "name"), _params("core_error"))
-    def test_raises_the_matching_kvref_error(self, path: Path, name: str) -> None:
+    def test_raises_the_matching_kvref_error(self, path: Source, name: str) -> None:
         """kvref raises the kvref error type that corresponds to vLLM's error."""
         problem = _load(path, name)
         error = _stage_error(problem.expected, "core")
@@ -704,7 +743,7 @@ class TestCoreErrors:
             assert layer["layer"] in str(info.value)
 
     @pytest.mark.parametrize(("path", "name"), _params("core_error"))
-    def test_insufficient_memory_numbers_match_vllm(self, path: Path, name: str) -> None:
+    def test_insufficient_memory_numbers_match_vllm(self, path: Source, name: str) -> None:
         """Needed and available GiB and the estimated length are vLLM's numbers."""
         problem = _load(path, name)
         error = _stage_error(problem.expected, "core")
@@ -730,7 +769,7 @@ class TestCoreErrors:
         assert ours == theirs
 
     @pytest.mark.parametrize(("path", "name"), _params("core_error"))
-    def test_vllm_figures_before_the_error_match(self, path: Path, name: str) -> None:
+    def test_vllm_figures_before_the_error_match(self, path: Source, name: str) -> None:
         """The figures vLLM computed before raising agree with kvref's for a fitting budget."""
         problem = _load(path, name)
         workers = problem.expected["core"].get("workers")
@@ -758,7 +797,7 @@ class TestFromGroups:
     """``get_kv_cache_config_from_groups`` on the builder's groups for vLLM's probe counts."""
 
     @pytest.mark.parametrize(("path", "name", "index"), _probe_params(override=False))
-    def test_probe_matches_vllm(self, path: Path, name: str, index: int) -> None:
+    def test_probe_matches_vllm(self, path: Source, name: str, index: int) -> None:
         """Without an override the placement for ``n`` blocks is vLLM's, tensor by tensor."""
         problem = _load(path, name)
         probe = problem.expected["from_groups"][index]
@@ -777,7 +816,7 @@ class TestFromGroups:
 
     @pytest.mark.parametrize(("path", "name", "index"), _probe_params(override=True))
     def test_override_probe_returns_requested_blocks(
-        self, path: Path, name: str, index: int
+        self, path: Source, name: str, index: int
     ) -> None:
         """With an override kvref places exactly ``n`` blocks where vLLM places the override."""
         problem = _load(path, name)
@@ -816,7 +855,7 @@ class TestBuilderErrors:
     """``ReferenceKVCacheConfigBuilder.get_kv_cache_groups`` where vLLM's builder raised."""
 
     @pytest.mark.parametrize(("path", "name"), _params("builder_error"))
-    def test_raises_the_matching_kvref_error(self, path: Path, name: str) -> None:
+    def test_raises_the_matching_kvref_error(self, path: Source, name: str) -> None:
         """kvref's builder raises the kvref error type matching vLLM's."""
         problem = _load(path, name)
         error = _stage_error(problem.expected, "builder")
@@ -830,7 +869,7 @@ class TestBuilderErrors:
         ("path", "name"),
         [p for p in _params("all") if _declared_partition_error(_problem_output(*p.values))],
     )
-    def test_declared_partition_checked_by_the_builder(self, path: Path, name: str) -> None:
+    def test_declared_partition_checked_by_the_builder(self, path: Source, name: str) -> None:
         """Deliberate difference: a bad declared grouping fails in the builder, not in Core."""
         problem = _load(path, name)
         assert "groups" in problem.expected["builder"]  # vLLM's builder returned it
@@ -844,7 +883,7 @@ class TestHostPool:
     """HiSparse host-pool figures of every planned config."""
 
     @pytest.mark.parametrize(("path", "name"), _params("core_ok"))
-    def test_host_figures_match_vllm(self, path: Path, name: str) -> None:
+    def test_host_figures_match_vllm(self, path: Source, name: str) -> None:
         """Host blocks, host block stride and pool sharing are vLLM's."""
         problem = _load(path, name)
         ours = [
@@ -866,7 +905,7 @@ class TestHiSparseSpecs:
     """kvref's ``resolve_hisparse_specs`` derives the resident and hot layers vLLM derived."""
 
     @pytest.mark.parametrize(("path", "name"), _builder_params(ok=True))
-    def test_derived_layers_match_vllm(self, path: Path, name: str) -> None:
+    def test_derived_layers_match_vllm(self, path: Source, name: str) -> None:
         """Dropping the derived layers and resolving them again gives the golden workers."""
         problem = _load(path, name)
         if problem.config.hisparse is None:
@@ -884,7 +923,7 @@ class TestProfiling:
     """``plan_profiling_kv_cache`` on one worker's specs, against vLLM's profiling path."""
 
     @pytest.mark.parametrize(("path", "name", "worker"), _profiling_params())
-    def test_profiling_matches_vllm(self, path: Path, name: str, worker: int) -> None:
+    def test_profiling_matches_vllm(self, path: Source, name: str, worker: int) -> None:
         """Groups (with fields), the block count asked for and the placement are vLLM's."""
         problem = _load(path, name)
         golden = problem.expected["profiling"][worker]
@@ -913,7 +952,7 @@ class TestProfiling:
 
 def _layout_params() -> list[Any]:
     return [
-        pytest.param(path, name, id=name)
+        pytest.param(path, name, id=path.tag(name))
         for path, name, expected in _PROBLEMS
         if "layout_resolution" in expected
     ]
@@ -933,7 +972,7 @@ def _golden_backend(desc: Mapping[str, Any]) -> AttentionBackend:
 
 
 @functools.cache
-def _unresolved_config(path: Path, name: str) -> PlanningConfig:
+def _unresolved_config(path: Source, name: str) -> PlanningConfig:
     """The problem's config as its JSON gives it: no layout, and what resolution reads."""
     raw = next(r for r in _read_raw(path) if r["name"] == name)["config"]
     given = _problem(path, name).config
@@ -954,12 +993,12 @@ class TestLayoutResolution:
     """kvref resolves the layout itself, from the same description vLLM resolved from."""
 
     @pytest.mark.parametrize(("path", "name"), _layout_params())
-    def test_config_leaves_the_layout_to_planning(self, path: Path, name: str) -> None:
+    def test_config_leaves_the_layout_to_planning(self, path: Source, name: str) -> None:
         """A config that gives no layout but describes resolution's inputs resolves in planning."""
         assert _unresolved_config(path, name).resolves_kv_cache_layout
 
     @pytest.mark.parametrize(("path", "name"), _layout_params())
-    def test_worker_reports_match_vllm(self, path: Path, name: str) -> None:
+    def test_worker_reports_match_vllm(self, path: Source, name: str) -> None:
         """Each worker's supported layouts, most preferred first, are what vLLM's worker reports."""
         problem, config = _load(path, name), _unresolved_config(path, name)
         ours = [
@@ -969,7 +1008,7 @@ class TestLayoutResolution:
         assert ours == problem.expected["layout_resolution"]["supported_layouts"]
 
     @pytest.mark.parametrize(("path", "name"), _layout_params())
-    def test_resolved_layout_matches_vllm(self, path: Path, name: str) -> None:
+    def test_resolved_layout_matches_vllm(self, path: Source, name: str) -> None:
         """The layout resolved from the specs is vLLM's; it warns if vLLM drops the connector's."""
         problem, config = _load(path, name), _unresolved_config(path, name)
         expected = problem.expected["layout_resolution"]["layout"]
@@ -984,7 +1023,7 @@ class TestLayoutResolution:
         assert bool(caught) == dropped
 
     @pytest.mark.parametrize(("path", "name"), _layout_params())
-    def test_plan_matches_vllm(self, path: Path, name: str) -> None:
+    def test_plan_matches_vllm(self, path: Source, name: str) -> None:
         """Planning the unresolved config gives vLLM's configs: layout, blocks, tensors, groups."""
         problem, config = _load(path, name), _unresolved_config(path, name)
         memory = problem.available_memory

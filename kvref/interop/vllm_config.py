@@ -504,8 +504,10 @@ def hisparse_patches(config: PlanningConfig) -> Iterator[None]:
 
     vLLM derives both from the engine (speculative config, platform, executor);
     this patches ``vllm.v1.hisparse``'s two lookups for the duration of the
-    block.  A no-op without HiSparse.  (vLLM 0.34.0 asks the platform's
-    HiSparse backend whether the pool may be shared, which a CPU has not.)
+    block.  A no-op without HiSparse.  With a speculative method the decode
+    query length is left to vLLM, which derives it from the speculative config
+    :func:`to_vllm_config` gives it.  (vLLM 0.34.0 asks the platform's HiSparse
+    backend whether the pool may be shared, which a CPU has not.)
     """
     settings = config.hisparse
     if settings is None:
@@ -514,7 +516,8 @@ def hisparse_patches(config: PlanningConfig) -> Iterator[None]:
     runtime: Any = importlib.import_module("vllm.v1.hisparse.runtime")
     layout: Any = importlib.import_module("vllm.v1.hisparse.layout")
     saved = (runtime.max_decode_query_len, layout.use_shared_hisparse_host_pool)
-    runtime.max_decode_query_len = lambda vllm_config: settings.max_decode_query_len
+    if config.speculative_method is None:
+        runtime.max_decode_query_len = lambda vllm_config: settings.max_decode_query_len
     layout.use_shared_hisparse_host_pool = lambda vllm_config: settings.shared_host_pool
     try:
         yield
