@@ -306,7 +306,7 @@ def _device_findings(
     try:
         allocation = allocate_kv_cache(config, target, layout=layout, zeroed=False, scratch=True)
     except (KVRefError, WorkerError) as exc:
-        return Unjudged(f"the config cannot be allocated ({exc}); see KV-DEV-VIEWS")
+        return Unjudged(f"the config cannot be allocated ({exc}); see KV-DEV-VIEWS", spoiled=True)
     except torch.OutOfMemoryError as exc:
         return Unjudged(f"the device ran out of memory: {exc}")
     try:
@@ -372,7 +372,7 @@ def _worker_reading(
             return Unjudged(f"the worker cannot read the reference's plan either: {refused}")
         return [_v(f"the worker cannot view this plan through its kernels: {exc}")]
     except (KVRefError, ValueError) as exc:
-        return Unjudged(f"the config cannot be laid out for the kernels: {exc}")
+        return Unjudged(f"the config cannot be laid out for the kernels: {exc}", spoiled=True)
 
 
 def kernel_view_findings(obs: PlacementObservation) -> list[Violation] | Unjudged:
@@ -383,12 +383,14 @@ def kernel_view_findings(obs: PlacementObservation) -> list[Violation] | Unjudge
     """
     config = obs.config_at(obs.num_blocks)
     if config is None:
-        return Unjudged("the builder returned no config for this example")
+        return Unjudged("the builder returned no config for this example", spoiled=True)
     if not config.kv_cache_tensors:
         return Unjudged("the config has no tensor to allocate")
     problems = tensor_problems(config)
     if problems:
-        return Unjudged(f"the config's byte counts cannot be allocated: {problems[0]}")
+        return Unjudged(
+            f"the config's byte counts cannot be allocated: {problems[0]}", spoiled=True
+        )
     reading = _worker_reading(obs, config)
     if not isinstance(reading, tuple):
         return reading

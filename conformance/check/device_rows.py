@@ -46,10 +46,11 @@ def _make(invariant: str) -> Any:
     def check(obs: PlacementObservation | HostObservation) -> list[Violation] | Unjudged:
         config = _config(obs)
         if config is None:
-            return Unjudged("the builder returned no config for this example")
+            return Unjudged("the builder returned no config for this example", spoiled=True)
         refused = _refused(config)
         if refused is not None:
-            return Unjudged(refused)
+            # No tensor at all is an attention-free plan; sizes torch cannot take are the builder's.
+            return Unjudged(refused, spoiled=bool(config.kv_cache_tensors))
         try:
             (result,) = check_device(
                 config,
@@ -60,7 +61,7 @@ def _make(invariant: str) -> Any:
             )
         except ValueError as exc:
             # The plan cannot even be laid out for allocation; the paper invariants say why.
-            return Unjudged(f"the config cannot be laid out for allocation: {exc}")
+            return Unjudged(f"the config cannot be laid out for allocation: {exc}", spoiled=True)
         if result.violations:
             return list(result.violations)
         if not result.measured:

@@ -103,7 +103,9 @@ def _hisparse_runs(obs: HostObservation) -> list[Violation] | Unjudged | None:
     if placed is None or not hisparse_source_layers(obs.config, obs.specs):
         return None
     if _unsafe(placed):
-        return None  # pages outside the pool, overlapping or placed twice: those invariants'
+        # Pages outside the pool, overlapping or placed twice: those invariants'
+        # findings, and the builder's answer leaves no sound runs to judge.
+        return Unjudged("the placement's pages are not sound (see KV-HOST-*)", spoiled=True)
     return [_v(_ID, message) for message in host_run_findings(placed)][:3]
 
 

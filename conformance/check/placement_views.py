@@ -95,14 +95,11 @@ def _block_stride(obs: PlacementObservation) -> list[Violation] | Unjudged | Non
         return Unjudged("a layer-outer layout has no whole-block step", applicable=False)
     if obs.declared_pool_bytes is not None:
         return _own_backing_steps(obs, configs)
-    sizes = {n: device_size(c) for n, c in configs.items()}
-    counts = sorted(sizes)
-    if len(counts) < 2 or any(v is None for v in sizes.values()):
+    if len(configs) < 2:
         return None
-    low, high = counts[0], counts[-1]
-    bpb = ((sizes[high] or 0) - (sizes[low] or 0)) // (high - low)
-    if any(sizes[n] != bpb * n for n in counts):
-        return None  # sizes that are not linear are KV-PLACE-BACKING-SIZE's finding
+    bpb = _bytes_per_block(configs)
+    if isinstance(bpb, Unjudged):
+        return bpb
     out = []
     for n, c in configs.items():
         out += [
@@ -115,6 +112,24 @@ def _block_stride(obs: PlacementObservation) -> list[Violation] | Unjudged | Non
             if t.block_stride != bpb
         ]
     return out[:3]
+
+
+def _bytes_per_block(configs: dict[int, KVCacheConfig]) -> int | Unjudged:
+    """The bytes one block adds to the one device backing, or why the answer has none.
+
+    Several device sizes, or sizes that are not linear in the block count,
+    are KV-PLACE-BACKING-SIZE's finding; they leave no whole block to step
+    over, by the builder's own answer (spoiled: contract.md#verdicts).
+    """
+    sizes = {n: device_size(c) for n, c in configs.items()}
+    if any(v is None for v in sizes.values()):
+        return Unjudged("a placement has no single device backing to step over", spoiled=True)
+    counts = sorted(sizes)
+    low, high = counts[0], counts[-1]
+    bpb = ((sizes[high] or 0) - (sizes[low] or 0)) // (high - low)
+    if any(sizes[n] != bpb * n for n in counts):
+        return Unjudged("the backing does not grow by one block per block", spoiled=True)
+    return bpb
 
 
 def _own_backing_steps(

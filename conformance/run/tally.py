@@ -77,7 +77,8 @@ class Tally:
                 self.na_reason = outcome.reason
             else:
                 self.unjudged += 1
-                self.spoiled += spoiled()
+                by_answer = isinstance(outcome, Unjudged) and outcome.spoiled
+                self.spoiled += by_answer or spoiled()
                 # The invariant's own scenario explains best why it was not judged.
                 if isinstance(outcome, Unjudged) and (primary or self.reason is None):
                     self.reason = outcome.reason
@@ -142,7 +143,8 @@ def verdict(tally: Tally, *, interrupted: bool) -> tuple[str, str | None]:  # no
         # it broke is not "not applicable" (contract.md#verdicts).
         return "inconclusive", (
             f"{tally.spoiled} of the examples that reached it could not judge it because "
-            f"a call of the builder failed (see KV-CALL-*): {tally.reason or 'no answer'}"
+            "a call of the builder failed (see KV-CALL-*) or its answer could not be "
+            f"judged: {tally.reason or 'no answer'}"
         )
     if tally.not_applicable:
         return "not-applicable", f"not applicable in this run: {tally.na_reason}"
