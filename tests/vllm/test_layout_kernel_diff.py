@@ -1,10 +1,11 @@
-"""kvref's layout resolution and kernel-block splitting against vLLM 0.33.0's own functions.
+"""kvref's layout resolution and kernel-block splitting against the installed vLLM's own functions.
 
 Each test gives both sides the same description: attention backends (vLLM
 ``AttentionBackend`` subclasses built from kvref's :class:`AttentionBackend`
 records), specs, the ``VLLM_KV_CACHE_LAYOUT`` override and the connector's
 layout, and asserts that they pick the same layout, the same kernel block
-sizes and the same per-layer kernel views, or both refuse.
+sizes and the same per-layer views bound for the kernels (dtype and raw
+backings included), or both refuse.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
 import torch
+from _vllm_backends import bind_with_vllm, vllm_attention_groups, vllm_backend
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,22 +53,6 @@ _backend_mod = pytest.importorskip("vllm.v1.attention.backend")
 _worker_utils = pytest.importorskip("vllm.v1.worker.utils")
 _binding = pytest.importorskip("vllm.v1.hisparse.binding")
 _vllm_layout = pytest.importorskip("vllm.v1.kv_cache_layout").KVCacheLayout
-
-
-def vllm_backend(backend: AttentionBackend) -> Any:
-    """A vLLM backend class answering as ``backend`` does (never instantiated)."""
-    layouts = backend.supported_kv_cache_layouts
-    vllm_layouts = None if layouts is None else tuple(_vllm_layout[m.name] for m in layouts)
-    sizes = [
-        _backend_mod.MultipleOf(s.n) if isinstance(s, MultipleOf) else s
-        for s in backend.supported_kernel_block_sizes
-    ]
-    namespace = {
-        "supported_kv_cache_layouts": classmethod(lambda cls: vllm_layouts),
-        "get_supported_kernel_block_sizes": staticmethod(lambda kv_cache_spec=None: list(sizes)),
-        "get_name": staticmethod(lambda: backend.name),
-    }
-    return type(backend.name, (_backend_mod.AttentionBackend,), namespace)
 
 
 @contextlib.contextmanager
@@ -203,13 +189,17 @@ class TestResolveLayout:
         assert ours == theirs
 
     def test_workers_that_disagree_are_refused_naming_both(self) -> None:
-        """Two workers with different reports: vLLM asserts, kvref names both lists."""
+        """Two workers with disjoint reports: vLLM refuses, kvref names both lists.
+
+        vLLM 0.33.0 asserts that the lists agree; 0.34.0 merges them and finds
+        no common layout (a ValueError).
+        """
         reports = [[KVCacheLayout.LBNHC], [KVCacheLayout.BLHNC]]
         with pytest.raises(LayoutResolutionError, match=r"\['LBNHC'\].*\['BLHNC'\]"):
             resolve_kv_cache_layout(reports)
         vcfg = iv.to_vllm_config(PlanningConfig())
         vcfg.cache_config.kv_cache_layout = None
-        with pytest.raises(AssertionError):
+        with pytest.raises((AssertionError, ValueError)):
             _utils.resolve_kv_cache_layout(vcfg, [["LBNHC"], ["BLHNC"]], [])
 
 
@@ -229,26 +219,11 @@ class TestCommonBlockSize:
         assert ours == theirs
 
 
-def _attn_groups(config: PlanningConfig, kv_cache_config: Any, vllm_config: Any) -> list[Any]:
-    """vLLM's attention groups: one per (group, backend) over the group's layers."""
-    out = []
-    for gid, (group, vgroup) in enumerate(
-        zip(kv_cache_config.kv_cache_groups, vllm_config.kv_cache_groups, strict=True)
-    ):
-        per_group = []
-        for backend in config.backends_of(group.layer_names) or [AttentionBackend(name="default")]:
-            names = [n for n in group.layer_names if not backend.layers or n in backend.layers]
-            spec = vgroup.kv_cache_spec
-            per_group.append(_worker_utils.AttentionGroup(vllm_backend(backend), names, spec, gid))
-        out.append(per_group)
-    return out
-
-
 def _views(views: dict[str, torch.Tensor]) -> dict[str, tuple[Any, ...]]:
+    """Every view's shape, strides, storage offset and dtype (raw backings included)."""
     return {
         n: (tuple(v.shape), tuple(v.stride()), v.storage_offset(), v.dtype)
         for n, v in views.items()
-        if v.dim() > 1
     }
 
 
@@ -257,8 +232,12 @@ KERNEL_CASES = [
     ("split_LBNHC", "LBNHC", {"a": "full8", "b": "full8"}, [[16]]),
     ("split_LBHNC_two_sizes", "LBHNC", {"a": "full4", "b": "full4"}, [[16, 32]]),
     ("no_split_multiple", "LBNHC", {"a": "full8"}, [[MultipleOf(16)]]),
-    ("packed_BLHNC_not_split", "BLHNC", {"a": "full8", "s": "swa8", "t": "swa8"}, [[16]]),
+    ("aliased_BLHNC_split", "BLHNC", {"a": "full8", "s": "swa8", "t": "swa8"}, [[16]]),
     ("hybrid_LBNHC", "LBNHC", {"a": "full8", "s": "swa8", "t": "swa8"}, [[32]]),
+    # Two layers of one group packed in each block: never split group-wide, and
+    # the backend's 16-token kernel blocks cannot be bound: both refuse.
+    ("packed_BLHNC_refused", "BLHNC", {"a": "full8", "b": "full8"}, [[16]]),
+    ("packed_BLNHC_takes_the_block", "BLNHC", {"a": "full8", "b": "full8"}, [[16, 64]]),
 ]
 
 
@@ -291,14 +270,18 @@ class TestKernelBlocks:
         vconfig = iv.config_to_vllm(kv_cache_config)
         ours = prepare_kernel_block_sizes(config, kv_cache_config)
         theirs = _worker_utils.prepare_kernel_block_sizes(
-            vconfig, _attn_groups(config, kv_cache_config, vconfig)
+            vconfig, vllm_attention_groups(config, kv_cache_config, vconfig)
         )
         assert ours == theirs
-        allocation = allocate_kv_cache(kv_cache_config, "cpu", kernel_block_sizes=ours)
-        vviews = _worker_utils.allocate_kv_cache(
-            vconfig, torch.device("cpu"), _vllm_layout[layout], theirs
+        views = outcome(
+            lambda: _views(
+                allocate_kv_cache(
+                    kv_cache_config, "cpu", kernel_block_sizes=ours, config=config
+                ).kernel_views
+            )
         )
-        assert _views(allocation.kernel_views) == _views(vviews)
+        assert views == outcome(lambda: _views(bind_with_vllm(config, kv_cache_config, theirs)[0]))
+        assert (views[0] == "error") == name.endswith("_refused")
 
     def test_split_of_a_padded_block_is_refused_by_both(self) -> None:
         """A block stride past the dense page cannot be split: both sides refuse."""

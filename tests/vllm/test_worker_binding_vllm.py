@@ -99,9 +99,7 @@ class TestRawBytes:
         config = _config(num_gpu_blocks_override=8)
         kv_cache_config = _plan(config, {"m": mamba})
         sizes = prepare_kernel_block_sizes(config, kv_cache_config)
-        with allocate_kv_cache(
-            kv_cache_config, "cpu", kernel_block_sizes=sizes, config=config
-        ) as allocation:
+        with allocate_kv_cache(kv_cache_config, "cpu", kernel_block_sizes=sizes) as allocation:
             ours, bound = _described(allocation.views), _described(allocation.kernel_views)
         theirs, _ = bind_with_vllm(config, kv_cache_config, sizes)
         assert ours == bound == _described(theirs)
@@ -128,6 +126,7 @@ class TestRawBytes:
         )
         config = _config(
             hisparse={"index_topk": 2048},
+            kv_cache_layout="BLHNC",
             host_pool_bytes=1 << 22,
             num_gpu_blocks_override=256,
             max_model_len=512,
@@ -135,9 +134,7 @@ class TestRawBytes:
         specs = resolve_hisparse_specs(config, {"m0": source, "m1": source, "i0": indexer})
         kv_cache_config = _plan(config, specs)
         sizes = prepare_kernel_block_sizes(config, kv_cache_config)
-        with allocate_kv_cache(
-            kv_cache_config, "cpu", kernel_block_sizes=sizes, config=config
-        ) as allocation:
+        with allocate_kv_cache(kv_cache_config, "cpu", kernel_block_sizes=sizes) as allocation:
             ours = _described(allocation.kernel_views)
 
         class HostPool:
