@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
+from typing import ClassVar
 
 from vllm.config import VllmConfig
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
@@ -30,6 +32,14 @@ _GRANULE = 4096
 
 class Padded4KiBBuilder(DefaultKVCacheConfigBuilder):
     """vLLM's plan with each block's device bytes padded to the copy engine's granule."""
+
+    #: vLLM 0.34.0's worker drops a layer-outer backing's bytes after the last
+    #: layer region, so Core's one-block probe (padding included) plans the
+    #: capacity with more bytes per block than the worker's segments take
+    #: (tests/vllm/test_worker_accept_native.py).
+    WORKER_REFUSED: ClassVar[Mapping[str, frozenset[str]]] = {
+        "0.34.0": frozenset({"KV-WORKER-POOL-BYTES"})
+    }
 
     def get_kv_cache_config_from_groups(
         self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec], num_blocks: int
