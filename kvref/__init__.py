@@ -1,8 +1,10 @@
-"""kvref: a reference implementation of vLLM 0.33.0's KV cache planning.
+"""kvref: a reference implementation of vLLM's KV cache planning (0.33.0 and 0.34.0).
 
 The public API: spec kinds, records, :class:`KVCacheLayout`,
-:class:`PlanningConfig`, the typed errors, the builder interface and the
-reference builder, Core's planning flow and on-device allocation.
+:class:`PlanningConfig` (whose ``vllm_version`` picks the release planned
+as), the typed errors, the builder interface and the reference builder,
+Core's planning flow (and 0.34.0's extensible KV cache sizing) and on-device
+allocation.
 
 Every name is imported on first use (PEP 562): ``import kvref`` costs
 milliseconds and never imports torch, which only allocation needs (and a
@@ -40,6 +42,11 @@ if TYPE_CHECKING:
         SpecError,
         UnsupportedError,
         WorkerSpecMismatchError,
+    )
+    from kvref.extensible import (
+        FinalizedKVCache,
+        finalize_extensible_kv_cache,
+        shrink_kv_cache_configs,
     )
     from kvref.extra_specs import HiddenStateCacheSpec, HiSparseHotSpec, HiSparseResidentSpec
     from kvref.hisparse import resolve_hisparse_specs
@@ -117,6 +124,11 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "UnsupportedError",
         "WorkerSpecMismatchError",
     ),
+    "kvref.extensible": (
+        "FinalizedKVCache",
+        "finalize_extensible_kv_cache",
+        "shrink_kv_cache_configs",
+    ),
     "kvref.extra_specs": (
         "HiSparseHotSpec",
         "HiSparseResidentSpec",
@@ -182,6 +194,7 @@ __all__ = [
     "CrossAttentionSpec",
     "DEFAULT_LAYOUT_PREFERENCE",
     "EncoderOnlyAttentionSpec",
+    "FinalizedKVCache",
     "FullAttentionSpec",
     "GroupingError",
     "HOST_LAYOUT",
@@ -227,6 +240,7 @@ __all__ = [
     "allocate_kv_cache",
     "compute_layer_kv_cache_shape_bytes",
     "compute_layout_strides",
+    "finalize_extensible_kv_cache",
     "get_global_kv_cache_groups",
     "get_kv_cache_config_builder",
     "get_kv_cache_config_builder_cls",
@@ -238,6 +252,7 @@ __all__ = [
     "project_kv_cache_groups_to_worker",
     "resolve_hisparse_specs",
     "resolve_layout",
+    "shrink_kv_cache_configs",
     "__version__",
 ]
 
