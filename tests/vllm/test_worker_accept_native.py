@@ -91,7 +91,7 @@ _CASES = (
     ("builder", "specs", "layouts"), _CASES, ids=[c[0].__name__ for c in _CASES]
 )
 def test_broken_twin_caught_where_its_release_has_the_rule(
-    builder: type, specs: Mapping[str, KVCacheSpec], layouts: tuple[str, ...]
+    builder: Any, specs: Mapping[str, KVCacheSpec], layouts: tuple[str, ...]
 ) -> None:
     """The meant invariant fails under a release with the rule, naming vLLM; else N/A."""
     qualname = f"{PKG}.worker_rules:{builder.__name__}"
