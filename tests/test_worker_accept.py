@@ -204,6 +204,8 @@ class TestBlockSegments:
         assert "with different block strides need a block-compact layer-outermost layout" in text
         old = observe(worker_builders.PerLayerPools, layout, _MIXED, "0.33")
         not_applicable("KV-WORKER-BLOCK-SEGMENTS", old, "0.33.0")
+        # The interface's own rule for block-outermost layouts refuses it in every release.
+        assert judge("KV-PLACE-BLOCK-STRIDE", old)
 
     def test_per_layer_pools_of_one_stride_are_segments(self) -> None:
         """Pools of one page are whole segments, one per layer: accepted."""
@@ -220,6 +222,7 @@ class TestBlockSegments:
         )
         old = observe(worker_builders.TrailingScratch, layout, _UNIFORM, "0.33")
         not_applicable("KV-WORKER-BLOCK-SEGMENTS", old, "0.33.0")
+        assert judge("KV-PLACE-BLOCK-STRIDE", old)
 
 
 class TestCommitted:

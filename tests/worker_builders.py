@@ -110,6 +110,8 @@ class PerLayerPools(_Worker):
     Each layer steps its own page over ``num_blocks`` blocks, as layer-outer
     layouts do, inside a block-outermost layout: vLLM 0.34.0's worker cuts
     such a backing by one block stride and refuses layers of different pages.
+    The interface's ``KV-PLACE-BLOCK-STRIDE`` refuses it under every release
+    too (block-outermost tensors step the whole block).
     """
 
     CAUGHT_BY = "KV-WORKER-BLOCK-SEGMENTS"
@@ -141,7 +143,8 @@ class TrailingScratch(_Worker):
 
     Tensors keep stepping the reference's block, so the backing is no longer
     a whole number of ``num_blocks``-block segments, which vLLM 0.34.0's
-    worker refuses.
+    worker refuses.  The interface's ``KV-PLACE-BLOCK-STRIDE`` refuses it
+    under every release too (the tensors no longer step the backing / N).
     """
 
     CAUGHT_BY = "KV-WORKER-BLOCK-SEGMENTS"
