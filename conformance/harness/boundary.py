@@ -30,10 +30,18 @@ Builder = KVCacheConfigBuilder | type[KVCacheConfigBuilder]
 
 @attrs.frozen
 class Prepared:
-    """The builder as the run reaches it, and the reach meter of the run (``None``: none)."""
+    """The builder as the run reaches it, and the reach meter of the run (``None``: none).
+
+    Attributes:
+        builder: the builder, or the proxy of its isolated worker.
+        meter: the run's reach meter (``None``: reach not measured).
+        owned: :func:`prepare` started the worker, so the run closes it when it
+            ends (a proxy the caller isolated is the caller's to close).
+    """
 
     builder: Builder
     meter: ReachMeter | None
+    owned: bool = False
 
 
 def _check_min_reach(reach: bool | Sequence[str] | None, min_reach: float | None) -> None:
@@ -77,9 +85,11 @@ def prepare(
         from conformance.harness.isolate import IsolatedBuilder, isolated
 
         cls = builder if isinstance(builder, type) else None
+        owned = True
         if cls is not None and issubclass(cls, IsolatedBuilder):
             # Isolated by the caller (the plugin keeps one per session), with its reach.
             proxy: type[IsolatedBuilder] = cls
+            owned = False
         else:
             if wanted is not None:
                 _reach_available()
@@ -87,7 +97,8 @@ def prepare(
                 proxy = isolated(builder, name, reach=wanted, memory=memory)
             except BuilderLoadError as exc:
                 raise OptionError(str(exc)) from None
-        return Prepared(proxy, None if wanted is None else _worker_meter(proxy, min_reach))
+        meter = None if wanted is None else _worker_meter(proxy, min_reach)
+        return Prepared(proxy, meter, owned)
     if isinstance(builder, str):
         try:
             builder = load_builder(builder)

@@ -290,6 +290,29 @@ def _check_guarded(
         memory=options.worker_memory_bytes,
     )
     builder, meter = prepared.builder, prepared.meter
+    try:
+        return _run_prepared(
+            builder, meter, options, guard, selected, progress, vendor, started, focus_exchange
+        )
+    finally:
+        if prepared.owned:
+            # The worker this run started ends with it: a caller that checks many
+            # builders (a test suite, a notebook) would otherwise keep one per run.
+            builder.close()  # type: ignore[union-attr]
+
+
+def _run_prepared(
+    builder: Any,
+    meter: Any,
+    options: RunOptions,
+    guard: Guard,
+    selected: Sequence[Invariant],
+    progress: Progress | None,
+    vendor: SearchStrategy[Model] | None,
+    started: float,
+    focus_exchange: FocusExchange | None,
+) -> Report:
+    isolate = options.isolate
     _preflight(builder, guard)
     run = Run(builder, options, guard, progress)
     run.focus_exchange = focus_exchange

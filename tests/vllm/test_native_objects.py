@@ -20,6 +20,7 @@ from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 
 from conformance import check_builder
 from conformance.report.model import Report
+from tests.test_worker_lifetime import children
 from tests.vllm.native_builders.alignment import DropsAlignmentBuilder
 
 pytestmark = pytest.mark.vllm
@@ -46,13 +47,18 @@ def _verdicts(report: Report) -> dict[str, tuple[str, int]]:
 
 @pytest.mark.parametrize("isolate", [True, False], ids=["isolated", "in-process"])
 def test_vllms_default_as_a_class_or_an_instance_is_judged_as_by_name(isolate: bool) -> None:
-    """The class, an instance and the name give the same verdicts and counts, all passing."""
+    """The class, an instance and the name give the same verdicts and counts, all passing.
+
+    Each run closes the worker it started (each held vLLM, about 150 MB).
+    """
+    before = children()
     by_name = _run("vllm.v1.core.kv_cache_planning:DefaultKVCacheConfigBuilder", isolate=isolate)
     assert by_name.ok and {s for s, _ in _verdicts(by_name).values()} == {"pass"}
     for given in (DefaultKVCacheConfigBuilder, DefaultKVCacheConfigBuilder()):
         report = _run(given, isolate=isolate)
         assert _verdicts(report) == _verdicts(by_name), (given, _describe(report))
         assert report.builder == "vllm.v1.core.kv_cache_planning:DefaultKVCacheConfigBuilder"
+    assert children() <= before
 
 
 def test_a_broken_vendor_class_is_caught_as_meant() -> None:
