@@ -197,7 +197,16 @@ def plan_with_vllm(
             raise PlanningError(f"vLLM: {message}") from exc
         figures = _worker_figures(native_cls, vcfg, global_groups, workers, memory)
     layout = config.kv_cache_layout
-    converted = [attrs.evolve(config_from_vllm(c), kv_cache_layout=layout) for c in configs]
+    # Core resolved the zeroing for every worker where vLLM has it as a field (0.34.0).
+    resolved = config.rules.zeroing_across_workers
+    converted = [
+        attrs.evolve(
+            config_from_vllm(c),
+            kv_cache_layout=layout,
+            resolved_kv_cache_zeroing=bool(c.needs_kv_cache_zeroing) if resolved else None,
+        )
+        for c in configs
+    ]
     return KVCachePlan(
         global_groups=tuple(groups_from_vllm(global_groups)),
         configs=tuple(converted),

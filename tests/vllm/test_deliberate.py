@@ -1,11 +1,12 @@
-"""Where kvref differs from vLLM 0.33.0 on purpose, each difference pinned down.
+"""Where kvref differs from the installed vLLM on purpose, each difference pinned down.
 
-See contract.md#deliberate-differences.
+See contract.md#deliberate-differences.  kvref plans as the installed release.
 
 (a) placement returns the requested ``num_blocks``; vLLM's default returns
     ``num_gpu_blocks_override``;
 (b) the PP projection of a uniform-type group with no layer on a worker is
-    empty in kvref; vLLM keeps the global spec and places foreign layers;
+    empty in kvref; vLLM 0.33.0 keeps the global spec and places foreign
+    layers (vLLM 0.34.0 fixed it, issue 54711: there both agree);
 (c) layer-outer placement with different aligned strides across groups:
     vLLM lets different block IDs alias, kvref uses one common stride;
 (d) kvref's errors are typed; vLLM raises ``AssertionError`` and friends.
@@ -16,7 +17,7 @@ Run: ``/work/vllm-venv/bin/python -m pytest -m vllm tests/vllm`` (or ``tox -e vl
 from __future__ import annotations
 
 import pytest
-from _vllm_diff import VLLMDefault, group_names, run_kvref, run_vllm
+from _vllm_diff import INSTALLED, VLLMDefault, describe_tensors, group_names, run_kvref, run_vllm
 
 from conformance.check.memory import check_memory
 from kvref import (
@@ -43,7 +44,9 @@ class TestOverride:
         """Asked for 7 blocks with the override at 100: vLLM returns 100, kvref 7."""
         spec = FullAttentionSpec(num_kv_heads=2, head_size=16, dtype="float16", block_size=16)
         model = {"a": spec, "b": spec}
-        config = PlanningConfig(max_model_len=4096, num_gpu_blocks_override=100)
+        config = PlanningConfig(
+            vllm_version=INSTALLED, max_model_len=4096, num_gpu_blocks_override=100
+        )
         ref, vl = ReferenceKVCacheConfigBuilder(), VLLMDefault()
         groups = ref.get_kv_cache_groups(config, model)
         assert vl.get_kv_cache_config_from_groups(config, groups, 7).num_blocks == 100
@@ -52,7 +55,9 @@ class TestOverride:
     def test_core_flow_still_agrees(self) -> None:
         """Core asks for exactly the override, so both flows end with it."""
         spec = FullAttentionSpec(num_kv_heads=2, head_size=16, dtype="float16", block_size=16)
-        config = PlanningConfig(max_model_len=1024, num_gpu_blocks_override=100)
+        config = PlanningConfig(
+            vllm_version=INSTALLED, max_model_len=1024, num_gpu_blocks_override=100
+        )
         workers = [{"a": spec}, {"b": spec}]
         ref, vl = run_kvref(config, workers, [GIB, GIB]), run_vllm(config, workers, [GIB, GIB])
         assert ref.plan is not None and vl.plan is not None
@@ -72,7 +77,10 @@ class TestPPProjection:
         w0 = {f"f{i}": full for i in range(4)} | {f"s{i}a": swa for i in range(4)}
         w1 = {f"s{i}b": swa for i in range(4)}
         config = PlanningConfig(
-            max_model_len=8192, kv_cache_layout=KVCacheLayout.BLHNC, pipeline_parallel_size=2
+            vllm_version=INSTALLED,
+            max_model_len=8192,
+            kv_cache_layout=KVCacheLayout.BLHNC,
+            pipeline_parallel_size=2,
         )
         return config, [w0, w1]
 
@@ -86,12 +94,19 @@ class TestPPProjection:
         assert group_names(ref.plan.global_groups)[0] == ("f0", "f1", "f2", "f3")
 
     def test_vllm_places_foreign_layers(self) -> None:
-        """vLLM gives w1 a tensor of f0..f3 (4 x 65,536 B at block stride 98,304), out of bounds."""
+        """VLLM 0.33.0 gives w1 a tensor of f0..f3 (4 x 65,536 B at block stride 98,304), out
+        of bounds; vLLM 0.34.0 places only w1's layers, as kvref does."""
         config, workers = self._problem()
         vl = run_vllm(config, workers, [GIB, GIB])  # type: ignore[arg-type]
         assert vl.plan is not None
         w1 = vl.plan.configs[1]
         foreign = [t for t in w1.kv_cache_tensors if set(t.layers) - set(workers[1])]
+        if config.rules.placement_walks_layer_specs:
+            ref = run_kvref(config, workers, [GIB, GIB])  # type: ignore[arg-type]
+            assert ref.plan is not None
+            assert foreign == []
+            assert describe_tensors(vl.plan) == describe_tensors(ref.plan)
+            return
         assert [(t.layers, t.layer_stride, t.block_stride) for t in foreign] == [
             (("f0", "f1", "f2", "f3"), 65_536, 98_304)
         ]
@@ -131,7 +146,9 @@ class TestLayerOuterAlias:
         )
         assert full.page_size_bytes == swa.page_size_bytes == 96
         model = {"L0": full, "L1": swa, "L2": swa, "L3": full}
-        config = PlanningConfig(max_model_len=2048, kv_cache_layout=KVCacheLayout.LBNHC)
+        config = PlanningConfig(
+            vllm_version=INSTALLED, max_model_len=2048, kv_cache_layout=KVCacheLayout.LBNHC
+        )
         groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(config, model)
         assert [g.layer_names for g in groups] == [("L0", "L3"), ("L1", "L2")]
         assert VLLMDefault().get_kv_cache_groups(config, model) == groups
@@ -166,7 +183,7 @@ class TestTypedErrors:
         a = FullAttentionSpec(num_kv_heads=2, head_size=16, dtype="float16", block_size=16)
         b = FullAttentionSpec(num_kv_heads=4, head_size=16, dtype="float16", block_size=16)
         workers = [{"x": a}, {"x": b}]
-        config = PlanningConfig(pipeline_parallel_size=2)
+        config = PlanningConfig(vllm_version=INSTALLED, pipeline_parallel_size=2)
         vl, ref = run_vllm(config, workers, [GIB, GIB]), run_kvref(config, workers, [GIB, GIB])
         assert isinstance(vl.error, AssertionError)
         assert isinstance(ref.error, WorkerSpecMismatchError)
@@ -175,7 +192,9 @@ class TestTypedErrors:
         """A worker without KV layers: vLLM fails untyped; kvref gives it the others' blocks."""
         spec = FullAttentionSpec(num_kv_heads=2, head_size=16, dtype="float16", block_size=16)
         workers: list[dict[str, FullAttentionSpec]] = [{"a": spec, "b": spec}, {}]
-        config = PlanningConfig(max_model_len=1024, pipeline_parallel_size=2)
+        config = PlanningConfig(
+            vllm_version=INSTALLED, max_model_len=1024, pipeline_parallel_size=2
+        )
         memory = [GIB, GIB]
         vl, ref = run_vllm(config, workers, memory), run_kvref(config, workers, memory)
         assert vl.error is not None and not isinstance(vl.error, KVRefError)
@@ -186,7 +205,7 @@ class TestTypedErrors:
         """Both refuse too little memory; kvref's error has exact bytes, vLLM's are parsed GiB."""
         spec = FullAttentionSpec(num_kv_heads=8, head_size=128, dtype="bfloat16", block_size=16)
         model = {f"l{i}": spec for i in range(8)}
-        config = PlanningConfig(max_model_len=32768)
+        config = PlanningConfig(vllm_version=INSTALLED, max_model_len=32768)
         vl, ref = run_vllm(config, [model], [GIB]), run_kvref(config, [model], [GIB])
         assert isinstance(ref.error, InsufficientMemoryError)
         assert isinstance(vl.error, InsufficientMemoryError)

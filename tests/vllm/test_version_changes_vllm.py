@@ -1,0 +1,100 @@
+"""The problems made for vLLM 0.34.0's planning changes, against the installed vLLM itself.
+
+``tests/test_version_changes.py`` checks kvref against the stored outputs of
+both releases; here the same problems (``golden/versions.json`` and
+``golden/vllm-0.34.0/fields_0_34.json``) go through the installed vLLM's own
+Core flow, and kvref, planning as that release, must agree with it: groups,
+block count, tensors, per-worker zeroing, or the kind of refusal.  The
+installed vLLM must also reproduce the stored outputs of its release
+(``scripts/golden_versions.py --check``).  Under vLLM 0.33.0 a problem using a
+0.34.0-only field is refused on both sides: vLLM 0.33.0 cannot express the
+spec, and kvref refuses the field when planning as 0.33.0.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm.v1.core.kv_cache_planning")
+
+import golden
+from _vllm_diff import INSTALLED, assert_agree, run_kvref, run_vllm
+
+from kvref import SpecError, UnsupportedError
+from kvref.interop import vllm as iv
+from kvref.versions import V0_34
+
+pytestmark = pytest.mark.vllm
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = golden.find_golden_dir()
+assert GOLDEN is not None, "tests/data/golden is part of the repository"
+SHARED = GOLDEN / "versions.json"
+FIELDS = golden.version_dir(GOLDEN, V0_34) / "fields_0_34.json"
+
+
+def _raws(path: Path) -> list[Any]:
+    return [pytest.param(raw, id=raw["name"]) for raw in golden._read_json_list(path)]
+
+
+def _problem(raw: dict[str, Any]) -> golden.GoldenProblem:
+    return golden.problem_from_dict(raw, version=INSTALLED)
+
+
+def _memory(problem: golden.GoldenProblem) -> list[int]:
+    return [problem.memory_of(i) for i in range(len(problem.workers))]
+
+
+@pytest.mark.parametrize("raw", _raws(SHARED))
+def test_shared_problems_agree(raw: dict[str, Any]) -> None:
+    """Problems expressible in every release: kvref plans as the installed vLLM does."""
+    problem = _problem(raw)
+    assert assert_agree(problem.config, problem.workers, _memory(problem)) in (
+        "ok",
+        "refused",
+    )
+
+
+@pytest.mark.parametrize("raw", _raws(SHARED))
+def test_decode_query_length_is_the_installed_vllms(raw: dict[str, Any]) -> None:
+    """VLLM's ``max_decode_query_len`` for the problem's config is the one kvref derives."""
+    backend = importlib.import_module("vllm.v1.attention.backend")
+    config = _problem(raw).config
+    assert backend.max_decode_query_len(iv.to_vllm_config(config)) == (
+        config.derived_max_decode_query_len
+    )
+
+
+@pytest.mark.parametrize("raw", _raws(FIELDS))
+def test_new_fields_agree_or_are_refused(raw: dict[str, Any]) -> None:
+    """0.34.0's fields: the same plan under 0.34.0; refused on both sides under 0.33.0."""
+    problem = _problem(raw)
+    memory = _memory(problem)
+    if INSTALLED >= V0_34:
+        assert assert_agree(problem.config, problem.workers, memory) == "ok"
+        return
+    ours, theirs = (
+        run_kvref(problem.config, problem.workers, memory),
+        run_vllm(problem.config, problem.workers, memory),
+    )
+    assert isinstance(ours.error, SpecError)
+    assert isinstance(theirs.error, UnsupportedError)
+    assert f"vLLM {INSTALLED}" in str(theirs.error)
+
+
+def test_stored_outputs_are_the_installed_vllms() -> None:
+    """Regenerating the installed release's golden files reproduces the committed ones."""
+    spec = importlib.util.spec_from_file_location(
+        "golden_versions", REPO / "scripts" / "golden_versions.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["golden_versions"] = module
+    spec.loader.exec_module(module)
+    assert module.main(["--check"]) == 0
