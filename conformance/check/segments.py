@@ -197,7 +197,7 @@ def _block_refusals(config: KVCacheConfig) -> list[Refusal]:
                 "whole segments",
                 f"the backing of {size} bytes is not a whole number of num_blocks x "
                 f"block_stride = {config.num_blocks} x {strides[0]} = {segment}-byte segments "
-                f"({size // segment} and {size % segment} bytes over)",
+                f"({size // segment} whole segments and {size % segment} bytes over)",
                 f"ValueError in ExtensibleKVCache._segments ({EXTENSIBLE}): 'KV cache "
                 f"allocation of {size} bytes is not a whole number of {config.num_blocks}-block "
                 "segments.'",
