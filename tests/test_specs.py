@@ -503,3 +503,92 @@ class TestFullAttentionVariants:
         assert RSWASpec.merge([a, a]) == a
         with pytest.raises(IncompatibleSpecsError, match="rswa_window"):
             RSWASpec.merge([a, b])
+
+
+class TestFieldsOf034:
+    """The spec fields vLLM 0.34.0 added, their checks and their merge rules."""
+
+    @staticmethod
+    def mamba(**kw: Any) -> MambaSpec:
+        # States of 8,000 and 131,072 bytes.
+        return MambaSpec(
+            block_size=16, shapes=((4, 1000), (8, 64, 64)), dtypes=("bfloat16", "float32"), **kw
+        )
+
+    @staticmethod
+    def swmla(**kw: Any) -> SlidingWindowMLASpec:
+        return SlidingWindowMLASpec(
+            block_size=64, num_kv_heads=1, head_size=576, dtype="bfloat16", sliding_window=128, **kw
+        )
+
+    def test_state_alignment_rounds_every_state(self) -> None:
+        """Each state is rounded up on its own: 8,192 + 131,072 at 256 bytes, 139,072 at 1."""
+        assert self.mamba().page_size_bytes == 139_072
+        assert self.mamba(state_alignment=256).page_size_bytes == 139_264
+
+    @pytest.mark.parametrize("value", [0, -4, True, "8", 2.0])
+    def test_bad_state_alignment_names_the_field(self, value: object) -> None:
+        """Not a positive int: a SpecError naming the field and the value."""
+        with pytest.raises(SpecError, match=rf"MambaSpec\.state_alignment={value!r}"):
+            self.mamba(state_alignment=value)
+
+    def test_padded_page_must_be_aligned(self) -> None:
+        """A padded page that is no multiple of the alignment is refused (vLLM asserts it)."""
+        with pytest.raises(SpecError, match=r"page_size_padded=139300 must be a multiple of"):
+            self.mamba(state_alignment=256, page_size_padded=139_300)
+        assert self.mamba(state_alignment=256, page_size_padded=139_520).page_size_bytes == 139_520
+
+    def test_state_alignment_splits_uniform_type(self) -> None:
+        """Mamba layers of one page but different alignments are not of one type."""
+        a, b = (
+            self.mamba(page_size_padded=140_000),
+            self.mamba(state_alignment=16, page_size_padded=140_000),
+        )
+        assert a.page_size_bytes == b.page_size_bytes
+        assert not a.is_uniform_with_collection([a, b])
+
+    def test_kv_head_major_slots_is_identity(self) -> None:
+        """Equality and hash see the field, so the full-attention merge refuses a mix."""
+        plain, major = full(), full(kv_head_major_slots=True)
+        assert plain != major and hash(plain) != hash(major)
+        with pytest.raises(IncompatibleSpecsError, match="kv_head_major_slots"):
+            FullAttentionSpec.merge([plain, major])
+        assert FullAttentionSpec.merge([major, major]).kv_head_major_slots  # type: ignore[attr-defined]
+
+    @pytest.mark.parametrize(
+        ("make", "field"),
+        [
+            (lambda: full(kv_head_major_slots=1), "FullAttentionSpec.kv_head_major_slots=1"),
+            (
+                lambda: TestFieldsOf034.swmla(non_causal_multi_token_decode="yes"),
+                "SlidingWindowMLASpec.non_causal_multi_token_decode='yes'",
+            ),
+        ],
+    )
+    def test_bool_fields_refuse_other_values(self, make: Any, field: str) -> None:
+        """The new flags take bools only; the error names the field and the value."""
+        with pytest.raises(SpecError, match=field.replace(".", r"\.")):
+            make()
+
+    def test_sliding_window_mla_merge_by_release(self) -> None:
+        """0.33.0 drops quant mode and alignment to their defaults; 0.34.0 needs them equal."""
+        from kvref.versions import V0_33, V0_34, rules
+
+        fp8 = self.swmla(kv_quant_mode="FP8_PER_TENSOR", alignment=576)
+        plain = self.swmla()
+        old = SlidingWindowMLASpec.merge([fp8, fp8], rules(V0_33))
+        assert (old.kv_quant_mode, old.alignment) == ("NONE", None)  # type: ignore[attr-defined]
+        new = SlidingWindowMLASpec.merge([fp8, fp8], rules(V0_34))
+        assert (new.kv_quant_mode, new.alignment) == ("FP8_PER_TENSOR", 576)  # type: ignore[attr-defined]
+        assert SlidingWindowMLASpec.merge([fp8, plain], rules(V0_33)) is not None
+        with pytest.raises(IncompatibleSpecsError, match="kv_quant_mode"):
+            SlidingWindowMLASpec.merge([fp8, plain], rules(V0_34))
+        with pytest.raises(IncompatibleSpecsError, match="kv_quant_mode"):
+            SlidingWindowMLASpec.merge([fp8, plain])  # no rules: the newest release's
+
+    def test_non_causal_multi_token_decode_is_or_ed(self) -> None:
+        """One SW-MLA layer with the flag gives its merged spec the flag."""
+        merged = SlidingWindowMLASpec.merge(
+            [self.swmla(), self.swmla(non_causal_multi_token_decode=True)]
+        )
+        assert merged.non_causal_multi_token_decode  # type: ignore[attr-defined]

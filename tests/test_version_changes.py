@@ -13,17 +13,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from golden import GoldenProblem, find_golden_dir, load_problem, version_dir
 
 from kvref import (
+    ConfigError,
+    FullAttentionSpec,
     HiSparseError,
     MLAAttentionSpec,
     PageSizeUnificationError,
+    PlanningConfig,
     ReferenceKVCacheConfigBuilder,
     SpecError,
     UniformTypeKVCacheSpecs,
     plan_kv_cache,
+    plan_profiling_kv_cache,
 )
 from kvref.planning import KVCachePlan
 from kvref.versions import V0_33, V0_34, VllmVersion
@@ -195,3 +200,49 @@ def test_golden_problem_files_exist() -> None:
     assert GOLDEN is not None
     assert Path(GOLDEN / "versions.json").is_file()
     assert (version_dir(GOLDEN, V0_34) / "fields_0_34.out.json").is_file()
+
+
+class TestEntries:
+    """Every planning entry refuses a 0.34.0 field planned as 0.33.0 (and plans it as 0.34.0)."""
+
+    PLAIN = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=64, dtype="bf16")
+
+    def _major(self) -> dict[str, FullAttentionSpec]:
+        return {"a": attrs.evolve(self.PLAIN, kv_head_major_slots=True)}
+
+    def test_builder_hooks(self) -> None:
+        """The reference builder's grouping and placement refuse; under 0.34.0 both work."""
+        builder = ReferenceKVCacheConfigBuilder()
+        new = PlanningConfig(vllm_version=V0_34)
+        groups = builder.get_kv_cache_groups(new, self._major())
+        assert builder.get_kv_cache_config_from_groups(new, groups, 4).num_blocks == 4
+        old = new.with_vllm_version(V0_33)
+        with pytest.raises(SpecError, match="kv_head_major_slots=True"):
+            builder.get_kv_cache_groups(old, self._major())
+        with pytest.raises(SpecError, match="kv_head_major_slots=True"):
+            builder.get_kv_cache_config_from_groups(old, groups, 4)
+
+    def test_core_and_profiling(self) -> None:
+        """Core's flow (with or without given groups) and the profiling path refuse."""
+        old = PlanningConfig(vllm_version=V0_33)
+        groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(old, {"a": self.PLAIN})
+        with pytest.raises(SpecError, match=r"vLLM 0\.33\.0"):
+            plan_kv_cache(None, old, [self._major()], 2**30)
+        with pytest.raises(SpecError, match=r"vLLM 0\.33\.0"):
+            plan_kv_cache(None, old, [self._major()], 2**30, global_groups=groups)
+        with pytest.raises(SpecError, match=r"vLLM 0\.33\.0"):
+            plan_profiling_kv_cache(
+                None, old, self._major(), max_num_reqs=4, max_cudagraph_capture_size=4
+            )
+
+
+class TestDraftSlotConfig:
+    def test_hisparse_decode_queries_follow_the_release(self) -> None:
+        """A 2-token draft model: HiSparse's decode queries must be 3 (0.33.0) or 4 (0.34.0)."""
+        kw: dict[str, Any] = {"speculative_method": "draft_model", "num_speculative_tokens": 2}
+        assert PlanningConfig(vllm_version=V0_33, hisparse={"max_decode_query_len": 3}, **kw)
+        assert PlanningConfig(vllm_version=V0_34, hisparse={"max_decode_query_len": 4}, **kw)
+        with pytest.raises(ConfigError, match=r"must be 4 \(1 \+ .* \+ 1 drafter slot\)"):
+            PlanningConfig(vllm_version=V0_34, hisparse={"max_decode_query_len": 3}, **kw)
+        eagle = {**kw, "speculative_method": "eagle", "num_prefill_lookahead_tokens": 1}
+        assert PlanningConfig(vllm_version=V0_34, **eagle).derived_max_decode_query_len == 3

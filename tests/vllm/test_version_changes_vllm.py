@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
@@ -26,9 +27,19 @@ pytest.importorskip("vllm.v1.core.kv_cache_planning")
 import golden
 from _vllm_diff import INSTALLED, assert_agree, run_kvref, run_vllm
 
-from kvref import SpecError, UnsupportedError
+from kvref import (
+    FullAttentionSpec,
+    HiSparseHotSpec,
+    KVCacheGroupSpec,
+    KVCacheLayout,
+    MambaSpec,
+    SlidingWindowMLASpec,
+    SpecError,
+    UnsupportedError,
+)
 from kvref.interop import vllm as iv
-from kvref.versions import V0_34
+from kvref.placement import bytes_per_block
+from kvref.versions import V0_34, rules
 
 pytestmark = pytest.mark.vllm
 
@@ -98,3 +109,52 @@ def test_stored_outputs_are_the_installed_vllms() -> None:
     sys.modules["golden_versions"] = module
     spec.loader.exec_module(module)
     assert module.main(["--check"]) == 0
+
+
+def test_new_fields_convert_both_ways() -> None:
+    """0.34.0's fields reach vLLM and come back; vLLM 0.33.0 takes them only at their defaults."""
+    mamba = MambaSpec(block_size=16, shapes=((4, 1000),), dtypes=("bfloat16",), state_alignment=256)
+    major = FullAttentionSpec(
+        block_size=16, num_kv_heads=8, head_size=64, dtype="bf16", kv_head_major_slots=True
+    )
+    window = SlidingWindowMLASpec(
+        block_size=64,
+        num_kv_heads=1,
+        head_size=576,
+        dtype="bf16",
+        sliding_window=128,
+        non_causal_multi_token_decode=True,
+    )
+    for spec, field in (
+        (mamba, "state_alignment"),
+        (major, "kv_head_major_slots"),
+        (window, "non_causal_multi_token_decode"),
+    ):
+        if INSTALLED >= V0_34:
+            theirs = iv.spec_to_vllm(spec)
+            assert getattr(theirs, field) == getattr(spec, field)
+            assert theirs.page_size_bytes == spec.page_size_bytes
+            assert iv.spec_from_vllm(theirs) == spec
+        else:
+            with pytest.raises(UnsupportedError, match=rf"{field}=.*vLLM {INSTALLED}"):
+                iv.spec_to_vllm(spec)
+            plain = attrs.evolve(spec, **{field: attrs.fields_dict(type(spec))[field].default})
+            assert iv.spec_from_vllm(iv.spec_to_vllm(plain)) == plain
+
+
+def test_block_alignment_of_a_hot_group_without_layers() -> None:
+    """A HiSparse hot group with no layer on the worker: vLLM 0.33.0 rounds the block up to its
+    page, 0.34.0 aligns to the worker's layers only; kvref follows the installed release."""
+    kvp = iv.vllm_modules().kvp
+    layout = importlib.import_module("vllm.v1.kv_cache_layout").KVCacheLayout.BLHNC
+    full = FullAttentionSpec(block_size=64, num_kv_heads=1, head_size=64, dtype="bf16")
+    groups = [
+        KVCacheGroupSpec(layer_names=("f0",), kv_cache_spec=full),
+        KVCacheGroupSpec(
+            layer_names=(),
+            kv_cache_spec=HiSparseHotSpec(block_size=64, page_size=24_576, blocks_per_request=4),
+        ),
+    ]
+    theirs = kvp._get_kv_cache_bytes_per_block(iv.groups_to_vllm(groups), layout)
+    ours = bytes_per_block(groups, KVCacheLayout.BLHNC, rules(INSTALLED))
+    assert ours == theirs == (16_384 if INSTALLED >= V0_34 else 24_576)
