@@ -77,7 +77,7 @@ def _escape_message(obs: PlacementObservation, config: KVCacheConfig, k: int, e:
     )
     return (
         f"reserved at {n} blocks, committed at N'={k}: tensor {e.tensor_index}'s page of block "
-        f"{e.block} uses bytes [{e.byte_range[0]}, {e.byte_range[1]}), {where}.  "
+        f"{e.block} has bytes [{e.byte_range[0]}, {e.byte_range[1]}), {where}.  "
         f"vLLM {obs.config.vllm_version}'s Core lowers num_blocks from {n} to {k} in place "
         f"without asking the builder (shrink_kv_cache_configs, {_PLANNING}: the device size "
         f"becomes {size} x {k} // {n} = {device_size(low)}, offsets and strides stay) and its "

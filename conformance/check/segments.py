@@ -148,13 +148,18 @@ def _region_refusals(config: KVCacheConfig) -> list[Refusal]:
     end = 0
     for start in sorted(lengths):
         if start != end:
-            where = "a gap" if start > end else "an overlap"
+            where = (
+                f"the regions before it end at byte {end}, a gap"
+                if end and start > end
+                else f"the regions before it end at byte {end}, an overlap"
+                if end
+                else "not at byte 0"
+            )
             out.append(
                 Refusal(
                     "tiling",
                     f"the layer regions must tile the backing from byte 0: the region of "
-                    f"{owner[start]!r} starts at byte {start}, where the regions before it end "
-                    f"at {end} ({where})",
+                    f"{owner[start]!r} starts at byte {start}, {where}",
                     f"AssertionError in pad_kv_cache_segments ({EXTENSIBLE}): 'KV cache "
                     "tensors do not tile the allocation.'",
                     layer=owner[start],
