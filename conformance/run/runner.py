@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -42,6 +42,7 @@ from kvref.builder import KVCacheConfigBuilder
 
 __all__ = [
     "PROFILES",
+    "RUN_ARGUMENTS",
     "ContractVersionWarning",
     "InvariantResult",
     "OptionError",
@@ -73,41 +74,20 @@ def _preflight(builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder], guard
         ) from None
 
 
+#: What a run takes besides its :class:`RunOptions` fields (see :func:`check_builder`).
+RUN_ARGUMENTS = ("progress", "name", "focus_exchange")
+
+
 def check_builder(
     builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder] | str,
     options: RunOptions | None = None,
-    *,
-    progress: Progress | None = None,
-    name: str | None = None,
-    models: object | None = None,
-    device: str | None = None,
-    max_examples: int | None = None,
-    seed: int | None = None,
-    select: Iterable[str] | None = None,
-    xfail: Iterable[str] | None = None,
-    timeout: float | None = None,
-    unsupported: Iterable[str] | None = None,
-    profile: str | None = None,
-    max_alloc_bytes: int | None = None,
-    shrink: bool | None = None,
-    database: str | None = None,
-    isolate: bool | None = None,
-    reach: bool | Sequence[str] | None = None,
-    min_reach: float | None = None,
-    models_only: bool | None = None,
-    replays: int | None = None,
-    worker_memory: float | None = None,
-    focus: str | None = None,
-    explore: float | None = None,
-    explore_candidates: int | None = None,
-    shard: str | None = None,
-    vllm: str | None = None,
-    focus_exchange: FocusExchange | None = None,
+    **overrides: Any,
 ) -> Report:
     """Check ``builder`` against the invariant catalog and return a :class:`Report`.
 
-    The run's options are one :class:`~conformance.run.options.RunOptions`:
-    ``options`` as the CLI and the plugin pass it, or built from the keywords
+    The run's options are one :class:`~conformance.run.options.RunOptions`
+    (its attributes say what each option does and its default): ``options``
+    as the CLI and the plugin pass it, or built from the keyword ``overrides``
     (a keyword left out, or ``None``, takes the kit's default, the same on
     every front end).  Keywords given with ``options`` replace its values.
 
@@ -117,95 +97,37 @@ def check_builder(
             in the worker process, never in the caller's), or a builder
             class (instantiated afresh where vLLM would) or instance.
         options: the whole run's options (default: from the keywords).
-        progress: called as ``progress(scenario, done, total)``.
-        name: the builder's importable name in the report and its reproduce lines.
-        models: the vendor's models, mixed into generation: ``"module:attr"``, a
-            JSON file path, or the object itself
-            (:func:`conformance.generate.vendor.load_models`).
-        device: torch device for the device invariants (``cpu``, the default;
-            ``cuda``, ``meta``...); one torch cannot use is an :class:`OptionError`.
-        max_examples: examples per scenario (default: the profile's; must be >= 1).
-        seed: makes the run reproducible (random if ``None``; the report says which).
-        select: invariant ids or id prefixes to run (default: all; never empty).
-        xfail: ids expected to fail; a failure is reported as XFAIL, a pass as XPASS.
-        timeout: per-call deadline in seconds for every builder hook (default 10).
-        unsupported: capabilities the builder lacks (e.g. ``host_resident``), in
-            addition to its ``kvref_unsupported`` attribute.
-        profile: ``ci`` (fast, the default) or ``thorough``.
-        max_alloc_bytes: cap of any single device allocation of the device checks.
-        shrink: shrink failures to minimal counterexamples (default ``True``).
-        database: directory of a Hypothesis example database: counterexamples of
-            earlier runs are replayed first and new ones are saved there
-            (default: none).
-        isolate: run the builder's hooks in a worker process (the default;
-            :func:`conformance.harness.isolate.isolated`): a hook that ends or crashes
-            the process, or patches the kit, is reported as the builder's failure,
-            and its answers reach the kit as data.  ``False`` runs it in this
-            process, for debugging only: a builder can then patch the kit.
-        reach: measure which lines of the builder's own code the run executed
-            (``True``: its class's module and package; or module names;
-            ``False``: not); default: measured when coverage.py is installed.
-        min_reach: fail the run when less than this percentage of those lines ran.
-        models_only: generate from ``models`` alone.
-        replays: how many times each failure's minimal counterexample is
-            judged again, to tell deterministic failures from flaky ones
-            (default 2; 0: none).
-        worker_memory: GiB of private memory the isolated worker may take over
-            its size at start (default 16): a hook that leaks past it fails
-            ``KV-CALL-RAISES`` with the limit named.
-        focus: where the run draws extra examples (:mod:`conformance.run.focus`):
-            ``None`` learns it from where the builder's answers differ from the
-            reference's, ``"off"`` draws none, ``family=PATH,...;...`` replays a
-            report's (its reproduce lines carry it).
-        explore: seconds of coverage-guided exploration after the run
-            (:mod:`conformance.run.explore`; default 0: none).  Needs reach
-            measured; its corpus is saved in ``database`` and judged first next time.
-        explore_candidates: stop exploring after this many candidates (the
-            time limit still holds): a reproducible exploration.
-        shard: ``"I/N"``: judge only the I-th of N shares of the run's strata
-            (needs ``focus`` given); :func:`conformance.merge.merge_reports`
-            joins the N reports into the whole run's (docs/vendors.md#shards).
-        vllm: the vLLM release whose contract the run judges (``"0.33"``,
-            ``"0.34.0"``; default: the installed vLLM when supported, else the
-            newest; a vLLM-native builder only under the installed one).
-        focus_exchange: for the shards of one run made at the same time (the
-            pytest plugin under pytest-xdist): called once, after the first
-            deals, with what this shard learned of the focus; returns the union
-            over every shard, which the shard then draws.  With it, a shard
-            may learn the focus (``focus`` left ``None``).
+        **overrides: any :class:`RunOptions` field by name (``seed=1``,
+            ``select=[...]``, ``vllm="0.33"``...), where ``models`` may also be
+            the vendor's models object itself
+            (:func:`conformance.generate.vendor.load_models`); and, besides,
+            ``progress`` (called as ``progress(scenario, done, total)``),
+            ``name`` (the builder's importable name in the report and its
+            reproduce lines) and ``focus_exchange`` (for the shards of one run
+            made at the same time, the pytest plugin under pytest-xdist:
+            called once, after the first deals, with what this shard learned
+            of the focus; returns the union over every shard, which the shard
+            then draws, so a shard may learn the focus).
 
     Raises:
-        OptionError: an option has an unusable value (a ``ValueError``; the
-            device included), or the builder class cannot be constructed at
-            all; raised before any example runs.
+        OptionError: a keyword names no option, an option has an unusable
+            value (a ``ValueError``; the device included), or the builder
+            class cannot be constructed at all; raised before any example runs.
     """
     started = time.perf_counter()
-    keywords = {
-        "device": device,
-        "max_examples": max_examples,
-        "seed": seed,
-        "select": select,
-        "xfail": xfail,
-        "timeout": timeout,
-        "unsupported": unsupported,
-        "profile": profile,
-        "max_alloc_bytes": max_alloc_bytes,
-        "shrink": shrink,
-        "database": database,
-        "isolate": isolate,
-        "reach": reach,
-        "min_reach": min_reach,
-        "models": _models_label(models),
-        "models_only": models_only,
-        "replays": replays,
-        "worker_memory": worker_memory,
-        "focus": focus,
-        "explore": explore,
-        "explore_candidates": explore_candidates,
-        "shard": shard,
-        "vllm": vllm,
-    }
-    options = _options(builder, options, name, keywords)
+    fields = {f.name for f in attrs.fields(RunOptions)} - {"builder"}
+    unknown = sorted(set(overrides) - fields - set(RUN_ARGUMENTS))
+    if unknown:
+        raise OptionError(
+            f"{unknown[0]}={overrides[unknown[0]]!r}: check_builder has no such option "
+            "(the options are RunOptions' fields)"
+        )
+    progress: Progress | None = overrides.pop("progress", None)
+    name: str | None = overrides.pop("name", None)
+    focus_exchange: FocusExchange | None = overrides.pop("focus_exchange", None)
+    models = overrides.get("models")
+    overrides["models"] = _models_label(models)
+    options = _options(builder, options, name, overrides)
     invariants = catalog()
     options.validate(
         capabilities={c for inv in invariants for c in inv.requires} | set(CAPABILITIES),
