@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 
 from conformance import check_builder
@@ -80,10 +81,16 @@ class TestBaseline:
         path.write_text(json.dumps(data, default=str))
         same = compare(broken_report, load_baseline(path))
         assert same.baseline == {
-            "path": str(path), "new": [], "fixed": [], "unchanged": ["KV-GROUP-PARTITION"]
+            "path": str(path), "new": [], "fixed": [], "unchanged": ["KV-GROUP-PARTITION"],
+            "expected": [],
         }  # fmt: skip
+        failed = next(r for r in data["results"] if r["id"] == "KV-GROUP-PARTITION")
         for r in data["results"]:
-            r["status"] = "fail" if r["id"] == "KV-GROUP-NONEMPTY" else "pass"
+            if r["id"] == "KV-GROUP-NONEMPTY":
+                # A real failure carries its counterexample (load_baseline refuses one without).
+                r.update(status="fail", counterexample=failed["counterexample"])
+            else:
+                r["status"] = "pass"
         path.write_text(json.dumps(data, default=str))
         moved = compare(broken_report, load_baseline(path))
         assert moved.baseline is not None
@@ -91,6 +98,34 @@ class TestBaseline:
             ["KV-GROUP-PARTITION"],
             ["KV-GROUP-NONEMPTY"],
         )
+
+    def test_a_failure_excused_by_an_expectation_is_not_fixed(
+        self, broken_report, tmp_path: Path
+    ) -> None:  # type: ignore[no-untyped-def]
+        """Baseline without expectations, run with them: the XFAIL still fails (not 'fixed')."""
+        path = tmp_path / "base.json"
+        path.write_text(json.dumps(report_to_dict(broken_report), default=str))
+        excused = attrs.evolve(
+            broken_report,
+            results=tuple(
+                attrs.evolve(r, status="xfail") if r.id == "KV-GROUP-PARTITION" else r
+                for r in broken_report.results
+            ),
+        )
+        compared = compare(excused, load_baseline(path))
+        assert compared.baseline is not None
+        assert compared.baseline["fixed"] == []
+        assert compared.baseline["expected"] == ["KV-GROUP-PARTITION"]
+
+    def test_a_hand_made_all_fail_baseline_is_refused(self, broken_report, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        """A file calling every invariant failing would excuse any bug: it is no run's report."""
+        data = report_to_dict(broken_report)
+        for r in data["results"]:
+            r["status"] = "fail"
+        path = tmp_path / "all-fail.json"
+        path.write_text(json.dumps(data, default=str))
+        with pytest.raises(BaselineError, match="fails without the counterexample"):
+            load_baseline(path)
 
     @pytest.mark.parametrize(
         ("text", "needle"),

@@ -120,8 +120,9 @@ def _baseline(report: Report) -> list[str]:
         ("new", "new (fail the run)"),
         ("fixed", "fixed"),
         ("unchanged", "unchanged"),
+        ("expected", "still failing, expected (XFAIL)"),
     ):
-        lines.append(f"- {label}: {', '.join(b[key]) or 'none'}")
+        lines.append(f"- {label}: {', '.join(b.get(key, ())) or 'none'}")
     return lines
 
 

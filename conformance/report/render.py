@@ -168,7 +168,10 @@ def format_report(report: Report, *, header: bool = True) -> str:
     if report.baseline:
         b = report.baseline
         lines += ["", f"Baseline {b['path']} (only new failures fail the run):"]
-        lines += [f"  {k}: {', '.join(b[k]) or 'none'}" for k in ("new", "fixed", "unchanged")]
+        lines += [
+            f"  {k}: {', '.join(b.get(k, ())) or 'none'}"
+            for k in ("new", "fixed", "unchanged", "expected")
+        ]
     lines += [
         "",
         "OK" if report.ok else f"FAILED: {', '.join(sorted(report.failing_ids)) or 'reach'}",
