@@ -323,7 +323,9 @@ class MLAAttentionSpec(FullAttentionSpec):
     def merge(cls, specs: Sequence[KVCacheSpec], rules: Rules | None = None) -> KVCacheSpec:
         """Merge MLA specs: single values of the MLA fields; drops ``alignment``.
 
-        See contract.md#merge-rules.
+        The window, chunk and ``non_causal`` of full attention are not MLA
+        fields: the merged spec has their defaults, as in vLLM (0.33.0 and
+        0.34.0).  See contract.md#merge-rules.
 
         Raises:
             IncompatibleSpecsError: a spec is not MLA or a compared field differs.
@@ -354,14 +356,14 @@ class MLAAttentionSpec(FullAttentionSpec):
                     f"cannot merge MLA specs: {field} differs "
                     f"({getattr(head, field)!r} vs {getattr(spec, field)!r})"
                 )
-        window = _merge_single_value(mla, "sliding_window")
-        chunk = _merge_single_value(mla, "attention_chunk_size")
+        # vLLM builds the merged spec from the MLA fields alone: a window or chunk
+        # a promotion carried over and ``non_causal`` fall back to their defaults.
         return attrs.evolve(
             head,
             alignment=None,
-            sliding_window=window,
-            attention_chunk_size=chunk,
-            non_causal=any(s.non_causal for s in mla),
+            sliding_window=None,
+            attention_chunk_size=None,
+            non_causal=False,
             non_causal_multi_token_decode=any(s.non_causal_multi_token_decode for s in mla),
         )
 

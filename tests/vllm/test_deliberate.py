@@ -9,7 +9,9 @@ See contract.md#deliberate-differences.  kvref plans as the installed release.
     layers (vLLM 0.34.0 fixed it, issue 54711: there both agree);
 (c) layer-outer placement with different aligned strides across groups:
     vLLM lets different block IDs alias, kvref uses one common stride;
-(d) kvref's errors are typed; vLLM raises ``AssertionError`` and friends.
+(d) kvref's errors are typed; vLLM raises ``AssertionError`` and friends;
+(e) with the hybrid manager disabled, vLLM 0.33.0 fails to promote SW-MLA
+    (``TypeError``); kvref promotes it as vLLM 0.34.0 does.
 
 Run: ``/work/vllm-venv/bin/python -m pytest -m vllm tests/vllm`` (or ``tox -e vllm``).
 """
@@ -25,8 +27,10 @@ from kvref import (
     InsufficientMemoryError,
     KVCacheLayout,
     KVRefError,
+    MLAAttentionSpec,
     PlanningConfig,
     ReferenceKVCacheConfigBuilder,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
     WorkerSpecMismatchError,
 )
@@ -216,3 +220,28 @@ class TestTypedErrors:
     def test_partition_error_typed(self) -> None:
         """A builder that drops a layer: vLLM's Core asserts, kvref's raises PartitionError."""
         assert issubclass(PartitionError, KVRefError)
+
+
+class TestSlidingWindowMLAPromotion:
+    """(e) The hybrid manager disabled, SW-MLA beside MLA: vLLM 0.33.0 cannot promote it.
+
+    Its promotion carries every field over and MLA has no ``bounded_replay``:
+    a ``TypeError``.  kvref promotes as vLLM 0.34.0 does (dropping the field).
+    """
+
+    def test_promotion(self) -> None:
+        """VLLM 0.33.0 raises TypeError; vLLM 0.34.0 and kvref give one MLA group."""
+        kw = {"block_size": 64, "num_kv_heads": 1, "head_size": 576, "dtype": "bfloat16"}
+        model = {
+            "m": MLAAttentionSpec(**kw),  # type: ignore[arg-type]
+            "w": SlidingWindowMLASpec(sliding_window=128, **kw),  # type: ignore[arg-type]
+        }
+        config = PlanningConfig(vllm_version=INSTALLED, disable_hybrid_kv_cache_manager=True)
+        ours = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(config, model)
+        assert group_names(ours) == [("m", "w")]
+        assert type(ours[0].kv_cache_spec) is MLAAttentionSpec
+        if config.rules.fallback_covers_sliding_window_mla:
+            assert VLLMDefault().get_kv_cache_groups(config, model) == ours
+            return
+        with pytest.raises(TypeError, match="bounded_replay"):
+            VLLMDefault().get_kv_cache_groups(config, model)
