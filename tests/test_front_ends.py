@@ -128,12 +128,3 @@ def test_the_clis_defaults_are_the_kits() -> None:
 
     assert attrs.evolve(cli, database=None) == kit
 
-
-def test_check_builder_names_a_misspelt_option() -> None:
-    """An unknown keyword is a usage error naming it and its value, before any example runs."""
-    from conformance.run.options import OptionError
-    from conformance.run.runner import check_builder
-    from kvref import ReferenceKVCacheConfigBuilder
-
-    with pytest.raises(OptionError, match=r"max_exmaples=3: check_builder has no such option"):
-        check_builder(ReferenceKVCacheConfigBuilder, max_exmaples=3)

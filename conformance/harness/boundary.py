@@ -80,6 +80,7 @@ def prepare(
         builder = native_adapter(builder, name)
     except BuilderLoadError as exc:
         raise OptionError(str(exc)) from None
+    _check_is_builder(builder)
     wanted = None if reach is False or reach is None else reach
     if isolate:
         from conformance.harness.isolate import IsolatedBuilder, isolated
@@ -111,6 +112,28 @@ def prepare(
         return Prepared(builder, ReachMeter.for_builder(builder, modules, min_reach))
     except ReachError as exc:
         raise OptionError(str(exc)) from None
+
+
+def _check_is_builder(builder: object) -> None:
+    """Refuse what is neither a builder's name nor a builder class or instance.
+
+    Asked of the object's type as Python keeps it (``type()``, not
+    ``__class__``), so nothing of the object runs here.
+
+    Raises:
+        OptionError: ``builder`` is something else (``print``, a module, a spec...).
+    """
+    if isinstance(builder, str):
+        return
+    cls = builder if isinstance(builder, type) else type(builder)
+    if issubclass(cls, KVCacheConfigBuilder):
+        return
+    what = f"class {cls.__qualname__}" if cls is builder else f"a {cls.__qualname__} object"
+    raise OptionError(
+        f"builder: {what} is not a KV cache config builder class or "
+        "instance (a subclass of kvref.KVCacheConfigBuilder or of vLLM's "
+        "KVCacheConfigBuilder), nor its importable name 'module:Class'"
+    )
 
 
 def _worker_meter(proxy: type[Any], min_reach: float | None) -> ReachMeter:
