@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from conformance.check.catalog import Invariant, Unjudged
 from conformance.run.options import OptionError
-from conformance.run.strata import Stratum
-from conformance.scenarios.examples import Example
+
+if TYPE_CHECKING:
+    # Types only: merge and the plugin's light paths read tallies without generation.
+    from conformance.run.strata import Stratum
+    from conformance.scenarios.examples import Example
 
 __all__ = ["INHERIT_CHECKS", "Tally", "expected_status", "select_invariants", "verdict"]
 
