@@ -1,6 +1,6 @@
 """The builder interface (contract.md#the-builder-interface) and the reference builder.
 
-``KVCacheConfigBuilder`` mirrors vLLM 0.33.0's experimental interface with
+``KVCacheConfigBuilder`` mirrors vLLM's experimental interface (the same in 0.33.0 and 0.34.0) with
 :class:`~kvref.config.PlanningConfig` in place of ``VllmConfig``.  Core (see
 :mod:`kvref.planning`) creates a fresh builder for every phase, so builders
 must be stateless and deterministic.
@@ -54,7 +54,7 @@ class KVCacheConfigBuilder(ABC):
 
 
 class ReferenceKVCacheConfigBuilder(KVCacheConfigBuilder):
-    """VLLM 0.33.0's default grouping and placement, with the deliberate fixes of the contract.
+    """The default grouping and placement of ``config.vllm_version``, with the contract's fixes.
 
     See contract.md#deliberate-differences.
 

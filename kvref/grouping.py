@@ -5,7 +5,7 @@ See contract.md#default-grouping (vLLM ``get_kv_cache_groups``).
 The decision order is contract.md#default-grouping's.  Promotion and page-size unification live in
 :mod:`kvref.unification`, packed grouping in :mod:`kvref.packing`.
 
-Differences from vLLM 0.33.0, on purpose:
+Differences from vLLM (both releases), on purpose:
 - the caller's mapping is never mutated (vLLM unifies specs in place);
 - layers named in ``PlanningConfig.host_resident_layers`` form their own
   host-resident group, after the device groups (vLLM only does this for HiSparse);

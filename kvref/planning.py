@@ -10,8 +10,9 @@ class every phase gets a fresh instance, and with ``None`` a fresh instance
 of the builder the config selects (:mod:`kvref.resolution`), as vLLM does
 (contract.md#the-builder-interface), so a stateful builder shows its bugs here too.
 
-Deliberate differences from vLLM 0.33.0 (contract.md#deliberate-differences): a projected
-uniform-type group with no layers on a worker stays empty (no tensors), a worker holding no KV layer
+Deliberate differences from vLLM (contract.md#deliberate-differences): a projected
+uniform-type group with no layers on a worker stays empty (no tensors; vLLM 0.34.0 agrees),
+a worker holding no KV layer
 while others do takes the others' block count instead of dividing by zero, and every failure is a
 typed :class:`~kvref.errors.KVRefError`.
 """

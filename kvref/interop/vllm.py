@@ -1,4 +1,4 @@
-"""Convert kvref objects to and from vLLM 0.33.0's, and run vLLM's own planning flow.
+"""Convert kvref objects to and from the installed vLLM's, and run vLLM's own planning flow.
 
 A thin re-export, kept so that ``kvref.interop.vllm`` stays importable:
 

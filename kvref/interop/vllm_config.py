@@ -1,4 +1,4 @@
-"""A real vLLM 0.33.0 ``VllmConfig`` that plans as a :class:`~kvref.config.PlanningConfig`.
+"""A real ``VllmConfig`` of the installed vLLM that plans as a kvref ``PlanningConfig``.
 
 The ``VllmConfig`` is constructed offline, over a throw-away local model
 directory, once per PP size and scheduling mode; the planning figures are
