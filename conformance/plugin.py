@@ -333,7 +333,7 @@ def _check_options(config: pytest.Config) -> _Session:
     except VendorModelError as exc:
         raise pytest.UsageError(f"--kv-models: {exc}") from None
     expectations(config)
-    _check_json_path(config.getoption("--kv-json"))
+    _start_json(config, options)
     from conformance.plugin_xdist import XdistShard
 
     try:
@@ -388,12 +388,44 @@ def _load(options: Any) -> Any:
         raise pytest.UsageError(f"--kv-builder: {exc}") from None
 
 
-def _check_json_path(path: str | None) -> None:
+def _start_json(config: pytest.Config, options: Any) -> None:
+    """Open ``--kv-json`` for writing before collection, leaving an "incomplete" marker in it.
+
+    As the CLI does: opening is the only honest test that the report can be
+    written (a directory that exists may still refuse it, ``/sys`` say), and
+    the marker replaces whatever file was there, so a stale or planted report
+    never survives a session.  The controller writes it; xdist workers only
+    check the path.
+
+    Raises:
+        pytest.UsageError: the path is no file path in an existing directory,
+            or cannot be written.
+    """
+    path = config.getoption("--kv-json")
     if path is None:
         return
     target = Path(path)
     if target.is_dir() or not (target.parent if str(target.parent) else Path()).is_dir():
         raise pytest.UsageError(f"--kv-json {path!r}: not a file path in an existing directory")
+    if getattr(config, "workerinput", None) is not None:
+        return
+    from conformance.contract import contract_name
+    from conformance.report.render import RunStart, write_incomplete_json
+
+    start = RunStart(
+        builder=str(options.builder),
+        device=options.device,
+        seed=options.seed,
+        profile=options.profile,
+        max_examples=options.max_examples,
+        contract=contract_name(options.vllm_version),
+    )
+    try:
+        write_incomplete_json(start, target)
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"--kv-json {path!r} cannot be written: {exc.strerror or exc}"
+        ) from None
 
 
 def _session(config: pytest.Config) -> _Session | None:

@@ -321,6 +321,7 @@ class TestPluginFrontEnd:
             (["--kv-no-reach", "--kv-min-reach", "50"], "--kv-no-reach"),
             (["--kv-vllm", "0.32"], "--kv-vllm '0.32': vLLM 0.32.0 is not supported"),
             (["--kv-vllm", "all"], "--kv-vllm 'all' asks for the compatibility matrix"),
+            (["--kv-json", "/sys/r.json"], "--kv-json '/sys/r.json' cannot be written"),
         ],
     )
     def test_one_usage_error(
