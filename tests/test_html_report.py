@@ -215,3 +215,4 @@ def test_unwritable_path_is_a_usage_error(
     """A --html path that cannot be written is refused before the run (exit 2, named)."""
     assert main(["--html", str(tmp_path / where), "--max-examples", "1"]) == 2
     assert "--html" in capsys.readouterr().err
+

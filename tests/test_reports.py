@@ -403,3 +403,30 @@ class TestIncompleteOutputs:
         text = format_report(every_status(), header=False)
         assert not text.startswith("kvref-conformance") and text.startswith("invariant")
         assert format_report(every_status()).startswith("kvref-conformance ")
+
+
+def test_an_xfail_shows_its_expectations_reason_and_link() -> None:
+    """'the HTML report shows XFAIL badges without the expectation's reason or link'."""
+    result = {
+        "id": "KV-GROUP-PARTITION",
+        "title": "t",
+        "status": "xfail",
+        "reference": "docs/contract.md#grouping-partition",
+        "expectation": {
+            "id": "KV-GROUP-PARTITION",
+            "reason": "drops a layer <b>known</b>",
+            "link": "https://example.invalid/issues/1",
+            "strict": False,
+            "source": "ci/kv.toml",
+        },
+    }
+    data = {"builder": "m:B", "results": [result], "ok": True}
+    from conformance.report.html import format_html
+
+    page = format_html(data)
+    assert "expected: drops a layer &lt;b&gt;known&lt;/b&gt;" in page
+    assert '<a href="https://example.invalid/issues/1" rel="noreferrer">' in page
+    assert "(ci/kv.toml)" in page and "<b>known</b>" not in page
+    # A link that is no web address stays text.
+    result["expectation"]["link"] = "javascript:alert(1)"  # type: ignore[index]
+    assert 'href="javascript' not in format_html(data)

@@ -140,6 +140,7 @@ def _table(results: Sequence[Mapping[str, Any]]) -> list[str]:
             f'<td class="num">{_e(r.get("examples", 0))}</td>'
             f'<td class="num">{float(r.get("seconds") or 0):.2f}</td><td>{_e(r.get("title"))}'
             + (f"<br><small>{_e(r.get('reason'))}</small>" if r.get("reason") else "")
+            + _expectation(r)
             + "</td></tr>"
         )
     counts = ", ".join(
@@ -148,6 +149,20 @@ def _table(results: Sequence[Mapping[str, Any]]) -> list[str]:
         if (n := sum(1 for r in results if r.get("status") == s))
     )
     return [*out, "</table>", f"<p>{_e(counts)}</p>"]
+
+
+def _expectation(r: Mapping[str, Any]) -> str:
+    """Why an XFAIL or XPASS was expected: the manifest entry's reason and link, escaped."""
+    entry = r.get("expectation")
+    if not isinstance(entry, Mapping):
+        return ""
+    link = str(entry.get("link") or "")
+    shown = _e(link)
+    if link.startswith(("https://", "http://")):
+        # Only web links become anchors: a manifest is data, and its text stays text.
+        shown = f'<a href="{_e(link)}" rel="noreferrer">{_e(link)}</a>'
+    source = f" ({_e(entry.get('source'))})" if entry.get("source") else ""
+    return f"<br><small>expected: {_e(entry.get('reason'))}; {shown}{source}</small>"
 
 
 def _findable(r: Mapping[str, Any]) -> bool:
@@ -236,6 +251,8 @@ def _finding(r: Mapping[str, Any]) -> list[str]:
     for key, label in (("reason", "reason"), ("inherited", "inherited"), ("upstream", "upstream")):
         if r.get(key):
             out.append(f"<p>{label}: {_e(r[key])}</p>")
+    if r.get("expectation"):
+        out.append(f"<p>{_expectation(r).removeprefix('<br>')}</p>")
     violations = list(r.get("violations") or ())
     if violations:
         out.append("<ul>" + "".join(f"<li>{_e(v.get('message'))}</li>" for v in violations))
