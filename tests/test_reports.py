@@ -430,3 +430,32 @@ def test_an_xfail_shows_its_expectations_reason_and_link() -> None:
     # A link that is no web address stays text.
     result["expectation"]["link"] = "javascript:alert(1)"  # type: ignore[index]
     assert 'href="javascript' not in format_html(data)
+
+
+def test_what_the_builder_wrote_is_text_in_the_text_and_markdown_reports() -> None:
+    """Raw terminal escapes reached the text report and raw HTML the Markdown summary."""
+    import attrs
+
+    from conformance import InvariantResult, Report
+    from conformance.check.violations import Violation
+    from conformance.report.markdown import format_markdown
+    from conformance.report.render import format_report
+
+    hostile = "\x1b[2K\rOK\x1b]0;title\x07 <img src=x onerror=alert(1)> | done"
+    result = InvariantResult(
+        id="KV-PLACE-IN-BOUNDS",
+        title="t",
+        reference="docs/contract.md#memory-safety",
+        status="fail",
+        violations=(Violation(invariant="KV-PLACE-IN-BOUNDS", message=hostile),),
+        reason=hostile,
+    )
+    report = Report(
+        builder="m:B", device="cpu", seed=1, profile="ci", max_examples=1,
+        results=(result,), seconds=1.0, builder_output=hostile,
+    )  # fmt: skip
+    text = format_report(report)
+    assert "\x1b" not in text and "\r" not in text and "\x07" not in text
+    summary = format_markdown(attrs.evolve(report, builder_output=""))
+    assert "<img" not in summary and "&lt;img src=x onerror=alert(1)&gt;" in summary
+    assert "\x1b" not in summary

@@ -12,18 +12,27 @@ import os
 from pathlib import Path
 
 from conformance.report.model import STATUSES, InvariantResult, Report
-from conformance.report.render import _MARK, _kit_version
+from conformance.report.render import _MARK, _clean, _kit_version
 
 __all__ = ["format_markdown", "summary_paths", "write_markdown"]
 
 
 def _cell(text: object) -> str:
-    # A table cell is one line; a pipe would end it.
-    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    # A table cell is one line; a pipe would end it.  What the builder wrote is
+    # text: raw HTML in a summary would render (a fake "OK", an image), so it
+    # is escaped, and terminal escapes are dropped.
+    cleaned = _clean(str(text)).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    one_line = cleaned.replace("\r", " ").replace("\n", " ")
+    return one_line.replace("\\", "\\\\").replace("|", "\\|")
 
 
 def _code(text: str) -> str:
-    return "`" + text.replace("`", "'") + "`"
+    return "`" + _clean(text).replace("`", "'").replace("\n", " ").replace("\r", " ") + "`"
+
+
+def _fenced(text: str) -> str:
+    """``text`` for a fenced block: no terminal escapes, and no fence of its own to end it."""
+    return _clean(text).replace("\r", "").replace("```", "'''")
 
 
 def format_markdown(report: Report) -> str:
@@ -62,13 +71,15 @@ def format_markdown(report: Report) -> str:
 
 
 def _failure(r: InvariantResult) -> list[str]:
-    lines = [f"#### {_MARK[r.status]} {r.id}: {r.title}", ""]
+    lines = [f"#### {_MARK[r.status]} {_cell(r.id)}: {_cell(r.title)}", ""]
     if r.reason:
         lines.append(f"- reason: {_cell(r.reason)}")
     lines += [f"- {_cell(v)}" for v in r.violations]
     if r.expectation:
         e = r.expectation
-        lines.append(f"- expected ({_cell(e['source'])}): {_cell(e['reason'])} ({e['link']})")
+        lines.append(
+            f"- expected ({_cell(e['source'])}): {_cell(e['reason'])} ({_cell(e['link'])})"
+        )
     if r.upstream:
         lines.append(f"- upstream: {_cell(r.upstream)}")
     if r.replays is not None and r.replays.runs:
@@ -81,13 +92,13 @@ def _failure(r: InvariantResult) -> list[str]:
             f"<details><summary>minimal counterexample ({r.scenario} scenario)</summary>",
             "",
             "```python",
-            (r.counterexample_python or r.counterexample).rstrip().replace("```", "'''"),
+            _fenced(r.counterexample_python or r.counterexample).rstrip(),
             "```",
             "",
             "</details>",
         ]
     if r.reproduce:
-        lines += ["", "reproduce:", "", "```bash", r.reproduce, "```"]
+        lines += ["", "reproduce:", "", "```bash", _fenced(r.reproduce), "```"]
     return lines
 
 

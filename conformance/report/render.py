@@ -123,6 +123,7 @@ def format_report(report: Report, *, header: bool = True) -> str:
     """The human-readable report: header, one row per invariant, then each finding.
 
     ``header=False`` leaves the header out (the CLI printed it before the run).
+    Terminal escapes and control characters are dropped.
     """
     start = RunStart(
         builder=report.builder,
@@ -176,7 +177,9 @@ def format_report(report: Report, *, header: bool = True) -> str:
         "",
         "OK" if report.ok else f"FAILED: {', '.join(sorted(report.failing_ids)) or 'reach'}",
     ]
-    return "\n".join(lines)
+    # What the builder wrote (messages, its output) reaches a terminal as text:
+    # no colour, cursor or carriage-return trick can rewrite the kit's lines.
+    return _clean("\n".join(lines)).replace("\r", "")
 
 
 def _waste(report: Report) -> list[str]:
