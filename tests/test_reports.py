@@ -21,6 +21,7 @@ import xmlschema
 from verdict_builders import ColourfulError
 
 from conformance import InvariantResult, Report, Violation, check_builder
+from conformance.contract import CONTRACT
 from conformance.report.junit import write_incomplete_junit, write_junit
 from conformance.report.render import (
     JSON_SCHEMA_VERSION,
@@ -395,7 +396,7 @@ class TestIncompleteOutputs:
         """The CLI prints the header before the run and the report without it after."""
         header = format_header(self.START)
         assert header.splitlines() == [
-            f"kvref-conformance {version('kvref')} (vLLM 0.33.0 contract): builder m:B on cpu, "
+            f"kvref-conformance {version('kvref')} ({CONTRACT} contract): builder m:B on cpu, "
             "profile ci, "
             "50 examples per scenario, seed 9",
             "options: --select KV-CORE",
