@@ -22,7 +22,7 @@ from kvref.specs import (
     UniformTypeKVCacheSpecs,
 )
 
-__all__ = ["KernelSizeMisfit", "PaddedDenseRead", "UnpackedSingleLayers"]
+__all__ = ["KernelSizeMisfit", "PackedSingleLayers", "PaddedDenseRead", "UnpackedSingleLayers"]
 
 _BLOCK_OUTER = frozenset({KVCacheLayout.BLNHC, KVCacheLayout.BLHNC, KVCacheLayout.BHLNC})
 
@@ -120,6 +120,40 @@ class UnpackedSingleLayers(ReferenceKVCacheConfigBuilder):
                     layers=[name],
                     offset=t.offset + i * t.layer_stride,
                     layer_stride=t.block_stride,
+                )
+                for i, name in enumerate(t.layers)
+            ]
+        return attrs.evolve(result, kv_cache_tensors=tensors)
+
+
+class PackedSingleLayers(ReferenceKVCacheConfigBuilder):
+    """One tensor per layer in layer-compact layouts, whose layer stride is half the block stride.
+
+    The mirror of :class:`UnpackedSingleLayers`: the unused layer stride now
+    sits below the block stride, so the worker takes the group as packed
+    (block-outermost), never splits it group-wide, and at bind time finds a
+    backend that needs smaller kernel blocks than a packed token cache can
+    be split into: vLLM refuses to bind it, where it splits the reference's
+    layer-outer plan.
+    """
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
+        if config.kv_cache_layout.is_block_outermost or not config.attention_backends:
+            return result
+        tensors = []
+        for t in result.kv_cache_tensors:
+            if t.host_resident or t.block_stride < 2:
+                tensors.append(t)
+                continue
+            tensors += [
+                attrs.evolve(
+                    t,
+                    layers=[name],
+                    offset=t.offset + i * t.layer_stride,
+                    layer_stride=t.block_stride // 2,
                 )
                 for i, name in enumerate(t.layers)
             ]

@@ -85,7 +85,10 @@ class Padded4KiB(ReferenceKVCacheConfigBuilder):
     small layers the padding dwarfs the pages, which is legal.  Not under
     HiSparse: there Core budgets the pure bytes per block instead of probing
     placement (contract.md#hisparse), so a padded backing would overrun the
-    memory Core admitted, which KV-CORE-MEMORY reports.
+    memory Core admitted, which KV-CORE-MEMORY reports.  Nor in a
+    block-outermost layout whose blocks hold one page, when backends are
+    described: padded, the worker would take them as packed and could not
+    bind smaller kernel blocks (contract.md#kernel-views).
     """
 
     #: vLLM 0.34.0's worker drops a layer-outer backing's bytes after the
@@ -118,6 +121,12 @@ class Padded4KiB(ReferenceKVCacheConfigBuilder):
                     for spec in iter_layer_specs(g.kv_cache_spec):
                         unit = math.lcm(unit, spec.get_block_stride_alignment())
             padded = -(-padded // unit) * unit
+            if config.attention_backends and any(t.block_stride <= t.layer_stride for t in device):
+                # vLLM's worker reads a block stride beyond the layer stride as
+                # packing: a one-page block padded would stay whole, and a backend
+                # that needs smaller kernel blocks could not bind a token cache in it
+                # (contract.md#kernel-views), where the reference's block splits.
+                return result
         tensors = [
             t
             if t.host_resident

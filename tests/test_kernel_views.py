@@ -1,6 +1,6 @@
 """KV-DEV-KERNEL-VIEWS: the worker's kernel views read each block where the plan puts it.
 
-The three builders of tests/kernel_builders.py are caught with check_builder
+The four builders of tests/kernel_builders.py are caught with check_builder
 in its default (isolated) mode; the reference and the legal builders pass;
 the default generation draws backends whose kernel blocks split the cache
 block; and the device readback itself catches a kernel view that steps
@@ -25,7 +25,7 @@ from kvref import (
 )
 from kvref.backends import AttentionBackend
 from kvref.layout import KVCacheLayout
-from kvref.specs import FullAttentionSpec, KVCacheSpec
+from kvref.specs import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec
 
 # Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
 pytestmark = pytest.mark.slow
@@ -54,7 +54,13 @@ class TestCatalog:
     [
         (kernel_builders.PaddedDenseRead, 2, "does not store blocks as dense, unpadded pages"),
         (kernel_builders.KernelSizeMisfit, 2, "cannot choose a kernel block size"),
-        (kernel_builders.UnpackedSingleLayers, 3, "does not store blocks as dense, unpadded pages"),
+        # Seed 6 draws a compressed MLA cache in BLNHC, whose packed blocks vLLM
+        # re-strides at bind time: the reference's plan reads, the builder's does not
+        # (a token cache's packed blocks are refused for both, contract.md#kernel-views).
+        (kernel_builders.UnpackedSingleLayers, 6, "does not store blocks as dense, unpadded pages"),
+        # Its mirror: the worker takes layer-compact one-layer tensors as packed and
+        # cannot bind the backend's smaller kernel blocks in them.
+        (kernel_builders.PackedSingleLayers, 1, "cannot be split into"),
     ],
 )
 def test_caught(builder: type[ReferenceKVCacheConfigBuilder], seed: int, expected: str) -> None:
@@ -144,6 +150,40 @@ class TestFindings:
         """A 32-token block read as two 16-token kernel blocks: the tags read back."""
         backend = AttentionBackend(name="k16", supported_kernel_block_sizes=(16,))
         assert device_kernel.kernel_view_findings(_observation((backend,))) == []
+
+    def test_packed_token_cache_of_the_reference_is_unjudged(self) -> None:
+        """Two layers packed per BLHNC block, 16-token kernels: the worker refuses the reference."""
+        backend = AttentionBackend(name="k16", supported_kernel_block_sizes=(16,))
+        config = PlanningConfig(
+            max_model_len=256, kv_cache_layout=KVCacheLayout.BLHNC, attention_backends=(backend,)
+        )
+        obs = kernel_builders.reference_placement(config, {"l0": _SPEC, "l1": _SPEC}, 4)
+        outcome = device_kernel.kernel_view_findings(obs)
+        assert isinstance(outcome, Unjudged) and outcome.applicable
+        assert "cannot read the reference's plan either" in outcome.reason
+        assert "cannot be split into" in outcome.reason
+
+    def test_restrided_compressed_cache_holds(self) -> None:
+        """A packed cache of 4 tokens a state re-strided into 16-token kernel blocks reads back.
+
+        Misstepped by half a kernel page, the same reading is caught.
+        """
+        compressed = MLAAttentionSpec(
+            block_size=64, num_kv_heads=1, head_size=8, dtype=torch.float16, tokens_per_state=4
+        )
+        backend = AttentionBackend(name="k16", supported_kernel_block_sizes=(16,))
+        config = PlanningConfig(
+            max_model_len=256, kv_cache_layout=KVCacheLayout.BLHNC, attention_backends=(backend,)
+        )
+        obs = kernel_builders.reference_placement(config, {"l0": compressed, "l1": compressed}, 4)
+        assert device_kernel.kernel_view_findings(obs) == []
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(
+                device_kernel, "kernel_tensor_geometries", kernel_builders.misstepped_geometries
+            )
+            outcome = device_kernel.kernel_view_findings(obs)
+        assert isinstance(outcome, list) and outcome
+        assert "reads back wrong" in outcome[0].message
 
     def test_readback_catches_a_misstepped_kernel_view(
         self, monkeypatch: pytest.MonkeyPatch

@@ -3,10 +3,13 @@
 vLLM's model runner does not read a plan through the planning views: per
 group it takes the kernel block size its attention backends support and,
 where that is smaller than the cache block, views each tensor with ``r``
-kernel blocks per cache block (kvref's :mod:`kvref.kernel_blocks` models
-that reading; the kit uses it only as *the worker's* reading).  What the
-kit expects it computes from the plan itself: kernel block ``j`` of block
-``b`` of layer ``l`` is the ``j``-th of ``r`` equal slices of that page,
+kernel blocks per cache block; when it binds the views, each layer's own
+backend may still need smaller kernel blocks than a packed group's, and the
+runner then re-strides a compressed cache (kernel block ``b * s + j``) or
+refuses (kvref's :mod:`kvref.kernel_blocks` models that reading; the kit
+uses it only as *the worker's* reading).  What the kit expects it computes
+from the plan itself: kernel block ``j`` of block ``b`` of layer ``l`` is
+the ``j``-th of ``r`` equal slices of that page,
 ``[a + j * page / r, a + (j + 1) * page / r)`` with ``a`` the page's byte
 address in the plan (contract.md#kernel-views).
 
@@ -15,8 +18,10 @@ through the kernel view and read back through the planning view, then the
 other way round, one tensor at a time (aliasing between tensors is
 KV-DEV-TAGS' concern).  A plan the worker cannot read (no kernel block
 size divides a group's block size, a split block that is not one dense
-page) is a violation unless the worker cannot read the reference's plan of
-the same input either; where no group is split the invariant does not apply.
+page, a packed cache a layer's backend cannot bind) is a violation unless
+the worker cannot read the reference's plan of the same input either; where
+no layer is read in kernel blocks smaller than its cache block the
+invariant does not apply.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from conformance.check.violations import Violation
 from conformance.check.worker import DEVICE_BACKING, WorkerAllocation, allocate_kv_cache
 from conformance.check.worker_model import WorkerError, WorkerTensor, resolve_layout
 from kvref.builder import ReferenceKVCacheConfigBuilder
-from kvref.errors import KVRefError, LayoutError
+from kvref.errors import KVRefError, LayoutError, UnsupportedError
 from kvref.kernel_blocks import (
     KernelTensorGeometry,
     kernel_tensor_geometries,
@@ -98,7 +103,8 @@ def _reference_refused(obs: PlacementObservation) -> str | None:
         groups = obs.reference_groups()
         plan = reference.get_kv_cache_config_from_groups(obs.config, groups, obs.num_blocks)
         layout = resolve_layout(plan, obs.config.kv_cache_layout)
-        kernel_tensor_geometries(plan, prepare_kernel_block_sizes(obs.config, plan), layout)
+        sizes = prepare_kernel_block_sizes(obs.config, plan)
+        kernel_tensor_geometries(plan, sizes, layout, obs.config)
     except (KVRefError, ValueError) as exc:
         return str(exc)
     return None
@@ -149,12 +155,28 @@ def _block_chunks(num_blocks: int, page_elements: int) -> Iterator[slice]:
         yield slice(first, min(num_blocks, first + step))
 
 
-def _kernel_raw(allocation: WorkerAllocation, kernel: KernelTensorGeometry) -> torch.Tensor:
+def _kernel_raw(
+    allocation: WorkerAllocation, kernel: KernelTensorGeometry, num_blocks: int
+) -> torch.Tensor:
+    """The kernel view as ``(L, N, r, H, S_k, C)``, kernel block ``j`` of block ``b`` at ``b, j``.
+
+    Kernel block ``b * step + j`` sits ``step`` kernel pages after block
+    ``b``'s first: ``step`` is ``r`` where blocks are split in place and the
+    kernel block stride where a packed cache is re-strided at bind time, whose
+    kernel blocks in between hold other layers' pages and are never written.
+    """
     where = allocation.backing_of[kernel.index]
     buffer = allocation.device_buffer if where == DEVICE_BACKING else allocation.host_buffers[where]
     if buffer is None:
         raise WorkerError(f"kv_cache_tensors[{kernel.index}] has no backing")
-    return buffer.as_strided(kernel.shape, kernel.strides, kernel.tensor.offset)
+    split = kernel.split
+    layers, _, heads, states, content = kernel.shape
+    stride = kernel.strides
+    return buffer.as_strided(
+        (layers, num_blocks, split.kernel_blocks_per_block, heads, states, content),
+        (stride[0], split.step * stride[1], stride[1], *stride[2:]),
+        kernel.tensor.offset,
+    )
 
 
 def _first_mismatch(got: torch.Tensor, want: torch.Tensor) -> tuple[int, ...]:
@@ -208,7 +230,7 @@ def _tensor_findings(
     r = kernel.split.kernel_blocks_per_block
     num_layers, num_blocks = plan.shape[0], plan.shape[1]
     pview = allocation.tensor_views[plan.index].view(dtype)
-    kview = _kernel_raw(allocation, kernel).view(dtype)
+    kview = _kernel_raw(allocation, kernel, num_blocks).view(dtype)
     if not (_movable(pview) and _movable(kview)):
         return []
     device = pview.device
@@ -219,7 +241,7 @@ def _tensor_findings(
         tags = _tags(num_layers, num_blocks * r, first_layer, salt, dtype).to(device)
         per_block = tags.view(num_layers, num_blocks, r)
         if direction == "kernel":
-            kview.copy_(tags[:, :, None, None, None].expand(kview.shape))
+            kview.copy_(per_block[:, :, :, None, None, None].expand(kview.shape))
             for chunk in _block_chunks(num_blocks, layer_page):
                 got = pview[:, chunk]
                 runs = _as_runs(got, order, r)
@@ -232,7 +254,8 @@ def _tensor_findings(
                 if not torch.equal(got, want):
                     layer, block, h, s, c = _first_mismatch(got, want)
                     offset = h * plan.strides[2] + s * plan.strides[3] + c * width
-                    kb = (block + chunk.start) * r + offset // (plan.page_bytes // r)
+                    j = offset // (plan.page_bytes // r)
+                    kb = (block + chunk.start) * kernel.split.step + j
                     address = plan.block_address(layer, block + chunk.start) + offset
                     return [_mismatch(plan, kernel, direction, layer, kb, address)]
         else:
@@ -242,13 +265,12 @@ def _tensor_findings(
                     runs.copy_(per_block[:, chunk, :, None].expand_as(runs))
                 else:
                     pview[:, chunk].copy_(per_block[:, chunk][:, :, slices])
-            kernel_page = layer_page // r
-            for chunk in _block_chunks(num_blocks * r, kernel_page):
+            for chunk in _block_chunks(num_blocks, layer_page):
                 got = kview[:, chunk]
-                want = tags[:, chunk][:, :, None, None, None].expand(got.shape)
+                want = per_block[:, chunk][:, :, :, None, None, None].expand(got.shape)
                 if not torch.equal(got, want):
-                    layer, kb, h, s, c = _first_mismatch(got, want)
-                    kb += chunk.start
+                    layer, block, j, h, s, c = _first_mismatch(got, want)
+                    kb = (block + chunk.start) * kernel.split.step + j
                     address = (
                         kernel.kernel_block_address(layer, kb)
                         + h * kernel.strides[2]
@@ -268,7 +290,7 @@ def _mismatch(
     address: int,
 ) -> Violation:
     r = kernel.split.kernel_blocks_per_block
-    block, j = divmod(kernel_block, r)
+    block, j = kernel.split.manager_block_of(kernel_block)
     slice_bytes = plan.page_bytes // r
     start = plan.block_address(layer, block) + j * slice_bytes
     name = plan.tensor.layers[layer]
@@ -358,14 +380,27 @@ def _worker_reading(
     sizes = _kernel_sizes(obs, config)
     if not isinstance(sizes, tuple):
         return sizes
-    if not _split_groups(config, sizes):
-        return Unjudged(
-            "no kernel split applies: every group's kernel block is its cache block",
-            applicable=False,
-        )
+    if not _split_groups(config, sizes) and not obs.config.attention_backends:
+        return _NO_SPLIT
+    reading = _bound_reading(obs, config, sizes)
+    if isinstance(reading, tuple) and not any(
+        k is not None and k.split.kernel_blocks_per_block > 1 for k in reading[0]
+    ):
+        return _NO_SPLIT
+    return reading
+
+
+def _bound_reading(
+    obs: PlacementObservation, config: KVCacheConfig, sizes: tuple[int, ...]
+) -> _Reading | list[Violation] | Unjudged:
+    """The kernel views as the worker binds them, or why it cannot (see the module docstring)."""
     try:
         layout = resolve_layout(config, obs.config.kv_cache_layout)
-        return kernel_tensor_geometries(config, sizes, layout), layout
+        # At bind time each layer's own backend is asked again: a packed group,
+        # never split group-wide, may still be read in smaller kernel blocks.
+        return kernel_tensor_geometries(config, sizes, layout, obs.config), layout
+    except UnsupportedError as exc:
+        return Unjudged(f"the worker's reading of this plan is not modelled: {exc}")
     except LayoutError as exc:
         refused = _reference_refused(obs)
         if refused is not None:
@@ -373,6 +408,11 @@ def _worker_reading(
         return [_v(f"the worker cannot view this plan through its kernels: {exc}")]
     except (KVRefError, ValueError) as exc:
         return Unjudged(f"the config cannot be laid out for the kernels: {exc}", spoiled=True)
+
+
+_NO_SPLIT = Unjudged(
+    "no kernel split applies: every layer's kernel block is its cache block", applicable=False
+)
 
 
 def kernel_view_findings(obs: PlacementObservation) -> list[Violation] | Unjudged:

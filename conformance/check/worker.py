@@ -33,6 +33,7 @@ from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig, KVCacheTensor
 
 __all__ = [
+    "BYTES",
     "DEVICE_BACKING",
     "WorkerAllocation",
     "allocate_backings",
@@ -42,6 +43,10 @@ __all__ = [
 
 #: Index in :attr:`WorkerAllocation.backing_of` meaning "the device buffer".
 DEVICE_BACKING = -1
+
+#: The element type of every backing: vLLM's worker allocates ``int8`` bytes, so
+#: a layer whose spec has no dtype (Mamba states, raw pages) is viewed as ``int8``.
+BYTES = torch.int8
 
 
 def _single_size(tensors: Sequence[KVCacheTensor]) -> int | None:
@@ -73,10 +78,10 @@ def _host_buffer(
 ) -> tuple[torch.Tensor, bool]:
     if pin:
         try:
-            return make(size, dtype=torch.uint8, pin_memory=True), True
+            return make(size, dtype=BYTES, pin_memory=True), True
         except RuntimeError:
             pass  # an unpinned pool is slower, not wrong
-    return make(size, dtype=torch.uint8, device=host), False
+    return make(size, dtype=BYTES, device=host), False
 
 
 #: The reused CPU device backing of ``scratch`` allocations (at most one buffer).
@@ -88,7 +93,7 @@ def _scratch_backing(size: int) -> torch.Tensor:
     # touch, which is most of what writing it costs; a reused one is warm.
     if not _SCRATCH or _SCRATCH[0].numel() < size:
         _SCRATCH.clear()  # free the smaller buffer before taking the larger one
-        _SCRATCH.append(torch.empty(size, dtype=torch.uint8))
+        _SCRATCH.append(torch.empty(size, dtype=BYTES))
     return _SCRATCH[0][:size]
 
 
@@ -133,7 +138,7 @@ def allocate_backings(
     elif scratch and not zeroed and target.type == "cpu":
         device_buffer = _scratch_backing(size)
     else:
-        device_buffer = make(size, dtype=torch.uint8, device=target)
+        device_buffer = make(size, dtype=BYTES, device=target)
     if not include_host:
         return device_buffer, (), False
     host = torch.device(host_device)
@@ -143,7 +148,7 @@ def allocate_backings(
     buffers: list[torch.Tensor] = []
     for host_size in sizes:
         if pin and pin_host:
-            buffers.append(make(host_size, dtype=torch.uint8, pin_memory=True))
+            buffers.append(make(host_size, dtype=BYTES, pin_memory=True))
             continue
         buffer, pinned = _host_buffer(host_size, host, pin, make)
         pin = pin and pinned
@@ -161,14 +166,14 @@ class WorkerAllocation:
     Attributes:
         device: where ``device_buffer`` lives.
         layout: the layout of the device tensors.
-        device_buffer: the ``uint8`` device backing (``None`` without device tensors);
+        device_buffer: the ``int8`` device backing (``None`` without device tensors);
             zeroed unless allocated with ``zeroed=False``.
         host_buffers: host backings, one per distinct host size.
         host_pinned: whether the host backings are pinned.
         views: layer name to its view ``(N, H, S, C / sizeof(dtype))`` in the layer's dtype
-            (raw bytes without one); a layer without views maps to its whole backing.
+            (``int8`` bytes without one); a layer without views maps to its whole backing.
         geometries: the geometry of every tensor, in config order.
-        tensor_views: the raw ``uint8`` view ``(L, N, H, S, C)`` of every tensor.
+        tensor_views: the raw ``int8`` view ``(L, N, H, S, C)`` of every tensor.
         backing_of: per tensor, its host buffer's index or :data:`DEVICE_BACKING`.
         closed: whether :meth:`close` ran.
 

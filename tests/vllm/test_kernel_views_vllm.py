@@ -22,10 +22,22 @@ def _result(builder: str, seed: int) -> tuple[str, list[str]]:
 
 
 def test_unpacked_one_layer_tensors_caught() -> None:
-    """The layer stride set to the block stride makes the worker split packed blocks."""
-    status, messages = _result(f"{MODULE}:UnpackedOneLayerTensorsBuilder", 3)
+    """The layer stride set to the block stride makes the worker split packed blocks.
+
+    Seed 6 draws a compressed MLA cache in BLNHC, which vLLM's worker
+    re-strides in vLLM's own packed plan; a packed token cache it refuses in
+    both plans (contract.md#kernel-views).
+    """
+    status, messages = _result(f"{MODULE}:UnpackedOneLayerTensorsBuilder", 6)
     assert status == "fail", messages
     assert any("does not store blocks as dense, unpadded pages" in m for m in messages), messages
+
+
+def test_squeezed_one_layer_tensors_caught() -> None:
+    """A layer stride below the block stride in LBNHC: the worker cannot bind the kernel blocks."""
+    status, messages = _result(f"{MODULE}:SqueezedOneLayerTensorsBuilder", 1)
+    assert status == "fail", messages
+    assert any("cannot be split into" in m for m in messages), messages
 
 
 def test_one_layer_tensors_pass() -> None:

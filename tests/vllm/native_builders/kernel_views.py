@@ -13,6 +13,13 @@ steps (contract.md#kernel-views).
   the worker takes each tensor as layer-outer and, where the backends take
   kernel blocks below the cache block, refuses to split blocks that hold
   other layers' pages.
+- :class:`SqueezedOneLayerTensorsBuilder`, meant invariant
+  ``KV-DEV-KERNEL-VIEWS``: its mirror in layer-compact layouts (LBNHC,
+  LBHNC), one tensor per layer whose layer stride is half its block stride:
+  the worker takes each tensor as packed, never splits its blocks
+  group-wide, and at bind time refuses a backend whose kernel blocks are
+  smaller than the block (``map_kv_cache_to_kernel_blocks``), where it
+  splits vLLM's own plan.
 """
 
 from __future__ import annotations
@@ -23,13 +30,20 @@ from vllm.config import VllmConfig
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 
-__all__ = ["OneLayerTensorsBuilder", "UnpackedOneLayerTensorsBuilder"]
+__all__ = [
+    "OneLayerTensorsBuilder",
+    "SqueezedOneLayerTensorsBuilder",
+    "UnpackedOneLayerTensorsBuilder",
+]
 
 _BLOCK_OUTER = frozenset({"BLNHC", "BLHNC"})
 
 
 class OneLayerTensorsBuilder(DefaultKVCacheConfigBuilder):
     """One tensor per layer in block-outermost layouts; every stride stays vLLM's."""
+
+    #: The layouts whose tensors are split.
+    layouts = _BLOCK_OUTER
 
     def _layer_stride(self, tensor: KVCacheTensor) -> int:
         return tensor.layer_stride
@@ -39,7 +53,7 @@ class OneLayerTensorsBuilder(DefaultKVCacheConfigBuilder):
     ) -> KVCacheConfig:
         config = super().get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, num_blocks)
         layout = vllm_config.cache_config.get_resolved_kv_cache_layout()
-        if layout.name not in _BLOCK_OUTER:
+        if layout.name not in self.layouts:
             return config
         tensors: list[KVCacheTensor] = []
         for t in config.kv_cache_tensors:
@@ -68,3 +82,18 @@ class UnpackedOneLayerTensorsBuilder(OneLayerTensorsBuilder):
 
     def _layer_stride(self, tensor: KVCacheTensor) -> int:
         return tensor.block_stride
+
+
+class SqueezedOneLayerTensorsBuilder(OneLayerTensorsBuilder):
+    """One tensor per layer in layer-compact layouts, each layer stride half its block stride.
+
+    The bug: a one-layer tensor "has no layer stride", so the platform writes
+    any positive value; vLLM's worker reads ``block_stride > layer_stride`` as
+    block-outermost packing and then cannot bind a backend's smaller kernel
+    blocks.
+    """
+
+    layouts = frozenset({"LBNHC", "LBHNC"})
+
+    def _layer_stride(self, tensor: KVCacheTensor) -> int:
+        return max(1, tensor.block_stride // 2)
