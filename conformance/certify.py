@@ -7,16 +7,21 @@ JSON report carries a ``certificate``: the builder's source files and their
 sha256, the kit's version, the contract, the device, torch's version, and a
 digest of the whole report.
 
-What the digest proves (docs/vendors.md, "Certified runs"): with no key it is
-a plain sha256 of the report's canonical JSON, so :func:`verify` detects a
-report edited by accident or by a tool that did not recompute it (a verdict
-changed, a result dropped).  Anyone can recompute a plain sha256: it is no
-signature.  With :data:`KEY_ENV` set (a secret of the vendor's CI), the
-digest is an HMAC-SHA256 under that key, and only a holder of the key can
-make one that verifies; a signature others can check without the secret
-needs a signing tool (gpg, sigstore) over the JSON file.
+What the digest proves (docs/vendors.md, "Certified runs"; docs/trust.md):
+with no key it is a plain sha256 of the report's canonical JSON, so
+:func:`verify` detects a report edited by accident or by a tool that did not
+recompute it (a verdict changed, a result dropped).  Anyone can recompute a
+plain sha256: it is no signature.  With :data:`KEY_ENV` set (a secret of the
+vendor's CI), the digest is an HMAC-SHA256 under that key, and only a holder
+of the key can make one that verifies: :func:`verify` with a key refuses
+every report not signed with it, a plain sha256 included.  A signature others
+can check without the secret needs a signing tool (gpg, sigstore) over the
+JSON file.
 
-The builder's files are found in a child process that imports the builder
+The key never reaches a process that runs the builder's code: the kit
+starts every such process without it, and while it holds one starts them
+afresh, never forked from its own memory (:mod:`conformance.harness.confine`).  The builder's
+files are found in a contained child process that imports the builder
 (:func:`builder_files`): the builder's code never runs in the kit's process.
 """
 
@@ -35,6 +40,7 @@ from typing import Any
 
 import attrs
 
+from conformance.harness import confine
 from conformance.report.model import Report
 
 __all__ = [
@@ -65,7 +71,7 @@ SEED = 20330
 #: Examples per scenario; ``None``: the profile's.  Tests set it small (the real run is long).
 EXAMPLES: int | None = None
 #: The environment variable whose value, when set, keys the digest (HMAC-SHA256).
-KEY_ENV = "KVREF_CERTIFY_KEY"
+KEY_ENV = confine.KEY_ENV
 #: Seconds the child process that lists the builder's files may take.
 _FILES_TIMEOUT = 300.0
 
@@ -188,35 +194,43 @@ def builder_files(name: str, *, timeout: float = _FILES_TIMEOUT) -> list[Path]:
     Raises:
         CertifyError: the builder cannot be loaded there, or it took too long.
     """
-    code = (
-        "import json, sys\n"
-        "from conformance.harness.adapters import load_builder\n"
-        "from conformance.harness.reach import builder_modules\n"
-        "files = builder_modules(load_builder(sys.argv[1]))\n"
-        "sys.stdout.write('\\n' + json.dumps([str(f) for f in files]))\n"
-    )
+    confine.protect_judge()
     try:
+        # Contained as the worker is, and without the key (conformance.harness.confine).
         proc = subprocess.run(
-            [sys.executable, "-c", code, name],
+            [sys.executable, "-m", "conformance.harness.confine", f"{__name__}:files_main", name],
             capture_output=True,
-            text=True,
             timeout=timeout,
             check=False,
+            env=confine.child_environment(),
+            start_new_session=True,
         )
     except subprocess.TimeoutExpired:
         raise CertifyError(
             f"--certify: listing the files of builder {name!r} took over {timeout:g}s"
         ) from None
-    # The builder may print at import: the list is the last line.
-    last = proc.stdout.rstrip("\n").rpartition("\n")[2]
+    # After the containment's frame; the builder may print at import: the list is the last line.
+    _, out = confine.split_frame(proc.stdout)
+    last = out.decode("utf-8", "replace").rstrip("\n").rpartition("\n")[2]
     try:
         files = json.loads(last) if proc.returncode == 0 else None
     except json.JSONDecodeError:
         files = None
     if not isinstance(files, list) or not files:
-        detail = proc.stderr.strip().splitlines()[-1:] or ["no files found"]
+        error = proc.stderr.decode("utf-8", "replace")
+        detail = error.strip().splitlines()[-1:] or ["no files found"]
         raise CertifyError(f"--certify: the files of builder {name!r}: {detail[0]}")
     return [Path(f) for f in files]
+
+
+def files_main(argv: Sequence[str]) -> None:
+    """The child of :func:`builder_files`: print the builder's files as the last line (JSON)."""
+    from conformance.harness.adapters import load_builder
+    from conformance.harness.reach import builder_modules
+
+    files = builder_modules(load_builder(argv[0]))
+    sys.stdout.write("\n" + json.dumps([str(f) for f in files]) + "\n")
+    sys.stdout.flush()
 
 
 def _sha256(path: Path) -> str:
@@ -278,8 +292,7 @@ def report_digest(data: Mapping[str, Any], key: bytes | None) -> str:
 
 
 def _key() -> bytes | None:
-    value = os.environ.get(KEY_ENV)
-    return value.encode() if value else None
+    return confine.held_key()
 
 
 def seal(report: Report, inputs: CertifyInputs) -> Report:
@@ -377,6 +390,13 @@ def _digest_problem(data: Mapping[str, Any], key: bytes | None) -> str | None:
     algorithm = digest.get("algorithm")
     if algorithm == "hmac-sha256" and key is None:
         return f"the digest is keyed (hmac-sha256): set {KEY_ENV} to the key it was made with"
+    if key is not None and algorithm != "hmac-sha256":
+        # Anyone can recompute a plain sha256: with a key, only the key's signature counts.
+        return (
+            f"the digest is not signed with the key in {KEY_ENV} (algorithm {algorithm!r}): "
+            "anyone can compute a plain sha256, so with a key set only an hmac-sha256 "
+            "digest made with that key verifies"
+        )
     if algorithm not in ("sha256", "hmac-sha256"):
         return f"unknown digest algorithm {algorithm!r}"
     expected = report_digest(data, key if algorithm == "hmac-sha256" else None)

@@ -310,6 +310,7 @@ def _run(args: argparse.Namespace) -> int:
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     from conformance.check.catalog import catalog
+    from conformance.generate.vendor import preload as preload_models
     from conformance.harness.adapters import BuilderLoadError, load_builder
     from conformance.run.options import OptionError, check_device, flag_message
 
@@ -324,6 +325,8 @@ def _run(args: argparse.Namespace) -> int:
 
         select_invariants(invariants, options.select)
         _matrix_refusals(args, options)
+        # In their contained child, before any output file is touched (docs/trust.md).
+        preload_models(options.models)
     except OptionError as exc:
         raise _UsageError(flag_message(str(exc))) from None
     # Resolved in the options, not in check_builder: the header printed before

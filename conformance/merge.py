@@ -138,7 +138,22 @@ def merge_reports(reports: Sequence[dict[str, Any]]) -> Report:
         warnings=tuple(dict.fromkeys(w for d in reports for w in d.get("warnings", ()))),
         contract=first["contract"],
         focus=first.get("focus"),
+        containment=_containment(reports),
     )
+
+
+def _containment(reports: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """What held in every shard: the weakest of each (``None`` where a shard was not isolated)."""
+    parts: list[dict[str, Any]] = [d.get("containment") or {} for d in reports]
+    if not parts or not all(parts):
+        return None
+    return {
+        "roles": parts[0].get("roles", {}),
+        "processes": sorted({x for p in parts for x in p.get("processes", ())}),
+        "judge_memory": sorted({x for p in parts for x in p.get("judge_memory", ())}),
+        "judge_dumpable": any(p.get("judge_dumpable") for p in parts),
+        "warnings": list(dict.fromkeys(w for p in parts for w in p.get("warnings", ()))),
+    }
 
 
 def _result(
@@ -198,6 +213,8 @@ def _no_failure() -> dict[str, Any]:
 def _record(data: dict[str, Any], **changes: Any) -> InvariantResult:
     """An :class:`InvariantResult` from its JSON form, with ``changes``."""
     fields = {**data, **changes}
+    # Derived from the id when the report is written (conformance.report.trust).
+    fields.pop("evidence", None)
     fields["violations"] = tuple(
         v if isinstance(v, Violation) else _violation(v) for v in fields.get("violations") or ()
     )

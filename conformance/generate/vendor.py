@@ -13,6 +13,14 @@
   "Your own models", gives the snippet that writes it from a running engine);
 - any of those objects directly (``check_builder(models=...)``).
 
+A ``module:attr`` spec, and an object, is evaluated in a contained child
+process (:mod:`conformance.generate.vendor_child`): the vendor's module is
+imported, called and drawn from there, never in the judging process, and
+its models cross as ``kvref-models/1`` data (:mod:`.vendor_data`), read by
+:func:`read_data` as a JSON file is.  A strategy is drawn there too: up to
+:data:`~conformance.generate.vendor_child.STRATEGY_DRAWS` distinct models,
+then used as fixed models.
+
 A model keeps its whole deployment (:mod:`.deployment`): its declared
 speculation, HiSparse settings, declared grouping and layout.  A bad spec
 or deployment raises :class:`VendorModelError` naming the field and value,
@@ -28,14 +36,13 @@ from __future__ import annotations
 import importlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
-from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.errors import NoSuchExample
 
 from conformance.generate.deployment import (
     DEPLOYMENT_FIELDS,
@@ -49,8 +56,7 @@ from conformance.generate.families import models as builtin_models
 from conformance.generate.pick import pick
 from conformance.generate.pipeline import decoder_layers
 from conformance.generate.records import Model
-from kvref import extra_specs
-from kvref import specs as kvref_specs
+from conformance.generate.vendor_data import JSON_FORMAT, spec_classes
 from kvref.errors import ConfigError, KVRefError
 from kvref.specs import KVCacheSpec, MultipleOf
 
@@ -61,11 +67,11 @@ __all__ = [
     "fixed_models",
     "load_models",
     "models_for_run",
+    "models_here",
+    "preload",
+    "read_data",
     "read_json",
 ]
-
-#: The ``format`` tag of the JSON files :func:`read_json` reads.
-JSON_FORMAT = "kvref-models/1"
 #: Most decoder layers a growth adds to a vendor model.
 _MAX_GROWTH = 8
 _INDEX = re.compile(r"^(.*?)(\d+)(?=\.|$)")
@@ -78,13 +84,7 @@ class VendorModelError(ValueError):
 
 
 def _spec_classes() -> dict[str, type[KVCacheSpec]]:
-    found: dict[str, type[KVCacheSpec]] = {}
-    for module in (kvref_specs, extra_specs):
-        for name in dir(module):
-            value = getattr(module, name)
-            if isinstance(value, type) and issubclass(value, KVCacheSpec):
-                found[name] = value
-    return found
+    return spec_classes()
 
 
 # ---------------------------------------------------------------------------
@@ -212,6 +212,7 @@ def _json_spec(where: str, raw: object, classes: Mapping[str, type[KVCacheSpec]]
             f"(known: {', '.join(sorted(classes))})"
         )
     fields.pop("class", None)  # the vendor's own class name, for humans
+    vendor = fields.pop("vendor", None)
     page = fields.pop("page_size_bytes", None)
     names = {f.name for f in attrs.fields(cls) if f.init}
     unknown = sorted(set(fields) - names)
@@ -226,7 +227,41 @@ def _json_spec(where: str, raw: object, classes: Mapping[str, type[KVCacheSpec]]
             f"{where}.page_size_bytes={page!r}, but the fields give a "
             f"{spec.page_size_bytes}-byte {cls.__name__} page"
         )
-    return spec
+    return spec if vendor is None else _vendor_spec(f"{where}.vendor", cls, spec, vendor)
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+
+
+def _vendor_spec(where: str, cls: type[KVCacheSpec], spec: KVCacheSpec, raw: Any) -> KVCacheSpec:
+    """``spec`` as an instance of the vendor's class ``raw["class"]`` (a stand-in here).
+
+    The judging process never imports the vendor's module: it keeps a class
+    of that name (:func:`conformance.harness.wire.builder_class`); the
+    builder's processes get the vendor's class itself.
+    """
+    from conformance.harness.wire import builder_class
+    from kvref.interop.vllm_vendor import vendor_spec_class
+
+    if not isinstance(raw, Mapping) or set(raw) != {"class", "fields"}:
+        raise VendorModelError(f"{where}={raw!r:.200} must be {{'class': ..., 'fields': [...]}}")
+    name, extra = raw["class"], raw["fields"]
+    if not isinstance(name, str) or ":" not in name:
+        raise VendorModelError(f"{where}.class={name!r:.100} must be 'module:qualname'")
+    if not isinstance(extra, list) or not all(
+        isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) for e in extra
+    ):
+        raise VendorModelError(f"{where}.fields={extra!r:.200} must be [[name, value], ...]")
+    try:
+        stand_in = vendor_spec_class(
+            cls, builder_class(name), tuple((n, _frozen(v)) for n, v in extra)
+        )
+    except KVRefError as exc:
+        raise VendorModelError(f"{where}: {exc}") from None
+    values = {f.name: getattr(spec, f.name) for f in attrs.fields(cls) if f.init}
+    made: KVCacheSpec = stand_in(**values)
+    return made
 
 
 def read_json(path: str | Path) -> list[Model]:
@@ -242,12 +277,29 @@ def read_json(path: str | Path) -> list[Model]:
         raise VendorModelError(f"models file {where!r} cannot be read: {exc}") from exc
     except json.JSONDecodeError as exc:
         raise VendorModelError(f"models file {where!r} is not JSON: {exc}") from exc
+    return read_data(
+        data, where, what=f"models file {where!r}", default_name=lambda i: f"{Path(path).name}[{i}]"
+    )
+
+
+def read_data(
+    data: Any, where: str, *, what: str | None = None, default_name: Callable[[int], str] = str
+) -> list[Model]:
+    """The models of a ``kvref-models/1`` document already parsed.
+
+    ``where`` starts each model's errors, ``what`` (default ``where``) the
+    document's; ``default_name(i)`` names a model that has no ``name``.
+
+    Raises:
+        VendorModelError: the document is not in the format.
+    """
+    what = where if what is None else what
     if not isinstance(data, Mapping) or data.get("format") != JSON_FORMAT:
         got = data.get("format") if isinstance(data, Mapping) else type(data).__name__
-        raise VendorModelError(f"models file {where!r}: format is {got!r}, not {JSON_FORMAT!r}")
+        raise VendorModelError(f"{what}: format is {got!r}, not {JSON_FORMAT!r}")
     raw_models = data.get("models")
     if not isinstance(raw_models, list) or not raw_models:
-        raise VendorModelError(f"models file {where!r}: 'models' must be a non-empty list")
+        raise VendorModelError(f"{what}: 'models' must be a non-empty list")
     classes = _spec_classes()
     out = []
     for i, raw in enumerate(raw_models):
@@ -267,7 +319,7 @@ def read_json(path: str | Path) -> list[Model]:
                 f"{at}: unknown field(s) {', '.join(unknown)} "
                 f"(known: {', '.join(sorted(_MODEL_KEYS))})"
             )
-        name = str(raw.get("name") or f"{Path(path).name}[{i}]")
+        name = str(raw.get("name") or default_name(i))
         try:
             model = attrs.evolve(
                 _as_model(at, layers, name),
@@ -371,12 +423,24 @@ def around(model: Model) -> st.SearchStrategy[Model]:
 # loading
 
 
-def _resolve(spec: str) -> object:
+#: Draws of a vendor's strategy in the models child, of which at most
+#: :data:`~conformance.generate.vendor_child.STRATEGY_DRAWS` distinct models are kept.
+_DRAW_ATTEMPTS = 200
+
+
+def _spelled(spec: str) -> None:
+    """Refuse, without importing anything, a spec that is neither ``module:attr`` nor a file."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise VendorModelError(
             f"models={spec!r} is neither 'module:attr' nor the path of an existing JSON file"
         )
+
+
+def _resolve(spec: str) -> object:
+    """Import ``module:attr`` (in the models child: the vendor's code runs there)."""
+    _spelled(spec)
+    module_name, _, attr = spec.partition(":")
     try:
         value: object = importlib.import_module(module_name)
     except ImportError as exc:
@@ -388,42 +452,80 @@ def _resolve(spec: str) -> object:
     return value
 
 
-def _checked_strategy(where: str, strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Model]:
-    """Draw one value up front, so a strategy of non-models fails before the run."""
-    try:
-        first = find(
-            strategy,
-            lambda _: True,
-            settings=settings(
-                database=None,
-                max_examples=1,
-                phases=[Phase.generate],
-                suppress_health_check=list(HealthCheck),
-            ),
-        )
-    except NoSuchExample:
-        raise VendorModelError(f"{where}: the strategy draws nothing") from None
-    _as_model(f"{where} (a drawn model)", first)
-    return strategy.map(lambda value: _as_model(where, value))
+def _drawn(where: str, strategy: st.SearchStrategy[Any]) -> list[Model]:
+    """Distinct models drawn from a vendor's strategy, always the same ones (derandomised)."""
+    from hypothesis import given
+
+    from conformance.generate.vendor_child import STRATEGY_DRAWS
+    from conformance.generate.vendor_data import model_data
+
+    values: list[Any] = []
+
+    @settings(
+        database=None,
+        max_examples=_DRAW_ATTEMPTS,
+        derandomize=True,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def collect(value: Any) -> None:
+        values.append(value)
+
+    collect()
+    if not values:
+        raise VendorModelError(f"{where}: the strategy draws nothing")
+    models: dict[str, Model] = {}
+    for value in values:
+        model = _as_model(f"{where} (a drawn model)", value)
+        models.setdefault(json.dumps(model_data(model), sort_keys=True), model)
+        if len(models) == STRATEGY_DRAWS:
+            break
+    return list(models.values())
 
 
-def _strategy_of(where: str, value: object, depth: int = 0) -> st.SearchStrategy[Model]:
+def _models_of(where: str, value: object, depth: int = 0) -> list[Model]:
     if isinstance(value, st.SearchStrategy):
-        return _checked_strategy(where, value).flatmap(around)
+        return _drawn(where, value)
     if callable(value) and not isinstance(value, (Model, Mapping, type)) and depth == 0:
         try:
             produced = value()
         except Exception as exc:
             raise VendorModelError(f"{where}: calling it raised {exc!r}") from exc
-        return _strategy_of(f"{where}()", produced, depth + 1)
+        return _models_of(f"{where}()", produced, depth + 1)
     if isinstance(value, (str, Path)) and depth == 0:
-        return load_models(value)
-    fixed = fixed_models(value, where)
-    return st.one_of([around(m) for m in fixed])
+        return models_here(value)
+    return fixed_models(value, where)
+
+
+def _is_file_spec(spec: object) -> bool:
+    return isinstance(spec, Path) or (
+        isinstance(spec, str) and (spec.endswith(".json") or Path(spec).is_file())
+    )
+
+
+def models_here(spec: object) -> list[Model]:
+    """The models a spec names, evaluated in this process: the models child's work.
+
+    Imports, calls and draws from the vendor's code: the kit calls it only in
+    a contained child (:mod:`conformance.generate.vendor_child`).
+
+    Raises:
+        VendorModelError: the spec, or a model or spec it names, is unusable.
+    """
+    if _is_file_spec(spec):
+        return read_json(spec)  # type: ignore[arg-type]  # a str or Path
+    if isinstance(spec, str):
+        return _models_of(f"models={spec!r}", _resolve(spec))
+    return _models_of("models", spec)
 
 
 def load_models(spec: object) -> st.SearchStrategy[Model]:
     """A strategy of the vendor's models (and variants around them) from a models spec.
+
+    A JSON file is read here; anything else is evaluated in a contained
+    child process and crosses as data (:mod:`conformance.generate.vendor_child`).
 
     Args:
         spec: ``"module:attr"``, a path to a ``kvref-models/1`` JSON file, or
@@ -432,13 +534,34 @@ def load_models(spec: object) -> st.SearchStrategy[Model]:
     Raises:
         VendorModelError: the spec, or a model or spec it names, is unusable.
     """
-    if isinstance(spec, Path) or (isinstance(spec, str) and spec.endswith(".json")):
-        return st.one_of([around(m) for m in read_json(spec)])
-    if isinstance(spec, str):
-        if Path(spec).is_file():
-            return st.one_of([around(m) for m in read_json(spec)])
-        return _strategy_of(f"models={spec!r}", _resolve(spec))
-    return _strategy_of("models", spec)
+    if _is_file_spec(spec):
+        models = read_json(spec)  # type: ignore[arg-type]  # a str or Path
+    else:
+        if isinstance(spec, str):
+            _spelled(spec)
+        from conformance.generate.vendor_child import evaluate
+
+        models = evaluate(spec)
+    return st.one_of([around(m) for m in models])
+
+
+def preload(spec: object | None) -> None:
+    """Evaluate ``spec`` now (its child runs once; the run reuses the data).
+
+    The CLI calls it before it touches any output file: a bad spec is a
+    usage error there, naming the value.
+
+    Raises:
+        OptionError: the spec is unusable.
+    """
+    from conformance.errors import OptionError
+
+    if spec is None:
+        return
+    try:
+        load_models(spec)
+    except VendorModelError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def models_for_run(

@@ -37,10 +37,10 @@ from typing import Any
 import attrs
 
 from conformance.errors import KitError
-from conformance.harness import handed, integrity, wire
+from conformance.harness import confine, handed, integrity, wire
 from conformance.harness.lineage import DescribedBuilder
 from conformance.harness.prefetch import imports_vllm
-from conformance.harness.worker_side import Ref, encode_reply, serve, walk
+from conformance.harness.worker_side import Ref, encode_reply, walk
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.interop.vllm_convert import VLLMUnavailableError, vllm_modules
@@ -145,13 +145,28 @@ class _Worker:
         #: Bytes of private memory the worker may take over its start (None: worker_side's default).
         self.memory = memory
         method = start_method or _default_start_method()
+        if (
+            start_method is None
+            and method == "fork"
+            and name is not None
+            and confine.key_in_memory()
+        ):
+            # This process holds the certification key: a forked worker would hold a
+            # copy of it.  A fresh interpreter gets only what it is sent.
+            method = "spawn"
         self.context: Any = multiprocessing.get_context(method)
         if method == "fork":
             self.target: Any = target
         elif name is not None:
             self.target = ("name", name)
         else:
-            self.target = target
+            # Pickled here, unpickled in the worker's server: importing the builder's
+            # module there happens inside containment.
+            self.target = pickle.dumps(target)
+        #: How the worker was started (``fork`` or ``spawn``), for the report.
+        self.start_method = method
+        #: What the worker's containment chain said held (confine.enter), as data.
+        self.containment: dict[str, Any] = {}
         self.lock = threading.Lock()
         self.owner = os.getpid()
         #: Where the workers' stdout and stderr go (read back, bounded, for the report).
@@ -180,22 +195,56 @@ class _Worker:
     def _start(self) -> None:
         if self.marked is None:
             self.marked = integrity.mark()
+        confine.protect_judge()
         parent_conn, child_conn = self.context.Pipe()
         process = self.context.Process(
-            target=serve,
-            args=(child_conn, self.target, os.getpid(), self.reach_files, self.output, self.memory),
+            target=confine.run_contained,
+            args=(
+                child_conn,
+                os.getpid(),
+                "conformance.harness.worker_side:serve",
+                self.target,
+                self.reach_files,
+                self.output,
+                self.memory,
+            ),
             name="kvref-isolate-worker",
             daemon=True,
         )
-        process.start()
+        with confine.without_key():
+            process.start()
         child_conn.close()
         self.process, self.conn = process, parent_conn
+        self.containment = self._contained()
+        confine.record("worker", self.containment)
         self.generation += 1
         self.dropped.clear()
         if self.describe_args is not None:
             # A replacement worker loads the builder (and traces it) as the first did.
             data = self._exchange("describe", 0, "describe", self.describe_args, _START_SECONDS)
             self.described = self._answer("describe", (), data)
+
+    def _contained(self) -> dict[str, Any]:
+        """What the worker's containment held, sent before any of the builder's code ran.
+
+        Raises:
+            IsolationError: no such message within the start deadline, or not data.
+            WorkerDiedError: the worker died while starting.
+        """
+        try:
+            if not self.conn.poll(_START_SECONDS):
+                self.close()
+                raise IsolationError(f"the worker did not start within {_START_SECONDS:.0f} s")
+            facts = json.loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            raise self._died("start") from None
+        except ValueError as exc:
+            self.close()
+            raise IsolationError(f"the worker's first message is not data: {exc}") from None
+        if type(facts) is not dict:
+            self.close()
+            raise IsolationError(f"the worker's first message is {facts!r:.80}")
+        return facts
 
     def describe(self, name: str | None, reach: Any) -> dict[str, Any]:
         """Start the worker, load the builder there, and return what it says of it (data).
@@ -302,7 +351,12 @@ class _Worker:
         process, self.process = self.process, None
         with contextlib.suppress(OSError):
             self.conn.close()
+        # The server ended: its init reports how and ends its namespace, then the
+        # sentinel leaves the same way.  One that does not is ended from here.
         process.join(5)
+        if process.is_alive():
+            confine.end_chain(process.pid, process.is_alive, self.containment)
+            process.join(5)
         if process.is_alive():
             process.kill()
             process.join(5)
@@ -311,9 +365,10 @@ class _Worker:
         self.deaths += 1
         self.deaths_in_a_row += 1
         what = "constructing the builder" if hook == "__init__" else hook
+        when = "as it started" if hook == "start" else f"while {what} ran"
         self.last_death = (
             f"the builder's worker process died with exit code {code}{_signal_name(code or 0)} "
-            f"while {what} ran"
+            f"{when}"
         )
         return WorkerDiedError(self.last_death)
 
@@ -343,8 +398,12 @@ class _Worker:
             return
         with contextlib.suppress(OSError):
             self.conn.close()
-        process.kill()
+        # The init first: its sentinel leaves once the namespace is empty.
+        confine.end_chain(process.pid, process.is_alive, self.containment)
         process.join(5)
+        if process.is_alive():
+            process.kill()
+            process.join(5)
         _kill_group(process.pid)
 
     def output_tail(self) -> str:

@@ -40,6 +40,7 @@ from typing import IO, Any
 
 import attrs
 
+from conformance.harness import confine
 from conformance.harness.heap import ENVIRONMENT
 from conformance.harness.hooks import Context
 from kvref.config import PlanningConfig
@@ -132,19 +133,24 @@ class Twin:
         self.hash_seed = _other_hash_seed()
         self.broken: str | None = None
         # The twin is the kit's process: its allocator keeps freed memory (heap.py).
-        env = {**os.environ, **ENVIRONMENT, "PYTHONHASHSEED": self.hash_seed}
+        # It runs the builder's code: never with the certification key (confine.py).
+        env = confine.child_environment({**ENVIRONMENT, "PYTHONHASHSEED": self.hash_seed})
         # The builder's module must import there as here.
         path = [p for p in sys.path if p and Path(p).is_dir()]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(Path.cwd()), *path]))
+        confine.protect_judge()
+        # Contained as the worker is: whatever the builder starts there ends with the twin.
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "conformance.harness.twin", reference],
+            [sys.executable, "-m", "conformance.harness.confine", f"{__name__}:main", reference],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             env=env,
-            # Its own process group: children the builder forks there end with it.
+            # Its own process group and session.
             start_new_session=True,
         )
+        #: What the twin's containment chain said held (confine.enter).
+        self.containment: dict[str, Any] = {}
         self.started = False
         self.asked = 0
 
@@ -160,10 +166,27 @@ class Twin:
             # The first answer waits for the interpreter and the imports; the
             # others get the hook deadline.
             self.started = True
+            self._contained()
             self._exchange(("ping", ()), _START_SECONDS)
         # The twin is no judge of deadlines (KV-CALL-TIMEOUT is, here): a loaded
         # machine must not make it give up on a builder that answers here.
         return self._exchange((op, args), max(self.timeout, _CALL_SECONDS))
+
+    def _contained(self) -> None:
+        """Read what the twin's containment held: its first frame, before any builder code."""
+        stdout = self.process.stdout
+        assert stdout is not None
+        try:
+            ready, _, _ = select.select([stdout], [], [], _START_SECONDS)
+            facts = confine.read_frame(stdout) if ready else None
+        except (OSError, EOFError, ValueError) as exc:
+            facts = f"{exc}"
+        if type(facts) is not dict:
+            self.broken = f"the twin process did not start: {facts or 'no answer'}"
+            self.close()
+            raise TwinError(self.broken)
+        self.containment = facts
+        confine.record("twin", facts)
 
     def _exchange(self, request: tuple[str, tuple[Any, ...]], wait: float) -> Any:
         stdin, stdout = self.process.stdin, self.process.stdout
@@ -199,6 +222,10 @@ class Twin:
             with contextlib.suppress(OSError):
                 assert self.process.stdin is not None
                 self.process.stdin.close()
+            # Its init first: the twin's process leaves once its namespace is empty.
+            confine.end_chain(
+                self.process.pid, lambda: self.process.poll() is None, self.containment
+            )
             try:
                 self.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -351,15 +378,20 @@ def _serve(reference: str, stdin: IO[bytes], stdout: IO[bytes]) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the twin process: ``python -m conformance.harness.twin module:Class``.
 
-    Serves until the kit closes the pipe, then ends the process (it never returns).
+    The kit starts it contained (``python -m conformance.harness.confine
+    conformance.harness.twin:main module:Class``).  Serves until the kit
+    closes the pipe, then ends the process (it never returns).
     """
     from conformance.harness import wire
 
     args = list(sys.argv[1:] if argv is None else argv)
     keep_vllm_quiet()
     wire.in_builder_process()
-    # Answers go on the real stdout; the builder's prints must not corrupt them.
+    # Answers go on the real stdout; the builder's prints (Python's or the
+    # descriptor's) go to stderr and never corrupt them.
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     sys.stdout = sys.stderr
     _serve(args[0], sys.stdin.buffer, out)
     out.flush()

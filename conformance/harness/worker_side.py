@@ -143,15 +143,12 @@ class _Snapshot:
         return out
 
 
-def _own_group_and_output(output: str | None) -> None:
-    """Make the worker its process group's leader and send its output to ``output``.
+def _own_output(output: str | None) -> None:
+    """Send the worker's stdout and stderr to ``output``.
 
-    The kit ends the whole group with the worker, so a child the builder
-    forked does not outlive the run (nor hold a CI step's pipe open); and the
-    builder's prints never mix into the kit's own report on the terminal.
+    The builder's prints never mix into the kit's own report on the terminal.
+    (The worker's process group and namespace are :mod:`.confine`'s.)
     """
-    with contextlib.suppress(OSError):
-        os.setpgid(0, 0)
     if output is None:
         return
     with contextlib.suppress(OSError):
@@ -206,7 +203,8 @@ def _limit_memory(headroom: int | None = None) -> int | None:
 
 
 def _watch_parent(parent: int) -> None:
-    # A worker stuck in a hook never reads its pipe again: leave with the kit.
+    # A worker stuck in a hook never reads its pipe again: leave with its parent
+    # (the chain's init; where there is no chain, the kit itself).
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(0.5)
@@ -216,6 +214,9 @@ def _watch_parent(parent: int) -> None:
 
 
 def _resolve(target: Any) -> Any:
+    if isinstance(target, bytes):
+        # A spawned worker gets the builder pickled: unpickled here, inside containment.
+        target = pickle.loads(target)
     if isinstance(target, tuple) and target[:1] == ("name",):
         from conformance.harness.adapters import load_builder
 
@@ -363,21 +364,21 @@ def _describe(builder: Any, name: str | None, reach: Any) -> dict[str, Any]:
 def serve(
     conn: Any,
     target: Any,
-    parent: int,
     reach_files: Sequence[str] | None = None,
     output: str | None = None,
     memory: int | None = None,
 ) -> None:
     """The worker's loop: make builders, run hooks, send back what happened.
 
+    Runs in the server of a :mod:`.confine` chain (``run_contained``).
     ``memory``: bytes of private memory allowed over the worker's size at
     start (default :data:`WORKER_MEMORY_HEADROOM`).
     """
     with contextlib.suppress(ValueError):
         # Ctrl-C belongs to the kit, which writes the partial report.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _own_group_and_output(output)
-    _watch_parent(parent)
+    _own_output(output)
+    _watch_parent(os.getppid())
     integrity.unguard()
     wire.in_builder_process()
     # This process only plans: vLLM's logger stays quiet for good once set.

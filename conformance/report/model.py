@@ -145,6 +145,10 @@ class Report:
         shard: in a sharded run's report (``--shard I/N``), what ``merge`` needs
             to join the shards' reports (:mod:`conformance.run.shard`); ``None``
             otherwise.
+        containment: what kept the builder's processes apart from the judging
+            one in this run (:func:`conformance.harness.confine.summary`: the
+            mechanisms that held per process role, and warnings where one did
+            not; docs/trust.md); ``None``: not isolated.
     """
 
     builder: str
@@ -168,6 +172,7 @@ class Report:
     certificate: dict[str, Any] | None = None
     focus: str | None = None
     shard: dict[str, Any] | None = None
+    containment: dict[str, Any] | None = None
 
     @property
     def failures(self) -> tuple[InvariantResult, ...]:

@@ -11,6 +11,7 @@ import attrs
 
 from conformance.contract import CONTRACT
 from conformance.report.model import STATUSES, InvariantResult, Report
+from conformance.report.trust import evidence, trust_lines
 
 __all__ = [
     "JSON_SCHEMA_VERSION",
@@ -173,6 +174,9 @@ def format_report(report: Report, *, header: bool = True) -> str:
             f"  {k}: {', '.join(b.get(k, ())) or 'none'}"
             for k in ("new", "fixed", "unchanged", "expected")
         ]
+    lines += trust_lines(
+        [r.id for r in report.results], report.containment, reach=bool(report.reach)
+    )
     lines += [
         "",
         "OK" if report.ok else f"FAILED: {', '.join(sorted(report.failing_ids)) or 'reach'}",
@@ -244,6 +248,9 @@ def report_to_dict(report: Report) -> dict[str, Any]:
     """The report as plain JSON-able data, in the layout of ``report.schema.json``."""
     data = attrs.asdict(report, recurse=True)
     data["schema_version"] = JSON_SCHEMA_VERSION
+    for result in data["results"]:
+        # What the verdict rests on: the judge's own checks, or the builder's process.
+        result["evidence"] = evidence(result["id"])
     if report.waste is not None:
         # Each warning's sentence, as the text report shows it.
         for out, warning in zip(data["waste"]["worst"], report.waste.worst, strict=True):

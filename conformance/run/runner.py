@@ -271,8 +271,17 @@ def _run_prepared(
         report = attrs.evolve(report, reach=reach)
     worker = getattr(builder, "_kvref_worker", None)
     if worker is not None:
-        report = attrs.evolve(report, builder_output=worker.output_tail())
+        report = attrs.evolve(
+            report, builder_output=worker.output_tail(), containment=_containment(worker)
+        )
     return report
+
+
+def _containment(worker: Any) -> dict[str, Any]:
+    """What kept the builder's processes apart from this one (docs/trust.md)."""
+    from conformance.harness import confine
+
+    return confine.summary({**confine.seen(), "worker": worker.containment})
 
 
 def _vendor_models(models: object | None) -> SearchStrategy[Model] | None:

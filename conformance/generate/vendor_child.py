@@ -1,0 +1,138 @@
+"""The models child: a vendor's models spec evaluated outside the judging process.
+
+A ``module:attr`` models spec (and a models object given to
+``check_builder``) names the vendor's code.  :func:`evaluate` runs it in a
+contained child process (:mod:`conformance.harness.confine`: its own PID
+namespace, no capability over the judge, no certification key), which
+imports the module, calls or draws from what it names, and sends the models
+back as a ``kvref-models/1`` document (:mod:`.vendor_data`).  The judge
+reads that document as it reads a JSON file: a module that patches the kit
+at import patches only the child.
+
+The child is forked where the platform forks and this process holds no
+certification key; otherwise it is a fresh interpreter, and an object
+(which cannot be sent to one) is evaluated here, as the caller's own code
+already runs here.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from typing import Any
+
+from conformance.generate.records import Model
+
+__all__ = ["STRATEGY_DRAWS", "evaluate", "serve_models"]
+
+#: Most distinct models a vendor's strategy gives (drawn in the child, then fixed).
+STRATEGY_DRAWS = 32
+
+#: Seconds the child may take to import, call or draw the vendor's models.
+CHILD_SECONDS = 300.0
+
+#: What evaluating a ``module:attr`` spec gave, as data: one child per spec and process.
+_EVALUATED: dict[str, Any] = {}
+
+
+def evaluate(spec: object) -> list[Model]:
+    """The models ``spec`` names, evaluated in a contained child, read back as data.
+
+    Raises:
+        VendorModelError: the spec is unusable, the child failed or sent no models.
+    """
+    from conformance.generate.vendor import VendorModelError, models_here, read_data
+
+    where = f"models={spec!r:.200}" if isinstance(spec, str) else "models"
+    methods = multiprocessing.get_all_start_methods()
+    if not isinstance(spec, str) and ("fork" not in methods or _key_held()):
+        # An object cannot reach a fresh interpreter; it is the caller's, already here.
+        return models_here(spec)
+    data = _EVALUATED.get(spec) if isinstance(spec, str) else None
+    if data is None:
+        reply = _ask_child(spec, where)
+        if "error" in reply:
+            raise VendorModelError(str(reply["error"]))
+        data = reply.get("ok")
+        if isinstance(spec, str):
+            _EVALUATED[spec] = data
+    return read_data(data, f"{where} (as the models child sent it)", what=where)
+
+
+def _key_held() -> bool:
+    from conformance.harness.confine import key_in_memory
+
+    return key_in_memory()
+
+
+def _ask_child(spec: object, where: str) -> dict[str, Any]:
+    from conformance.generate.vendor import VendorModelError
+    from conformance.harness import confine
+
+    confine.protect_judge()
+    forked = "fork" in multiprocessing.get_all_start_methods() and not confine.key_in_memory()
+    context: Any = multiprocessing.get_context("fork" if forked else "spawn")
+    here, there = context.Pipe()
+    process = context.Process(
+        target=confine.run_contained,
+        args=(there, os.getpid(), f"{__name__}:serve_models", spec),
+        name="kvref-models-child",
+        daemon=True,
+    )
+    with confine.without_key():
+        process.start()
+    there.close()
+    facts: dict[str, Any] = {}
+    try:
+        facts = _message(here, where)
+        confine.record("models", facts)
+        reply = _message(here, where)
+    finally:
+        here.close()
+        confine.end_chain(process.pid, process.is_alive, facts)
+        process.join(5)
+        if process.is_alive():
+            process.kill()
+            process.join(5)
+    if not isinstance(reply, dict) or not ({"ok"} == set(reply) or {"error"} == set(reply)):
+        raise VendorModelError(f"{where}: the models child sent {reply!r:.200}")
+    return reply
+
+
+def _message(conn: Any, where: str) -> Any:
+    from conformance.generate.vendor import VendorModelError
+
+    try:
+        if not conn.poll(CHILD_SECONDS):
+            raise VendorModelError(
+                f"{where}: evaluating it took over {CHILD_SECONDS:.0f} s (in the models child)"
+            )
+        return json.loads(conn.recv_bytes())
+    except (EOFError, OSError):
+        raise VendorModelError(
+            f"{where}: the process that evaluated it ended before it sent the models"
+        ) from None
+    except ValueError as exc:
+        raise VendorModelError(f"{where}: the models child sent no data: {exc}") from None
+
+
+def serve_models(conn: Any, spec: object) -> None:
+    """In the contained child: evaluate ``spec`` and send the models as data (or the error)."""
+    from conformance.generate.vendor import VendorModelError, models_here
+    from conformance.generate.vendor_data import DataError, models_data
+
+    # What the vendor's code prints is not the kit's output.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    where = f"models={spec!r:.200}" if isinstance(spec, str) else "models"
+    try:
+        reply: dict[str, Any] = {"ok": models_data(models_here(spec))}
+    except (VendorModelError, DataError) as exc:
+        reply = {"error": str(exc)}
+    except BaseException as exc:  # the vendor's code: any failure is the spec's
+        reply = {"error": f"{where}: evaluating it raised {type(exc).__name__}: {exc}"}
+    conn.send_bytes(json.dumps(reply).encode())
+    conn.close()
+    os._exit(0)
