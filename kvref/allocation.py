@@ -182,7 +182,8 @@ class KVCacheAllocation:
         kernel_geometries: with ``kernel_block_sizes``, every tensor's kernel
             view geometry (``None`` where it has no per-layer view).
         kernel_views: with ``kernel_block_sizes``, layer name to its kernel view,
-            shape ``(N * r, H, S_k, C / sizeof(dtype))``: what the worker binds
+            shape ``(N * r, H, S_k, C / sizeof(dtype))`` (a re-strided packed cache:
+            ``(N - 1) * s + r`` kernel blocks, :mod:`kvref.kernel_blocks`): what the worker binds
             to the layer and its attention kernels read (vLLM's views with
             ``kernel_block_sizes``, as ``map_kv_caches_to_kernel_blocks`` binds
             them); layers without layer views map to the whole backing, as in

@@ -243,9 +243,12 @@ class KernelTensorGeometry:
         tensor: the tensor record.
         spec: the per-layer spec of ``tensor.layers[0]``.
         layout: the layout the strides were computed in.
-        split: how its group's manager blocks split.
-        shape: extents ``(L, N * r, H, S_k, C)``; ``C`` in bytes.
-        strides: byte strides ``(L, B_k, H, S, C)``; ``B_k = block_stride // r``.
+        split: how its manager blocks split (with a ``kernel_block_stride`` where a
+            packed compressed cache is re-strided at bind time).
+        shape: extents ``(L, N * r, H, S_k, C)``, ``C`` in bytes; re-strided,
+            ``(N - 1) * s + r`` kernel blocks (``s`` the kernel block stride).
+        strides: byte strides ``(L, B_k, H, S, C)``; ``B_k = block_stride // r``,
+            re-strided the kernel page ``S_k * S``.
     """
 
     index: int
