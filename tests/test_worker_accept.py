@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+import broken_builders
 import legal_builders
 import pytest
 import worker_builders
@@ -271,6 +272,20 @@ class TestCommitted:
         assert memory.find_out_of_bounds(shrunk(config, 2), "LBNHC")
         # ...while the committed prefixes of the reservation hold every page.
         holds("KV-WORKER-COMMITTED", obs)
+
+
+def test_absurd_backing_is_judged_without_enumerating_its_segments() -> None:
+    """A 2**60-byte backing is 2**43 whole segments at 2 blocks: judged by arithmetic, at once."""
+    four = {f"model.layers.{i}.self_attn.attn": _WIDE for i in range(4)}
+    # Placed at 1, 2 and 4 blocks: every count divides the backing into whole segments.
+    obs = observe(broken_builders.AbsurdSize, "BLHNC", four, "0.34", num_blocks=2)
+    config = obs.config_at(2)
+    assert config is not None and config.device_tensors[0].size == 2**60
+    holds("KV-WORKER-BLOCK-SEGMENTS", obs)
+    holds("KV-WORKER-COMMITTED", obs)
+    # The probe's backing is 2**60 bytes a block; the worker's segments take 2**60 / 2.
+    text = fails("KV-WORKER-POOL-BYTES", obs)
+    assert f"with {2**60} bytes per block" in text and f"{2**59} bytes per block in all" in text
 
 
 class TestPoolBytes:

@@ -163,7 +163,7 @@ def _pool_bytes(obs: PlacementObservation) -> list[Violation] | Unjudged | None:
                 "",
                 f"Core plans the capacity with {pool} bytes per block ({source}), but at {n} "
                 f"blocks vLLM {obs.config.vllm_version}'s worker cuts the placement into "
-                f"{len(segments.offsets)} segments of {worker} bytes per block in all (the sum of "
+                f"{segments.count} segments of {worker} bytes per block in all (the sum of "
                 f"their block strides, ExtensibleKVCache.bytes_per_block, {_EXTENSIBLE}) and "
                 f"commits blocks by that: {effect} (finalize_extensible_kv_cache, {_PLANNING})",
             )

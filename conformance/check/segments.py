@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -45,6 +46,9 @@ __all__ = [
     "worker_segments",
 ]
 
+#: Addresses from which the vectorised pass computes with exact Python ints.
+_INT64_SAFE = 1 << 62
+
 #: Where vLLM 0.34.0 cuts and pads the backing (cited in findings).
 EXTENSIBLE = "vllm/v1/worker/extensible_kv_cache.py"
 
@@ -59,28 +63,73 @@ class Segments:
     """The segments of one placement at its capacity.
 
     Attributes:
-        offsets: where each segment starts in the builder's backing, ascending.
-        strides: each segment's bytes per block.
         capacity: the blocks every segment reserves (the placement's ``num_blocks``).
+        starts: where each segment starts in the builder's backing, ascending
+            (layer-outer layouts: one per layer region; empty when ``uniform``).
+        strides: each of those segments' bytes per block.
+        uniform: ``(count, stride)``: ``count`` segments of ``capacity x stride``
+            bytes from byte 0 (every other layout).  Never enumerated: an absurd
+            backing has astronomically many.
     """
 
-    offsets: tuple[int, ...]
-    strides: tuple[int, ...]
     capacity: int
+    starts: tuple[int, ...] = ()
+    strides: tuple[int, ...] = ()
+    uniform: tuple[int, int] | None = None
+
+    @property
+    def count(self) -> int:
+        """How many segments there are."""
+        return self.uniform[0] if self.uniform is not None else len(self.starts)
 
     @property
     def bytes_per_block(self) -> int:
         """Bytes one block takes over all segments: what the worker sizes its commits by."""
+        if self.uniform is not None:
+            count, stride = self.uniform
+            return count * stride
         return sum(self.strides)
+
+    @property
+    def end(self) -> int:
+        """One past the last segment's last byte."""
+        if self.uniform is not None:
+            count, stride = self.uniform
+            return count * self.capacity * stride
+        return self.committed(self.count - 1, self.capacity)[1] if self.starts else 0
 
     def committed(self, index: int, blocks: int) -> tuple[int, int]:
         """``[start, end)`` of segment ``index`` once ``blocks`` blocks are committed."""
-        start = self.offsets[index]
+        if self.uniform is not None:
+            stride = self.uniform[1]
+            start = index * self.capacity * stride
+            return start, start + blocks * stride
+        start = self.starts[index]
         return start, start + blocks * self.strides[index]
 
     def locate(self, byte: int) -> int:
-        """Index of the segment ``byte`` falls in by its start (-1: before the first)."""
-        return bisect.bisect_right(self.offsets, byte) - 1
+        """Index of the segment ``byte`` falls in by its start (-1: before the first).
+
+        A byte past the last segment falls in the last one (and lies outside it).
+        """
+        if self.uniform is not None:
+            count, stride = self.uniform
+            return min(byte // (self.capacity * stride), count - 1)
+        return bisect.bisect_right(self.starts, byte) - 1
+
+    def kept_ends(self, first: Any, blocks: int, dtype: Any) -> tuple[Any, Any]:
+        """Vectorised :meth:`locate` of the bytes ``first``, and each one's segment's kept end.
+
+        The end is ``-1`` where a byte lies before every segment.
+        """
+        if self.uniform is not None:
+            count, stride = self.uniform
+            index = np.minimum(first // (self.capacity * stride), count - 1)
+            return index, index * (self.capacity * stride) + blocks * stride
+        starts = np.array(self.starts, dtype=dtype)
+        ends = np.array([self.committed(k, blocks)[1] for k in range(self.count)], dtype=dtype)
+        index = np.searchsorted(starts, first, side="right") - 1
+        return index, np.where(index >= 0, ends[np.maximum(index, 0)], -1)
 
 
 @attrs.frozen
@@ -237,11 +286,10 @@ def worker_segments(config: KVCacheConfig, layout: KVCacheLayout) -> Segments | 
             for index in range(len(t.layers)):
                 first.setdefault(t.offset + index * t.layer_stride, t.block_stride)
         starts = sorted(first)
-        return Segments(tuple(starts), tuple(first[s] for s in starts), n)
+        return Segments(n, tuple(starts), tuple(first[s] for s in starts))
     device = _device(config)
     stride = device[0][1].block_stride
-    count = device[0][1].size // (n * stride)
-    return Segments(tuple(k * n * stride for k in range(count)), (stride,) * count, n)
+    return Segments(n, uniform=(device[0][1].size // (n * stride), stride))
 
 
 @attrs.frozen
@@ -305,11 +353,8 @@ def committed_escapes(
     found: list[Escape] = []
     if committed <= 0:
         return found
-    dtype = run_dtype(geometries)
-    offsets = np.array(segments.offsets, dtype=dtype)
-    ends = np.array(
-        [segments.committed(k, committed)[1] for k in range(len(segments.offsets))], dtype=dtype
-    )
+    # Exact Python ints where an address could overflow int64 arithmetic.
+    dtype = object if segments.end >= _INT64_SAFE else run_dtype(geometries)
     for g in geometries:
         if g.num_pages == 0 or not g.runs.starts:
             continue
@@ -319,9 +364,9 @@ def committed_escapes(
         lengths = np.array(g.runs.lengths, dtype=dtype)
         first = (layers[:, None] + rel[None, :]).ravel()
         length = np.broadcast_to(lengths, (g.num_layers, len(rel))).ravel()
-        index = np.searchsorted(offsets, first, side="right") - 1
+        index, ends = segments.kept_ends(first, committed, dtype)
         last_end = first + (committed - 1) * step + length
-        stays = (index >= 0) & (last_end <= ends[np.maximum(index, 0)])
+        stays = (index >= 0) & (last_end <= ends)
         for flat in np.flatnonzero(~stays):
             layer_index = int(flat) // len(rel)
             start, run_length = int(first[flat]), int(length[flat])
