@@ -306,18 +306,7 @@ def spec_to_vllm(spec: GroupKVCacheSpec) -> Any:
     if _KVREF_KINDS.get(cls.__name__) is not cls:
         raise UnsupportedError(f"kvref spec class {cls.__qualname__} has no vLLM counterpart")
     vcls = getattr(vllm_modules().kvi, cls.__name__)
-    vfields = {f.name for f in dataclasses.fields(vcls) if f.init}
-    kwargs: dict[str, Any] = {}
-    for field in attrs.fields(cls):
-        value = getattr(spec, field.name)
-        if field.name not in vfields:
-            if value == field.default:  # a later release's field: the same spec without it
-                continue
-            raise UnsupportedError(
-                f"{cls.__name__}.{field.name}={value!r}: vLLM {vllm_modules().version}'s "
-                f"{vcls.__name__} has no field {field.name!r}"
-            )
-        kwargs[field.name] = _value_to_vllm(field.name, value)
+    kwargs = _known_fields(spec, cls, vcls)
     try:
         converted = vcls(**kwargs)
     except (ValueError, AssertionError, TypeError) as exc:
@@ -325,6 +314,30 @@ def spec_to_vllm(spec: GroupKVCacheSpec) -> Any:
     if len(_TO_VLLM_CACHE) < _CACHE_LIMIT:
         _TO_VLLM_CACHE[key] = converted
     return converted
+
+
+def _known_fields(spec: KVCacheSpec, kind: type[KVCacheSpec], vcls: Any) -> dict[str, Any]:
+    """``kind``'s init fields of ``spec`` as vLLM values, for vLLM's class ``vcls``.
+
+    Raises:
+        UnsupportedError: a field ``vcls`` lacks (one a later release added) is
+            not at its default.
+    """
+    vfields = {f.name for f in dataclasses.fields(vcls) if f.init}
+    kwargs: dict[str, Any] = {}
+    for field in attrs.fields(kind):
+        if not field.init:
+            continue
+        value = getattr(spec, field.name)
+        if field.name not in vfields:
+            if value == field.default:  # a later release's field: the same spec without it
+                continue
+            raise UnsupportedError(
+                f"{kind.__name__}.{field.name}={value!r}: vLLM {vllm_modules().version}'s "
+                f"{vcls.__name__} has no field {field.name!r}"
+            )
+        kwargs[field.name] = _value_to_vllm(field.name, value)
+    return kwargs
 
 
 def _vendor_to_vllm(spec: KVCacheSpec, origin: VendorOrigin) -> Any:
@@ -336,14 +349,10 @@ def _vendor_to_vllm(spec: KVCacheSpec, origin: VendorOrigin) -> Any:
     that class, which kvref already requires of a vendor class (its page is
     its base's), and converting it back gives the same kvref stand-in.
     """
-    kwargs = {
-        f.name: _value_to_vllm(f.name, getattr(spec, f.name))
-        for f in attrs.fields(origin.kind)
-        if f.init
-    }
+    base = getattr(vllm_modules().kvi, origin.kind.__name__)
+    kwargs = _known_fields(spec, origin.kind, base)
     kwargs.update(origin.extra)
     target: Any = origin.vendor_cls
-    base = getattr(vllm_modules().kvi, origin.kind.__name__)
     if not (isinstance(target, type) and issubclass(target, base)):
         target = _named_like(target, base, tuple(name for name, _ in origin.extra))
     try:

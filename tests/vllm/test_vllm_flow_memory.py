@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
 from _native import native_context
+from _vllm_diff import INSTALLED
 
 from conformance.check.catalog import by_id
 from conformance.harness.hooks import Context
@@ -54,6 +55,7 @@ def _config(sizes: tuple[int, ...]) -> PlanningConfig:
         max_model_len=2048,
         pipeline_parallel_size=len(sizes),
         num_hidden_layers=sum(sizes),
+        vllm_version=INSTALLED,  # vLLM's Core flow plans only as itself
     )
 
 

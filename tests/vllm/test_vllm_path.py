@@ -96,10 +96,14 @@ def test_upstream_names_only_with_the_default_failing_too() -> None:
     from conformance.scenarios.examples import Example
     from conformance.upstream import matching_defect
     from kvref import FullAttentionSpec, KVCacheLayout, PlanningConfig
+    from kvref.versions import V0_33
 
     spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype="bfloat16")
+    # The projection defect is vLLM 0.33.0's (0.34.0 fixed it): the example plans as 0.33.0.
     example = Example(
-        config=PlanningConfig(kv_cache_layout=KVCacheLayout.BLHNC, pipeline_parallel_size=2),
+        config=PlanningConfig(
+            kv_cache_layout=KVCacheLayout.BLHNC, pipeline_parallel_size=2, vllm_version=V0_33
+        ),
         workers=({"a": spec}, {"b": spec}),
         available_memory=(2**30, 2**30),
         num_blocks=4,
