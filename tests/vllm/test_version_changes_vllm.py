@@ -158,3 +158,21 @@ def test_block_alignment_of_a_hot_group_without_layers() -> None:
     theirs = kvp._get_kv_cache_bytes_per_block(iv.groups_to_vllm(groups), layout)
     ours = bytes_per_block(groups, KVCacheLayout.BLHNC, rules(INSTALLED))
     assert ours == theirs == (16_384 if INSTALLED >= V0_34 else 24_576)
+
+
+def test_plan_with_vllm_plans_only_as_the_installed_release() -> None:
+    """VLLM can only plan as itself: another release's config is refused, naming both."""
+    from kvref import ConfigError, PlanningConfig
+    from kvref.versions import SUPPORTED
+
+    assert str(INSTALLED) == iv.VLLM_VERSION
+    assert all(str(v) in iv.INSTALL_HINT for v in SUPPORTED)
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype="bf16")
+    builder = iv.vllm_modules().kvp.DefaultKVCacheConfigBuilder
+    [other] = [v for v in SUPPORTED if v != INSTALLED]
+    with pytest.raises(
+        ConfigError, match=rf"vllm_version={other} but the installed vLLM is {INSTALLED}"
+    ):
+        iv.plan_with_vllm(builder, PlanningConfig(vllm_version=other), [{"a": spec}], 2**30)
+    plan = iv.plan_with_vllm(builder, PlanningConfig(vllm_version=INSTALLED), [{"a": spec}], 2**30)
+    assert plan.num_blocks > 1
