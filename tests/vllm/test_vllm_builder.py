@@ -658,3 +658,31 @@ class TestPoolBytes:
 
         vcfg = iv.to_vllm_config(PlanningConfig())
         assert Own()._get_pool_bytes_per_block(vcfg, []) == 7
+
+
+class TestVersion:
+    """The hooks plan as the installed vLLM release, else as the newest, saying so once."""
+
+    def test_installed_release(self) -> None:
+        """A supported vLLM installed: its rules."""
+        config = _builder().planning_config(iv.to_vllm_config(PlanningConfig()))
+        assert config.vllm_version == installed_vllm_version()
+
+    def test_other_release_plans_as_newest(
+        self, monkeypatch: pytest.MonkeyPatch, vllm_log: pytest.LogCaptureFixture
+    ) -> None:
+        """Another release installed: the newest kvref follows, with one warning."""
+        from kvref.interop import vllm_reading
+        from kvref.versions import NEWEST
+
+        monkeypatch.setattr(vllm_reading, "_installed_version", lambda: None)
+        monkeypatch.setattr(vb, "installed_vllm_version", lambda: None)
+        vb._version_note.cache_clear()
+        try:
+            vcfg = iv.to_vllm_config(PlanningConfig())
+            assert _builder().planning_config(vcfg).vllm_version == NEWEST
+            _builder().planning_config(vcfg)
+        finally:
+            vb._version_note.cache_clear()
+        warned = [r for r in vllm_log.records if "follows vLLM" in r.getMessage()]
+        assert len(warned) == 1

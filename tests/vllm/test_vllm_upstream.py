@@ -22,8 +22,8 @@ Offline, vLLM's ``ModelConfig()`` needs the config of its default model
 laid out as a Hugging Face cache for the run.  A field that differed from
 the hub's would fail a test under both builders alike, never hide a difference.
 
-Slow tier (measured: 0.33.0 about 110 s with the 47 MB download, 0.34.0 about 55 s
-with the files in place; see docs/platforms.md):
+Slow tier (measured on a loaded 2-core machine: 0.33.0 110-170 s with the 47 MB
+download, 0.34.0 55-105 s with the files in place; see docs/platforms.md):
 ``pytest -m slow tests/vllm/test_vllm_upstream.py``.
 """
 
