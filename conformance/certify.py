@@ -295,12 +295,29 @@ def _key() -> bytes | None:
     return confine.held_key()
 
 
+def _containment_problem(containment: Mapping[str, Any] | None) -> str | None:
+    """Why the run's verdict or key could have been reached by the builder (``None``: not)."""
+    if not containment:
+        return "the builder did not run in a contained worker"
+    for role, facts in sorted(containment.get("roles", {}).items()):
+        if facts.get("judge_memory") != "refused":
+            return (
+                f"the builder's {role} process could open the judging process's memory "
+                f"({facts.get('judge_memory')}) on this platform"
+            )
+        if facts.get("certify_key") != "absent":
+            return f"the builder's {role} process held a copy of {KEY_ENV}"
+    return None
+
+
 def seal(report: Report, inputs: CertifyInputs) -> Report:
     """``report`` with its certificate: the builder's files hashed again, and the digest.
 
     Raises:
         CertifyError: a builder file changed or went while the run ran (the
-            run judged code other than the hashed one).
+            run judged code other than the hashed one), or the containment did
+            not hold (a builder process could open the judge's memory or held
+            the key: docs/trust.md).
     """
     from conformance.report.render import _kit_version, report_to_dict
 
@@ -309,6 +326,9 @@ def seal(report: Report, inputs: CertifyInputs) -> Report:
         raise CertifyError(
             "--certify: the builder's source files changed during the run; no certificate"
         )
+    problem = _containment_problem(report.containment)
+    if problem is not None:
+        raise CertifyError(f"--certify: {problem}; no certificate (docs/trust.md)")
     key = _key()
     certificate: dict[str, Any] = {
         "format": CERTIFICATE_FORMAT,

@@ -152,6 +152,23 @@ class TestKeyedDigest:
         monkeypatch.setenv(certify.KEY_ENV, "ci-secret")
         assert main(["verify", "report.json"]) == 0
 
+    def test_a_report_minted_with_the_public_algorithm_is_refused_under_a_key(
+        self, copy_of: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Anyone can forge a verdict and recompute a plain sha256: a key set refuses it."""
+        data = _report(copy_of)
+        for result in data["results"]:
+            result.update(status="pass", violations=[])
+        data["ok"] = data["certificate"]["conformant"] = True
+        data["certificate"]["digest"] = {"algorithm": "sha256", "value": None}
+        data["certificate"]["digest"]["value"] = certify.report_digest(data, None)
+        (copy_of / "report.json").write_text(json.dumps(data))
+        assert main(["verify", "report.json"]) == 0  # no key: only an edit check
+        monkeypatch.setenv(certify.KEY_ENV, "ci-secret")
+        assert main(["verify", "report.json"]) == 1
+        assert "not signed with the key" in capsys.readouterr().err
+        assert not certify.verify(copy_of / "report.json", key=b"ci-secret").valid
+
     def test_plain_digest_is_no_signature(self, copy_of: Path) -> None:
         """Documented: whoever edits a plain-sha256 report and recomputes the digest passes."""
         data = _report(copy_of)
@@ -159,6 +176,36 @@ class TestKeyedDigest:
         data["certificate"]["digest"]["value"] = certify.report_digest(data, None)
         (copy_of / "report.json").write_text(json.dumps(data))
         assert main(["verify", "report.json"]) == 0
+
+
+class TestContainment:
+    """A certificate only where the builder could reach neither the verdict nor the key."""
+
+    @pytest.mark.parametrize(
+        ("facts", "named"),
+        [
+            ({"judge_memory": "writable", "certify_key": "absent"}, "open the judging"),
+            ({"judge_memory": "refused", "certify_key": "in memory"}, certify.KEY_ENV),
+        ],
+    )
+    def test_no_certificate_where_it_did_not_hold(
+        self, copy_of: Path, facts: dict[str, str], named: str
+    ) -> None:
+        from conformance.report.model import Report
+
+        report = Report(
+            builder="mine.py:Mine",
+            device="cpu",
+            seed=certify.SEED,
+            profile=certify.PROFILE,
+            max_examples=1,
+            results=(),
+            seconds=0.0,
+            containment={"roles": {"worker": facts}},
+        )
+        inputs = certify.CertifyInputs(builder="mine.py:Mine", root=copy_of, files=())
+        with pytest.raises(certify.CertifyError, match=named):
+            certify.seal(report, inputs)
 
 
 class TestRefused:

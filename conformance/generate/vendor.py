@@ -521,7 +521,7 @@ def models_here(spec: object) -> list[Model]:
     return _models_of("models", spec)
 
 
-def load_models(spec: object) -> st.SearchStrategy[Model]:
+def load_models(spec: object, *, keep: bool = False) -> st.SearchStrategy[Model]:
     """A strategy of the vendor's models (and variants around them) from a models spec.
 
     A JSON file is read here; anything else is evaluated in a contained
@@ -530,6 +530,7 @@ def load_models(spec: object) -> st.SearchStrategy[Model]:
     Args:
         spec: ``"module:attr"``, a path to a ``kvref-models/1`` JSON file, or
             the object such an attribute names (see the module docstring).
+        keep: the next load of this ``module:attr`` spec reuses the data (once).
 
     Raises:
         VendorModelError: the spec, or a model or spec it names, is unusable.
@@ -541,7 +542,7 @@ def load_models(spec: object) -> st.SearchStrategy[Model]:
             _spelled(spec)
         from conformance.generate.vendor_child import evaluate
 
-        models = evaluate(spec)
+        models = evaluate(spec, keep=keep)
     return st.one_of([around(m) for m in models])
 
 
@@ -559,7 +560,7 @@ def preload(spec: object | None) -> None:
     if spec is None:
         return
     try:
-        load_models(spec)
+        load_models(spec, keep=True)
     except VendorModelError as exc:
         raise OptionError(str(exc)) from None
 

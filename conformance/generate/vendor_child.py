@@ -32,12 +32,17 @@ STRATEGY_DRAWS = 32
 #: Seconds the child may take to import, call or draw the vendor's models.
 CHILD_SECONDS = 300.0
 
-#: What evaluating a ``module:attr`` spec gave, as data: one child per spec and process.
+#: What a ``module:attr`` spec gave, kept for the run that asked first (``keep``).
 _EVALUATED: dict[str, Any] = {}
 
 
-def evaluate(spec: object) -> list[Model]:
+def evaluate(spec: object, *, keep: bool = False) -> list[Model]:
     """The models ``spec`` names, evaluated in a contained child, read back as data.
+
+    ``keep``: keep the data for the next call with this spec (once): the CLI
+    evaluates the spec before it touches its outputs, and its run then uses
+    those models rather than start the child again.  Every other call
+    evaluates afresh: a vendor who edits the module sees the edit.
 
     Raises:
         VendorModelError: the spec is unusable, the child failed or sent no models.
@@ -49,13 +54,13 @@ def evaluate(spec: object) -> list[Model]:
     if not isinstance(spec, str) and ("fork" not in methods or _key_held()):
         # An object cannot reach a fresh interpreter; it is the caller's, already here.
         return models_here(spec)
-    data = _EVALUATED.get(spec) if isinstance(spec, str) else None
+    data = _EVALUATED.pop(spec, None) if isinstance(spec, str) else None
     if data is None:
         reply = _ask_child(spec, where)
         if "error" in reply:
             raise VendorModelError(str(reply["error"]))
         data = reply.get("ok")
-        if isinstance(spec, str):
+        if keep and isinstance(spec, str):
             _EVALUATED[spec] = data
     return read_data(data, f"{where} (as the models child sent it)", what=where)
 
