@@ -15,6 +15,7 @@ from fractions import Fraction
 import attrs
 import torch
 
+from conformance.check.worker import BYTES
 from conformance.serve.pool import Retention
 
 __all__ = [
@@ -85,12 +86,16 @@ class LayerSlot:
 
 
 def patterns(tags: torch.Tensor, heads: int, content: int) -> torch.Tensor:
-    """The ``(K, H, C)`` bytes of ``K`` int64 tags: each tag's 8 bytes, repeated."""
+    """The ``(K, H, C)`` bytes of ``K`` int64 tags: each tag's 8 bytes, repeated.
+
+    In the backing's element type (``int8``, as vLLM's worker allocates it),
+    so that they store into and compare with its byte views.
+    """
     count = tags.shape[0]
     total = heads * content
     words = -(-total // 8)
     # Repeating whole int64 words is a plain copy; the byte view then trims the tail.
-    raw = tags[:, None].expand(count, words).contiguous().view(torch.uint8)
+    raw = tags[:, None].expand(count, words).contiguous().view(BYTES)
     return raw[:, :total].reshape(count, heads, content)
 
 
