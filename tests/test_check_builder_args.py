@@ -15,7 +15,11 @@ def test_check_builder_names_a_misspelt_option() -> None:
         check_builder(ReferenceKVCacheConfigBuilder, max_exmaples=3)
 
 
-@pytest.mark.parametrize("given", [print, 3, object, object()], ids=repr)
+@pytest.mark.parametrize(
+    "given",
+    [print, 3, object, object()],
+    ids=["a-function", "a-number", "a-plain-class", "an-object"],
+)
 def test_check_builder_refuses_what_is_no_builder(given: object) -> None:
     """'check_builder(print) runs and returns ok=True for KV-CALL-CONSTRUCT': a usage error now."""
     from conformance.run.options import OptionError

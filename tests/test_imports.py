@@ -193,6 +193,7 @@ KIT_LAYERS = (
         "conformance.baseline",
         "conformance.certify",
         "conformance.merge",
+        "conformance.matrix",
         "conformance.ci",
         "conformance.ci_options",
         "conformance.plugin_xdist",

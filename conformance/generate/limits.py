@@ -107,7 +107,8 @@ class Limits:
         HiSparse is left alone.
         """
         if config.vllm_version != self.vllm:
-            config = attrs.evolve(config, vllm_version=self.vllm)
+            # with_vllm_version keeps whether planning resolves the layout.
+            config = config.with_vllm_version(self.vllm)
         if config.host_resident_layers and config.hisparse is None and not self.host_layers_allowed:
             return attrs.evolve(config, host_resident_layers=frozenset(), host_pool_bytes=None)
         return config
