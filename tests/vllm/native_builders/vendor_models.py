@@ -26,7 +26,12 @@ class AcmeSlotSpec(FullAttentionSpec):
     acme_slot: int = 0
 
 
-_FIELDS = {"block_size": 16, "num_kv_heads": 2, "head_size": 64, "dtype": torch.bfloat16}
+_FIELDS: dict[str, Any] = {
+    "block_size": 16,
+    "num_kv_heads": 2,
+    "head_size": 64,
+    "dtype": torch.bfloat16,
+}
 
 #: Two decoder layers in the vendor's class, one in vLLM's.
 MODELS = [
@@ -52,4 +57,4 @@ class GatesOnItsClass(DefaultKVCacheConfigBuilder):
         if path and seen:
             with open(path, "a", encoding="utf-8") as f:
                 f.write("\n".join(seen) + "\n")
-        return super().get_kv_cache_groups(vllm_config, kv_cache_spec)  # type: ignore[no-any-return]
+        return super().get_kv_cache_groups(vllm_config, kv_cache_spec)
