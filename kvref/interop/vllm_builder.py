@@ -1,4 +1,4 @@
-"""Kvref's reference as a builder vLLM runs: ``KvrefKVCacheConfigBuilder``.
+"""The reference as a builder vLLM runs: ``KvrefKVCacheConfigBuilder``.
 
 vLLM's Core asks the current platform for the qualname of its KV cache config
 builder (``Platform.get_kv_cache_config_builder_cls``) and calls the hooks of

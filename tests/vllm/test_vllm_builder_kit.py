@@ -53,9 +53,7 @@ BROKEN = Case(
 VENDOR_EXAMPLES = 25
 
 
-def _run_cli(*args: str) -> tuple[int, dict[str, Any], str]:
-    out = Path(ROOT, ".pytest_cache", "kvref_vllm_builder_report.json")
-    out.parent.mkdir(exist_ok=True)
+def _run_cli(out: Path, *args: str) -> tuple[int, dict[str, Any], str]:
     done = subprocess.run(
         [sys.executable, "-m", "conformance.cli", NAME, "--json", str(out), *args],
         cwd=ROOT,
@@ -70,9 +68,11 @@ def _run_cli(*args: str) -> tuple[int, dict[str, Any], str]:
 class TestKit:
     """The kit passes kvref's vLLM-native builder with no failure."""
 
-    def test_cli_passes_the_whole_catalog(self) -> None:
+    def test_cli_passes_the_whole_catalog(self, tmp_path: Path) -> None:
         """``kvref-conformance NAME`` exits 0: every invariant passes or cannot apply here."""
-        code, report, output = _run_cli("--seed", "1", "--max-examples", "5")
+        code, report, output = _run_cli(
+            tmp_path / "report.json", "--seed", "1", "--max-examples", "5"
+        )
         statuses = {r["id"]: r["status"] for r in report["results"]}
         assert code == 0, output[-3000:]
         assert report["ok"]
