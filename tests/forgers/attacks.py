@@ -83,12 +83,14 @@ class ForksChild(ShortBacking):
         path = os.environ.get("KVREF_CHILD_PIDS")
         if path and not getattr(ForksChild, "forked", False):
             ForksChild.forked = True  # type: ignore[attr-defined]
-            pid = os.fork()
-            if pid == 0:
+            read, write = os.pipe()
+            if os.fork() == 0:
+                # Its pid as the host numbers it: the worker may run in a PID namespace.
+                os.write(write, os.readlink("/proc/self").encode())
                 time.sleep(600)
                 os._exit(0)
             with open(path, "a", encoding="utf-8") as f:
-                f.write(f"{pid}\n")
+                f.write(f"{os.read(read, 32).decode()}\n")
         return super().get_kv_cache_groups(config, kv_cache_spec)
 
 
