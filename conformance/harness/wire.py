@@ -56,6 +56,7 @@ _RECORD_MODULES = (
     "kvref.specs",
     "kvref.extra_specs",
     "kvref.config",
+    "kvref.versions",
     "kvref.axes",
     "kvref._spec_fields",
     "kvref.records",
