@@ -5,26 +5,23 @@ backends do not take the block size itself (kvref.kernel_blocks), so a
 plan is read through views of ``block_size // k`` kernel blocks per block.
 Problems describe such backends in ``PlanningConfig.attention_backends``
 so that the kit judges plans as the worker would read them
-(contract.md#kernel-views), and their specs as vLLM's worker reports them
-under those backends (:func:`reported_specs`).
+(contract.md#kernel-views).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
-import attrs
 from hypothesis import strategies as st
 
 from conformance.generate.specs import KERNEL_BLOCK_SIZES
 from kvref.backends import AttentionBackend
-from kvref.config import PlanningConfig
 from kvref.errors import KVRefError
 from kvref.layout import KVCacheLayout, compute_layer_kv_cache_shape_bytes
-from kvref.specs import AttentionSpec, EncoderOnlyAttentionSpec, KVCacheSpec, MambaSpec, MultipleOf
+from kvref.specs import AttentionSpec, EncoderOnlyAttentionSpec, KVCacheSpec, MambaSpec
 
-__all__ = ["kernel_backends", "kernel_block_choices", "reported_specs"]
+__all__ = ["kernel_backends", "kernel_block_choices"]
 
 #: Layouts that step heads outside blocks: vLLM refuses to split their blocks
 #: whenever a page has several heads, so no deployment describes such backends there.
@@ -100,30 +97,3 @@ def kernel_backends(
     backend supports any layout, so the drawn layout stays as it is.
     """
     return _kernel_backends(specs, layout)
-
-
-def reported_specs(
-    config: PlanningConfig, workers: Sequence[Mapping[str, KVCacheSpec]]
-) -> list[dict[str, KVCacheSpec]]:
-    """The workers' specs as vLLM's worker reports them under ``config``'s backends.
-
-    vLLM's worker adjusts each attention layer's spec to its backend before
-    reporting it (``customize_attention_spec``): a backend that takes only
-    exact kernel block sizes asks blocks packed beside other layers' pages to
-    stay whole kernel pages, ``block_stride_alignment = MultipleOf(largest
-    size)``, unless the spec already has an alignment.  Without it a packed
-    compressed cache could not be re-strided into kernel blocks at bind time.
-    """
-    out: list[dict[str, KVCacheSpec]] = []
-    for worker in workers:
-        specs = dict(worker)
-        for name, spec in worker.items():
-            if not isinstance(spec, AttentionSpec) or spec.block_stride_alignment is not None:
-                continue
-            for backend in config.backends_of([name]):
-                sizes = backend.supported_kernel_block_sizes
-                if sizes and all(isinstance(size, int) for size in sizes):
-                    largest = max(size for size in sizes if isinstance(size, int))
-                    specs[name] = attrs.evolve(spec, block_stride_alignment=MultipleOf(largest))
-        out.append(specs)
-    return out

@@ -11,7 +11,7 @@ from hypothesis import reject
 from hypothesis import strategies as st
 
 from conformance.check.geometry import cdiv
-from conformance.generate.backends import draw_kernel_backends, reported_specs
+from conformance.generate.backends import draw_kernel_backends
 from conformance.generate.estimate import blocks_per_request, promotion_succeeds, worker_estimate
 from conformance.generate.families import models
 from conformance.generate.families.drafts import speculation
@@ -461,8 +461,6 @@ def draw_planning_problem(
     config = draw_planning_config(draw, model, len(workers), max_memory_bytes, steer)
     # Settings the model brings (HiSparse, a declared grouping) need the drawn length.
     config, workers = draw_model_extras(draw, model, config, workers)
-    # What vLLM's worker reports under the drawn backends (contract.md#kernel-views).
-    workers = reported_specs(config, workers)
     host = config.host_resident_layers
     if host and any(w and all(n in host for n in w) for w in workers):
         # A worker with only host layers has no device group; keep the
