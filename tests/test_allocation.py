@@ -39,7 +39,7 @@ from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 
 def byte_address(view: torch.Tensor, block: int) -> int:
     """Byte offset in the backing where ``view``'s block ``block`` starts."""
-    return (view.storage_offset() + block * view.stride(0)) * view.element_size()
+    return int((view.storage_offset() + block * view.stride(0)) * view.element_size())
 
 
 def byte_strides(view: torch.Tensor) -> tuple[int, ...]:
