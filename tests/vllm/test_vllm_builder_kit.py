@@ -46,8 +46,9 @@ BROKEN = Case(
     "kvref_mla:KvrefMLAShortBackingBuilder",
     "mla",
     "KV-PLACE-IN-BOUNDS",
-    # The padded stride is not the backing over the block count.
-    frozenset({"KV-PLACE-BLOCK-STRIDE"}),
+    # The padded stride is not the backing over the block count, and the
+    # worker's views of the last blocks reach past the storage.
+    frozenset({"KV-PLACE-BLOCK-STRIDE", "KV-DEV-VIEWS"}),
 )
 #: Examples per scenario of the fast vendor runs (the native meta-tests' broken budget).
 VENDOR_EXAMPLES = 25
@@ -90,7 +91,7 @@ class TestKit:
         assert "_get_pool_bytes_per_block" not in vars(adapter)
 
 
-def _mla_examples(count: int = 24) -> list[Example]:
+def _mla_examples(count: int = 64) -> list[Example]:
     found: list[Example] = []
 
     @settings(

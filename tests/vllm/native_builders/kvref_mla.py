@@ -3,11 +3,12 @@
 :class:`KvrefMLAGranuleBuilder` (legal) is a subclass of kvref's vLLM-native
 builder (``kvref.interop.vllm_builder.KvrefKVCacheConfigBuilder``): its MLA
 kernels read whole 4 KiB granules, so where every device layer of a
-placement is MLA, on a block-outermost layout without HiSparse, it rounds
-one block's bytes up to the granule (where the layers' block-stride
-alignments divide it) and steps the blocks by it; everything else, grouping included,
-is ``super()``, that is kvref's reference.  Core probes a one-block
-placement (the builder declares no pool bytes), so the padding is budgeted.
+placement is an uncompressed MLA cache (one token a state), on a
+block-outermost layout without HiSparse, it rounds one block's bytes up to
+the granule (where the layers' block-stride alignments divide it) and steps
+the blocks by it; everything else, grouping included, is ``super()``, that
+is kvref's reference.  Core probes a one-block placement (the builder
+declares no pool bytes), so the padding is budgeted.
 
 :class:`KvrefMLAShortBackingBuilder` (broken) pads the block stride the same
 way but keeps the backing of the unpadded bytes: the last blocks' pages lie
@@ -38,7 +39,11 @@ def mla_only(vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec]) -
     if not vllm_config.cache_config.get_resolved_kv_cache_layout().is_block_outermost:
         return False
     specs = [s for g in kv_cache_groups if not g.host_resident for _, s in layer_specs(g)]
-    return bool(specs) and all(isinstance(s, MLAAttentionSpec) for s in specs)
+    # A compressed cache (several tokens a state) is read in kernel blocks a
+    # whole number of kernel pages apart: a padded stride would break that.
+    return bool(specs) and all(
+        isinstance(s, MLAAttentionSpec) and s.tokens_per_state == 1 for s in specs
+    )
 
 
 def granule_bytes(kv_cache_groups: list[KVCacheGroupSpec], bytes_per_block: int) -> int | None:
