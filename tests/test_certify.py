@@ -21,6 +21,7 @@ import pytest
 from conformance import certify
 from conformance.cli import _header_options, _parser, main
 from conformance.report.render import json_schema_path
+from kvref.versions import NEWEST, installed_vllm_version
 
 BUILDER = '''"""A vendor's builder: the reference's planning, under its own name."""
 
@@ -73,7 +74,10 @@ class TestCertifiedReport:
         assert cert["files"] == [
             {"path": "mine.py", "sha256": hashlib.sha256(source).hexdigest(), "bytes": len(source)}
         ]
-        assert cert["contract"] == "vLLM 0.33.0" and cert["kit_version"] == data["kit_version"]
+        # The release the run judged: the installed vLLM when supported, else the newest.
+        judged = f"vLLM {installed_vllm_version() or NEWEST}"
+        assert cert["contract"] == data["contract"] == judged
+        assert cert["kit_version"] == data["kit_version"]
         assert cert["profile"] == "thorough" == data["profile"]
         assert cert["seed"] == certify.SEED == data["seed"]
         assert cert["device"] == "cpu" and cert["torch"] and cert["device_name"]
@@ -92,7 +96,8 @@ class TestCertifiedReport:
     def test_verifies(self, copy_of: Path, capsys: pytest.CaptureFixture[str]) -> None:
         assert main(["verify", "report.json"]) == 0
         out = capsys.readouterr().out
-        assert "valid" in out and "vLLM 0.33.0" in out and "mine.py:Mine" in out
+        judged = f"vLLM {installed_vllm_version() or NEWEST}"
+        assert "valid" in out and judged in out and "mine.py:Mine" in out
 
     def test_tampered_verdict_fails(
         self, copy_of: Path, capsys: pytest.CaptureFixture[str]

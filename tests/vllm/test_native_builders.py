@@ -47,29 +47,23 @@ from conformance.generate.families import family_strategy
 from conformance.harness.adapters import load_builder
 from conformance.scenarios.examples import Example
 from conformance.scenarios.registry import examples
+from conformance.upstream import DEFECTS
 from kvref.interop import vllm as iv
+from kvref.versions import installed_vllm_version
 
 pytestmark = pytest.mark.vllm
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = "tests.vllm.native_builders"
 
-#: What vLLM 0.33.0's own default builder breaks (docs/vllm.md): the PP
-#: projection of an empty group (vLLM issue 54711) and the block-ID alias of
-#: layer-outer groups whose layers of one page ask for different
-#: ``block_stride_alignment`` (seen on paper, on the device and as a pitch).
+#: What the installed release's own default builder breaks (docs/vllm.md,
+#: conformance/upstream.py): under 0.33.0 the PP projection of an empty group
+#: (vLLM issue 54711, seen by Core's check and where one pipeline stage is
+#: placed), in both releases the block-ID alias of layer-outer groups whose
+#: layers of one page ask for different ``block_stride_alignment`` (seen on
+#: paper, on the device and as a pitch).
 UPSTREAM = frozenset(
-    {
-        "KV-CORE-WORKER-LAYERS",
-        "KV-PLACE-NO-BLOCK-ALIAS",
-        "KV-DEV-TAGS",
-        "KV-PLACE-PAGE-PITCH",
-        # The same projection defect as KV-CORE-WORKER-LAYERS, seen where one
-        # pipeline stage is placed (placement and device scenarios).
-        "KV-PLACE-UNKNOWN-LAYER",
-        "KV-PLACE-SIZE-BOUND",
-        "KV-DEV-VIEWS",
-    }
+    inv for d in DEFECTS if installed_vllm_version() in d.versions for inv in d.invariants
 )
 
 #: The fast tier's invariants: every paper check but the twin-process one
