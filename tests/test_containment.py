@@ -256,7 +256,9 @@ def test_reach_never_waits_on_an_unanswering_worker(monkeypatch: pytest.MonkeyPa
     try:
         proxy()  # starts the worker
         pid = worker.process.pid
-        os.kill(pid, signal.SIGSTOP)  # alive, idle, and never answers
+        # The worker's whole chain (confine.py: sentinel, init, server): alive,
+        # idle, and never answers.
+        os.killpg(pid, signal.SIGSTOP)
         done = threading.Event()
         asker = threading.Thread(target=lambda: (worker.reach_lines(), done.set()), daemon=True)
         asker.start()

@@ -271,17 +271,22 @@ def _judge_memory(judge: int) -> str:
     return "writable"
 
 
-def _close_fds_except(keep: set[int]) -> None:
-    """Close every descriptor but stdio and ``keep`` (the chain's own pipes)."""
-    low = 3
-    for fd in sorted(f for f in keep if f >= low):
-        os.closerange(low, fd)
-        low = fd + 1
-    os.closerange(low, 1 << 20)
+def _close(fds: tuple[int, ...]) -> None:
+    """Close ``fds`` here: the chain's copies of the server's channel to the judge.
+
+    Only those: the judge learns that the server ended from that channel's
+    end of file, so no other process may hold it; every other descriptor
+    stays (``multiprocessing`` learns that the sentinel ended from one).
+    """
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def enter(
-    judge: int | None = None, announce: Callable[[dict[str, Any]], None] | None = None
+    judge: int | None = None,
+    announce: Callable[[dict[str, Any]], None] | None = None,
+    channel: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """Contain this process's builder code; returns, in the server, what held.
 
@@ -289,7 +294,9 @@ def enter(
     parent), before any builder or vendor code is imported there.  The
     process becomes the sentinel and never returns; the server it starts
     returns.  ``announce`` gets the facts (what held, and the init's pid) in
-    the sentinel, before the server exists: the judge reads them first.
+    the sentinel, before the server runs: the judge reads them first.
+    ``channel``: the descriptors of the server's channel to the judge, which
+    only the server keeps open.
     """
     judge = os.getppid() if judge is None else judge
     # Out of the environment the server and its children see; a copy left in this
@@ -324,7 +331,7 @@ def enter(
     if init == 0:
         os.close(status_r)
         os.close(go_w)
-        _init(status_w, go_r, mechanism)  # returns only in the server
+        _init(status_w, go_r, mechanism, channel)  # returns only in the server
         return facts
     os.close(status_w)
     os.close(go_r)
@@ -333,11 +340,12 @@ def enter(
         announce(facts)
     os.write(go_w, b"g")
     os.close(go_w)
+    _close(channel)
     _sentinel(init, status_r, judge, mechanism)
     raise AssertionError("unreachable")  # pragma: no cover - _sentinel never returns
 
 
-def _init(status_w: int, go_r: int, mechanism: str) -> None:
+def _init(status_w: int, go_r: int, mechanism: str, channel: tuple[int, ...]) -> None:
     """The namespace's init: start the server, reap, end with it (returns in the server)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if mechanism in (PID_NAMESPACE, USER_PID_NAMESPACE):
@@ -358,7 +366,7 @@ def _init(status_w: int, go_r: int, mechanism: str) -> None:
         os.close(go_r)
         return
     gc.disable()  # no finaliser of the judge's objects runs here on a closed descriptor
-    _close_fds_except({status_w})
+    _close((go_r, *channel))
     while True:
         try:
             pid, status = os.waitpid(-1, 0)
@@ -411,7 +419,6 @@ def _sentinel(init: int, status_r: int, judge: int, mechanism: str) -> None:
     """Wait for the init; end it when the judge goes; leave as the server left."""
     gc.disable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _close_fds_except({status_r})
     status: int | None = None
     while True:
         ready, _, _ = select.select([status_r], [], [], _WATCH_SECONDS)
@@ -516,7 +523,7 @@ def run_contained(conn: Any, judge: int, entry: str, *args: Any) -> None:
     The facts are the first message on ``conn`` (JSON); ``entry`` is
     ``module:function``, imported in the server only.
     """
-    enter(judge, lambda facts: conn.send_bytes(json.dumps(facts).encode()))
+    enter(judge, lambda facts: conn.send_bytes(json.dumps(facts).encode()), (conn.fileno(),))
     _call(entry, conn, *args)
 
 

@@ -38,9 +38,10 @@ import attrs
 
 from conformance.errors import KitError
 from conformance.harness import confine, handed, integrity, wire
+from conformance.harness.changes import IsolationError, apply_changes
 from conformance.harness.lineage import DescribedBuilder
 from conformance.harness.prefetch import imports_vllm
-from conformance.harness.worker_side import Ref, encode_reply, walk
+from conformance.harness.worker_side import encode_reply
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.interop.vllm_convert import VLLMUnavailableError, vllm_modules
@@ -54,10 +55,6 @@ class WorkerDiedError(RuntimeError):
     """The builder's worker process died (exit, signal) while it ran a hook."""
 
 
-class IsolationError(RuntimeError):
-    """A value could not cross the process boundary (it does not pickle)."""
-
-
 class BuilderRaisedError(Exception):
     """Stands for an exception of the builder that cannot be sent back as itself."""
 
@@ -66,46 +63,6 @@ def _signal_name(code: int) -> str:
     with contextlib.suppress(ValueError):
         return f" ({signal.Signals(-code).name})" if code < 0 else ""
     return ""
-
-
-# -- in-place changes to the arguments -------------------------------------------
-# The worker's arguments are unpickled copies of the kit's.  Both sides walk
-# their copy in the same order, so an object's index names it on both sides;
-# the worker reports each walked object whose contents it finds changed, with
-# references to walked objects kept as indices.
-
-
-def _apply(args: Any, changes: Sequence[tuple[int, list[Ref]]]) -> None:
-    """Make the kit's own arguments show the changes the builder made to its copies."""
-    if not changes:
-        return
-    objects = walk(args)
-    for i, encoded in changes:
-        if type(i) is not int or not 0 <= i < len(objects):
-            raise IsolationError(f"the worker reported a change of argument object {i!r:.40}")
-        values = [_changed_value(objects, kind, v) for kind, v in encoded]
-        obj = objects[i]
-        if isinstance(obj, list):
-            obj[:] = values
-        elif isinstance(obj, dict):
-            obj.clear()
-            obj.update(zip(values[::2], values[1::2], strict=True))
-        else:
-            for field, value in zip(attrs.fields(type(obj)), values, strict=True):
-                object.__setattr__(obj, field.name, value)
-            forget = getattr(obj, "_forget_memoised", None)
-            if callable(forget):
-                forget()
-
-
-def _changed_value(objects: Sequence[Any], kind: str, value: Any) -> Any:
-    if kind == "ref":
-        if type(value) is not int or not 0 <= value < len(objects):
-            raise IsolationError(f"the worker reported a reference {value!r:.40}")
-        return objects[value]
-    if kind != "val":
-        raise IsolationError(f"the worker reported a change of kind {kind!r:.40}")
-    return wire.decode(value, "changed argument")
 
 
 # -- the worker process ------------------------------------------------------------
@@ -326,7 +283,7 @@ class _Worker:
             status, body, changes = message["status"], message["value"], message["changes"]
             if status not in ("ok", "raised") or type(changes) is not list:
                 raise wire.WireError(f"status {status!r:.40}")
-            _apply(args, changes)
+            apply_changes(args, changes)
             noted = message.get("handed", [])
             if type(noted) is not list or not all(type(n) is str for n in noted):
                 raise wire.WireError(f"handed changes {noted!r:.40}")
