@@ -18,6 +18,7 @@ from conformance.check.catalog import by_id
 from conformance.scenarios.examples import Example
 from conformance.scenarios.registry import observe_in
 from kvref import FullAttentionSpec, KVCacheLayout, PlanningConfig, SlidingWindowSpec
+from kvref.versions import NEWEST, installed_vllm_version
 
 pytestmark = pytest.mark.vllm
 
@@ -36,10 +37,12 @@ SWA = SlidingWindowSpec(
 
 def _example(interval: int | None) -> Example:
     return Example(
+        # Planned as the installed release: vLLM's Core flow runs the installed one.
         config=PlanningConfig(
             kv_cache_layout=KVCacheLayout.BLHNC,
             max_model_len=1024,
             prefix_cache_retention_interval=interval,
+            vllm_version=installed_vllm_version() or NEWEST,
         ),
         workers=({"l0": FULL, "l1": SWA, "l2": FULL, "l3": SWA},),
         available_memory=(2**28,),
