@@ -150,7 +150,12 @@ class TestShippedManifest:
         name = f"vllm-{version}"
         assert name in shipped_manifests()
         manifest = load_manifest(resolve_manifest(name))
-        expected = {(d.key, inv) for d in DEFECTS if version in d.versions for inv in d.invariants}
+        expected = {
+            (d.key, inv)
+            for d in DEFECTS
+            if version in d.versions
+            for inv in d.invariants_in(version)
+        }
         found = {(e.when["upstream"][0], e.id) for e in manifest.entries}
         assert found == expected and expected
         assert all(e.when["vllm"] == (str(version),) and not e.strict for e in manifest.entries)

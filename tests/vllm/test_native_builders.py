@@ -63,7 +63,10 @@ PKG = "tests.vllm.native_builders"
 #: layers of one page ask for different ``block_stride_alignment`` (seen on
 #: paper, on the device and as a pitch).
 UPSTREAM = frozenset(
-    inv for d in DEFECTS if installed_vllm_version() in d.versions for inv in d.invariants
+    inv
+    for d in DEFECTS
+    if (release := installed_vllm_version()) in d.versions
+    for inv in d.invariants_in(release)
 )
 
 #: The fast tier's invariants: every paper check but the twin-process one
