@@ -449,17 +449,40 @@ def _mirror(status: int) -> None:
 
 
 def end_chain(pid: int, alive: Callable[[], bool], facts: Mapping[str, Any]) -> None:
-    """From the judge: end the init of a chain whose sentinel is ``pid`` (still ``alive``).
+    """From the judge: end the chain whose sentinel is ``pid`` (still ``alive``).
 
-    The sentinel then leaves once the init has, i.e. once the namespace is
-    empty; the caller waits for the sentinel.
+    The init's children (the server, and what reparented to it) are killed:
+    the init reaps them (so their CPU time is counted where the judge's is)
+    and leaves once the server has, ending what is left in its namespace;
+    then the sentinel leaves.  The caller waits for the sentinel.
     """
     init = facts.get("init")
     if type(init) is not int or init <= 1 or not alive():
         return
-    subreaper = facts.get("processes") == SUBREAPER
-    with contextlib.suppress(OSError):
-        os.kill(init, signal.SIGTERM if subreaper else signal.SIGKILL)
+    if facts.get("processes") == SUBREAPER:
+        with contextlib.suppress(OSError):
+            os.kill(init, signal.SIGTERM)  # its handler ends its whole subtree
+        return
+    children = _children(init)
+    for child in children or [init]:
+        with contextlib.suppress(OSError):
+            os.kill(child, signal.SIGKILL)
+
+
+def _children(parent: int) -> list[int]:
+    """The processes whose parent is ``parent`` (from /proc: its stat files are world-readable)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat.rpartition(b")")[2].split()[1]) == parent:
+            found.append(int(entry))
+    return found
 
 
 # -- what held ---------------------------------------------------------------------
