@@ -142,6 +142,40 @@ def test_a_builder_that_rewrites_a_module_cannot_run_it_in_the_kit(
     assert "KV-PLACE-BACKING-SIZE" in result.failed_ids
 
 
+def test_a_models_module_that_rewrites_a_module_cannot_run_it_in_the_kit(
+    module_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The models child runs vendor code before the worker starts: the check counts from it."""
+    name = _name()
+    target = _write(module_dir, name, "original")
+    monkeypatch.setenv("KVREF_TAMPER_FILE", str(target))
+    monkeypatch.setenv("KVREF_FORGE_MARKER", str(module_dir / "forged.txt"))
+    monkeypatch.syspath_prepend(str(TESTS))
+    seen: list[BaseException | str] = []
+    report_of = judging.Run.report
+
+    def report(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            seen.append(importlib.import_module(name).VALUE)
+        except ChangedCodeError as exc:
+            seen.append(exc)
+        return report_of(self, *args, **kwargs)
+
+    monkeypatch.setattr(judging.Run, "report", report)
+    result = check_builder(
+        "forgers:ShortBacking",
+        select=["KV-PLACE-BACKING-SIZE"],
+        max_examples=6,
+        seed=1,
+        reach=False,
+        models="forgers.tampers:MODELS",
+    )
+    assert "forge('tampered module')" in target.read_text()  # the models child rewrote it
+    assert len(seen) == 1 and isinstance(seen[0], ChangedCodeError), seen
+    assert not (module_dir / "forged.txt").exists()
+    assert "KV-PLACE-BACKING-SIZE" in result.failed_ids
+
+
 def test_a_builder_may_import_modules_it_writes_in_its_worker() -> None:
     """The check guards the kit's process only; the worker forked from it drops it."""
     report = _small_run(

@@ -51,10 +51,12 @@ from typing import IO, Any
 
 __all__ = [
     "KEY_ENV",
+    "builder_code_since",
     "announce_frame",
     "child_environment",
     "end_chain",
     "enter",
+    "forget_builder_code_since",
     "held_key",
     "key_in_memory",
     "protect_judge",
@@ -181,17 +183,35 @@ def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 def protect_judge() -> bool:
     """Make this process (the judge) non-dumpable; returns whether it is.
 
-    Called before the first process that runs a builder's code starts.  A
+    Called before every process that runs a builder's code starts.  A
     non-dumpable process's memory can be opened by another process of the
     same user only with ``CAP_SYS_PTRACE``, which builder processes do not
     keep (:func:`enter`).  The process stays so: debuggers of the same user
     (gdb, py-spy) need root for it; ``kill -USR1`` still prints its stacks.
+    The first call after :func:`forget_builder_code_since` also marks the
+    moment (:func:`builder_code_since`): files changed after it may hold a
+    builder's writes.
     """
+    if _STATE.get("since") is None:
+        from conformance.harness import integrity
+
+        _STATE["since"] = integrity.mark()
     if _STATE["dumpable"] is None or _STATE["dumpable"]:
         _prctl(_PR_SET_DUMPABLE, 0)
         libc = _libc()
         _STATE["dumpable"] = libc is None or libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) != 0
     return not _STATE["dumpable"]
+
+
+def builder_code_since() -> int | None:
+    """When the first builder process since the last run started (``integrity.mark``)."""
+    since: int | None = _STATE.get("since")
+    return since
+
+
+def forget_builder_code_since() -> None:
+    """A run ended: the next one counts from its own first builder process."""
+    _STATE["since"] = None
 
 
 # -- the chain -----------------------------------------------------------------------

@@ -174,20 +174,29 @@ def _check(
 ) -> Report:
     """Run the validated ``options`` over ``selected`` and make the report.
 
-    Isolated, from before the builder's worker starts to the report, the
-    run imports no code that changed since (harness/integrity.py); the
-    vendor's models are read before.
+    Isolated, from before the first of its builder processes starts (the
+    models child, the certified builder's files child and the worker
+    included) to the report, the run imports no code that changed since
+    (harness/integrity.py).
     """
+    from conformance.harness import confine
+
     vendor = _vendor_models(options.models if models is None else models)
     since = None
     if options.isolate:
         since = integrity.mark()
-        # A proxy the caller isolated (the plugin keeps one per session) started earlier.
+        # A proxy the caller isolated (the plugin keeps one per session) started
+        # earlier; so did the models child, here or in the CLI before the run.
         started_at = getattr(getattr(builder, "_kvref_worker", None), "marked", None)
-        if isinstance(started_at, int):
-            since = min(since, started_at)
-    with integrity.guarded(since), older_objects_settled():
-        return _check_guarded(builder, options, selected, progress, vendor, started, focus_exchange)
+        earlier = [m for m in (started_at, confine.builder_code_since()) if isinstance(m, int)]
+        since = min([since, *earlier])
+    try:
+        with integrity.guarded(since), older_objects_settled():
+            return _check_guarded(
+                builder, options, selected, progress, vendor, started, focus_exchange
+            )
+    finally:
+        confine.forget_builder_code_since()
 
 
 def _check_guarded(

@@ -11,7 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
+
 from forgers import ShortBacking
+from kvref.specs import FullAttentionSpec
 
 _TARGET = os.environ.get("KVREF_TAMPER_FILE")
 if _TARGET:
@@ -23,3 +26,14 @@ if _TARGET:
 
 class TampersLazyModule(ShortBacking):
     """The short backing, from a module that rewrote a file the kit's process imports later."""
+
+
+#: The module as a vendor's models module (``--models forgers.tampers:MODELS``): one model.
+MODELS = [
+    {
+        f"model.layers.{i}.self_attn.attn": FullAttentionSpec(
+            block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16
+        )
+        for i in range(2)
+    }
+]
