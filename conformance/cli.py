@@ -310,8 +310,8 @@ def _run(args: argparse.Namespace) -> int:
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     from conformance.check.catalog import catalog
-    from conformance.generate.vendor import preload as preload_models
     from conformance.harness.adapters import BuilderLoadError, load_builder
+    from conformance.harness.models_child import preload as preload_models
     from conformance.run.options import OptionError, check_device, flag_message
 
     _reports_before_run(args)

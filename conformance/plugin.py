@@ -326,7 +326,8 @@ def _check_options(config: pytest.Config) -> _Session:
         check_device(options.device)
     except OptionError as exc:
         raise pytest.UsageError(flag_message(str(exc), "--kv-")) from None
-    from conformance.generate.vendor import VendorModelError, models_for_run
+    from conformance.generate.vendor import VendorModelError
+    from conformance.harness.models_child import models_for_run  # in a contained child
 
     try:
         models_for_run(options.models, models_only=options.models_only)

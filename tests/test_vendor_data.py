@@ -1,4 +1,4 @@
-"""Vendor models cross as data (conformance/generate/vendor_data.py, vendor_child.py).
+"""Vendor models cross as data (conformance/generate/vendor_data.py, harness/models_child.py).
 
 A ``module:attr`` spec is evaluated in a contained child; what the judge
 gets is a ``kvref-models/1`` document, read as a JSON file is.  The document
@@ -24,8 +24,10 @@ from conformance.generate.deployment import deployment_of
 from conformance.generate.families import FAMILIES
 from conformance.generate.families import models as family_models
 from conformance.generate.records import Model
-from conformance.generate.vendor import VendorModelError, load_models, read_data
+from conformance.generate.vendor import VendorModelError, read_data
 from conformance.generate.vendor_data import models_data
+from conformance.harness.models_child import evaluate, load_models
+from conformance.harness.wire import builder_class
 from kvref.interop.vllm_vendor import vendor_origin, vendor_spec_class
 from kvref.specs import MLAAttentionSpec
 
@@ -66,7 +68,7 @@ def test_a_vendor_class_crosses_by_name() -> None:
         "class": f"{__name__}:AcmeMLASpec",
         "fields": [["acme_slot", [1, 2]]],
     }
-    (read,) = read_data(document, "models")
+    (read,) = read_data(document, "models", vendor_class=builder_class)
     spec = read.specs["model.layers.0.attn"]
     origin = vendor_origin(spec)
     assert origin is not None and origin.extra == (("acme_slot", (1, 2)),)
@@ -98,8 +100,6 @@ def test_a_models_module_runs_only_in_its_child(
 
 def test_a_strategy_is_drawn_in_the_child(monkeypatch: pytest.MonkeyPatch) -> None:
     """A vendor's strategy: its distinct draws, fixed, the same ones every time."""
-    from conformance.generate.vendor_child import evaluate
-
     monkeypatch.syspath_prepend(str(TESTS))
     drawn = evaluate("test_vendor_models:STRATEGY")
     assert sorted(m.description for m in drawn) == [

@@ -13,13 +13,14 @@
   "Your own models", gives the snippet that writes it from a running engine);
 - any of those objects directly (``check_builder(models=...)``).
 
-A ``module:attr`` spec, and an object, is evaluated in a contained child
-process (:mod:`conformance.generate.vendor_child`): the vendor's module is
-imported, called and drawn from there, never in the judging process, and
-its models cross as ``kvref-models/1`` data (:mod:`.vendor_data`), read by
-:func:`read_data` as a JSON file is.  A strategy is drawn there too: up to
-:data:`~conformance.generate.vendor_child.STRATEGY_DRAWS` distinct models,
-then used as fixed models.
+A run of the kit never evaluates a ``module:attr`` spec (nor an object) in
+its own process: :mod:`conformance.harness.models_child` does it in a
+contained child process with :func:`models_here`, and its models cross as
+``kvref-models/1`` data (:mod:`.vendor_data`), read by :func:`read_data` as a
+JSON file is.  A strategy is drawn too: up to :data:`STRATEGY_DRAWS`
+distinct models, then used as fixed models.  :func:`load_models` here
+evaluates in the calling process (for a caller that imported the vendor's
+code already).
 
 A model keeps its whole deployment (:mod:`.deployment`): its declared
 speculation, HiSparse settings, declared grouping and layout.  A bad spec
@@ -62,15 +63,16 @@ from kvref.specs import KVCacheSpec, MultipleOf
 
 __all__ = [
     "JSON_FORMAT",
+    "STRATEGY_DRAWS",
     "VendorModelError",
     "around",
     "fixed_models",
     "load_models",
     "models_for_run",
     "models_here",
-    "preload",
     "read_data",
     "read_json",
+    "spelled",
 ]
 #: Most decoder layers a growth adds to a vendor model.
 _MAX_GROWTH = 8
@@ -81,6 +83,10 @@ _MODEL_KEYS = frozenset({"name", "layers", "num_hidden_layers", "hf_config", *DE
 
 class VendorModelError(ValueError):
     """A vendor models spec, or a model or spec in it, cannot be used."""
+
+
+#: Gives the class a ``module:qualname`` names (in the judge: a stand-in of that name).
+VendorClass = Callable[[str], type]
 
 
 def _spec_classes() -> dict[str, type[KVCacheSpec]]:
@@ -200,7 +206,12 @@ def _json_value(where: str, field: str, value: Any) -> Any:
     return value
 
 
-def _json_spec(where: str, raw: object, classes: Mapping[str, type[KVCacheSpec]]) -> KVCacheSpec:
+def _json_spec(
+    where: str,
+    raw: object,
+    classes: Mapping[str, type[KVCacheSpec]],
+    vendor_class: VendorClass,
+) -> KVCacheSpec:
     if not isinstance(raw, Mapping):
         raise VendorModelError(f"{where}={raw!r:.200} must be an object with a 'kind'")
     fields = dict(raw)
@@ -227,21 +238,39 @@ def _json_spec(where: str, raw: object, classes: Mapping[str, type[KVCacheSpec]]
             f"{where}.page_size_bytes={page!r}, but the fields give a "
             f"{spec.page_size_bytes}-byte {cls.__name__} page"
         )
-    return spec if vendor is None else _vendor_spec(f"{where}.vendor", cls, spec, vendor)
+    if vendor is None:
+        return spec
+    return _vendor_spec(f"{where}.vendor", cls, spec, vendor, vendor_class)
+
+
+def _import_class(name: str) -> type:
+    """The class ``module:qualname``, imported in this process."""
+    module, _, qualname = name.partition(":")
+    try:
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise VendorModelError(f"vendor class {name!r} cannot be imported: {exc}") from None
+    if not isinstance(found, type):
+        raise VendorModelError(f"vendor class {name!r} is a {type(found).__name__}, not a class")
+    return found
 
 
 def _frozen(value: Any) -> Any:
     return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
 
 
-def _vendor_spec(where: str, cls: type[KVCacheSpec], spec: KVCacheSpec, raw: Any) -> KVCacheSpec:
-    """``spec`` as an instance of the vendor's class ``raw["class"]`` (a stand-in here).
+def _vendor_spec(
+    where: str, cls: type[KVCacheSpec], spec: KVCacheSpec, raw: Any, vendor_class: VendorClass
+) -> KVCacheSpec:
+    """``spec`` as an instance of the vendor's class ``raw["class"]`` (a stand-in in the judge).
 
-    The judging process never imports the vendor's module: it keeps a class
-    of that name (:func:`conformance.harness.wire.builder_class`); the
-    builder's processes get the vendor's class itself.
+    The judging process never imports the vendor's module: ``vendor_class``
+    gives it a class of that name (the kit's runs pass
+    :func:`conformance.harness.wire.builder_class`); the builder's processes
+    get the vendor's class itself.
     """
-    from conformance.harness.wire import builder_class
     from kvref.interop.vllm_vendor import vendor_spec_class
 
     if not isinstance(raw, Mapping) or set(raw) != {"class", "fields"}:
@@ -255,7 +284,7 @@ def _vendor_spec(where: str, cls: type[KVCacheSpec], spec: KVCacheSpec, raw: Any
         raise VendorModelError(f"{where}.fields={extra!r:.200} must be [[name, value], ...]")
     try:
         stand_in = vendor_spec_class(
-            cls, builder_class(name), tuple((n, _frozen(v)) for n, v in extra)
+            cls, vendor_class(name), tuple((n, _frozen(v)) for n, v in extra)
         )
     except KVRefError as exc:
         raise VendorModelError(f"{where}: {exc}") from None
@@ -264,8 +293,10 @@ def _vendor_spec(where: str, cls: type[KVCacheSpec], spec: KVCacheSpec, raw: Any
     return made
 
 
-def read_json(path: str | Path) -> list[Model]:
+def read_json(path: str | Path, vendor_class: VendorClass | None = None) -> list[Model]:
     """The models of a ``kvref-models/1`` JSON file (format: docs/vendors.md, "Your own models").
+
+    ``vendor_class``: see :func:`read_data`.
 
     Raises:
         VendorModelError: the file is missing, not JSON, or not in the format.
@@ -278,22 +309,35 @@ def read_json(path: str | Path) -> list[Model]:
     except json.JSONDecodeError as exc:
         raise VendorModelError(f"models file {where!r} is not JSON: {exc}") from exc
     return read_data(
-        data, where, what=f"models file {where!r}", default_name=lambda i: f"{Path(path).name}[{i}]"
+        data,
+        where,
+        what=f"models file {where!r}",
+        default_name=lambda i: f"{Path(path).name}[{i}]",
+        vendor_class=vendor_class,
     )
 
 
 def read_data(
-    data: Any, where: str, *, what: str | None = None, default_name: Callable[[int], str] = str
+    data: Any,
+    where: str,
+    *,
+    what: str | None = None,
+    default_name: Callable[[int], str] = str,
+    vendor_class: VendorClass | None = None,
 ) -> list[Model]:
     """The models of a ``kvref-models/1`` document already parsed.
 
     ``where`` starts each model's errors, ``what`` (default ``where``) the
     document's; ``default_name(i)`` names a model that has no ``name``.
+    ``vendor_class`` gives the class a spec's ``vendor.class`` names (default:
+    imported in this process; the kit's runs pass a stand-in maker, so the
+    judge imports no vendor module).
 
     Raises:
         VendorModelError: the document is not in the format.
     """
     what = where if what is None else what
+    vendor_class = _import_class if vendor_class is None else vendor_class
     if not isinstance(data, Mapping) or data.get("format") != JSON_FORMAT:
         got = data.get("format") if isinstance(data, Mapping) else type(data).__name__
         raise VendorModelError(f"{what}: format is {got!r}, not {JSON_FORMAT!r}")
@@ -310,7 +354,7 @@ def read_data(
         if hidden is not None and (not isinstance(hidden, int) or hidden < 1):
             raise VendorModelError(f"{at}.num_hidden_layers={hidden!r} must be an int >= 1")
         layers = {
-            name: _json_spec(f"{at}.layers[{name!r}]", spec, classes)
+            name: _json_spec(f"{at}.layers[{name!r}]", spec, classes, vendor_class)
             for name, spec in raw["layers"].items()
         }
         unknown = sorted(set(raw) - _MODEL_KEYS)
@@ -423,12 +467,13 @@ def around(model: Model) -> st.SearchStrategy[Model]:
 # loading
 
 
-#: Draws of a vendor's strategy in the models child, of which at most
-#: :data:`~conformance.generate.vendor_child.STRATEGY_DRAWS` distinct models are kept.
+#: Most distinct models a vendor's strategy gives (drawn once, then fixed).
+STRATEGY_DRAWS = 32
+#: Draws of a vendor's strategy, of which at most :data:`STRATEGY_DRAWS` distinct models are kept.
 _DRAW_ATTEMPTS = 200
 
 
-def _spelled(spec: str) -> None:
+def spelled(spec: str) -> None:
     """Refuse, without importing anything, a spec that is neither ``module:attr`` nor a file."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
@@ -439,7 +484,7 @@ def _spelled(spec: str) -> None:
 
 def _resolve(spec: str) -> object:
     """Import ``module:attr`` (in the models child: the vendor's code runs there)."""
-    _spelled(spec)
+    spelled(spec)
     module_name, _, attr = spec.partition(":")
     try:
         value: object = importlib.import_module(module_name)
@@ -456,7 +501,6 @@ def _drawn(where: str, strategy: st.SearchStrategy[Any]) -> list[Model]:
     """Distinct models drawn from a vendor's strategy, always the same ones (derandomised)."""
     from hypothesis import given
 
-    from conformance.generate.vendor_child import STRATEGY_DRAWS
     from conformance.generate.vendor_data import model_data
 
     values: list[Any] = []
@@ -508,8 +552,8 @@ def _is_file_spec(spec: object) -> bool:
 def models_here(spec: object) -> list[Model]:
     """The models a spec names, evaluated in this process: the models child's work.
 
-    Imports, calls and draws from the vendor's code: the kit calls it only in
-    a contained child (:mod:`conformance.generate.vendor_child`).
+    Imports, calls and draws from the vendor's code: the kit's runs call it
+    only in a contained child (:mod:`conformance.harness.models_child`).
 
     Raises:
         VendorModelError: the spec, or a model or spec it names, is unusable.
@@ -521,57 +565,35 @@ def models_here(spec: object) -> list[Model]:
     return _models_of("models", spec)
 
 
-def load_models(spec: object, *, keep: bool = False) -> st.SearchStrategy[Model]:
+def load_models(spec: object) -> st.SearchStrategy[Model]:
     """A strategy of the vendor's models (and variants around them) from a models spec.
 
-    A JSON file is read here; anything else is evaluated in a contained
-    child process and crosses as data (:mod:`conformance.generate.vendor_child`).
+    Evaluated in this process, which then runs the vendor's code: for a
+    caller that imported it already.  The kit's runs load models with
+    :func:`conformance.harness.models_child.load_models`, in a contained child.
 
     Args:
         spec: ``"module:attr"``, a path to a ``kvref-models/1`` JSON file, or
             the object such an attribute names (see the module docstring).
-        keep: the next load of this ``module:attr`` spec reuses the data (once).
 
     Raises:
         VendorModelError: the spec, or a model or spec it names, is unusable.
     """
-    if _is_file_spec(spec):
-        models = read_json(spec)  # type: ignore[arg-type]  # a str or Path
-    else:
-        if isinstance(spec, str):
-            _spelled(spec)
-        from conformance.generate.vendor_child import evaluate
-
-        models = evaluate(spec, keep=keep)
-    return st.one_of([around(m) for m in models])
-
-
-def preload(spec: object | None) -> None:
-    """Evaluate ``spec`` now (its child runs once; the run reuses the data).
-
-    The CLI calls it before it touches any output file: a bad spec is a
-    usage error there, naming the value.
-
-    Raises:
-        OptionError: the spec is unusable.
-    """
-    from conformance.errors import OptionError
-
-    if spec is None:
-        return
-    try:
-        load_models(spec, keep=True)
-    except VendorModelError as exc:
-        raise OptionError(str(exc)) from None
+    return st.one_of([around(m) for m in models_here(spec)])
 
 
 def models_for_run(
-    spec: object | None, *, models_only: bool = False, max_layers: int = 64
+    spec: object | None,
+    *,
+    models_only: bool = False,
+    max_layers: int = 64,
+    load: Callable[[object], st.SearchStrategy[Model]] = load_models,
 ) -> st.SearchStrategy[Model] | None:
     """The models of a run: ``None`` (the built-in families), the vendor's, or both.
 
     Mixed, half the examples come from the vendor's models and half from
     the built-in families (listed first, so shrinking prefers them).
+    ``load`` loads the vendor's (the kit's runs: in a contained child).
 
     Raises:
         VendorModelError: ``spec`` is unusable, or ``models_only`` without a spec.
@@ -580,7 +602,7 @@ def models_for_run(
         if models_only:
             raise VendorModelError("models_only needs models (the vendor models to generate from)")
         return None
-    vendor = load_models(spec)
+    vendor = load(spec)
     if models_only:
         return vendor
     # Mapped, so that one_of does not flatten the built-ins into many branches.

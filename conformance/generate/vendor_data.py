@@ -2,7 +2,7 @@
 
 A ``module:attr`` models spec names the vendor's code: importing it, calling
 it or drawing from its strategy runs that code.  The kit does all of that in
-a contained child process (:mod:`conformance.generate.vendor_child`), which
+a contained child process (:mod:`conformance.harness.models_child`), which
 writes the models it got as a ``kvref-models/1`` document
 (:func:`models_data`); the judge reads that document as it reads a JSON file
 (:func:`conformance.generate.vendor.read_data`), so nothing of the vendor's

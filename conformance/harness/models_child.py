@@ -4,10 +4,14 @@ A ``module:attr`` models spec (and a models object given to
 ``check_builder``) names the vendor's code.  :func:`evaluate` runs it in a
 contained child process (:mod:`conformance.harness.confine`: its own PID
 namespace, no capability over the judge, no certification key), which
-imports the module, calls or draws from what it names, and sends the models
-back as a ``kvref-models/1`` document (:mod:`.vendor_data`).  The judge
-reads that document as it reads a JSON file: a module that patches the kit
-at import patches only the child.
+imports the module, calls or draws from what it names
+(:func:`conformance.generate.vendor.models_here`), and sends the models back
+as a ``kvref-models/1`` document (:mod:`conformance.generate.vendor_data`).
+The judge reads that document as it reads a JSON file, a vendor's spec class
+by name only (:func:`conformance.harness.wire.builder_class`): a module that
+patches the kit at import patches only the child.  :func:`load_models`,
+:func:`models_for_run` and :func:`preload` are how the kit's runs and front
+ends load models.
 
 The child is forked where the platform forks and this process holds no
 certification key; otherwise it is a fresh interpreter, and an object
@@ -20,14 +24,25 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+from pathlib import Path
 from typing import Any
 
+from hypothesis import strategies as st
+
 from conformance.generate.records import Model
+from conformance.generate.vendor import (
+    VendorModelError,
+    around,
+    models_here,
+    read_data,
+    read_json,
+    spelled,
+)
+from conformance.generate.vendor import models_for_run as _models_for_run
+from conformance.harness import confine
+from conformance.harness.wire import builder_class
 
-__all__ = ["STRATEGY_DRAWS", "evaluate", "serve_models"]
-
-#: Most distinct models a vendor's strategy gives (drawn in the child, then fixed).
-STRATEGY_DRAWS = 32
+__all__ = ["evaluate", "load_models", "models_for_run", "preload", "serve_models"]
 
 #: Seconds the child may take to import, call or draw the vendor's models.
 CHILD_SECONDS = 300.0
@@ -47,8 +62,6 @@ def evaluate(spec: object, *, keep: bool = False) -> list[Model]:
     Raises:
         VendorModelError: the spec is unusable, the child failed or sent no models.
     """
-    from conformance.generate.vendor import VendorModelError, models_here, read_data
-
     where = f"models={spec!r:.200}" if isinstance(spec, str) else "models"
     methods = multiprocessing.get_all_start_methods()
     if not isinstance(spec, str) and ("fork" not in methods or _key_held()):
@@ -62,19 +75,71 @@ def evaluate(spec: object, *, keep: bool = False) -> list[Model]:
         data = reply.get("ok")
         if keep and isinstance(spec, str):
             _EVALUATED[spec] = data
-    return read_data(data, f"{where} (as the models child sent it)", what=where)
+    return read_data(
+        data, f"{where} (as the models child sent it)", what=where, vendor_class=builder_class
+    )
 
 
 def _key_held() -> bool:
-    from conformance.harness.confine import key_in_memory
+    return confine.key_in_memory()
 
-    return key_in_memory()
+
+def _is_file(spec: object) -> bool:
+    return isinstance(spec, Path) or (
+        isinstance(spec, str) and (spec.endswith(".json") or Path(spec).is_file())
+    )
+
+
+def load_models(spec: object, *, keep: bool = False) -> st.SearchStrategy[Model]:
+    """A strategy of the vendor's models (and variants around them), for a run of the kit.
+
+    A JSON file is read here (a vendor's spec class by name only); anything
+    else is evaluated in a contained child and crosses as data.  ``keep``: the
+    next load of this ``module:attr`` spec reuses the data (once).
+
+    Raises:
+        VendorModelError: the spec, or a model or spec it names, is unusable.
+    """
+    if _is_file(spec):
+        models = read_json(spec, vendor_class=builder_class)  # type: ignore[arg-type]
+    else:
+        if isinstance(spec, str):
+            spelled(spec)
+        models = evaluate(spec, keep=keep)
+    return st.one_of([around(m) for m in models])
+
+
+def models_for_run(
+    spec: object | None, *, models_only: bool = False, max_layers: int = 64
+) -> st.SearchStrategy[Model] | None:
+    """:func:`~conformance.generate.vendor.models_for_run`, the vendor's in a contained child.
+
+    Raises:
+        VendorModelError: ``spec`` is unusable, or ``models_only`` without a spec.
+    """
+    return _models_for_run(spec, models_only=models_only, max_layers=max_layers, load=load_models)
+
+
+def preload(spec: object | None) -> None:
+    """Evaluate ``spec`` now (its child runs once; the run reuses the data).
+
+    The CLI calls it before it touches any output file: a bad spec is a
+    usage error there, naming the value.
+
+    Raises:
+        OptionError: the spec is unusable.
+    """
+    from conformance.errors import OptionError
+
+    if spec is None:
+        return
+    try:
+        load_models(spec, keep=True)
+    except VendorModelError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def _ask_child(spec: object, where: str) -> dict[str, Any]:
-    from conformance.generate.vendor import VendorModelError
-    from conformance.harness import confine
-
     confine.protect_judge()
     forked = "fork" in multiprocessing.get_all_start_methods() and not confine.key_in_memory()
     context: Any = multiprocessing.get_context("fork" if forked else "spawn")
@@ -106,8 +171,6 @@ def _ask_child(spec: object, where: str) -> dict[str, Any]:
 
 
 def _message(conn: Any, where: str) -> Any:
-    from conformance.generate.vendor import VendorModelError
-
     try:
         if not conn.poll(CHILD_SECONDS):
             raise VendorModelError(
@@ -124,7 +187,6 @@ def _message(conn: Any, where: str) -> Any:
 
 def serve_models(conn: Any, spec: object) -> None:
     """In the contained child: evaluate ``spec`` and send the models as data (or the error)."""
-    from conformance.generate.vendor import VendorModelError, models_here
     from conformance.generate.vendor_data import DataError, models_data
 
     # What the vendor's code prints is not the kit's output.

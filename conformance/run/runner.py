@@ -100,7 +100,7 @@ def check_builder(
         **overrides: any :class:`RunOptions` field by name (``seed=1``,
             ``select=[...]``, ``vllm="0.33"``...), where ``models`` may also be
             the vendor's models object itself
-            (:func:`conformance.generate.vendor.load_models`); and, besides,
+            (:func:`conformance.harness.models_child.load_models`); and, besides,
             ``progress`` (called as ``progress(scenario, done, total)``),
             ``name`` (the builder's importable name in the report and its
             reproduce lines) and ``focus_exchange`` (for the shards of one run
@@ -296,7 +296,9 @@ def _containment(worker: Any) -> dict[str, Any]:
 def _vendor_models(models: object | None) -> SearchStrategy[Model] | None:
     """The vendor's models, read now: before the builder's code runs anywhere."""
     # models_only without models was refused by RunOptions.validate already.
-    from conformance.generate.vendor import VendorModelError, load_models
+    # In a contained child: the vendor's module never runs in this process.
+    from conformance.generate.vendor import VendorModelError
+    from conformance.harness.models_child import load_models
 
     try:
         return None if models is None else load_models(models)
