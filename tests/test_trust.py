@@ -23,12 +23,17 @@ from typing import Any
 import pytest
 
 from conformance.harness import confine
+from conformance.report.trust import summary as _summary
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "fork") or not Path("/proc/self/mem").exists(), reason="needs fork and /proc"
 )
 
 _FORK = multiprocessing.get_context("fork")
+
+
+def _held(roles: dict[str, Any]) -> dict[str, Any]:
+    return _summary(roles, judge_dumpable=False, key_env=confine.KEY_ENV)
 
 
 def _alive(pid: int) -> bool:
@@ -168,12 +173,10 @@ def test_what_a_contained_process_starts_ends_with_it(
 def test_the_fallback_is_reported_with_a_warning() -> None:
     """Where no PID namespace held, the report says which mechanism did, and warns."""
     facts = {"processes": confine.SUBREAPER, "judge_memory": "refused", "certify_key": "absent"}
-    summary = confine.summary({"worker": facts})
+    summary = _held({"worker": facts})
     assert summary["processes"] == [confine.SUBREAPER]
     assert any("no PID namespace" in w for w in summary["warnings"])
-    assert not confine.summary({"worker": {**facts, "processes": confine.PID_NAMESPACE}})[
-        "warnings"
-    ]
+    assert not _held({"worker": {**facts, "processes": confine.PID_NAMESPACE}})["warnings"]
 
 
 def _report_key(conn: Any) -> None:
@@ -190,7 +193,7 @@ def test_the_key_never_reaches_a_contained_process(monkeypatch: pytest.MonkeyPat
     # Forked: out of the environment, but a copy of the judge's memory holds it, and says so.
     assert json.loads(message)[0] is None
     assert facts["certify_key"] == "in memory"
-    assert any(confine.KEY_ENV in w for w in confine.summary({"worker": facts})["warnings"])
+    assert any(confine.KEY_ENV in w for w in _held({"worker": facts})["warnings"])
     assert confine.KEY_ENV not in confine.child_environment()
 
 

@@ -57,7 +57,14 @@ from conformance.generate.families import models as builtin_models
 from conformance.generate.pick import pick
 from conformance.generate.pipeline import decoder_layers
 from conformance.generate.records import Model
-from conformance.generate.vendor_data import JSON_FORMAT, spec_classes
+from conformance.generate.vendor_data import (
+    JSON_FORMAT,
+    DataError,
+    VendorClass,
+    import_class,
+    spec_classes,
+    vendor_spec,
+)
 from kvref.errors import ConfigError, KVRefError
 from kvref.specs import KVCacheSpec, MultipleOf
 
@@ -83,10 +90,6 @@ _MODEL_KEYS = frozenset({"name", "layers", "num_hidden_layers", "hf_config", *DE
 
 class VendorModelError(ValueError):
     """A vendor models spec, or a model or spec in it, cannot be used."""
-
-
-#: Gives the class a ``module:qualname`` names (in the judge: a stand-in of that name).
-VendorClass = Callable[[str], type]
 
 
 def _spec_classes() -> dict[str, type[KVCacheSpec]]:
@@ -240,57 +243,10 @@ def _json_spec(
         )
     if vendor is None:
         return spec
-    return _vendor_spec(f"{where}.vendor", cls, spec, vendor, vendor_class)
-
-
-def _import_class(name: str) -> type:
-    """The class ``module:qualname``, imported in this process."""
-    module, _, qualname = name.partition(":")
     try:
-        found: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError) as exc:
-        raise VendorModelError(f"vendor class {name!r} cannot be imported: {exc}") from None
-    if not isinstance(found, type):
-        raise VendorModelError(f"vendor class {name!r} is a {type(found).__name__}, not a class")
-    return found
-
-
-def _frozen(value: Any) -> Any:
-    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
-
-
-def _vendor_spec(
-    where: str, cls: type[KVCacheSpec], spec: KVCacheSpec, raw: Any, vendor_class: VendorClass
-) -> KVCacheSpec:
-    """``spec`` as an instance of the vendor's class ``raw["class"]`` (a stand-in in the judge).
-
-    The judging process never imports the vendor's module: ``vendor_class``
-    gives it a class of that name (the kit's runs pass
-    :func:`conformance.harness.wire.builder_class`); the builder's processes
-    get the vendor's class itself.
-    """
-    from kvref.interop.vllm_vendor import vendor_spec_class
-
-    if not isinstance(raw, Mapping) or set(raw) != {"class", "fields"}:
-        raise VendorModelError(f"{where}={raw!r:.200} must be {{'class': ..., 'fields': [...]}}")
-    name, extra = raw["class"], raw["fields"]
-    if not isinstance(name, str) or ":" not in name:
-        raise VendorModelError(f"{where}.class={name!r:.100} must be 'module:qualname'")
-    if not isinstance(extra, list) or not all(
-        isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) for e in extra
-    ):
-        raise VendorModelError(f"{where}.fields={extra!r:.200} must be [[name, value], ...]")
-    try:
-        stand_in = vendor_spec_class(
-            cls, vendor_class(name), tuple((n, _frozen(v)) for n, v in extra)
-        )
-    except KVRefError as exc:
-        raise VendorModelError(f"{where}: {exc}") from None
-    values = {f.name: getattr(spec, f.name) for f in attrs.fields(cls) if f.init}
-    made: KVCacheSpec = stand_in(**values)
-    return made
+        return vendor_spec(f"{where}.vendor", cls, spec, vendor, vendor_class)
+    except DataError as exc:
+        raise VendorModelError(str(exc)) from None
 
 
 def read_json(path: str | Path, vendor_class: VendorClass | None = None) -> list[Model]:
@@ -337,7 +293,7 @@ def read_data(
         VendorModelError: the document is not in the format.
     """
     what = where if what is None else what
-    vendor_class = _import_class if vendor_class is None else vendor_class
+    vendor_class = import_class if vendor_class is None else vendor_class
     if not isinstance(data, Mapping) or data.get("format") != JSON_FORMAT:
         got = data.get("format") if isinstance(data, Mapping) else type(data).__name__
         raise VendorModelError(f"{what}: format is {got!r}, not {JSON_FORMAT!r}")

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import enum
 import fractions
-from collections.abc import Mapping, Sequence
+import importlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -32,17 +33,31 @@ from conformance.generate.records import Model
 from kvref import extra_specs
 from kvref import specs as kvref_specs
 from kvref.config import PlanningConfig
-from kvref.interop.vllm_vendor import vendor_origin
+from kvref.errors import KVRefError
+from kvref.interop.vllm_vendor import vendor_origin, vendor_spec_class
 from kvref.specs import KVCacheSpec, MultipleOf
 
-__all__ = ["JSON_FORMAT", "DataError", "models_data", "spec_classes", "spec_data"]
+__all__ = [
+    "JSON_FORMAT",
+    "DataError",
+    "VendorClass",
+    "import_class",
+    "models_data",
+    "spec_classes",
+    "spec_data",
+    "vendor_spec",
+]
 
 #: The ``format`` tag of a models document.
 JSON_FORMAT = "kvref-models/1"
 
 
 class DataError(ValueError):
-    """A model, spec or value cannot be written as ``kvref-models/1`` data."""
+    """A model, spec or value cannot be written, or read, as ``kvref-models/1`` data."""
+
+
+#: Gives the class a ``module:qualname`` names (in the judge: a stand-in of that name).
+VendorClass = Callable[[str], type]
 
 
 def spec_classes() -> dict[str, type[KVCacheSpec]]:
@@ -169,3 +184,54 @@ def models_data(models: Sequence[Model]) -> dict[str, Any]:
         DataError: a value has no spelling in the format.
     """
     return {"format": JSON_FORMAT, "models": [model_data(m) for m in models]}
+
+
+# -- reading a spec's ``vendor`` entry -------------------------------------------
+
+
+def import_class(name: str) -> type:
+    """The class ``module:qualname``, imported in this process."""
+    module, _, qualname = name.partition(":")
+    try:
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise DataError(f"vendor class {name!r} cannot be imported: {exc}") from None
+    if not isinstance(found, type):
+        raise DataError(f"vendor class {name!r} is a {type(found).__name__}, not a class")
+    return found
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+
+
+def vendor_spec(
+    where: str, cls: type[KVCacheSpec], spec: KVCacheSpec, raw: Any, vendor_class: VendorClass
+) -> KVCacheSpec:
+    """``spec`` as an instance of the vendor's class ``raw["class"]`` (a stand-in in the judge).
+
+    The judging process never imports the vendor's module: ``vendor_class``
+    gives it a class of that name (the kit's runs pass
+    :func:`conformance.harness.wire.builder_class`); the builder's processes
+    get the vendor's class itself.
+    """
+    if not isinstance(raw, Mapping) or set(raw) != {"class", "fields"}:
+        raise DataError(f"{where}={raw!r:.200} must be {{'class': ..., 'fields': [...]}}")
+    name, extra = raw["class"], raw["fields"]
+    if not isinstance(name, str) or ":" not in name:
+        raise DataError(f"{where}.class={name!r:.100} must be 'module:qualname'")
+    if not isinstance(extra, list) or not all(
+        isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) for e in extra
+    ):
+        raise DataError(f"{where}.fields={extra!r:.200} must be [[name, value], ...]")
+    try:
+        stand_in = vendor_spec_class(
+            cls, vendor_class(name), tuple((n, _frozen(v)) for n, v in extra)
+        )
+    except KVRefError as exc:
+        raise DataError(f"{where}: {exc}") from None
+    values = {f.name: getattr(spec, f.name) for f in attrs.fields(cls) if f.init}
+    made: KVCacheSpec = stand_in(**values)
+    return made

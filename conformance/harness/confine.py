@@ -63,9 +63,9 @@ __all__ = [
     "read_frame",
     "record",
     "run_contained",
+    "judge_dumpable",
     "seen",
     "split_frame",
-    "summary",
     "without_key",
 ]
 
@@ -520,41 +520,9 @@ def seen() -> dict[str, dict[str, Any]]:
     return {role: dict(facts) for role, facts in _SEEN.items()}
 
 
-def summary(roles: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """The report's ``containment``: the mechanisms that held, and warnings where one did not."""
-    processes = sorted({str(f.get("processes")) for f in roles.values()})
-    memory = sorted({str(f.get("judge_memory")) for f in roles.values()})
-    warnings = []
-    if any(p in (SUBREAPER, PROCESS_GROUP) for p in processes):
-        warnings.append(
-            "no PID namespace on this platform: the builder's processes end with the run "
-            f"through a {'subreaper' if SUBREAPER in processes else 'process group'}, which a "
-            "builder that kills the kit's sentinel processes first can escape (docs/trust.md)"
-        )
-    if any(m != "refused" for m in memory):
-        warnings.append(
-            "a process that runs the builder's code could open the judge's memory on this "
-            f"platform ({', '.join(memory)}): the verdict is only as good as the builder is "
-            "honest (docs/trust.md)"
-        )
-    if _STATE["dumpable"]:
-        warnings.append("the judging process could not be made non-dumpable (docs/trust.md)")
-    if any(f.get("certify_key") != "absent" for f in roles.values()):
-        warnings.append(
-            f"a process that runs the builder's code holds a copy of {KEY_ENV} in its memory "
-            "(forked from a judge that holds it; name the builder 'module:Class' so that its "
-            "worker starts afresh): certificates made with it prove nothing (docs/trust.md)"
-        )
-    return {
-        "roles": {
-            role: {k: v for k, v in facts.items() if k != "init"}
-            for role, facts in sorted(roles.items())
-        },
-        "processes": processes,
-        "judge_memory": memory,
-        "judge_dumpable": bool(_STATE["dumpable"]),
-        "warnings": warnings,
-    }
+def judge_dumpable() -> bool:
+    """Whether the judge is still dumpable (:func:`protect_judge` failed, or never ran)."""
+    return bool(_STATE["dumpable"])
 
 
 # -- the protocols -----------------------------------------------------------------

@@ -19,6 +19,7 @@ __all__ = [
     "JUDGE",
     "REACH_EVIDENCE",
     "evidence",
+    "summary",
     "trust_lines",
 ]
 
@@ -49,6 +50,51 @@ REACH_EVIDENCE = "reach: the lines the builder ran are traced in its worker"
 def evidence(invariant: str) -> str:
     """:data:`BUILDER_PROCESS` or :data:`JUDGE`: what the verdict on ``invariant`` rests on."""
     return BUILDER_PROCESS if invariant in BUILDER_PROCESS_EVIDENCE else JUDGE
+
+
+def summary(
+    roles: Mapping[str, Mapping[str, Any]], *, judge_dumpable: bool, key_env: str
+) -> dict[str, Any]:
+    """The report's ``containment``: what each role's chain said held, and warnings.
+
+    ``roles``: per process role (worker, twin, models, files) the facts its
+    containment chain sent (:func:`conformance.harness.confine.enter`);
+    ``judge_dumpable``: the judging process could not be made non-dumpable.
+    """
+    processes = sorted({str(f.get("processes")) for f in roles.values()})
+    memory = sorted({str(f.get("judge_memory")) for f in roles.values()})
+    warnings = []
+    weak = [p for p in processes if p in ("subreaper", "process-group")]
+    if weak:
+        warnings.append(
+            "no PID namespace on this platform: the builder's processes end with the run "
+            f"through a {weak[0].replace('-', ' ')}, which a builder that kills the kit's "
+            "sentinel processes first can escape (docs/trust.md)"
+        )
+    if any(m != "refused" for m in memory):
+        warnings.append(
+            "a process that runs the builder's code could open the judge's memory on this "
+            f"platform ({', '.join(memory)}): the verdict is only as good as the builder is "
+            "honest (docs/trust.md)"
+        )
+    if judge_dumpable:
+        warnings.append("the judging process could not be made non-dumpable (docs/trust.md)")
+    if any(f.get("certify_key") != "absent" for f in roles.values()):
+        warnings.append(
+            f"a process that runs the builder's code holds a copy of {key_env} in its memory "
+            "(forked from a judge that holds it; name the builder 'module:Class' so that its "
+            "worker starts afresh): certificates made with it prove nothing (docs/trust.md)"
+        )
+    return {
+        "roles": {
+            role: {k: v for k, v in facts.items() if k != "init"}
+            for role, facts in sorted(roles.items())
+        },
+        "processes": processes,
+        "judge_memory": memory,
+        "judge_dumpable": judge_dumpable,
+        "warnings": warnings,
+    }
 
 
 def trust_lines(

@@ -289,8 +289,13 @@ def _run_prepared(
 def _containment(worker: Any) -> dict[str, Any]:
     """What kept the builder's processes apart from this one (docs/trust.md)."""
     from conformance.harness import confine
+    from conformance.report.trust import summary
 
-    return confine.summary({**confine.seen(), "worker": worker.containment})
+    return summary(
+        {**confine.seen(), "worker": worker.containment},
+        judge_dumpable=confine.judge_dumpable(),
+        key_env=confine.KEY_ENV,
+    )
 
 
 def _vendor_models(models: object | None) -> SearchStrategy[Model] | None:
