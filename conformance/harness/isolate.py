@@ -16,8 +16,11 @@ argument snapshot, reach, the memory limit) is :mod:`conformance.harness.worker_
 this module is the kit's side: starting, asking, decoding, ending.
 
 The worker is forked where the platform can fork (cheap, and it inherits the
-builder as the caller passed it) and spawned otherwise (the builder is then
-imported by name, or unpickled).
+builder as the caller passed it) and spawned otherwise, or while this
+process holds the certification key (the builder is then imported by name,
+or unpickled, inside containment).  Either way it is a contained chain
+(:mod:`conformance.harness.confine`): its own PID namespace, no capability
+over this process, no key; what held is the worker's first message.
 """
 
 from __future__ import annotations
