@@ -43,6 +43,14 @@ class Prepared:
     meter: ReachMeter | None
     owned: bool = False
 
+    def __enter__(self) -> Prepared:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        """Close the worker :func:`prepare` started (a caller's own proxy stays open)."""
+        if self.owned:
+            self.builder.close()  # type: ignore[union-attr]
+
 
 def _check_min_reach(reach: bool | Sequence[str] | None, min_reach: float | None) -> None:
     if min_reach is not None and (

@@ -220,70 +220,51 @@ def _check_guarded(
         min_reach=options.min_reach,
         memory=options.worker_memory_bytes,
     )
-    builder, meter = prepared.builder, prepared.meter
-    try:
-        return _run_prepared(
-            builder, meter, options, guard, selected, progress, vendor, started, focus_exchange
-        )
-    finally:
-        if prepared.owned:
-            # The worker this run started ends with it: a caller that checks many
-            # builders (a test suite, a notebook) would otherwise keep one per run.
-            builder.close()  # type: ignore[union-attr]
-
-
-def _run_prepared(
-    builder: Any,
-    meter: Any,
-    options: RunOptions,
-    guard: Guard,
-    selected: Sequence[Invariant],
-    progress: Progress | None,
-    vendor: SearchStrategy[Model] | None,
-    started: float,
-    focus_exchange: FocusExchange | None,
-) -> Report:
-    isolate = options.isolate
-    _preflight(builder, guard)
-    run = Run(builder, options, guard, progress)
-    run.focus_exchange = focus_exchange
-    run.strata = run_strata(vendor, only=options.models_only, limits=run.limits)
-    if meter is not None:
-        # Isolated, the builder's code runs only in its worker, which traces it;
-        # tracing this process's threads too would cost time and find nothing.
-        meter.start(trace_here=not isolate)
-        if not isolate:
-            # In process the builder runs on the guard's threads: traced only if started now.
-            guard.renew_threads()
-        run.reach_lines = functools.partial(lines_reached, meter, builder)
-        run.measures_reach = True
-    try:
-        run.execute(selected)
-    finally:
+    # The worker this run started ends with it (Prepared's context): a caller
+    # that checks many builders (a test suite, a notebook) would otherwise keep
+    # one per run.
+    with prepared:
+        builder, meter = prepared.builder, prepared.meter
+        _preflight(builder, guard)
+        run = Run(builder, options, guard, progress)
+        run.focus_exchange = focus_exchange
+        run.strata = run_strata(vendor, only=options.models_only, limits=run.limits)
         if meter is not None:
-            meter.stop()
-            worker = getattr(builder, "_kvref_worker", None)
-            if worker is not None:
-                meter.add_lines(worker.reach_lines())
-    try:
-        report = run.report(selected, time.perf_counter() - started)
-    finally:
-        from conformance.harness.twin import close_twin
+            # Isolated, the builder's code runs only in its worker, which traces it;
+            # tracing this process's threads too would cost time and find nothing.
+            meter.start(trace_here=not isolate)
+            if not isolate:
+                # In process the builder runs on the guard's threads: traced only if started now.
+                guard.renew_threads()
+            run.reach_lines = functools.partial(lines_reached, meter, builder)
+            run.measures_reach = True
+        try:
+            run.execute(selected)
+        finally:
+            if meter is not None:
+                meter.stop()
+                worker = getattr(builder, "_kvref_worker", None)
+                if worker is not None:
+                    meter.add_lines(worker.reach_lines())
+        try:
+            report = run.report(selected, time.perf_counter() - started)
+        finally:
+            from conformance.harness.twin import close_twin
 
-        # The run's twin process ends with the run, not whenever its guard is collected.
-        close_twin(run.ctx)
-    if meter is not None:
-        reach = meter.summary()
-        reach["over_time"] = run.reach_curve
-        if run.explorer is not None:
-            reach["explore"] = run.explorer.summary.as_dict()
-        report = attrs.evolve(report, reach=reach)
-    worker = getattr(builder, "_kvref_worker", None)
-    if worker is not None:
-        report = attrs.evolve(
-            report, builder_output=worker.output_tail(), containment=_containment(worker)
-        )
-    return report
+            # The run's twin process ends with the run, not whenever its guard is collected.
+            close_twin(run.ctx)
+        if meter is not None:
+            reach = meter.summary()
+            reach["over_time"] = run.reach_curve
+            if run.explorer is not None:
+                reach["explore"] = run.explorer.summary.as_dict()
+            report = attrs.evolve(report, reach=reach)
+        worker = getattr(builder, "_kvref_worker", None)
+        if worker is not None:
+            report = attrs.evolve(
+                report, builder_output=worker.output_tail(), containment=_containment(worker)
+            )
+        return report
 
 
 def _containment(worker: Any) -> dict[str, Any]:
