@@ -386,7 +386,7 @@ def _options(args: argparse.Namespace, xfail: list[str]) -> Any:
 
 def _ci_inputs(args: argparse.Namespace) -> Any:
     """The expectations, baseline and summary paths, validated before any example runs."""
-    from conformance.ci import CiError, prepare_from
+    from conformance.ci.processors import CiError, prepare_from
 
     try:
         return prepare_from(args)
@@ -435,7 +435,7 @@ def _check_matrix(args: argparse.Namespace, builder: object, ci: Any, options: A
     """``--vllm all``: the compatibility matrix (one run per supported release)."""
     import attrs
 
-    from conformance.ci import finish
+    from conformance.ci.processors import finish
     from conformance.matrix import check_matrix, format_matrix, write_matrix_files
     from conformance.run.runner import check_builder
 
@@ -462,7 +462,7 @@ def _check(args: argparse.Namespace, builder: object, ci: Any, options: Any) -> 
 
     import attrs
 
-    from conformance.ci import exit_status, finish, write_outputs, write_report_files
+    from conformance.ci.processors import exit_status, finish, write_outputs, write_report_files
     from conformance.report.render import format_header, format_report
     from conformance.run.options import OptionError, flag_message
     from conformance.run.runner import check_builder
@@ -545,15 +545,15 @@ def _reach(args: argparse.Namespace) -> bool | list[str] | None:
     return None
 
 
-# Certified runs, `verify` and HTML reports: conformance/cli_reports.py.
+# Certified runs, `verify` and HTML reports: conformance/ci/certified.py.
 def _reports_verb(argv: Sequence[str] | None) -> int | None:
-    from conformance.cli_reports import dispatch
+    from conformance.ci.certified import dispatch
 
     return dispatch(argv)
 
 
 def _reports_before_run(args: argparse.Namespace) -> None:
-    from conformance.cli_reports import ReportOptionError, before_run
+    from conformance.ci.certified import ReportOptionError, before_run
 
     try:
         before_run(args)
@@ -562,7 +562,7 @@ def _reports_before_run(args: argparse.Namespace) -> None:
 
 
 def _reports_seal(args: argparse.Namespace, report: Any) -> Any:
-    from conformance.cli_reports import ReportOptionError, seal_report
+    from conformance.ci.certified import ReportOptionError, seal_report
 
     try:
         return seal_report(args, report)
@@ -571,7 +571,7 @@ def _reports_seal(args: argparse.Namespace, report: Any) -> Any:
 
 
 def _reports_write(args: argparse.Namespace, report: Any) -> list[str]:
-    from conformance.cli_reports import write_reports
+    from conformance.ci.certified import write_reports
 
     return write_reports(args, report)
 

@@ -10,7 +10,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from conformance.ci_options import add_ci_options, add_output_options
+from conformance.ci.options import add_ci_options, add_output_options
 
 __all__ = ["DEFAULT_BUILDER", "parser"]
 
@@ -69,9 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     _builder_options(parser.add_argument_group("the builder's process and reach"))
     _expectation_options(parser.add_argument_group("expectations, baselines and replays"))
     add_output_options(parser.add_argument_group("reports"))
-    from conformance.cli_reports import add_options
+    from conformance.ci.certified import add_options
 
-    # Certified runs, `verify` and HTML reports: conformance/cli_reports.py.
+    # Certified runs, `verify` and HTML reports: conformance/ci/certified.py.
     add_options(parser)
     return parser
 

@@ -322,7 +322,7 @@ def merge_main(argv: Sequence[str]) -> int:
     (``--expectations``, ``--baseline``, ``--update-expectations``: they judge
     the whole run's verdicts, never a shard's) and writes the same outputs.
     """
-    from conformance.ci import (
+    from conformance.ci.processors import (
         CiError,
         exit_status,
         finish,
@@ -330,7 +330,7 @@ def merge_main(argv: Sequence[str]) -> int:
         write_outputs,
         write_report_files,
     )
-    from conformance.ci_options import add_ci_options, add_output_options
+    from conformance.ci.options import add_ci_options, add_output_options
     from conformance.report.render import format_report
 
     parser = argparse.ArgumentParser(

@@ -201,7 +201,7 @@ class _Session:
         ids = self.selected if self.selected and invariant in self.selected else [invariant]
         report = _no_verdict(check_builder, self.builder, attrs.evolve(self.options, select=ids))
         if manifests:
-            from conformance.expectations import apply_expectations
+            from conformance.ci.expectations import apply_expectations
 
             report = apply_expectations(report, manifests)
         if self.report is None:
@@ -230,7 +230,7 @@ class _Session:
             return None
         whole = _no_verdict(lambda _b, _o: shard.whole_run(), None, None)
         if manifests:
-            from conformance.expectations import apply_expectations
+            from conformance.ci.expectations import apply_expectations
 
             whole = apply_expectations(whole, manifests)
         return whole
@@ -609,7 +609,7 @@ def expectations(config: pytest.Config) -> Any:
     cached = getattr(config, "_kvref_expectations", None)
     if cached is not None:
         return cached
-    from conformance.expectations import ExpectationsError, load_manifest, resolve_manifest
+    from conformance.ci.expectations import ExpectationsError, load_manifest, resolve_manifest
 
     try:
         manifests = tuple(

@@ -1,7 +1,7 @@
 """Certified runs (issue 20, item 6): ``--certify`` and ``kvref-conformance verify``.
 
 The certified run's plumbing is tested at a few examples per scenario
-(``conformance.certify.EXAMPLES``); the real run (the thorough profile) is
+(``conformance.ci.certify.EXAMPLES``); the real run (the thorough profile) is
 under ``-m slow``.
 """
 

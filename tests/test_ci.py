@@ -9,9 +9,9 @@ import attrs
 import pytest
 
 from conformance import check_builder
-from conformance.baseline import BaselineError, compare, load_baseline
+from conformance.ci.baseline import BaselineError, compare, load_baseline
 from conformance.cli import main
-from conformance.report.markdown import format_markdown
+from conformance.ci.markdown import format_markdown
 from conformance.report.render import report_to_dict
 
 BROKEN = ["broken_builders:DroppedLayer", "--max-examples", "5", "--seed", "1", "--no-database"]

@@ -10,7 +10,7 @@ import attrs
 import pytest
 
 from conformance import InvariantResult, Report
-from conformance.expectations import (
+from conformance.ci.expectations import (
     ExpectationsError,
     apply_expectations,
     load_manifest,
@@ -18,8 +18,8 @@ from conformance.expectations import (
     shipped_manifests,
     update_manifest,
 )
-from conformance.expectations.manifest import FORMAT, PLACEHOLDER_REASON
-from conformance.expectations.tomlw import dump_manifest
+from conformance.ci.expectations.manifest import FORMAT, PLACEHOLDER_REASON
+from conformance.ci.expectations.tomlw import dump_manifest
 from conformance.upstream import DEFECTS
 from kvref.versions import SUPPORTED
 
@@ -143,7 +143,7 @@ class TestMatching:
 
 
 class TestShippedManifest:
-    """conformance/expectations/vllm-X.toml: each release's documented defects."""
+    """conformance/ci/expectations/vllm-X.toml: each release's documented defects."""
 
     @pytest.mark.parametrize("version", SUPPORTED, ids=str)
     def test_it_covers_exactly_the_releases_documented_defects(self, version: object) -> None:

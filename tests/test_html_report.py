@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from conformance.cli import main
-from conformance.report.html import format_html
-from conformance.report.memory_map import COLOURS, memory_map_svg
+from conformance.ci.html import format_html
+from conformance.ci.memory_map import COLOURS, memory_map_svg
 
 # Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
 pytestmark = pytest.mark.slow

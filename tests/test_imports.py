@@ -189,16 +189,15 @@ KIT_LAYERS = (
     ("conformance.scenarios",),
     ("conformance.run",),
     (
+        # The CI post-processors, and the documented paths kept for two of them.
+        "conformance.ci",
         "conformance.expectations",
-        "conformance.baseline",
-        "conformance.certify",
+        "conformance.report.html",
         "conformance.merge",
         "conformance.matrix",
-        "conformance.ci",
-        "conformance.ci_options",
         "conformance.plugin_xdist",
     ),
-    ("conformance.cli_reports", "conformance.cli_parser", "conformance.cli", "conformance.plugin"),
+    ("conformance.cli_parser", "conformance.cli", "conformance.plugin"),
     ("conformance", "conformance.test_conformance"),
 )
 

@@ -422,7 +422,7 @@ def test_an_xfail_shows_its_expectations_reason_and_link() -> None:
         },
     }
     data = {"builder": "m:B", "results": [result], "ok": True}
-    from conformance.report.html import format_html
+    from conformance.ci.html import format_html
 
     page = format_html(data)
     assert "expected: drops a layer &lt;b&gt;known&lt;/b&gt;" in page
@@ -439,7 +439,7 @@ def test_what_the_builder_wrote_is_text_in_the_text_and_markdown_reports() -> No
 
     from conformance import InvariantResult, Report
     from conformance.check.violations import Violation
-    from conformance.report.markdown import format_markdown
+    from conformance.ci.markdown import format_markdown
     from conformance.report.render import format_report
 
     hostile = "\x1b[2K\rOK\x1b]0;title\x07 <img src=x onerror=alert(1)> | done"

@@ -53,7 +53,7 @@ def dispatch(argv: Sequence[str] | None) -> int | None:
     """Run a subcommand named by the first word (``verify``, ``merge``); ``None``: not one."""
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["verify"]:
-        from conformance.certify import verify_main
+        from conformance.ci.certify import verify_main
 
         return verify_main(words[1:])
     if words[:1] == ["merge"]:
@@ -69,7 +69,7 @@ def before_run(args: argparse.Namespace) -> None:
     Raises:
         ReportOptionError: a conflicting option, or an unusable path.
     """
-    from conformance.certify import CertifyError, certify_args
+    from conformance.ci.certify import CertifyError, certify_args
 
     path = args.html
     if path is not None:
@@ -94,7 +94,7 @@ def seal_report(args: argparse.Namespace, report: Report) -> Report:
     Raises:
         ReportOptionError: the builder's files changed during the run.
     """
-    from conformance.certify import CertifyError, seal
+    from conformance.ci.certify import CertifyError, seal
 
     inputs = getattr(args, "certify_inputs", None)
     if inputs is None:
@@ -115,7 +115,7 @@ def seal_report(args: argparse.Namespace, report: Report) -> Report:
 
 def write_reports(args: argparse.Namespace, report: Report) -> list[str]:
     """Write the ``--html`` page; returns what could not be written."""
-    from conformance.report.html import write_html
+    from conformance.ci.html import write_html
 
     if args.html is None:
         return []

@@ -4,7 +4,7 @@ The page needs nothing but itself: styles inline, no script, no font, image
 or stylesheet fetched.  It shows the run's header (and certificate), the
 verdict table, reach with the builder's unreached lines, and each failure
 with its violations, an SVG memory map of its minimal counterexample
-(:mod:`conformance.report.memory_map`), the counterexample and the line that
+(:mod:`conformance.ci.memory_map`), the counterexample and the line that
 reproduces it.  It is made from the report's JSON data
 (:func:`format_html` takes what ``--json`` writes), so a report from
 another machine renders the same.
@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from conformance.report.memory_map import COLOURS, memory_map_svg
+from conformance.ci.memory_map import COLOURS, memory_map_svg
 from conformance.report.model import STATUSES, Report
 
 __all__ = ["format_html", "write_html"]

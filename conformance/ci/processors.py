@@ -14,8 +14,8 @@ from pathlib import Path
 
 import attrs
 
-from conformance.baseline import Baseline, BaselineError, compare, load_baseline
-from conformance.expectations import (
+from conformance.ci.baseline import Baseline, BaselineError, compare, load_baseline
+from conformance.ci.expectations import (
     ExpectationsError,
     Manifest,
     apply_expectations,
@@ -96,12 +96,12 @@ def prepare(
 
 
 def prepare_from(args: argparse.Namespace) -> CiInputs:
-    """:func:`prepare` of the options :mod:`conformance.ci_options` added (a run's or a merge's).
+    """:func:`prepare` of the options :mod:`conformance.ci.options` added (a run's or a merge's).
 
     Raises:
         CiError: as :func:`prepare`.
     """
-    from conformance.report.markdown import summary_paths
+    from conformance.ci.markdown import summary_paths
 
     return prepare(
         args.expectations, args.baseline, args.update_expectations, summary_paths(args.markdown)
@@ -121,7 +121,7 @@ def write_outputs(report: Report, inputs: CiInputs) -> list[str]:
     """Write the Markdown summaries and the refreshed manifest; returns what could not be."""
     import os
 
-    from conformance.report.markdown import write_markdown
+    from conformance.ci.markdown import write_markdown
 
     errors = []
     step = os.environ.get("GITHUB_STEP_SUMMARY")

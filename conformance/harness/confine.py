@@ -69,7 +69,7 @@ __all__ = [
     "without_key",
 ]
 
-#: The environment variable of the certification key (conformance.certify); never in a
+#: The environment variable of the certification key (conformance.ci.certify); never in a
 #: process that runs a builder's or vendor's code.
 KEY_ENV = "KVREF_CERTIFY_KEY"
 

@@ -135,11 +135,11 @@ class Report:
             nothing) and an installed vLLM other than the contract's
             (:mod:`conformance.contract`).
         contract: the vLLM contract the invariants check.
-        baseline: with a baseline report (:mod:`conformance.baseline`), the
+        baseline: with a baseline report (:mod:`conformance.ci.baseline`), the
             failing ids new in this run, fixed since, and unchanged; the run then
             fails only on new ones (``None``: no baseline).
         certificate: in a ``--certify`` run's report, what it certifies and the
-            digest of the report (:mod:`conformance.certify`); ``None`` otherwise.
+            digest of the report (:mod:`conformance.ci.certify`); ``None`` otherwise.
         focus: the focus the run used, as ``--focus`` takes it (learned or
             given; ``off``: none), so a later run can be given it.
         shard: in a sharded run's report (``--shard I/N``), what ``merge`` needs

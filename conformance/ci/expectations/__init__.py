@@ -6,14 +6,14 @@ each release's documented defects.  ``--expectations NAME|PATH`` applies one, an
 ``--update-expectations FILE`` writes or refreshes one from a run.  From
 Python::
 
-    from conformance.expectations import apply_expectations, load_manifest, resolve_manifest
+    from conformance.ci.expectations import apply_expectations, load_manifest, resolve_manifest
 
     manifest = load_manifest(resolve_manifest("vllm-0.34.0"))
     report = apply_expectations(check_builder(MyBuilder), [manifest])
 """
 
-from conformance.expectations.apply import apply_expectations, update_manifest
-from conformance.expectations.manifest import (
+from conformance.ci.expectations.apply import apply_expectations, update_manifest
+from conformance.ci.expectations.manifest import (
     FORMAT,
     Entry,
     ExpectationsError,

@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from conformance.expectations.manifest import (
+from conformance.ci.expectations.manifest import (
     FORMAT,
     PLACEHOLDER_LINK,
     PLACEHOLDER_REASON,
@@ -26,7 +26,7 @@ from conformance.expectations.manifest import (
     Manifest,
     load_manifest,
 )
-from conformance.expectations.tomlw import dump_manifest
+from conformance.ci.expectations.tomlw import dump_manifest
 from conformance.report.model import InvariantResult, Report
 
 __all__ = ["apply_expectations", "update_manifest"]
