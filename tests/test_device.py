@@ -39,6 +39,7 @@ from conformance.check.device import (
     device_memory_counter,
     verify_tags,
 )
+from conformance.check.device_memory import ordered_copy
 from conformance.check.worker import allocate_backings, drop_scratch
 from kvref.allocation import allocate_kv_cache
 from kvref.layout import KVCacheLayout
@@ -392,6 +393,31 @@ class TestDevTags:
             assert c is not None and c.data_ptr() != a.data_ptr()
         finally:
             drop_scratch()
+
+    def test_self_overlapping_writes_leave_the_same_bytes(self) -> None:
+        """Pages that share bytes keep what the later page wrote, whatever torch's threads.
+
+        A split copy made "later" a race between threads: the value read
+        back, and so the message of a violation, differed between a run and
+        its shards.
+        """
+        threads = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            # 390 pages of 1000 elements, 900 apart: each overlaps the next by 100.
+            buffer = torch.zeros(400_000, dtype=torch.int64)
+            pages = buffer.as_strided((390, 1000), (900, 1))
+            tags = torch.arange(390, dtype=torch.int64).view(390, 1).expand(390, 1000)
+            expected = torch.zeros_like(buffer)
+            for page in range(390):
+                expected[page * 900 : page * 900 + 1000] = page
+            for _ in range(20):
+                buffer.zero_()
+                ordered_copy(pages, tags)
+                assert torch.equal(buffer, expected)
+            assert torch.get_num_threads() == 2
+        finally:
+            torch.set_num_threads(threads)
 
     def test_meta_not_measured(self) -> None:
         """meta has no data to read back: not measured, no verdict."""

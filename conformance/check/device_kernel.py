@@ -33,7 +33,7 @@ import torch
 
 from conformance.check.bounds import tensor_problems
 from conformance.check.catalog import Unjudged, invariant
-from conformance.check.device_memory import check_budget, release
+from conformance.check.device_memory import check_budget, ordered_copy, release
 from conformance.check.device_tags import _splitmix64
 from conformance.check.observations import PlacementObservation
 from conformance.check.violations import Violation
@@ -241,7 +241,7 @@ def _tensor_findings(
         tags = _tags(num_layers, num_blocks * r, first_layer, salt, dtype).to(device)
         per_block = tags.view(num_layers, num_blocks, r)
         if direction == "kernel":
-            kview.copy_(per_block[:, :, :, None, None, None].expand(kview.shape))
+            ordered_copy(kview, per_block[:, :, :, None, None, None].expand(kview.shape))
             for chunk in _block_chunks(num_blocks, layer_page):
                 got = pview[:, chunk]
                 runs = _as_runs(got, order, r)
@@ -262,9 +262,9 @@ def _tensor_findings(
             for chunk in _block_chunks(num_blocks, layer_page):
                 runs = _as_runs(pview[:, chunk], order, r)
                 if runs is not None:
-                    runs.copy_(per_block[:, chunk, :, None].expand_as(runs))
+                    ordered_copy(runs, per_block[:, chunk, :, None].expand_as(runs))
                 else:
-                    pview[:, chunk].copy_(per_block[:, chunk][:, :, slices])
+                    ordered_copy(pview[:, chunk], per_block[:, chunk][:, :, slices])
             for chunk in _block_chunks(num_blocks, layer_page):
                 got = kview[:, chunk]
                 want = per_block[:, chunk][:, :, :, None, None, None].expand(got.shape)

@@ -38,6 +38,7 @@ __all__ = [
     "device_memory_counter",
     "device_result",
     "free_device_memory",
+    "ordered_copy",
     "release",
     "same_device",
 ]
@@ -182,6 +183,27 @@ def release(device: str | torch.device) -> None:
         torch.cuda.empty_cache()
     elif target.type not in ("cpu", "meta") and _is_current_accelerator(target):
         torch.accelerator.empty_cache()
+
+
+def ordered_copy(dest: torch.Tensor, source: torch.Tensor) -> None:
+    """``dest.copy_(source)``, with the same bytes left on every run.
+
+    A builder's views may overlap themselves (two pages sharing bytes): the
+    bytes shared then hold what the last write left.  torch splits a CPU copy
+    over its intra-op threads, which makes "last" a race, and the value a
+    check reports read back (and the message of its violation) differ from
+    run to run and between a run and its shards.  One thread writes in the
+    copy's own order, which never varies.
+    """
+    threads = torch.get_num_threads()
+    if dest.device.type != "cpu" or threads == 1:
+        dest.copy_(source)
+        return
+    torch.set_num_threads(1)
+    try:
+        dest.copy_(source)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def checkable_num_blocks(bytes_per_block: int, num_blocks: int, cap: int) -> int:

@@ -22,6 +22,7 @@ from conformance.check.device_memory import (
     DeviceCheckResult,
     check_budget,
     device_result,
+    ordered_copy,
     release,
 )
 from conformance.check.violations import Violation
@@ -183,7 +184,7 @@ def _write(writer: _Writer) -> int:
             dest = dest.narrow(axis, last, 1)
             if source.shape[axis] > 1:
                 source = source.narrow(axis, last, 1)
-    dest.copy_(source.expand(dest.shape))
+    ordered_copy(dest, source.expand(dest.shape))
     return dest.numel() * writer.width
 
 
