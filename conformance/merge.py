@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from conformance.check.violations import Violation
-from conformance.check.waste import LISTED, PlanFigures, WasteSummary, WasteWarning
 from conformance.harness.reach import module_figures, reach_summary
 from conformance.report.model import InvariantResult, Replays, Report
+from conformance.report.waste import LISTED, PlanFigures, WasteSummary, WasteWarning
 from conformance.run.tally import Tally, expected_status, verdict
 
 __all__ = ["MergeError", "merge_main", "merge_reports", "read_shard_reports"]

@@ -188,6 +188,10 @@ KIT_LAYERS = (
     ("conformance.harness",),
     ("conformance.scenarios",),
     ("conformance.run",),
+    # The run's optional mechanisms, told of its phases by hooks (extensions/base.py).
+    ("conformance.extensions",),
+    # The run's driver: calls the extensions' hooks, through their registry alone.
+    ("conformance.run.judging", "conformance.run.findings", "conformance.run.runner"),
     (
         # The CI post-processors, and the documented paths kept for two of them.
         "conformance.ci",
@@ -236,6 +240,47 @@ def test_upward_imports_are_seen() -> None:
 def test_no_kit_module_imports_from_a_layer_above_its_own() -> None:
     graph = import_graph(KIT_MODULES, function_level=True)
     assert upward_imports(graph) == []
+
+
+#: What the run's core may import of the extensions: their protocol and their list.
+EXTENSION_PROTOCOL = frozenset(
+    {"conformance.extensions", "conformance.extensions.base", "conformance.extensions.registry"}
+)
+
+
+def extensions_named(
+    graph: Mapping[str, set[str]], layers: Sequence[Sequence[str]] = KIT_LAYERS
+) -> list[str]:
+    """Every import of an extension by name from the run's core, as ``a -> b``.
+
+    The core is every module outside ``conformance.extensions`` up to the
+    run's driver (``conformance.run.runner``'s layer); the front ends above
+    it may name an extension (a flag's parser, a merge of its fields).
+    """
+    driver = layer_of("conformance.run.runner", layers)
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if not module.startswith("conformance.extensions") and layer_of(module, layers) <= driver
+        for target in targets
+        if target.startswith("conformance.extensions.") and target not in EXTENSION_PROTOCOL
+    )
+
+
+def test_an_extension_named_by_the_core_is_seen() -> None:
+    graph = {
+        "conformance.run.runner": {"conformance.extensions.registry"},
+        "conformance.run.judging": {"conformance.extensions.waste", "conformance.check.core"},
+        "conformance.extensions.registry": {"conformance.extensions.waste"},
+        "conformance.cli": {"conformance.extensions.waste.meter"},
+    }
+    assert extensions_named(graph) == ["conformance.run.judging -> conformance.extensions.waste"]
+
+
+def test_the_core_never_imports_an_extension_by_name() -> None:
+    graph = import_graph(KIT_MODULES, function_level=True)
+    assert "conformance.extensions.registry" in graph
+    assert extensions_named(graph) == []
 
 
 def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:

@@ -22,8 +22,8 @@ from typing import Any
 import attrs
 
 from conformance.check.violations import Violation
-from conformance.check.waste import WasteSummary
 from conformance.contract import CONTRACT
+from conformance.report.waste import WasteSummary
 
 __all__ = ["FAILING", "STATUSES", "InvariantResult", "Replays", "Report"]
 
@@ -123,7 +123,7 @@ class Report:
         builder_output: the last bytes the builder printed in its worker
             process (stdout and stderr, bounded), kept apart from the kit's
             own output; empty when it printed nothing or ran in this process.
-        waste: the efficiency warnings (:mod:`conformance.check.waste`): plans
+        waste: the efficiency warnings (:mod:`conformance.extensions.waste`): plans
             that hold less than half of what the reference's holds; never a
             verdict (``None``: the core scenario did not run).
         observe_seconds: per scenario, the time spent observing the builder on

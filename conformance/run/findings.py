@@ -16,7 +16,6 @@ import hypothesis
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from conformance.check.catalog import Invariant, Unjudged
-from conformance.check.waste import WasteMeter
 from conformance.generate.engine_paths import spell
 from conformance.harness.guard import Guard, clear_interrupt
 from conformance.harness.hooks import (
@@ -68,7 +67,6 @@ class Findings:
     empty: dict[str, list[str]]
     focus: Focus
     explorer: Explorer | None
-    waste: WasteMeter
     clock: InvariantClock
     interrupted: bool
     ctx: Context

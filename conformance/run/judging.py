@@ -14,9 +14,9 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import conformance.extensions.base as ext
 from conformance.check.catalog import Invariant
-from conformance.check.observations import CoreObservation, builder_spoiled
-from conformance.check.waste import WasteMeter
+from conformance.check.observations import builder_spoiled
 from conformance.contract import contract_name, version_note
 from conformance.generate.coverage import coverage, coverage_sets
 from conformance.generate.engine_paths import EnginePath, spell
@@ -67,8 +67,11 @@ class Run(Findings):
         options: RunOptions,
         guard: Guard,
         progress: Progress | None,
+        active: Sequence[ext.Active] = (),
     ) -> None:
         self.builder = builder
+        #: The extensions taking part in the run, started (extensions/base.py).
+        self.active = tuple(active)
         self.options = options
         self.guard = guard
         self.progress = progress
@@ -97,8 +100,6 @@ class Run(Findings):
         self.strata: tuple[Stratum, ...] = run_strata(None, only=False, limits=self.limits)
         self.drawn: dict[str, list[Example]] = {}
         self.empty: dict[str, list[str]] = {}
-        # Efficiency warnings from the core plans (never a verdict).
-        self.waste = WasteMeter.for_builder(builder)
         # Where the builder's answers differed from its parent's or the reference's (focus.py).
         pins = options.focus_pins()
         baseline = REFERENCE if pins is not None else Baseline.of(parent_builder(builder))
@@ -153,6 +154,7 @@ class Run(Findings):
                     # The tag check's reused backing is for one scenario's examples.
                     drop_scratch()
                 self._mark_reach(scenario)
+            ext.after_deals(self.active, self)
             # Every scenario's focus after every first deal: each learns from all of them.
             if self.focus_exchange is not None and self.focus.given is None:
                 # A shard learned from its own families only: pool with the other shards.
@@ -282,8 +284,6 @@ class Run(Findings):
             self.explorer.seed(stratum, ex, gain)
         if first_deal:
             self.focus.note(stratum.name, ex.config, obs)
-        if isinstance(obs, CoreObservation):
-            self.waste.add(obs, ex)
         for inv in checks:
             failed = self.tallies[inv.id].add(
                 self.clock.judge(inv.id, judge_outcome, inv, obs),
@@ -296,11 +296,15 @@ class Run(Findings):
             )
             if failed:
                 self.note_introduced(inv, scenario, ex, stratum, key)
+        judged = ext.Judged(
+            scenario=scenario, stratum=stratum, example=ex, observation=obs, first_deal=first_deal
+        )
+        ext.after_example(self.active, self, judged)
 
     def report(self, selected: Sequence[Invariant], seconds: float) -> Report:
         """The run's report: one result per invariant of ``selected``, and what was drawn."""
         results = [self._result(inv) for inv in selected]
-        return Report(
+        report = Report(
             builder=self.options.builder or repr(self.builder),
             device=self.options.device,
             seed=self.options.seed,
@@ -311,13 +315,14 @@ class Run(Findings):
             options=self.options.as_dict(),
             coverage={s: self._coverage(s) for s in self.drawn.keys() | self.empty.keys()},
             interrupted=self.interrupted,
-            waste=self.waste.summary() if "core" in self.drawn else None,
             observe_seconds=self.clock.observe_seconds(),
             warnings=_contract_warnings(self.vllm),
             contract=contract_name(self.vllm),
             focus=spell(self.focus.pins()) or "off",
             shard=self._shard_data(selected),
         )
+        done: Report = ext.end(self.active, self, report)
+        return done
 
     def _shard_data(self, selected: Sequence[Invariant]) -> dict[str, Any] | None:
         """What ``merge`` needs of a sharded run (``None``: not sharded)."""

@@ -19,6 +19,8 @@ import attrs
 from hypothesis.strategies import SearchStrategy
 
 from conformance.check.catalog import Invariant, catalog
+from conformance.extensions.base import start_all
+from conformance.extensions.registry import extensions
 from conformance.generate.limits import CAPABILITIES
 from conformance.generate.records import Model
 from conformance.harness import integrity
@@ -210,6 +212,8 @@ def _check_guarded(
 ) -> Report:
     isolate = options.isolate
     guard = Guard(options.timeout, watchdog=not isolate)
+    # Before the builder's worker starts: an extension may need to be there first.
+    active = start_all(extensions(), options)
     # One rule for every front end (boundary.py): isolated unless asked not
     # to; a builder given by name is imported only in its worker.
     prepared = prepare(
@@ -226,7 +230,7 @@ def _check_guarded(
     with prepared:
         builder, meter = prepared.builder, prepared.meter
         _preflight(builder, guard)
-        run = Run(builder, options, guard, progress)
+        run = Run(builder, options, guard, progress, active)
         run.focus_exchange = focus_exchange
         run.strata = run_strata(vendor, only=options.models_only, limits=run.limits)
         if meter is not None:

@@ -1,0 +1,1 @@
+"""A run's optional mechanisms, each an :class:`~conformance.extensions.base.Extension`."""

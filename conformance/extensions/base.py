@@ -1,0 +1,161 @@
+"""What an extension is: an optional mechanism of a run, told of the run's phases by hooks.
+
+The core of a run draws each scenario's examples, observes the builder on
+each, lets the invariants judge the observation and tallies their verdicts
+(:mod:`conformance.run.judging`).  Everything a run may do besides (measure
+waste, replay failures, ...) is an :class:`Extension`: a record of hooks the
+core calls at fixed points, in the order of
+:data:`conformance.extensions.registry.EXTENSIONS`.  The core never names an
+extension (``tests/test_imports.py``), so an extension is one folder under
+``conformance/extensions/`` that a maintainer can delete and a vendor can ignore.
+
+An extension's state for one run is whatever its :attr:`Extension.start`
+returns (``None``: it sits this run out); every later hook is given that
+state first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+import attrs
+
+__all__ = [
+    "Active",
+    "Extension",
+    "Judged",
+    "RunView",
+    "after_deals",
+    "after_example",
+    "end",
+    "options_of",
+    "start_all",
+]
+
+
+class RunView(Protocol):
+    """What the core's run shows its extensions (:class:`conformance.run.judging.Run`)."""
+
+    @property
+    def builder(self) -> Any:
+        """The builder under check, as prepared for the run."""
+
+    @property
+    def options(self) -> Any:
+        """The run's options (:class:`conformance.run.options.RunOptions`)."""
+
+    @property
+    def guard(self) -> Any:
+        """The run's guard: ``guard.hung`` is set once the builder hung."""
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether the run was stopped (Ctrl-C)."""
+
+    @property
+    def drawn(self) -> Mapping[str, Any]:
+        """The examples judged so far, per scenario."""
+
+    def observe(self, scenario: str, example: Any) -> Any:
+        """What the builder does on ``example`` in ``scenario``."""
+
+
+@attrs.frozen(kw_only=True)
+class Judged:
+    """One example the core observed and judged (:attr:`Extension.after_example`'s argument).
+
+    Attributes:
+        scenario: the scenario that observed it.
+        stratum: the stratum that drew it.
+        example: the example.
+        observation: what the builder did on it.
+        first_deal: whether it is of a scenario's first deal.
+    """
+
+    scenario: str
+    stratum: Any
+    example: Any
+    observation: Any
+    first_deal: bool
+
+
+def _start_with_options(_run_options: Any, options: Any) -> Any:
+    return True if options is None else options
+
+
+@attrs.frozen(kw_only=True)
+class Extension:
+    """One optional mechanism of a run, as hooks the core calls.
+
+    Attributes:
+        name: the extension's name (its folder under ``conformance/extensions/``).
+        options: its options record (an attrs class whose fields are read,
+            by name, from the run's options: :func:`options_of`; each
+            field's ``metadata`` holds its ``flag`` and ``help``), or ``None``.
+        start: ``start(run options, own options) -> state``, called once at
+            the start of a run, before the builder's worker starts; ``None``
+            leaves the extension out of the run.  Default: its options are
+            its state (``True`` when it has none).
+        after_example: ``after_example(state, run, judged)``, after the core
+            judged one example (:class:`Judged`).
+        after_deals: ``after_deals(state, run)``, after every scenario's first
+            deal; the extension may have more examples judged here.
+        end: ``end(state, run, report) -> report``, at the end of the run:
+            the report with the extension's fields filled in.
+    """
+
+    name: str
+    options: type[Any] | None = None
+    start: Callable[[Any, Any], Any] = _start_with_options
+    after_example: Callable[[Any, RunView, Judged], None] | None = None
+    after_deals: Callable[[Any, RunView], None] | None = None
+    end: Callable[[Any, RunView, Any], Any] | None = None
+
+
+def options_of(extension: Extension, run_options: Any) -> Any:
+    """``extension``'s options record, its fields read from ``run_options`` by name."""
+    if extension.options is None:
+        return None
+    names = [f.name for f in attrs.fields(extension.options)]
+    return extension.options(**{n: getattr(run_options, n) for n in names})
+
+
+@attrs.frozen
+class Active:
+    """An extension that takes part in one run, with its state for that run."""
+
+    extension: Extension
+    state: Any
+
+
+def start_all(extensions: Iterable[Extension], run_options: Any) -> tuple[Active, ...]:
+    """Start every one of ``extensions`` for a run of ``run_options``: those that take part."""
+    active = []
+    for extension in extensions:
+        state = extension.start(run_options, options_of(extension, run_options))
+        if state is not None:
+            active.append(Active(extension, state))
+    return tuple(active)
+
+
+def after_example(active: Iterable[Active], run: RunView, judged: Judged) -> None:
+    """Tell every active extension of one judged example."""
+    for a in active:
+        if a.extension.after_example is not None:
+            a.extension.after_example(a.state, run, judged)
+
+
+def after_deals(active: Iterable[Active], run: RunView) -> None:
+    """Tell every active extension that every scenario's first deal is judged."""
+    for a in active:
+        if a.extension.after_deals is not None:
+            a.extension.after_deals(a.state, run)
+
+
+def end(active: Iterable[Active], run: RunView, report: Any) -> Any:
+    """The run's report, with every active extension's fields filled in (phase order)."""
+    for a in active:
+        if a.extension.end is not None:
+            report = a.extension.end(a.state, run, report)
+    return report

@@ -1,0 +1,21 @@
+"""The run's extensions, in the order their hooks are called (phase order).
+
+Adding an extension is one folder under ``conformance/extensions/`` that
+declares an :class:`~conformance.extensions.base.Extension`, listed here;
+the core of a run reads only this list.
+"""
+
+from __future__ import annotations
+
+from conformance.extensions.base import Extension
+from conformance.extensions.waste import WASTE
+
+__all__ = ["EXTENSIONS", "extensions"]
+
+#: Every extension, in the order a run calls their hooks.
+EXTENSIONS: tuple[Extension, ...] = (WASTE,)
+
+
+def extensions() -> tuple[Extension, ...]:
+    """Every extension, in phase order."""
+    return EXTENSIONS
