@@ -14,16 +14,35 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
 
+from kvref._config_fields import (
+    DRAFTLESS_METHODS,
+    EAGLE_METHODS,
+    HISPARSE_CONNECTOR_LAYOUT,
+    SPECULATIVE_METHODS,
+    bool_check,
+    builder_qualname,
+    cache_dtype_check,
+    int_check,
+    mamba_mode,
+    qualname_parts,
+    speculative_method_check,
+    to_backends,
+    to_connector_layout,
+    to_env_layout,
+    to_layer_names,
+    to_layout,
+    to_vllm_version,
+)
 from kvref.axes import KVCacheLayout
 from kvref.backends import (
     AttentionBackend,
     get_supported_kv_cache_layouts,
     preferred_block_size,
 )
-from kvref.errors import BuilderResolutionError, ConfigError, KVRefError
+from kvref.errors import ConfigError, KVRefError
 from kvref.hf import HFValue, hf_config_fields
 from kvref.layout_resolution import resolve_kv_cache_layout
-from kvref.versions import NEWEST, Rules, VllmVersion, parse_version, rules
+from kvref.versions import NEWEST, Rules, VllmVersion, rules
 
 if TYPE_CHECKING:
     from kvref.records import KVCacheGroupSpec
@@ -40,142 +59,6 @@ __all__ = [
     "SupportsKVCacheGrouping",
     "qualname_parts",
 ]
-
-_MAMBA_CACHE_MODES = ("none", "align", "all")
-
-#: Speculative methods whose drafter reads the target's hidden states: vLLM's
-#: ``use_eagle()`` (DFlash and DSpark, which size their lookahead otherwise,
-#: are not modelled).  They drop the trailing prefix-cache block.
-EAGLE_METHODS = ("eagle", "eagle3", "mtp")
-#: Speculative methods without a draft model, hence without draft KV cache layers.
-DRAFTLESS_METHODS = ("ngram", "suffix")
-#: The speculative methods a :class:`PlanningConfig` describes (vLLM's
-#: ``SpeculativeConfig.method`` names, after vLLM maps ``deepseek_mtp`` & co. to ``mtp``).
-SPECULATIVE_METHODS = (
-    *EAGLE_METHODS,
-    "draft_model",
-    "extract_hidden_states",
-    *DRAFTLESS_METHODS,
-)
-
-
-def _int_check(minimum: int, *, optional: bool = False, owner: str = "PlanningConfig") -> Any:
-    def check(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if optional and value is None:
-            return
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            kind = "an int" if not optional else "an int or None"
-            raise ConfigError(f"{owner}.{attribute.name}={value!r} must be {kind} >= {minimum}")
-
-    return check
-
-
-def _bool(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{type(inst).__name__}.{attribute.name}={value!r} must be a bool")
-
-
-def _mamba_mode(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value not in _MAMBA_CACHE_MODES:
-        raise ConfigError(
-            f"PlanningConfig.mamba_cache_mode={value!r} must be one of {_MAMBA_CACHE_MODES}"
-        )
-
-
-def _layers(value: object) -> frozenset[str]:
-    if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
-        raise ConfigError(f"PlanningConfig.host_resident_layers={value!r} must be a set of names")
-    for name in value:
-        if not isinstance(name, str):
-            raise ConfigError(
-                f"PlanningConfig.host_resident_layers contains {name!r}, which is not a str"
-            )
-    return frozenset(value)
-
-
-def _cache_dtype(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"PlanningConfig.cache_dtype={value!r} must be a non-empty string")
-
-
-def _speculative_method(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None and value not in SPECULATIVE_METHODS:
-        raise ConfigError(
-            f"PlanningConfig.speculative_method={value!r} must be None or one of "
-            f"{SPECULATIVE_METHODS}"
-        )
-
-
-def _vllm_version(value: object) -> VllmVersion:
-    return parse_version(value, "PlanningConfig.vllm_version")
-
-
-def _layout(value: object) -> KVCacheLayout:
-    if isinstance(value, (KVCacheLayout, str)):
-        return KVCacheLayout.parse(value)
-    raise ConfigError(f"PlanningConfig.kv_cache_layout={value!r} must be a KVCacheLayout or name")
-
-
-#: The layout HiSparse's connector requires (vLLM
-#: ``HiSparseConnector.get_required_kvcache_layout``).
-HISPARSE_CONNECTOR_LAYOUT = KVCacheLayout.BLHNC
-
-#: vLLM's legacy names for two layouts (``_LAYOUT_COMPAT_ALIASES``).
-_LAYOUT_ALIASES = {"NHD": "LBNHC", "HND": "LBHNC"}
-
-
-def _optional_layout(field: str) -> Callable[[object], KVCacheLayout | None]:
-    def convert(value: object) -> KVCacheLayout | None:
-        if value is None or isinstance(value, KVCacheLayout):
-            return value
-        if isinstance(value, str):
-            try:
-                return KVCacheLayout.parse(_LAYOUT_ALIASES.get(value.upper(), value))
-            except KVRefError:
-                pass
-        names = [m.name for m in KVCacheLayout] + list(_LAYOUT_ALIASES)
-        raise ConfigError(f"PlanningConfig.{field}={value!r} must be None or a layout in {names}")
-
-    return convert
-
-
-def _connector_layout(value: object) -> KVCacheLayout | None:
-    return _optional_layout("kv_connector_layout")(value)
-
-
-def _env_layout(value: object) -> KVCacheLayout | None:
-    return _optional_layout("env_kv_cache_layout")(value)
-
-
-def _backends(value: object) -> tuple[AttentionBackend, ...]:
-    if not isinstance(value, Iterable) or isinstance(value, (str, AttentionBackend)):
-        raise ConfigError(
-            f"PlanningConfig.attention_backends={value!r} must be a sequence of AttentionBackend"
-        )
-    backends = tuple(value)
-    owner: dict[str, str] = {}
-    catch_all: list[str] = []
-    for backend in backends:
-        if not isinstance(backend, AttentionBackend):
-            raise ConfigError(
-                f"PlanningConfig.attention_backends contains {backend!r}, which is not an "
-                "AttentionBackend"
-            )
-        if not backend.layers:
-            catch_all.append(backend.name)
-        for name in sorted(backend.layers):
-            if name in owner:
-                raise ConfigError(
-                    f"PlanningConfig.attention_backends: layer {name!r} runs both "
-                    f"{owner[name]!r} and {backend.name!r}; a layer has one backend"
-                )
-            owner[name] = backend.name
-    if len(catch_all) > 1:
-        raise ConfigError(
-            f"PlanningConfig.attention_backends: {catch_all} all name no layers; at most one "
-            "backend runs the layers no other backend names"
-        )
-    return backends
 
 
 @runtime_checkable
@@ -210,33 +93,6 @@ def _grouping_hook(inst: object, attribute: attrs.Attribute[Any], value: object)
     )
 
 
-def qualname_parts(qualname: object, field: str) -> tuple[str, str]:
-    """``(module, attribute)`` of a builder qualname, ``module.Class`` or ``module:Class``.
-
-    Only the form is checked: as in vLLM, the name is resolved (its module
-    imported) when a builder is asked for (:mod:`kvref.resolution`).
-
-    Raises:
-        BuilderResolutionError: ``qualname`` is not a str of either form.
-    """
-    if not isinstance(qualname, str):
-        raise BuilderResolutionError(f"{field}={qualname!r} must be a qualname str")
-    if ":" in qualname:
-        module, _, attr = qualname.partition(":")
-    else:
-        module, _, attr = qualname.rpartition(".")
-    if not module or not attr:
-        raise BuilderResolutionError(
-            f"{field}={qualname!r} must be a qualname, 'module.Class' or 'module:Class'"
-        )
-    return module, attr
-
-
-def _builder_qualname(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is not None:
-        qualname_parts(value, f"PlanningConfig.{attribute.name}")
-
-
 @attrs.frozen(kw_only=True)
 class HiSparseConfig:
     """HiSparse sparse-MLA offloading, as planning sees it (vLLM ``hisparse_config``).
@@ -260,17 +116,17 @@ class HiSparseConfig:
     """
 
     device_buffer_size: int | None = attrs.field(
-        default=None, validator=_int_check(1, optional=True, owner="HiSparseConfig")
+        default=None, validator=int_check(1, optional=True, owner="HiSparseConfig")
     )
     index_topk: int | None = attrs.field(
-        default=None, validator=_int_check(1, optional=True, owner="HiSparseConfig")
+        default=None, validator=int_check(1, optional=True, owner="HiSparseConfig")
     )
     max_decode_query_len: int = attrs.field(
-        default=1, validator=_int_check(1, owner="HiSparseConfig")
+        default=1, validator=int_check(1, owner="HiSparseConfig")
     )
-    shared_host_pool: bool = attrs.field(default=False, validator=_bool)
+    shared_host_pool: bool = attrs.field(default=False, validator=bool_check)
     host_block_alignment: int = attrs.field(
-        default=4096, validator=_int_check(1, owner="HiSparseConfig")
+        default=4096, validator=int_check(1, owner="HiSparseConfig")
     )
 
 
@@ -399,58 +255,60 @@ class PlanningConfig:
     figures free, as before these fields existed).
     """
 
-    max_model_len: int = attrs.field(default=8192, validator=_int_check(1))
-    auto_fit_max_model_len: bool = attrs.field(default=False, validator=_bool)
-    max_num_batched_tokens: int = attrs.field(default=2048, validator=_int_check(1))
-    async_scheduling: bool = attrs.field(default=True, validator=_bool)
+    max_model_len: int = attrs.field(default=8192, validator=int_check(1))
+    auto_fit_max_model_len: bool = attrs.field(default=False, validator=bool_check)
+    max_num_batched_tokens: int = attrs.field(default=2048, validator=int_check(1))
+    async_scheduling: bool = attrs.field(default=True, validator=bool_check)
     max_concurrent_batches: int | None = attrs.field(
-        default=None, validator=_int_check(1, optional=True)
+        default=None, validator=int_check(1, optional=True)
     )
     max_num_encoder_input_tokens: int | None = attrs.field(
-        default=None, validator=_int_check(0, optional=True)
+        default=None, validator=int_check(0, optional=True)
     )
     num_gpu_blocks_override: int | None = attrs.field(
-        default=None, validator=_int_check(1, optional=True)
+        default=None, validator=int_check(1, optional=True)
     )
-    disable_hybrid_kv_cache_manager: bool = attrs.field(default=False, validator=_bool)
-    attention_backends: tuple[AttentionBackend, ...] = attrs.field(default=(), converter=_backends)
-    block_size: int | None = attrs.field(default=None, validator=_int_check(1, optional=True))
+    disable_hybrid_kv_cache_manager: bool = attrs.field(default=False, validator=bool_check)
+    attention_backends: tuple[AttentionBackend, ...] = attrs.field(
+        default=(), converter=to_backends
+    )
+    block_size: int | None = attrs.field(default=None, validator=int_check(1, optional=True))
     kv_connector_layout: KVCacheLayout | None = attrs.field(
-        default=None, converter=_connector_layout
+        default=None, converter=to_connector_layout
     )
-    env_kv_cache_layout: KVCacheLayout | None = attrs.field(default=None, converter=_env_layout)
+    env_kv_cache_layout: KVCacheLayout | None = attrs.field(default=None, converter=to_env_layout)
     # Before kv_cache_layout, whose default reads it (HiSparse's connector layout).
     hisparse: HiSparseConfig | None = attrs.field(default=None, converter=_hisparse)
     # Set by _default_layout; before kv_cache_layout so that its default runs first.
     resolves_kv_cache_layout: bool = attrs.field(default=False, init=False, repr=False)
     kv_cache_layout: KVCacheLayout = attrs.field(
-        default=attrs.Factory(_default_layout, takes_self=True), converter=_layout
+        default=attrs.Factory(_default_layout, takes_self=True), converter=to_layout
     )
-    mamba_cache_mode: str = attrs.field(default="none", validator=_mamba_mode)
-    decode_context_parallel_size: int = attrs.field(default=1, validator=_int_check(1))
-    pipeline_parallel_size: int = attrs.field(default=1, validator=_int_check(1))
-    tensor_parallel_size: int = attrs.field(default=1, validator=_int_check(1))
+    mamba_cache_mode: str = attrs.field(default="none", validator=mamba_mode)
+    decode_context_parallel_size: int = attrs.field(default=1, validator=int_check(1))
+    pipeline_parallel_size: int = attrs.field(default=1, validator=int_check(1))
+    tensor_parallel_size: int = attrs.field(default=1, validator=int_check(1))
     prefix_cache_retention_interval: int | None = attrs.field(
-        default=0, validator=_int_check(0, optional=True)
+        default=0, validator=int_check(0, optional=True)
     )
-    num_prefill_lookahead_tokens: int = attrs.field(default=0, validator=_int_check(0))
-    eagle_block_drop: bool = attrs.field(default=False, validator=_bool)
-    host_resident_layers: frozenset[str] = attrs.field(default=frozenset(), converter=_layers)
-    host_pool_bytes: int | None = attrs.field(default=None, validator=_int_check(0, optional=True))
-    platform_builder_cls: str | None = attrs.field(default=None, validator=_builder_qualname)
-    model_builder_cls: str | None = attrs.field(default=None, validator=_builder_qualname)
+    num_prefill_lookahead_tokens: int = attrs.field(default=0, validator=int_check(0))
+    eagle_block_drop: bool = attrs.field(default=False, validator=bool_check)
+    host_resident_layers: frozenset[str] = attrs.field(
+        default=frozenset(), converter=to_layer_names
+    )
+    host_pool_bytes: int | None = attrs.field(default=None, validator=int_check(0, optional=True))
+    platform_builder_cls: str | None = attrs.field(default=None, validator=builder_qualname)
+    model_builder_cls: str | None = attrs.field(default=None, validator=builder_qualname)
     model_kv_cache_grouping: GroupingHook | None = attrs.field(
         default=None, validator=_grouping_hook
     )
-    num_hidden_layers: int | None = attrs.field(
-        default=None, validator=_int_check(1, optional=True)
-    )
-    num_draft_layers: int = attrs.field(default=0, validator=_int_check(0))
-    speculative_method: str | None = attrs.field(default=None, validator=_speculative_method)
-    num_speculative_tokens: int = attrs.field(default=0, validator=_int_check(0))
+    num_hidden_layers: int | None = attrs.field(default=None, validator=int_check(1, optional=True))
+    num_draft_layers: int = attrs.field(default=0, validator=int_check(0))
+    speculative_method: str | None = attrs.field(default=None, validator=speculative_method_check)
+    num_speculative_tokens: int = attrs.field(default=0, validator=int_check(0))
     hf_config: tuple[tuple[str, HFValue], ...] = attrs.field(default=(), converter=hf_config_fields)
-    cache_dtype: str = attrs.field(default="auto", validator=_cache_dtype)
-    vllm_version: VllmVersion = attrs.field(default=NEWEST, converter=_vllm_version)
+    cache_dtype: str = attrs.field(default="auto", validator=cache_dtype_check)
+    vllm_version: VllmVersion = attrs.field(default=NEWEST, converter=to_vllm_version)
 
     @property
     def rules(self) -> Rules:
