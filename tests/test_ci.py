@@ -65,7 +65,7 @@ class TestFlakes:
         assert broken_report.result("KV-GROUP-NONEMPTY").replays is None
 
     def test_a_flaky_judgement(self) -> None:
-        from conformance.run.flakes import replay_failure
+        from conformance.extensions.flakes.replay import replay_failure
 
         outcomes = iter([["broke"], []])
         replays = replay_failure(lambda: next(outcomes), 2, callable_again=True)

@@ -57,6 +57,10 @@ class RunView(Protocol):
     def drawn(self) -> Mapping[str, Any]:
         """The examples judged so far, per scenario."""
 
+    @property
+    def rejudge(self) -> Mapping[str, Callable[[], Any]]:
+        """Per failed invariant: its minimal counterexample observed and judged afresh."""
+
     def observe(self, scenario: str, example: Any) -> Any:
         """What the builder does on ``example`` in ``scenario``."""
 

@@ -8,12 +8,13 @@ the core of a run reads only this list.
 from __future__ import annotations
 
 from conformance.extensions.base import Extension
+from conformance.extensions.flakes import FLAKES
 from conformance.extensions.waste import WASTE
 
 __all__ = ["EXTENSIONS", "extensions"]
 
 #: Every extension, in the order a run calls their hooks.
-EXTENSIONS: tuple[Extension, ...] = (WASTE,)
+EXTENSIONS: tuple[Extension, ...] = (WASTE, FLAKES)
 
 
 def extensions() -> tuple[Extension, ...]:

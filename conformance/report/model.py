@@ -35,7 +35,7 @@ FAILING = frozenset({"fail", "inconclusive"})
 
 @attrs.frozen(kw_only=True)
 class Replays:
-    """What replaying a failure's minimal counterexample found (:mod:`conformance.run.flakes`).
+    """What replaying a failure's minimal counterexample found (extensions/flakes).
 
     Attributes:
         runs: how many times the minimal counterexample was observed and judged again.

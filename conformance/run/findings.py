@@ -8,7 +8,7 @@ vLLM's default fails the same way, and the saved counterexamples replayed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -34,7 +34,6 @@ from conformance.harness.lineage import (
 from conformance.report.model import InvariantResult
 from conformance.report.records import example_data
 from conformance.run.explore import Explorer
-from conformance.run.flakes import replay_failure
 from conformance.run.focus import Focus
 from conformance.run.options import RunOptions
 from conformance.run.search import Namespaced, search
@@ -70,6 +69,8 @@ class Findings:
     clock: InvariantClock
     interrupted: bool
     ctx: Context
+    #: Per failed invariant: its minimal counterexample observed and judged afresh.
+    rejudge: dict[str, Callable[[], Any]]
 
     def observe(self, scenario: str, example: Example) -> Any:
         """Observe ``example`` in ``scenario`` (the judging half's)."""
@@ -190,6 +191,10 @@ class Findings:
             minimal = failing
             outcome = judge_outcome(inv, self.observe(scenario, failing))
             inherited = self._inherited(inv, scenario, minimal)
+        # The same observation and judgement, for an extension to repeat (extensions/flakes).
+        self.rejudge[inv.id] = lambda: self.clock.judge(
+            inv.id, lambda: judge_outcome(inv, self.observe(scenario, minimal))
+        )
         violations = () if not outcome or isinstance(outcome, Unjudged) else tuple(outcome)
         if not violations:
             # A builder that hung is not called again: keep what the run saw.
@@ -203,12 +208,6 @@ class Findings:
             "counterexample_data": example_data(minimal),
             "scenario": scenario,
             "reproduce": self._reproduce(inv, failing),
-            # Deterministic or flaky (run/flakes.py): the same observation, judged again.
-            "replays": replay_failure(
-                lambda: judge_outcome(inv, self.observe(scenario, minimal)),
-                self.options.replays,
-                callable_again=self.guard.hung is None and not self.interrupted,
-            ),
         }
 
     def _reproduce(self, inv: Invariant, failing: Example) -> str:

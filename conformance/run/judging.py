@@ -14,6 +14,8 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
+
 import conformance.extensions.base as ext
 from conformance.check.catalog import Invariant
 from conformance.check.observations import builder_spoiled
@@ -96,6 +98,7 @@ class Run(Findings):
         self.tallies: dict[str, Tally] = {}
         self.skipped: dict[str, str] = {}
         self.interrupted = False
+        self.rejudge: dict[str, Callable[[], Any]] = {}
         # Where the examples come from (strata.py) and what each scenario drew.
         self.strata: tuple[Stratum, ...] = run_strata(None, only=False, limits=self.limits)
         self.drawn: dict[str, list[Example]] = {}
@@ -322,7 +325,9 @@ class Run(Findings):
             shard=self._shard_data(selected),
         )
         done: Report = ext.end(self.active, self, report)
-        return done
+        # An extension's work on an invariant (a replay) is that invariant's time too.
+        timed = tuple(attrs.evolve(r, seconds=self.clock.seconds(r.id)) for r in done.results)
+        return attrs.evolve(done, results=timed)
 
     def _shard_data(self, selected: Sequence[Invariant]) -> dict[str, Any] | None:
         """What ``merge`` needs of a sharded run (``None``: not sharded)."""

@@ -8,7 +8,7 @@ measures two things apart, with ``time.perf_counter``:
 - per invariant, the time spent on it alone: its check on every example's
   observation, its shrinking (which observes again, for that invariant
   only), the re-observation of its minimal counterexample, its inherited and
-  upstream comparisons and its replays (:mod:`conformance.run.flakes`);
+  upstream comparisons and its replays (:mod:`conformance.extensions.flakes`);
 - per scenario, the time spent observing the builder on the shared examples.
 
 The JUnit file's per-testcase ``time`` is the first; the second is reported

@@ -1,8 +1,8 @@
 """Replaying a failure: is it deterministic, or flaky?
 
-After the runner has shrunk a failure and observed its minimal
+After the run has shrunk a failure and observed its minimal
 counterexample once more (``findings.Findings._failure``), :func:`replay_failure` runs
-that same observation and judgement ``runs`` more times, each on a freshly
+that same observation and judgement ``runs`` more times, at the end of the run, each on a freshly
 constructed builder as every observation is.  A failure that breaks the
 invariant on every replay is ``deterministic``; one that held, or could not
 be judged, on some replay is ``flaky`` (its verdict depends on something
