@@ -19,7 +19,6 @@ baseline (they judge the whole run's verdicts, docs/vendors.md#shards).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -91,23 +90,12 @@ def read_shard_reports(paths: Sequence[Path | str]) -> list[dict[str, Any]]:
 
 
 def _read(path: Path) -> dict[str, Any]:
+    from conformance.ci.shard_reports import ShardReportError, read_shard_report
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise MergeError(f"{path} cannot be read: {exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise MergeError(f"{path} is not JSON: {exc}") from None
-    if not isinstance(data, dict) or "results" not in data:
-        raise MergeError(f"{path} is not a kvref-conformance --json report")
-    if not data.get("complete", False):
-        raise MergeError(f"{path} is the report of a run that did not end: no verdict to merge")
-    if not isinstance(data.get("shard"), dict):
-        raise MergeError(f"{path} is not a shard's report: run each shard with --shard I/N")
-    if data.get("baseline") is not None or any(r.get("expectation") for r in data["results"]):
-        raise MergeError(
-            f"{path} applied a baseline or expectations: merge the shards' plain reports"
-        )
-    return data
+        return read_shard_report(path)
+    except ShardReportError as exc:
+        raise MergeError(str(exc)) from None
 
 
 def merge_reports(reports: Sequence[dict[str, Any]]) -> Report:

@@ -10,6 +10,8 @@ tests/vllm/test_shard_native.py proves it for a vLLM-native builder.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,8 @@ from tests.shard_runs import differences, whole_and_shards
 BROKEN = "broken_builders.placement:OverlappingBlocks"
 #: Invariants of five scenarios, the planted overlap's among them.
 SELECT = "KV-GROUP-PARTITION,KV-PLACE-NUM-BLOCKS,KV-PLACE-NO-BLOCK-ALIAS,KV-CORE-MEMORY,KV-DEV-TAGS"
+#: The planted overlap's invariant: it fails in more than one shard.
+ALIAS = "KV-PLACE-NO-BLOCK-ALIAS"
 
 
 def _plain(report: Any) -> dict[str, Any]:
@@ -222,6 +226,43 @@ class TestMergeRefuses:
         _, paths = broken_runs
         assert main(["merge", str(paths[0])]) == 2
         assert "shards 2, 3 of 3 missing" in capsys.readouterr().err
+
+    @pytest.mark.parametrize(
+        ("edit", "says"),
+        [
+            # The failure taken out of the tally: the merge would have passed it.
+            (lambda d, i: d["shard"]["tallies"][ALIAS].update(failure_key=None), "tally gives"),
+            (lambda d, i: d["shard"].pop("tallies"), "shard.tallies is missing"),
+            (lambda d, i: d["shard"]["tallies"].pop(ALIAS), "only a skipped invariant"),
+            (lambda d, i: d["results"][i].update(examples=999), "examples 999, but its tally"),
+            (lambda d, i: d["shard"]["tallies"][ALIAS].update(judged=-1), "below its minimum"),
+            (lambda d, i: d["shard"].update(index=3, count=2), "disagrees with its options"),
+            (lambda d, i: d["results"][i].update(planted=1), "planted is no result field"),
+            (lambda d, i: d["shard"]["coverage"]["placement"].update(models=[[1]]), "not string"),
+        ],
+    )
+    def test_an_edited_shard(
+        self,
+        broken_runs: tuple[dict[str, Any], list[Path]],
+        tmp_path: Path,
+        capsys: pytest.CaptureFixture[str],
+        edit: Callable[[dict[str, Any], int], object],
+        says: str,
+    ) -> None:
+        """A shard whose results, tallies or sets were edited is a usage error naming it."""
+        _, paths = broken_runs
+        failing = next(
+            p for p in paths if json.loads(p.read_text())["shard"]["tallies"][ALIAS]["failure_key"]
+        )
+        data = json.loads(failing.read_text())
+        edit(data, next(i for i, r in enumerate(data["results"]) if r["id"] == ALIAS))
+        edited = tmp_path / "edited.json"
+        edited.write_text(json.dumps(data))
+        given = [edited if p == failing else p for p in paths]
+        with pytest.raises(MergeError, match=f"edited.json: .*{re.escape(says)}"):
+            read_shard_reports(given)
+        assert main(["merge", *map(str, given)]) == 2
+        assert says in capsys.readouterr().err
 
 
 class TestMergeTakesTheCiInputs:

@@ -16,12 +16,13 @@ invariant failing would excuse any bug).
 
 from __future__ import annotations
 
-import json
+import re
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from conformance.report.documents import DocumentError, read_json, schema_error
 from conformance.report.model import STATUSES, Report
 
 __all__ = ["Baseline", "BaselineError", "compare", "load_baseline"]
@@ -39,6 +40,28 @@ class Baseline:
     failing: frozenset[str]
 
 
+_ID = re.compile(r"^KV-[A-Z0-9]+(-[A-Z0-9]+)*$")
+#: What :func:`load_baseline` reads of a report, beyond its ids and statuses.
+_READ: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "results": {
+            "items": {
+                "properties": {
+                    "examples": {"type": "integer", "minimum": 0},
+                    "counterexample": {"type": ["string", "null"]},
+                    "reason": {"type": ["string", "null"]},
+                    "expectation": {
+                        "type": ["object", "null"],
+                        "properties": {"strict": {"type": "boolean"}},
+                    },
+                },
+            },
+        },
+    },
+}
+
+
 def _failing(result: dict[str, Any]) -> bool:
     if result["status"] in ("fail", "inconclusive"):
         return True
@@ -50,18 +73,17 @@ def load_baseline(path: Path) -> Baseline:
     """Read an earlier run's ``--json`` report.
 
     Raises:
-        BaselineError: unreadable, not JSON, an incomplete marker, or a result
-            without a known ``id`` and ``status``.
+        BaselineError: unreadable, not strict JSON, an incomplete marker, a
+            result without an invariant ``id`` and a known ``status``, a field
+            of the wrong type, or a failing result without what judged it.
     """
     where = f"--baseline {str(path)!r}"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BaselineError(f"{where} cannot be read: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise BaselineError(f"{where} is not JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("schema_version") != 1:
-        version = data.get("schema_version") if isinstance(data, dict) else None
+        data = read_json(path, where)
+    except DocumentError as exc:
+        raise BaselineError(str(exc)) from None
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if type(version) is not int or version != 1:
         raise BaselineError(
             f"{where}: schema_version {version!r} is not 1: not a kvref-conformance --json report"
         )
@@ -74,25 +96,45 @@ def load_baseline(path: Path) -> Baseline:
     if not isinstance(results, list):
         raise BaselineError(f"{where}: results {results!r} must be a list")
     for index, result in enumerate(results):
-        if not isinstance(result, dict) or not isinstance(result.get("id"), str):
-            raise BaselineError(f"{where}: results[{index}] has no string id")
+        ident = result.get("id") if isinstance(result, dict) else None
+        if not isinstance(ident, str) or not _ID.match(ident):
+            raise BaselineError(f"{where}: results[{index}]: id {ident!r:.80} is no invariant id")
         if result.get("status") not in STATUSES:
             raise BaselineError(
                 f"{where}: results[{index}] ({result['id']}): status {result.get('status')!r} "
                 f"is not one of {list(STATUSES)}"
             )
-    failing = frozenset(r["id"] for r in results if _failing(r))
+    found = schema_error(data, _READ)
+    if found:
+        raise BaselineError(f"{where}: {found}")
     for index, result in enumerate(results):
-        if result["status"] == "fail" and not (
-            result.get("counterexample")
-            and isinstance(result.get("examples"), int)
-            and result["examples"] > 0
-        ):
+        missing = _evidence_missing(result)
+        if missing:
             raise BaselineError(
-                f"{where}: results[{index}] ({result['id']}) fails without the counterexample "
-                "and the examples that judged it: not a kvref-conformance run's report"
+                f"{where}: results[{index}] ({result['id']}) {missing}: "
+                "not a kvref-conformance run's report"
             )
+    failing = frozenset(r["id"] for r in results if _failing(r))
     return Baseline(path=str(path), failing=failing)
+
+
+def _evidence_missing(result: dict[str, Any]) -> str | None:
+    """What a failing result lacks of what the kit writes with it (``None``: nothing).
+
+    Every way a result fails a run must carry what judged it, or one line
+    per invariant would excuse any bug: a failure its counterexample and
+    examples, an inconclusive result its reason, a strict XPASS the
+    expectation it passed against and the examples that held.
+    """
+    status, examples = result["status"], result.get("examples")
+    judged = isinstance(examples, int) and examples > 0
+    if status == "fail" and not (result.get("counterexample") and judged):
+        return "fails without the counterexample and the examples that judged it"
+    if status == "inconclusive" and not (result.get("reason") or "").strip():
+        return "is inconclusive without the reason"
+    if status == "xpass" and (result.get("expectation") or {}).get("strict") and not judged:
+        return "is a strict XPASS without the examples that held"
+    return None
 
 
 def compare(report: Report, baseline: Baseline) -> Report:
