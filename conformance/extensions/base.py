@@ -30,6 +30,7 @@ __all__ = [
     "after_example",
     "end",
     "options_of",
+    "run_option",
     "start_all",
 ]
 
@@ -115,6 +116,19 @@ class Extension:
     after_example: Callable[[Any, RunView, Judged], None] | None = None
     after_deals: Callable[[Any, RunView], None] | None = None
     end: Callable[[Any, RunView, Any], Any] | None = None
+
+
+def run_option(name: str) -> Any:
+    """A field of an extension's options record that is the run's option ``name``.
+
+    Its default and its metadata (the flag the CLI and the plugin spell) are
+    the run's option's: an option is declared once, in
+    :class:`~conformance.run.options.RunOptions`.
+    """
+    from conformance.run.options import RunOptions
+
+    field = attrs.fields_dict(RunOptions)[name]
+    return attrs.field(default=field.default, metadata=field.metadata)
 
 
 def options_of(extension: Extension, run_options: Any) -> Any:

@@ -11,28 +11,21 @@ from typing import Any
 
 import attrs
 
-from conformance.extensions.base import Extension, RunView
-from conformance.extensions.flakes.replay import DEFAULT_REPLAYS, replay_failure
+from conformance.extensions.base import Extension, RunView, run_option
+from conformance.extensions.flakes.replay import replay_failure
 
 __all__ = ["FLAKES", "FlakeOptions"]
 
 
 @attrs.frozen(kw_only=True)
 class FlakeOptions:
-    """The flakes extension's options (the run's options of the same names).
+    """The flakes extension's options: the run's options of the same names.
 
     Attributes:
         replays: times each failure's minimal counterexample is judged again (0: none).
     """
 
-    replays: int = attrs.field(
-        default=DEFAULT_REPLAYS,
-        metadata={
-            "flag": "--replays",
-            "help": "replays of each failure's minimal counterexample: deterministic or flaky "
-            f"(default {DEFAULT_REPLAYS}; 0: none)",
-        },
-    )
+    replays: int = run_option("replays")
 
 
 def _end(options: FlakeOptions, run: RunView, report: Any) -> Any:

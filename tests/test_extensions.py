@@ -1,0 +1,111 @@
+"""The extension protocol: a run calls every extension's hooks, in phase order."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import attrs
+import pytest
+
+import conformance.run.runner as runner
+from conformance.extensions.base import (
+    Extension,
+    Judged,
+    RunView,
+    after_deals,
+    after_example,
+    end,
+    start_all,
+)
+from conformance.extensions.registry import extensions
+from conformance.run.options import RunOptions
+from conformance.run.runner import check_builder
+from kvref import ReferenceKVCacheConfigBuilder
+
+#: Hooks that read nothing of the run are called with this.
+_NO_RUN = cast(RunView, object())
+
+
+@attrs.frozen
+class _Options:
+    seed: int
+    replays: int
+
+
+def test_start_gives_each_extension_its_options_read_by_name() -> None:
+    opts = RunOptions.create("b", seed=7, replays=3)
+    with_options = Extension(name="a", options=_Options)
+    without = Extension(name="b")
+    left_out = Extension(name="c", start=lambda _run, _own: None)
+    active = start_all([with_options, without, left_out], opts)
+    assert [(a.extension.name, a.state) for a in active] == [
+        ("a", _Options(seed=7, replays=3)),
+        ("b", True),
+    ]
+
+
+def test_end_hooks_fill_the_report_in_phase_order() -> None:
+    def appending(mark: str) -> Extension:
+        return Extension(name=mark, end=lambda _state, _run, report: [*report, mark])
+
+    active = start_all([appending("first"), appending("second"), Extension(name="none")], None)
+    assert end(active, _NO_RUN, []) == ["first", "second"]
+
+
+def test_hooks_are_optional() -> None:
+    active = start_all([Extension(name="quiet")], None)
+    judged = Judged(scenario="s", stratum=None, example=None, observation=None, first_deal=True)
+    after_example(active, _NO_RUN, judged)
+    after_deals(active, _NO_RUN)
+
+
+def test_every_extension_option_is_a_run_option_with_its_default_and_flag() -> None:
+    run_fields = attrs.fields_dict(RunOptions)
+    declared = [(e, f) for e in extensions() if e.options for f in attrs.fields(e.options)]
+    assert declared, "no extension declares an option"
+    for ext, field in declared:
+        assert field.name in run_fields, (ext.name, field.name)
+        assert field.default == run_fields[field.name].default, (ext.name, field.name)
+        assert field.metadata == run_fields[field.name].metadata, (ext.name, field.name)
+
+
+def test_a_run_calls_the_hooks_at_their_phases(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, Any]] = []
+
+    def record_example(state: list[str], run: RunView, judged: Judged) -> None:
+        calls.append(("example", (judged.scenario, judged.first_deal, judged.example)))
+
+    def record_end(state: list[str], run: RunView, report: Any) -> Any:
+        calls.append(("end", report.builder))
+        return attrs.evolve(report, builder="renamed by the extension")
+
+    def record_start(run_options: RunOptions, _own: None) -> list[str]:
+        calls.append(("start", run_options.seed))
+        return ["state"]
+
+    recorder = Extension(
+        name="recorder",
+        start=record_start,
+        after_example=record_example,
+        after_deals=lambda state, run: calls.append(("deals", sum(map(len, run.drawn.values())))),
+        end=record_end,
+    )
+    monkeypatch.setattr(runner, "extensions", lambda: (*extensions(), recorder))
+    report = check_builder(
+        ReferenceKVCacheConfigBuilder,
+        select=["KV-GROUP-NONEMPTY"],
+        max_examples=3,
+        seed=5,
+        isolate=False,
+        reach=False,
+        database=None,
+        focus="off",
+    )
+    kinds = [kind for kind, _ in calls]
+    assert kinds[0] == "start" and calls[0][1] == 5
+    assert kinds[-2:] == ["deals", "end"]
+    examples = [what for kind, what in calls if kind == "example"]
+    # Every judged example is told, in the first deal, and the deals' hook counts them all.
+    assert examples and all(first for _, first, _ in examples)
+    assert calls[-2][1] == len(examples)
+    assert report.builder == "renamed by the extension"
