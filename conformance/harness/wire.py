@@ -64,7 +64,7 @@ _RECORD_MODULES = (
     "conformance.generate.families.extras",
 )
 #: Modules whose exception classes the kit rebuilds as themselves.
-_ERROR_MODULES = ("kvref.errors", "kvref.interop.vllm_convert", "conformance.errors")
+_ERROR_MODULES = ("kvref.errors", "kvref.interop.vllm_import", "conformance.errors")
 _MAX_DEPTH = 64
 _MAX_TEXT = 4000
 

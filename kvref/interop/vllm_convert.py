@@ -1,8 +1,8 @@
-"""Convert kvref specs and records to and from the installed vLLM's (and import it lazily).
+"""Convert kvref specs and records to and from the installed vLLM's.
 
-vLLM is imported lazily, on the first call that needs it, so kvref and the
-kit keep working where vLLM is not installed; the calls that need it then
-raise :class:`VLLMUnavailableError` saying how to install it.
+vLLM is imported lazily (:mod:`kvref.interop.vllm_import`, whose names are
+re-exported here), so kvref and the kit keep working where vLLM is not
+installed.
 
 What converts, both ways, field by field (vLLM's dataclasses and kvref's
 attrs classes share field names; enums are matched by member name):
@@ -22,20 +22,26 @@ converts only at its default.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import importlib
-import logging
-import os
-import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from kvref.errors import KVRefError, UnsupportedError
 from kvref.extra_specs import HiddenStateCacheSpec, HiSparseHotSpec, HiSparseResidentSpec
+from kvref.interop.vllm_import import (
+    INSTALL_HINT,
+    VLLM_VERSION,
+    VLLMOutputError,
+    VLLMUnavailableError,
+    is_vllm_available,
+    keep_vllm_quiet,
+    quiet_vllm,
+    vllm_modules,
+)
 from kvref.interop.vllm_vendor import VendorOrigin, vendor_origin, vendor_spec_class
 from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from kvref.specs import (
@@ -55,7 +61,6 @@ from kvref.specs import (
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
 )
-from kvref.versions import NEWEST, SUPPORTED, installed_vllm_version
 
 __all__ = [
     "INSTALL_HINT",
@@ -77,137 +82,6 @@ __all__ = [
     "specs_to_vllm",
     "vllm_modules",
 ]
-
-#: The installed vLLM release if kvref supports it, else the newest (no vLLM import).
-VLLM_VERSION = str(installed_vllm_version() or NEWEST)
-
-#: How to get a vLLM this module can use.
-INSTALL_HINT = (
-    f"vLLM {' or '.join(str(v) for v in SUPPORTED)} is needed: run `tox -e vllm`, or install "
-    "one on a CPU machine with `scripts/install-vllm-cpu.sh [VERSION]` (torch==2.13.0, vllm "
-    "--no-deps and the deps listed in requirements/vllm-cpu.txt); see docs/vllm.md"
-)
-
-
-class VLLMUnavailableError(UnsupportedError):
-    """vLLM cannot be imported; the message says how to install it."""
-
-
-class VLLMOutputError(RuntimeError):
-    """What vLLM returned cannot be expressed as kvref records.
-
-    Deliberately not a :class:`~kvref.errors.KVRefError` (nor a
-    ``ValueError``): it reports a broken result, not an input that vLLM
-    refused with a clear error, so the conformance kit must not take it for
-    a typed refusal.
-    """
-
-
-# ---------------------------------------------------------------------------
-# lazy import
-
-
-@attrs.frozen
-class _VLLM:
-    """The vLLM modules and types the conversions use."""
-
-    kvi: Any
-    kvp: Any
-    builder_module: Any
-    config_module: Any
-    multiple_of: Any
-    version: str
-
-
-def _import_vllm() -> dict[str, Any]:
-    return {
-        name: importlib.import_module(name)
-        for name in (
-            "vllm",
-            "vllm.config",
-            "vllm.v1.core.kv_cache_config_builder",
-            "vllm.v1.core.kv_cache_planning",
-            "vllm.v1.kv_cache_interface",
-            "vllm.v1.attention.backend",
-        )
-    }
-
-
-@functools.lru_cache(maxsize=1)
-def vllm_modules() -> _VLLM:
-    """Import the parts of vLLM that planning needs (once; importing vLLM takes seconds).
-
-    Raises:
-        VLLMUnavailableError: vLLM (or one of its dependencies) cannot be imported.
-    """
-    # A machine without network must not try to reach the Hugging Face hub.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    try:
-        with warnings.catch_warnings():
-            # What vLLM's import warns of (torch's deprecations) is vLLM's, not the
-            # caller's: under pytest it was printed before the session began.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            modules = _import_vllm()
-    except ImportError as exc:
-        raise VLLMUnavailableError(f"cannot import vLLM ({exc}). {INSTALL_HINT}") from exc
-    vllm = modules["vllm"]
-    kvi = modules["vllm.v1.kv_cache_interface"]
-    kvp = modules["vllm.v1.core.kv_cache_planning"]
-    builder_module = modules["vllm.v1.core.kv_cache_config_builder"]
-    config_module = modules["vllm.config"]
-    VMultipleOf = modules["vllm.v1.attention.backend"].MultipleOf  # noqa: N806 - a class
-    version = str(getattr(vllm, "__version__", "unknown"))
-    return _VLLM(
-        kvi=kvi,
-        kvp=kvp,
-        builder_module=builder_module,
-        config_module=config_module,
-        multiple_of=VMultipleOf,
-        version=version,
-    )
-
-
-def is_vllm_available() -> bool:
-    """Whether :func:`vllm_modules` can import vLLM."""
-    try:
-        vllm_modules()
-    except VLLMUnavailableError:
-        return False
-    return True
-
-
-#: Whether this process keeps vLLM's logger at ERROR for good (see :func:`keep_vllm_quiet`).
-_QUIET = {"for_good": False}
-
-
-def keep_vllm_quiet() -> None:
-    """Leave vLLM's logger at ERROR after every :func:`quiet_vllm` block of this process.
-
-    For processes that exist only to plan (the kit's CLI, its worker and twin
-    processes): setting a logger's level clears the cache of every logger of
-    the process (hundreds once vLLM and torch are imported), which two
-    thousand planning calls a run paid twice each.
-    """
-    _QUIET["for_good"] = True
-
-
-@contextlib.contextmanager
-def quiet_vllm() -> Iterator[None]:
-    """Keep vLLM's logger at ERROR for the duration of the block."""
-    # vLLM logs every padding layer, override and auto-fit at INFO; a kit run
-    # makes thousands of planning calls, so keep only its errors.
-    logger = logging.getLogger("vllm")
-    level = logger.level
-    if level != logging.ERROR:
-        # vLLM's import configures its logger afresh: set it on every block.
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        if not _QUIET["for_good"] and level != logging.ERROR:
-            logger.setLevel(level)
-
 
 # ---------------------------------------------------------------------------
 # specs
@@ -442,6 +316,16 @@ def spec_from_vllm(spec: Any) -> GroupKVCacheSpec:
     kvi = vllm_modules().kvi
     if isinstance(spec, kvi.UniformTypeKVCacheSpecs):
         layers = {name: spec_from_vllm(s) for name, s in spec.kv_cache_specs.items()}
+        shared = {s.block_size for s in layers.values()}
+        if len(shared) == 1 and spec.block_size not in shared:
+            # kvref's wrapper takes its block size from its layers, as every
+            # wrapper vLLM builds does; one of another size would be read as
+            # theirs, while vLLM's block table counts tokens in its own.
+            raise VLLMOutputError(
+                f"UniformTypeKVCacheSpecs block_size={spec.block_size} is not the block size "
+                f"{shared.pop()} its layers share: the group's block table would count tokens "
+                "in blocks of another size than its pages"
+            )
         try:
             return UniformTypeKVCacheSpecs(kv_cache_specs=layers)
         except KVRefError as exc:
