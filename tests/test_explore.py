@@ -16,7 +16,7 @@ from conformance.cli import main
 from conformance.generate.limits import NO_LIMITS
 from conformance.generate.problems import model_config_fields
 from conformance.report.render import report_to_dict
-from conformance.run.explore import MUTATIONS, Corpus, mutate
+from conformance.run.explore import MUTATIONS, Corpus, CorpusError, mutate
 from conformance.run.options import OptionError, RunOptions
 from conformance.run.runner import check_builder
 from conformance.scenarios.examples import Example, reference_accepts
@@ -216,11 +216,17 @@ class TestOptions:
         assert "--explore" in capsys.readouterr().err
 
 
-def test_a_corpus_of_another_kit_starts_afresh(tmp_path: Path) -> None:
-    """A corpus file this kit cannot read is ignored, never a failure of the run."""
+def test_a_corpus_the_kit_cannot_read_is_refused(tmp_path: Path) -> None:
+    """A corpus file that holds no example is a usage error naming it, never ignored.
+
+    Each entry costs every later run a judged example: a planted or stale
+    file is the user's to delete (tests/test_inputs.py lists the bad ones).
+    """
     corpus = Corpus(str(tmp_path), GATED)
     assert corpus.path is not None
     corpus.path.parent.mkdir(parents=True)
     corpus.path.write_text('[{"description": "x", "data": {"not": "an example"}}]')
-    assert corpus.load() == []
+    with pytest.raises(CorpusError, match="entry 0: counterexample_data has keys") as caught:
+        corpus.load()
+    assert str(corpus.path) in str(caught.value) and "delete the file" in str(caught.value)
     assert Corpus(None, GATED).load() == []

@@ -33,13 +33,10 @@ failures; with ``--no-database`` nothing is saved or replayed.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -50,7 +47,7 @@ from conformance.generate.layouts import allowed_layouts
 from conformance.generate.limits import Limits
 from conformance.generate.problems import model_config_fields
 from conformance.generate.records import PlanningProblem
-from conformance.report.records import RecordError, example_data
+from conformance.run.corpus import Corpus, CorpusError
 from conformance.scenarios.examples import Example, reference_accepts
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
@@ -63,6 +60,7 @@ __all__ = [
     "PATIENCE",
     "STACK",
     "Corpus",
+    "CorpusError",
     "ExploreSummary",
     "Explorer",
     "mutate",
@@ -72,8 +70,6 @@ _REFERENCE = ReferenceKVCacheConfigBuilder()
 
 #: Candidates in a row that reach nothing new, per kept example, before exploration stops.
 PATIENCE = 300
-#: Examples a corpus file keeps (the newest first).
-CORPUS_LIMIT = 200
 
 Workers = tuple[Mapping[str, KVCacheSpec], ...]
 
@@ -390,41 +386,6 @@ def describe(ex: Example, parent: str, operator: str) -> str:
         f"{title}; explored: {operator}",
     )
     return f"{problem!r}, num_blocks={ex.num_blocks}"
-
-
-class Corpus:
-    """The kept examples of one builder, saved as data (never as code) under the database."""
-
-    def __init__(self, database: str | None, builder: str) -> None:
-        digest = hashlib.sha256(builder.encode()).hexdigest()[:16]
-        self.path = None if database is None else Path(database) / "explore" / f"{digest}.json"
-
-    def load(self) -> list[Example]:
-        """The saved examples (none when there is no file, or one this kit cannot read)."""
-        if self.path is None or not self.path.is_file():
-            return []
-        try:
-            entries = json.loads(self.path.read_text(encoding="utf-8"))
-            return [Example.from_data(e["data"], e["description"]) for e in entries]
-        except (OSError, ValueError, KeyError, TypeError, RecordError):
-            # A corpus of another kit version: exploration starts afresh.
-            return []
-
-    def save(self, examples: Sequence[Example]) -> None:
-        """Keep ``examples`` and the file's (newest first, at most :data:`CORPUS_LIMIT`)."""
-        if self.path is None:
-            return
-        entries: list[dict[str, Any]] = []
-        seen: set[str] = set()
-        for ex in [*examples, *self.load()]:
-            data = example_data(ex)
-            key = json.dumps(data, sort_keys=True)
-            if data is None or key in seen:
-                continue
-            seen.add(key)
-            entries.append({"description": ex.description, "data": data})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(entries[:CORPUS_LIMIT]), encoding="utf-8")
 
 
 @attrs.define

@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import hypothesis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.database import ExampleDatabase
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from conformance.check.catalog import Invariant, Unjudged
+from conformance.errors import OptionError
 from conformance.generate.determinism import seed_only_draws
 from conformance.run.interrupts import interrupts_unmasked
 from conformance.scenarios.examples import Example
 
-__all__ = ["Namespaced", "fails", "search"]
+__all__ = ["DatabaseError", "Namespaced", "check_database", "fails", "search"]
 
 #: The key under which a corner lists its strata that saved something.
 _STRATA = b"\x00strata"
+#: A stratum's name: a model family, or ``vendor`` (conformance.run.strata).
+_STRATUM = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 #: Observes one example in a scenario (the runner binds the builder and the guard).
 Observer = Callable[[str, Example], Any]
@@ -43,8 +48,14 @@ class Namespaced(ExampleDatabase):
         self.prefix = self.base + (b"" if stratum is None else stratum.encode() + b"|")
 
     def strata(self) -> set[str]:
-        """The strata that saved counterexamples in this corner."""
-        return {raw.decode() for raw in self.inner.fetch(self.base + _STRATA)}
+        """The strata that saved counterexamples in this corner.
+
+        An entry that is no stratum's name names none: the run checked the
+        database before it started (:func:`check_database`), and what a
+        builder process wrote there since must not stop the replay.
+        """
+        names = (raw.decode("utf-8", "replace") for raw in self.inner.fetch(self.base + _STRATA))
+        return {name for name in names if _STRATUM.match(name)}
 
     def save(self, key: bytes, value: bytes) -> None:
         """Save under this corner's prefix, and note the stratum for the replay."""
@@ -59,6 +70,43 @@ class Namespaced(ExampleDatabase):
     def delete(self, key: bytes, value: bytes) -> None:
         """Delete from this corner."""
         self.inner.delete(self.prefix + key, value)
+
+
+class DatabaseError(OptionError):
+    """The example database holds what no run of the kit wrote: names it (a usage error)."""
+
+
+def check_database(database: str | None, builder: str | None, ids: Iterable[str]) -> None:
+    """Refuse a database the run cannot use, before the run starts.
+
+    Hypothesis checks the examples it saved itself (one it cannot read is
+    skipped); the kit's own entries, each corner's list of the strata that
+    saved something, must be stratum names.
+
+    Raises:
+        DatabaseError: ``database`` is not a directory, or a list of strata
+            holds an entry that is no stratum name (the message names it).
+    """
+    if database is None:
+        return
+    path = Path(database)
+    if path.exists() and not path.is_dir():
+        raise DatabaseError(f"database={database!r} is not a directory")
+    if builder is None or not path.is_dir():
+        return
+    store = DirectoryBasedExampleDatabase(database)
+    for ident in ids:
+        key = f"{builder}|{ident}|".encode() + _STRATA
+        for raw in store.fetch(key):
+            if _STRATUM.match(raw.decode("utf-8", "replace")):
+                continue
+            locate = getattr(store, "_value_path", None)
+            entry = f" ({locate(key, raw)})" if callable(locate) else ""
+            raise DatabaseError(
+                f"database={database!r}: the list of strata of {ident} holds {raw[:40]!r}"
+                f"{entry}, which no run of the kit wrote: delete the database directory "
+                "(its saved counterexamples are then lost) or run without it"
+            )
 
 
 def fails(inv: Invariant, obs: Any) -> bool:

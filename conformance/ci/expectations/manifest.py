@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+import unicodedata
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ PLACEHOLDER_LINK = "TODO: link to the issue that tracks it"
 #: The conditions an entry's ``when`` table may set: each a string or a list of them.
 CONDITIONS = ("device", "vllm", "family", "scenario", "upstream")
 _FIELDS = ("id", "reason", "link", "strict", "when", "now_passes")
+#: The longest reason or link an entry may have.
+TEXT_LIMIT = 2000
 _ID = re.compile(r"^KV-[A-Z0-9]+(-[A-Z0-9]+)*$")
 
 
@@ -174,6 +177,10 @@ def _entry(item: Any, source: str, index: int, allow_placeholders: bool) -> Entr
         value = item.get(field)
         if not isinstance(value, str) or not value.strip():
             raise ExpectationsError(f"{where}: {field} {value!r} must be a non-empty string")
+    for field in ("reason", "link"):
+        problem = _text_problem(item[field])
+        if problem:
+            raise ExpectationsError(f"{where}: {field} {item[field]!r:.80} {problem}")
     if not _ID.match(item["id"]):
         raise ExpectationsError(f"{where}: id {item['id']!r} is not an invariant id (KV-...)")
     for field in ("reason", "link"):
@@ -198,6 +205,20 @@ def _entry(item: Any, source: str, index: int, allow_placeholders: bool) -> Entr
         source=source,
         index=index,
     )
+
+
+def _text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be shown in a report as the manifest wrote it (``None``: it can).
+
+    A reason and a link reach every report format and the terminal: a control
+    character (an escape sequence) would act there, and a huge one would bury
+    the report.
+    """
+    if len(text) > TEXT_LIMIT:
+        return f"is longer than {TEXT_LIMIT} characters"
+    if any(unicodedata.category(c) == "Cc" and c not in "\n\t" for c in text):
+        return "holds a control character: write the text plainly"
+    return None
 
 
 def _when(when: Any, where: str) -> dict[str, tuple[str, ...]]:
