@@ -28,6 +28,7 @@ __all__ = [
     "RunView",
     "after_deals",
     "after_example",
+    "after_phase",
     "end",
     "options_of",
     "run_option",
@@ -57,6 +58,13 @@ class RunView(Protocol):
     @property
     def drawn(self) -> Mapping[str, Any]:
         """The examples judged so far, per scenario."""
+
+    @property
+    def meter(self) -> Any:
+        """The run's reach meter (``conformance.harness.reach``; ``None``: not measured)."""
+
+    def reach_lines(self) -> int:
+        """How many of the builder's lines have run so far (0 where reach is not measured)."""
 
     @property
     def rejudge(self) -> Mapping[str, Callable[[], Any]]:
@@ -104,6 +112,9 @@ class Extension:
             its state (``True`` when it has none).
         after_example: ``after_example(state, run, judged)``, after the core
             judged one example (:class:`Judged`).
+        after_phase: ``after_phase(state, run, label)``, after each phase of
+            examples: a scenario's first deal (``label``: the scenario), its
+            focus (``"<scenario> focus"``) and exploration (``"explore"``).
         after_deals: ``after_deals(state, run)``, after every scenario's first
             deal; the extension may have more examples judged here.
         end: ``end(state, run, report) -> report``, at the end of the run:
@@ -114,6 +125,7 @@ class Extension:
     options: type[Any] | None = None
     start: Callable[[Any, Any], Any] = _start_with_options
     after_example: Callable[[Any, RunView, Judged], None] | None = None
+    after_phase: Callable[[Any, RunView, str], None] | None = None
     after_deals: Callable[[Any, RunView], None] | None = None
     end: Callable[[Any, RunView, Any], Any] | None = None
 
@@ -162,6 +174,13 @@ def after_example(active: Iterable[Active], run: RunView, judged: Judged) -> Non
     for a in active:
         if a.extension.after_example is not None:
             a.extension.after_example(a.state, run, judged)
+
+
+def after_phase(active: Iterable[Active], run: RunView, label: str) -> None:
+    """Tell every active extension that the phase ``label`` of examples is judged."""
+    for a in active:
+        if a.extension.after_phase is not None:
+            a.extension.after_phase(a.state, run, label)
 
 
 def after_deals(active: Iterable[Active], run: RunView) -> None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from conformance.extensions.base import Extension
 from conformance.extensions.flakes import FLAKES
+from conformance.extensions.reach import REACH
 from conformance.extensions.waste import WASTE
 
 __all__ = ["EXTENSIONS", "extensions"]
 
 #: Every extension, in the order a run calls their hooks.
-EXTENSIONS: tuple[Extension, ...] = (WASTE, FLAKES)
+EXTENSIONS: tuple[Extension, ...] = (REACH, WASTE, FLAKES)
 
 
 def extensions() -> tuple[Extension, ...]:

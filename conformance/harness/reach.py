@@ -235,6 +235,13 @@ class ReachMeter:
     #: Per own module (resolved path), the top-level names that count (:class:`ReachScope`).
     counted: dict[str, frozenset[str]] | None = attrs.field(default=None, kw_only=True)
 
+    def lines_reached(self, builder: object) -> int:
+        """``builder``'s lines run so far, here and in its worker (exploration's signal)."""
+        worker = getattr(builder, "_kvref_worker", None)
+        if worker is not None:
+            self.add_lines(worker.reach_lines())
+        return self.executed_count()
+
     def add_lines(self, lines: dict[str, set[int]]) -> None:
         """Count ``lines`` (file to executed line numbers) as reached too."""
         for path, found in lines.items():

@@ -54,7 +54,7 @@ from conformance.scenarios.examples import Example
 from kvref.builder import KVCacheConfigBuilder
 from kvref.versions import VllmVersion
 
-__all__ = ["ContractVersionWarning", "Progress", "Run", "lines_reached"]
+__all__ = ["ContractVersionWarning", "Progress", "Run"]
 
 #: Told ``(phase label, examples done, examples in all)`` as the run goes.
 Progress = Callable[[str, int, int], None]
@@ -109,11 +109,10 @@ class Run(Findings):
         self.focus = Focus(pins, baseline)
         #: Pools the focus with the run's other shards (check_builder(focus_exchange=)).
         self.focus_exchange: FocusExchange | None = None
+        #: The run's reach meter (harness/reach.py; ``None``: reach is not measured).
+        self.meter: ReachMeter | None = None
         #: How many of the builder's lines have run so far (set when reach is measured).
         self.reach_lines: Callable[[], int] = lambda: 0
-        self.measures_reach = False
-        #: ``{"after": phase, "examples": judged so far, "lines": builder lines run}``.
-        self.reach_curve: list[dict[str, Any]] = []
         self.explorer: Explorer | None = None
         self.clock = InvariantClock()  # per-invariant time (run/timing.py)
         #: The share of the run's strata this run judges (``None``: all of them).
@@ -156,7 +155,7 @@ class Run(Findings):
                 finally:
                     # The tag check's reused backing is for one scenario's examples.
                     drop_scratch()
-                self._mark_reach(scenario)
+                ext.after_phase(self.active, self, scenario)
             ext.after_deals(self.active, self)
             # Every scenario's focus after every first deal: each learns from all of them.
             if self.focus_exchange is not None and self.focus.given is None:
@@ -168,11 +167,11 @@ class Run(Findings):
                         self._scenario(scenario, checks, total, total, focus=self.focus.pins())
                     finally:
                         drop_scratch()
-                    self._mark_reach(f"{scenario} focus")
+                    ext.after_phase(self.active, self, f"{scenario} focus")
             if explorer is not None and self.options.explore:
                 try:
                     explorer.run(self.options.explore, self.options.explore_candidates)
-                    self._mark_reach("explore")
+                    ext.after_phase(self.active, self, "explore")
                 finally:
                     drop_scratch()
                     explorer.corpus.save([ex for _, ex in explorer.kept])
@@ -181,14 +180,6 @@ class Run(Findings):
             # Ctrl-C: report what was found so far; the rest is inconclusive.
             clear_interrupt()
             self.interrupted = True
-
-    def _mark_reach(self, phase: str) -> None:
-        """Note the builder's lines run so far against the examples judged (reach over time)."""
-        if self.measures_reach:
-            judged = sum(len(examples) for examples in self.drawn.values())
-            self.reach_curve.append(
-                {"after": phase, "examples": judged, "lines": self.reach_lines()}
-            )
 
     def _explorer(self, plan: Sequence[tuple[str, Sequence[Invariant]]]) -> Explorer | None:
         """The run's exploration, or ``None`` when it neither explores nor has a corpus."""
@@ -350,14 +341,6 @@ class Run(Findings):
         if self.focus.extra.get(scenario):
             covered["focus"] = dict(self.focus.extra[scenario])
         return covered
-
-
-def lines_reached(meter: ReachMeter, builder: object) -> int:
-    """The builder's lines run so far, here and in its worker (exploration's signal)."""
-    worker = getattr(builder, "_kvref_worker", None)
-    if worker is not None:
-        meter.add_lines(worker.reach_lines())
-    return meter.executed_count()
 
 
 #: The notes already raised as Python warnings in this process.

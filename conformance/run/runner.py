@@ -33,7 +33,7 @@ from conformance.harness.lineage import (
 )
 from conformance.report.model import InvariantResult, Report
 from conformance.run.focus import FocusExchange
-from conformance.run.judging import ContractVersionWarning, Progress, Run, lines_reached
+from conformance.run.judging import ContractVersionWarning, Progress, Run
 from conformance.run.options import PROFILES, OptionError, RunOptions, check_device
 from conformance.run.strata import (
     run_strata,
@@ -53,6 +53,7 @@ __all__ = [
     "UnknownIdWarning",
     "builder_name",
     "check_builder",
+    "check_options",
     "select_invariants",
 ]
 
@@ -78,6 +79,34 @@ def _preflight(builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder], guard
 
 #: What a run takes besides its :class:`RunOptions` fields (see :func:`check_builder`).
 RUN_ARGUMENTS = ("progress", "name", "focus_exchange")
+
+
+def check_options(
+    options: RunOptions, *, focus_shared: bool = False, one_release: bool = True
+) -> list[Invariant]:
+    """Every check of a run's options before its first example; the selected invariants.
+
+    The one validator of every front end (the CLI and the plugin, to refuse
+    bad options before anything starts; :func:`check_builder`):
+    the values (:meth:`RunOptions.validate`, ``unsupported`` against every
+    capability the kit knows), the selection, the release and the device.
+
+    Args:
+        options: the run's options.
+        focus_shared: as :meth:`RunOptions.validate`'s.
+        one_release: refuse ``vllm="all"`` (the CLI's compatibility matrix takes it).
+
+    Raises:
+        OptionError: the first unusable option.
+    """
+    invariants = catalog()
+    known = {c for inv in invariants for c in inv.requires} | set(CAPABILITIES)
+    options.validate(capabilities=known, focus_shared=focus_shared)
+    selected = select_invariants(invariants, options.select)
+    if one_release:
+        options.vllm_version  # noqa: B018 - raises for 'all'
+    check_device(options.device)
+    return selected
 
 
 def check_builder(
@@ -130,15 +159,9 @@ def check_builder(
     models = overrides.get("models")
     overrides["models"] = _models_label(models)
     options = _options(builder, options, name, overrides)
-    invariants = catalog()
-    options.validate(
-        capabilities={c for inv in invariants for c in inv.requires} | set(CAPABILITIES),
-        focus_shared=focus_exchange is not None,
-    )
-    selected = select_invariants(invariants, options.select)
-    options.vllm_version  # noqa: B018 - one release a run: 'all' is refused here
-    check_device(options.device)
-    known = {inv.id for inv in invariants}
+    # One release a run: 'all' is refused here.
+    selected = check_options(options, focus_shared=focus_exchange is not None)
+    known = {inv.id for inv in catalog()}
     for entry in options.xfail:
         if entry not in known:
             warnings.warn(
@@ -240,8 +263,8 @@ def _check_guarded(
             if not isolate:
                 # In process the builder runs on the guard's threads: traced only if started now.
                 guard.renew_threads()
-            run.reach_lines = functools.partial(lines_reached, meter, builder)
-            run.measures_reach = True
+            run.meter = meter
+            run.reach_lines = functools.partial(meter.lines_reached, builder)
         try:
             run.execute(selected)
         finally:
@@ -257,11 +280,8 @@ def _check_guarded(
 
             # The run's twin process ends with the run, not whenever its guard is collected.
             close_twin(run.ctx)
-        if meter is not None:
-            reach = meter.summary()
-            reach["over_time"] = run.reach_curve
-            if run.explorer is not None:
-                reach["explore"] = run.explorer.summary.as_dict()
+        if report.reach is not None and run.explorer is not None:
+            reach = {**report.reach, "explore": run.explorer.summary.as_dict()}
             report = attrs.evolve(report, reach=reach)
         worker = getattr(builder, "_kvref_worker", None)
         if worker is not None:

@@ -1,0 +1,45 @@
+"""Reach: how much of the builder's code the run's examples ran, and when.
+
+The harness measures the lines (``conformance.harness.reach``: traced here
+and in the builder's worker); this extension reads the run's meter after
+each phase of examples (the report's ``reach.over_time``) and puts the
+meter's summary in the report at the end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from conformance.extensions.base import Extension, RunView
+
+__all__ = ["REACH"]
+
+
+@attrs.define
+class _Curve:
+    """``{"after": phase, "examples": judged so far, "lines": builder lines run}``, per phase."""
+
+    points: list[dict[str, Any]] = attrs.field(factory=list)
+
+
+def _start(_run_options: Any, _options: None) -> _Curve:
+    return _Curve()
+
+
+def _after_phase(curve: _Curve, run: RunView, label: str) -> None:
+    if run.meter is not None:
+        judged = sum(len(examples) for examples in run.drawn.values())
+        curve.points.append({"after": label, "examples": judged, "lines": run.reach_lines()})
+
+
+def _end(curve: _Curve, run: RunView, report: Any) -> Any:
+    if run.meter is None:
+        return report
+    reach = run.meter.summary()
+    reach["over_time"] = curve.points
+    return attrs.evolve(report, reach=reach)
+
+
+REACH = Extension(name="reach", start=_start, after_phase=_after_phase, end=_end)
