@@ -70,12 +70,6 @@ class _Progress:
             self.stream.flush()
 
 
-def _split(value: str | None) -> list[str] | None:
-    if value is None:
-        return None
-    return [v.strip() for v in value.split(",")]
-
-
 #: Whether the process is the console script's own (set by :func:`entry`), not a caller's.
 _PROCESS = {"own": False}
 
@@ -288,42 +282,23 @@ def _header_options(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(shlex.quote(w) for w in words)
 
 
-def _xfail(path: Path | None, known: set[str]) -> list[str]:
-    from conformance.report.render import XfailFileError, read_xfail_file
-
-    if path is None:
-        return []
-    try:
-        entries = read_xfail_file(path)
-    except XfailFileError as exc:
-        raise _UsageError(str(exc)) from None
-    for entry in entries:
-        if entry not in known:
-            print(f"warning: xfail id {entry!r} matches no invariant", file=sys.stderr)
-    return [e for e in entries if e in known]
-
-
 def _run(args: argparse.Namespace) -> int:
     if args.list:
         return _list()
     # As `python -m` does: a vendor's builder module in the current directory imports.
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    from conformance.check.catalog import catalog
     from conformance.harness.adapters import BuilderLoadError, load_builder
     from conformance.harness.models_child import preload as preload_models
-    from conformance.run.options import OptionError, check_device, flag_message
+    from conformance.run.options import ALL_RELEASES, OptionError, flag_message
+    from conformance.run.runner import check_options
 
-    _reports_before_run(args)
-    invariants = catalog()
-    xfail = _xfail(args.xfail_file, {inv.id for inv in invariants})
+    # First: a --certify run fixes the command line's seed and profile here.
     ci = _ci_inputs(args)
     try:
-        options = _options(args, xfail)
-        options.validate(capabilities={c for inv in invariants for c in inv.requires})
-        from conformance.run.runner import select_invariants
-
-        select_invariants(invariants, options.select)
+        options = _options(args)
+        # The device too: refused before any output file is touched.
+        check_options(options, one_release=options.vllm != ALL_RELEASES)
         _matrix_refusals(args, options)
         # In their contained child, before any output file is touched (docs/trust.md).
         preload_models(options.models)
@@ -333,10 +308,6 @@ def _run(args: argparse.Namespace) -> int:
     # the first example, and the incomplete outputs, must already name them.
     args.seed, args.max_examples, args.vllm = options.seed, options.max_examples, options.vllm
     _start_outputs(args, _run_start(args))
-    try:
-        check_device(options.device)
-    except OptionError as exc:
-        raise _UsageError(flag_message(str(exc))) from None
     if args.isolate:
         # By name: the builder's module is imported only in its worker process.
         return _check(args, args.builder, ci, options)
@@ -347,45 +318,29 @@ def _run(args: argparse.Namespace) -> int:
     return _check(args, builder, ci, options)
 
 
-def _options(args: argparse.Namespace, xfail: list[str]) -> Any:
+def _options(args: argparse.Namespace, xfail: Sequence[str] = ()) -> Any:
     """The run's one :class:`~conformance.run.options.RunOptions`, from the command line.
 
-    An option not given is ``None`` here and takes the kit's default there;
+    Read by the flags the record's fields declare (:mod:`conformance.flags`):
+    an option not given is ``None`` here and takes the kit's default there;
     the CLI's one deliberate difference is the example database, saved to
-    ``.hypothesis/kvref-conformance`` unless ``--no-database``.
+    ``.hypothesis/kvref-conformance`` unless ``--no-database``.  ``xfail``:
+    ids expected to fail, as Python gives them (``--xfail-file`` is read as an
+    expectations manifest instead: :mod:`conformance.ci.processors`).
+
+    Raises:
+        OptionError: an option that cannot be read (``--no-reach`` with ``--reach``).
     """
+    from conformance.flags import CLI, read_values
+    from conformance.run.option_flags import RUN_FLAGS
     from conformance.run.options import RunOptions
 
-    return RunOptions.create(
-        args.builder,
-        device=args.device,
-        max_examples=args.max_examples,
-        seed=args.seed,
-        profile=args.profile,
-        select=_split(args.select),
-        xfail=xfail,
-        unsupported=args.unsupported,
-        timeout=args.timeout,
-        max_alloc_bytes=args.max_alloc_bytes,
-        shrink=not args.no_shrink,
-        database=None if args.no_database else args.database,
-        isolate=args.isolate,
-        reach=_reach(args),
-        min_reach=args.min_reach,
-        models=args.models,
-        models_only=args.models_only,
-        replays=args.replays,
-        worker_memory=args.worker_memory,
-        focus=args.focus,
-        explore=args.explore,
-        explore_candidates=args.explore_candidates,
-        shard=args.shard,
-        vllm=args.vllm,
-    )
+    values = read_values([RUN_FLAGS], CLI, lambda dest: getattr(args, dest))
+    return RunOptions.create(values.pop("builder"), xfail=xfail, **values)
 
 
 def _ci_inputs(args: argparse.Namespace) -> Any:
-    """The expectations, baseline and summary paths, validated before any example runs."""
+    """The inputs of the CI post-processors, validated before any example runs."""
     from conformance.ci.processors import CiError, prepare_from
 
     try:
@@ -462,7 +417,7 @@ def _check(args: argparse.Namespace, builder: object, ci: Any, options: Any) -> 
 
     import attrs
 
-    from conformance.ci.processors import exit_status, finish, write_outputs, write_report_files
+    from conformance.ci.processors import CiError, exit_status, finish, write_outputs
     from conformance.report.render import format_header, format_report
     from conformance.run.options import OptionError, flag_message
     from conformance.run.runner import check_builder
@@ -488,13 +443,15 @@ def _check(args: argparse.Namespace, builder: object, ci: Any, options: Any) -> 
     finally:
         progress.close()
         restore()
-    report = _reports_seal(args, finish(attrs.evolve(report, started=started), ci))
+    try:
+        report = finish(attrs.evolve(report, started=started), ci)
+    except CiError as exc:
+        raise _UsageError(str(exc)) from None
     for warning in report.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     print(format_report(report, header=False))
     # Checked before the run, yet gone or full now: say so, write the others.
-    errors = write_report_files(report, args.json, args.junit)
-    errors += write_outputs(report, ci) + _reports_write(args, report)
+    errors = write_outputs(report, ci)
     for error in errors:
         print(f"kvref-conformance: error: {error}", file=sys.stderr)
     if report.interrupted:
@@ -530,50 +487,18 @@ def _hypothesis_storage(no_database: bool) -> Callable[[], None]:
     return restore
 
 
-def _reach(args: argparse.Namespace) -> bool | list[str] | None:
-    """What reach to measure: named modules, none, or ``None``: the kit's default.
-
-    The default (:attr:`RunOptions.measured_reach`) measures the builder's own
-    code whenever coverage.py is installed, and always with ``--min-reach``.
-    """
-    if args.no_reach:
-        if args.min_reach is not None or args.reach:
-            raise _UsageError("--no-reach contradicts --reach/--min-reach")
-        return False
-    if args.reach:
-        return [m.strip() for m in args.reach.split(",") if m.strip()]
-    return None
-
-
-# Certified runs, `verify` and HTML reports: conformance/ci/certified.py.
 def _reports_verb(argv: Sequence[str] | None) -> int | None:
-    from conformance.ci.certified import dispatch
+    """Run a subcommand named by the first word (``verify``, ``merge``); ``None``: not one."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["verify"]:
+        from conformance.ci.certify import verify_main
 
-    return dispatch(argv)
+        return verify_main(words[1:])
+    if words[:1] == ["merge"]:
+        from conformance.merge import merge_main
 
-
-def _reports_before_run(args: argparse.Namespace) -> None:
-    from conformance.ci.certified import ReportOptionError, before_run
-
-    try:
-        before_run(args)
-    except ReportOptionError as exc:
-        raise _UsageError(str(exc)) from None
-
-
-def _reports_seal(args: argparse.Namespace, report: Any) -> Any:
-    from conformance.ci.certified import ReportOptionError, seal_report
-
-    try:
-        return seal_report(args, report)
-    except ReportOptionError as exc:
-        raise _UsageError(str(exc)) from None
-
-
-def _reports_write(args: argparse.Namespace, report: Any) -> list[str]:
-    from conformance.ci.certified import write_reports
-
-    return write_reports(args, report)
+        return merge_main(words[1:])
+    return None
 
 
 def entry() -> None:

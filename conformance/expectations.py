@@ -1,4 +1,4 @@
-"""The documented import path of expectations manifests (docs/vendors.md): :mod:`conformance.ci.expectations`."""
+"""Expectations manifests where docs/vendors.md imports them: :mod:`conformance.ci.expectations`."""
 
 from conformance.ci.expectations import (
     FORMAT,

@@ -307,18 +307,11 @@ def merge_main(argv: Sequence[str]) -> int:
     """``kvref-conformance merge R1 R2 ...``: 0 the whole run passes, 1 it fails, 2 bad input.
 
     The whole run's report takes the vendor's CI inputs as a run does
-    (``--expectations``, ``--baseline``, ``--update-expectations``: they judge
+    (``--expectations``, ``--xfail-file``, ``--baseline``, ``--update-expectations``: they judge
     the whole run's verdicts, never a shard's) and writes the same outputs.
     """
-    from conformance.ci.processors import (
-        CiError,
-        exit_status,
-        finish,
-        prepare_from,
-        write_outputs,
-        write_report_files,
-    )
-    from conformance.ci.options import add_ci_options, add_output_options
+    from conformance.ci.options import add_ci_options, add_output_options, add_xfail_option
+    from conformance.ci.processors import CiError, exit_status, finish, prepare_from, write_outputs
     from conformance.report.render import format_report
 
     parser = argparse.ArgumentParser(
@@ -328,7 +321,9 @@ def merge_main(argv: Sequence[str]) -> int:
     )
     parser.add_argument("reports", nargs="+", type=Path, help="every shard's --json report")
     add_output_options(parser.add_argument_group("reports"))
-    add_ci_options(parser.add_argument_group("expected results"))
+    expected = parser.add_argument_group("expected results")
+    add_ci_options(expected)
+    add_xfail_option(expected)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -340,7 +335,7 @@ def merge_main(argv: Sequence[str]) -> int:
         print(f"kvref-conformance merge: error: {exc}", file=sys.stderr)
         return 2
     print(format_report(report, header=False))
-    errors = write_report_files(report, args.json, args.junit) + write_outputs(report, ci)
+    errors = write_outputs(report, ci)
     for error in errors:
         print(f"kvref-conformance merge: error: {error}", file=sys.stderr)
     return 2 if errors else exit_status(report, ci)

@@ -29,13 +29,15 @@ failing), as in the CLI.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 __all__ = [
-    "expectations",
+    "ci_inputs",
     "pytest_addoption",
     "pytest_collection_finish",
     "pytest_collection_modifyitems",
@@ -43,129 +45,37 @@ __all__ = [
     "pytest_report_header",
     "pytest_sessionfinish",
     "run_item",
-    "xfail_ids",
 ]
 
 #: The module of the kit's items (``--pyargs conformance`` collects it).
 _KIT_MODULE = "conformance.test_conformance"
 
-_OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("--kv-builder", {"default": None, "help": "module:Class of the builder to check"}),
-    ("--kv-device", {"default": None, "help": "torch device for the device checks (cpu)"}),
-    ("--kv-max-examples", {"type": int, "default": None, "help": "examples per scenario"}),
-    ("--kv-seed", {"type": int, "default": None, "help": "seed (default: random, in the header)"}),
-    ("--kv-profile", {"default": None, "help": "ci (the default) or thorough"}),
-    (
-        "--kv-select",
-        {"default": None, "help": "comma-separated invariant ids or prefixes (as --select)"},
-    ),
-    ("--kv-xfail-file", {"default": None, "help": "file of invariant ids expected to fail"}),
-    (
-        "--kv-expectations",
-        {
-            "action": "append",
-            "default": [],
-            "help": "expectations manifest (TOML, repeatable): a path, vllm-0.33.0 or vllm-0.34.0",
-        },
-    ),
-    ("--kv-unsupported", {"default": None, "help": "capabilities the builder lacks"}),
-    ("--kv-timeout", {"type": float, "default": None, "help": "per-call deadline, seconds (10)"}),
-    ("--kv-max-alloc-bytes", {"type": int, "default": None, "help": "cap of one allocation"}),
-    ("--kv-no-shrink", {"action": "store_true", "help": "report failures unshrunk"}),
-    (
-        "--kv-replays",
-        {"type": int, "default": None, "help": "replays of each failure's counterexample (2)"},
-    ),
-    (
-        "--kv-database",
-        {"default": None, "help": "Hypothesis example database directory: replay and save"},
-    ),
-    (
-        "--kv-models",
-        {"default": None, "help": "your own models (module:attr or a kvref-models/1 JSON file)"},
-    ),
-    ("--kv-models-only", {"action": "store_true", "help": "generate from --kv-models alone"}),
-    (
-        "--kv-isolate",
-        {
-            "action": "store_true",
-            "default": None,
-            "help": "run the builder in a worker process, its module imported only there "
-            "(the default; a crash or a patch of the kit is the builder's failure)",
-        },
-    ),
-    (
-        "--kv-no-isolate",
-        {
-            "action": "store_false",
-            "dest": "kv_isolate",
-            "help": "run the builder in pytest's process (debugging only: a builder can then "
-            "patch the kit)",
-        },
-    ),
-    (
-        "--kv-focus",
-        {
-            "default": None,
-            "metavar": "SPEC",
-            "help": "where the run draws its extra examples: learned (default), 'off', "
-            "or a reproduce line's family=PATH,...;...",
-        },
-    ),
-    (
-        "--kv-explore",
-        {
-            "type": float,
-            "default": None,
-            "metavar": "SECONDS",
-            "help": "seconds of coverage-guided exploration after the run (0: none)",
-        },
-    ),
-    (
-        "--kv-vllm",
-        {
-            "default": None,
-            "metavar": "VERSION",
-            "help": "the vLLM release whose contract the run judges (0.33 or 0.34; default: "
-            "the installed vLLM when supported, else the newest)",
-        },
-    ),
-    (
-        "--kv-explore-candidates",
-        {
-            "type": int,
-            "default": None,
-            "metavar": "N",
-            "help": "stop exploring after N candidates",
-        },
-    ),
-    (
-        "--kv-worker-memory",
-        {
-            "type": float,
-            "default": None,
-            "metavar": "GIB",
-            "help": "GiB of memory the builder's worker may take over its start (16)",
-        },
-    ),
-    (
-        "--kv-reach",
-        {"default": None, "metavar": "MODULES", "help": "modules reach is measured in"},
-    ),
-    ("--kv-no-reach", {"action": "store_true", "help": "do not measure reach"}),
-    (
-        "--kv-min-reach",
-        {"type": float, "default": None, "metavar": "PERCENT", "help": "fail below this reach"},
-    ),
-    ("--kv-json", {"default": None, "metavar": "PATH", "help": "write the run's report as JSON"}),
+#: The plugin's flags in the order ``pytest --help`` lists them (each flag's help,
+#: type and default are declared on its option's field: :mod:`conformance.flags`).
+_ORDER = (
+    *("builder", "device", "max_examples", "seed", "profile", "select", "xfail_file"),
+    *("expectations", "unsupported", "timeout", "max_alloc_bytes", "no_shrink", "replays"),
+    *("database", "models", "models_only", "isolate", "no_isolate", "focus", "explore", "vllm"),
+    *("explore_candidates", "worker_memory", "reach", "no_reach", "min_reach", "json"),
 )
+
+
+def _records(extensions: Sequence[type] = ()) -> list[Any]:
+    """The flags with ``--kv-*`` spellings: the run's, the CI's, ``extensions``' records'."""
+    from conformance.ci.options import CI_FLAGS
+    from conformance.run.option_flags import RUN_FLAGS
+
+    return [RUN_FLAGS, CI_FLAGS, *extensions]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Register the kit's options in one group."""
+    from conformance.flags import PLUGIN, arguments, place, unplaced
+
     group = parser.getgroup("kvref-conformance", "kvref KV cache builder conformance")
-    for flag, kwargs in _OPTIONS:
-        group.addoption(flag, **kwargs)
+    flags = arguments(_records(), PLUGIN)
+    # An extension's options follow the kit's.
+    place(flags, (*_ORDER, *unplaced(flags, _ORDER)), group.addoption)
 
 
 class _Session:
@@ -185,33 +95,35 @@ class _Session:
         #: The controller's folder where its xdist workers meet (``None``: none yet).
         self.exchange: str | None = None
 
-    def run(self, invariant: str, manifests: Any) -> Any:
-        """The report that judged ``invariant``: the shared run's, made on the first call."""
+    def run(self, invariant: str, inputs: Any) -> Any:
+        """The report that judged ``invariant``: the shared run's, made on the first call.
+
+        ``inputs``: the CI post-processors' (:func:`ci_inputs`), applied to the report.
+        """
         import attrs
 
+        from conformance.ci.processors import finish
         from conformance.run.runner import check_builder
 
         if self.report is not None and invariant in {r.id for r in self.report.results}:
             return self.report
         if self.shard is not None:
-            self.report = self.run_shard(manifests, merge=True)
+            self.report = self.run_shard(inputs, merge=True)
             return self.report
         # The collected items' ids, so no prefix of --kv-select widens them again;
         # an item run apart from the session's collection runs alone.
         ids = self.selected if self.selected and invariant in self.selected else [invariant]
         report = _no_verdict(check_builder, self.builder, attrs.evolve(self.options, select=ids))
-        if manifests:
-            from conformance.ci.expectations import apply_expectations
-
-            report = apply_expectations(report, manifests)
+        report = finish(report, inputs)
         if self.report is None:
             self.report = report
         return report
 
-    def run_shard(self, manifests: Any, *, merge: bool) -> Any:
+    def run_shard(self, inputs: Any, *, merge: bool) -> Any:
         """Make this worker's shard, publish it, and (``merge``) the whole run's report."""
         import attrs
 
+        from conformance.ci.processors import finish
         from conformance.run.runner import check_builder
 
         shard = self.shard
@@ -229,11 +141,7 @@ class _Session:
         if not merge:
             return None
         whole = _no_verdict(lambda _b, _o: shard.whole_run(), None, None)
-        if manifests:
-            from conformance.ci.expectations import apply_expectations
-
-            whole = apply_expectations(whole, manifests)
-        return whole
+        return finish(whole, inputs)
 
 
 def _no_verdict(check: Any, builder: Any, options: Any) -> Any:
@@ -260,49 +168,22 @@ def _no_verdict(check: Any, builder: Any, options: Any) -> Any:
         )
 
 
-def _reach(config: pytest.Config) -> bool | str | None:
-    reach: str | None = config.getoption("--kv-reach")
-    if config.getoption("--kv-no-reach"):
-        if reach or config.getoption("--kv-min-reach") is not None:
-            raise pytest.UsageError("--kv-no-reach contradicts --kv-reach/--kv-min-reach")
-        return False
-    return reach
-
-
 def _options(config: pytest.Config) -> Any:
-    """The session's :class:`RunOptions` from the ``--kv-*`` options (``None``: the default)."""
+    """The session's :class:`RunOptions` from the ``--kv-*`` options (``None``: the default).
+
+    Raises:
+        OptionError: an option that cannot be read (``--kv-no-reach`` with ``--kv-reach``).
+    """
+    from conformance.flags import PLUGIN, read_values
+    from conformance.run.option_flags import RUN_FLAGS
     from conformance.run.options import RunOptions
 
-    seed = config.getoption("--kv-seed")
+    values = read_values([RUN_FLAGS], PLUGIN, config.getoption)
     workerinput = getattr(config, "workerinput", None)
-    if seed is None and workerinput is not None:
+    if values["seed"] is None and workerinput is not None:
         # One seed for the whole session: the controller's, sent to each xdist worker.
-        seed = workerinput.get("kvref_seed")
-    return RunOptions.create(
-        config.getoption("--kv-builder"),
-        device=config.getoption("--kv-device"),
-        max_examples=config.getoption("--kv-max-examples"),
-        seed=seed,
-        profile=config.getoption("--kv-profile"),
-        select=config.getoption("--kv-select"),
-        xfail=xfail_ids(config),
-        unsupported=config.getoption("--kv-unsupported"),
-        timeout=config.getoption("--kv-timeout"),
-        max_alloc_bytes=config.getoption("--kv-max-alloc-bytes"),
-        shrink=False if config.getoption("--kv-no-shrink") else None,
-        replays=config.getoption("--kv-replays"),
-        database=config.getoption("--kv-database"),
-        models=config.getoption("--kv-models"),
-        models_only=config.getoption("--kv-models-only") or None,
-        isolate=config.getoption("--kv-isolate"),
-        worker_memory=config.getoption("--kv-worker-memory"),
-        focus=config.getoption("--kv-focus"),
-        explore=config.getoption("--kv-explore"),
-        explore_candidates=config.getoption("--kv-explore-candidates"),
-        vllm=config.getoption("--kv-vllm"),
-        reach=_reach(config),
-        min_reach=config.getoption("--kv-min-reach"),
-    )
+        values["seed"] = workerinput.get("kvref_seed")
+    return RunOptions.create(values.pop("builder"), **values)
 
 
 def _check_options(config: pytest.Config) -> _Session:
@@ -312,18 +193,13 @@ def _check_options(config: pytest.Config) -> _Session:
     :func:`~conformance.run.options.check_device`), so the plugin, the CLI and
     Python refuse the same values.
     """
-    from conformance.check.catalog import catalog
-    from conformance.run.options import OptionError, check_device, flag_message
-    from conformance.run.tally import select_invariants
+    from conformance.run.options import OptionError, flag_message
+    from conformance.run.runner import check_options
 
-    invariants = catalog()
     try:
         options = _options(config)
-        options.validate(capabilities={c for inv in invariants for c in inv.requires})
         # One release a session: the matrix is the CLI's (--vllm all) or check_matrix's.
-        options.vllm_version  # noqa: B018 - raises for 'all'
-        select_invariants(invariants, options.select)
-        check_device(options.device)
+        check_options(options)
     except OptionError as exc:
         raise pytest.UsageError(flag_message(str(exc), "--kv-")) from None
     from conformance.generate.vendor import VendorModelError
@@ -333,7 +209,7 @@ def _check_options(config: pytest.Config) -> _Session:
         models_for_run(options.models, models_only=options.models_only)
     except VendorModelError as exc:
         raise pytest.UsageError(f"--kv-models: {exc}") from None
-    expectations(config)
+    ci_inputs(config)
     _start_json(config, options)
     from conformance.plugin_xdist import XdistShard
 
@@ -342,9 +218,7 @@ def _check_options(config: pytest.Config) -> _Session:
         if shard is not None:
             import attrs
 
-            attrs.evolve(options, shard=shard.spelled).validate(
-                capabilities={c for inv in invariants for c in inv.requires}, focus_shared=True
-            )
+            check_options(attrs.evolve(options, shard=shard.spelled), focus_shared=True)
     except OptionError as exc:
         raise pytest.UsageError(f"under pytest-xdist: {flag_message(str(exc), '--kv-')}") from None
     except ValueError as exc:
@@ -539,15 +413,19 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if state.shard is not None and state.report is None and state.collected:
         # The controller gave this xdist worker no item: its shard is still the run's.
         wanted = path is not None and first_worker
-        state.report = state.run_shard(expectations(session.config), merge=wanted)
+        state.report = state.run_shard(ci_inputs(session.config), merge=wanted)
     if state.exchange is not None:
         import shutil
 
         shutil.rmtree(state.exchange, ignore_errors=True)
-    if path is not None and state.report is not None and first_worker:
-        from conformance.report.render import write_json
+    if state.report is not None and first_worker:
+        from conformance.ci.processors import write_outputs
 
-        write_json(state.report, Path(path))
+        errors = write_outputs(state.report, ci_inputs(session.config))
+        for error in errors:
+            print(f"kvref-conformance: error: {error}", file=sys.stderr)
+        if errors:
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
     close = getattr(state.builder, "close", None)
     if callable(close) and not isinstance(state.builder, str):
         close()
@@ -574,52 +452,41 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     ]
 
 
-def xfail_ids(config: pytest.Config) -> list[str]:
-    """Ids of the ``--kv-xfail-file``, warning about ids that match no invariant.
+def ci_inputs(config: pytest.Config) -> Any:
+    """The inputs of the CI post-processors, read once: xfail file, expectations, JSON path.
+
+    An id no invariant has is a warning.  Cached on ``config``; the plugin
+    applies them through the one list of :mod:`conformance.ci.processors`, as
+    the CLI and ``merge`` do.
 
     Raises:
-        pytest.UsageError: the file cannot be read.
+        pytest.UsageError: a manifest or the xfail file is invalid (naming the
+            entry, field and value).
     """
-    from conformance.check.catalog import catalog
-    from conformance.report.render import XfailFileError, read_xfail_file
-
-    path = config.getoption("--kv-xfail-file")
-    if not path:
-        return []
-    try:
-        ids = read_xfail_file(Path(path))
-    except XfailFileError as exc:
-        raise pytest.UsageError(f"--kv-xfail-file: {exc}") from None
-    known = {inv.id for inv in catalog()}
-    for entry in ids:
-        if entry not in known:
-            config.issue_config_time_warning(
-                pytest.PytestWarning(f"--kv-xfail-file names {entry!r}, which is no invariant id"),
-                stacklevel=2,
-            )
-    return [entry for entry in ids if entry in known]
-
-
-def expectations(config: pytest.Config) -> Any:
-    """The ``--kv-expectations`` manifests, validated once (cached on ``config``).
-
-    Raises:
-        pytest.UsageError: a manifest is invalid (naming its entry, field and value).
-    """
-    cached = getattr(config, "_kvref_expectations", None)
+    cached = getattr(config, "_kvref_ci_inputs", None)
     if cached is not None:
         return cached
-    from conformance.ci.expectations import ExpectationsError, load_manifest, resolve_manifest
+    from conformance.check.catalog import catalog
+    from conformance.ci.options import CI_FLAGS
+    from conformance.ci.processors import CiError, CiOptions, prepare
+    from conformance.flags import PLUGIN, read_values
 
+    values = read_values([CI_FLAGS], PLUGIN, config.getoption)
+    given = CiOptions(**{k: v for k, v in values.items() if v is not None})
     try:
-        manifests = tuple(
-            load_manifest(resolve_manifest(spec), source=spec)
-            for spec in config.getoption("--kv-expectations")
+        inputs = prepare(
+            xfail_file=given.xfail_file,
+            expectations=given.expectations,
+            json=given.json,
+            prefix="--kv-",
         )
-    except ExpectationsError as exc:
-        raise pytest.UsageError(f"--kv-expectations: {exc}") from None
-    config._kvref_expectations = manifests  # type: ignore[attr-defined]
-    return manifests
+    except CiError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    known = [inv.id for inv in catalog()]
+    for warning in (w for manifest in inputs.manifests for w in manifest.unknown_ids(known)):
+        config.issue_config_time_warning(pytest.PytestWarning(warning), stacklevel=2)
+    config._kvref_ci_inputs = inputs  # type: ignore[attr-defined]
+    return inputs
 
 
 def run_item(invariant: str, request: pytest.FixtureRequest) -> None:
@@ -632,7 +499,7 @@ def run_item(invariant: str, request: pytest.FixtureRequest) -> None:
     state = _session(config)
     if state is None:
         pytest.skip("give --kv-builder module:Class to check a builder")
-    report = state.run(invariant, expectations(config))
+    report = state.run(invariant, ci_inputs(config))
     result: Any = report.result(invariant)
     if result.strict_xpass:
         pytest.fail(f"{invariant} held, yet a strict expectation says it fails", pytrace=False)

@@ -10,8 +10,8 @@ import pytest
 
 from conformance import check_builder
 from conformance.ci.baseline import BaselineError, compare, load_baseline
-from conformance.cli import main
 from conformance.ci.markdown import format_markdown
+from conformance.cli import main
 from conformance.report.render import report_to_dict
 
 BROKEN = ["broken_builders:DroppedLayer", "--max-examples", "5", "--seed", "1", "--no-database"]
@@ -226,3 +226,48 @@ class TestPluginExpectations:
         )  # fmt: skip
         assert result.ret == pytest.ExitCode.USAGE_ERROR
         assert any("entry 1: id 3 must be a non-empty string" in line for line in result.errlines)
+
+
+class TestPostProcessors:
+    """The CI's post-processors, one list: the xfail file is a manifest; every file is tried."""
+
+    def test_the_xfail_file_is_a_manifest(self, broken_report, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        from conformance.ci.processors import finish, prepare
+        from conformance.run.tally import expected_status
+
+        path = tmp_path / "xfail.txt"
+        path.write_text("KV-GROUP-PARTITION  # dropped layer\nkv-group-nonempty\n")
+        inputs = prepare(xfail_file=path)
+        assert [e.id for e in inputs.manifests[0].entries] == [
+            "KV-GROUP-PARTITION",
+            "KV-GROUP-NONEMPTY",
+        ]
+        report = finish(broken_report, inputs)
+        for before, after in zip(broken_report.results, report.results, strict=True):
+            # What the run's own xfail ids gave: a failure XFAIL, a pass XPASS.
+            assert after.status == expected_status(before.status, True)
+            assert str(path) in after.expectation["reason"]
+        assert [r.status for r in report.results] == ["xfail", "xpass"]
+        assert any("KV-GROUP-NONEMPTY" in w and "can go" in w for w in report.warnings)
+
+    def test_an_unreadable_xfail_file_names_its_flag(self, tmp_path: Path) -> None:
+        from conformance.ci.processors import CiError, prepare
+
+        path = tmp_path / "xfail.txt"
+        path.write_bytes(b"KV-GROUP-PARTITION\n\x00")
+        with pytest.raises(CiError, match=r"^--kv-xfail-file: xfail file .* is binary"):
+            prepare(xfail_file=path, prefix="--kv-")
+
+    def test_every_file_is_tried(self, broken_report, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        from conformance.ci.processors import POST_PROCESSORS, prepare, write_outputs
+
+        assert [p.name for p in POST_PROCESSORS][:3] == ["expectations", "baseline", "certify"]
+        inputs = prepare(
+            json=tmp_path / "gone" / "r.json",
+            junit=tmp_path / "r.xml",
+            summaries=[tmp_path / "s.md"],
+            html=tmp_path / "r.html",
+        )
+        errors = write_outputs(broken_report, inputs)
+        assert len(errors) == 1 and errors[0].startswith("--json ")
+        assert all((tmp_path / name).is_file() for name in ("r.xml", "s.md", "r.html"))

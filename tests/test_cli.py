@@ -820,3 +820,78 @@ class TestKilledRuns:
         code = main([*FAST, "--select", "KV-GROUP-PARTITION", "--junit", str(path)])
         assert code == 2
         assert f"--junit {str(path)!r} cannot be written" in capsys.readouterr().err
+
+
+class TestFlagsFromOptionRecords:
+    """Each option's flags are declared once, on its record's field, for both front ends."""
+
+    def test_a_field_without_its_flag_fails_where_its_record_is_made(self) -> None:
+        import attrs
+
+        from conformance.flags import declared, flag
+
+        with pytest.raises(AssertionError, match=r"without a flag declared: \['b'\]"):
+
+            @attrs.frozen(field_transformer=declared({"a": flag("a's help")}))
+            class Record:
+                a: int = 0
+                b: int = 0
+
+        with pytest.raises(AssertionError, match=r"for no field of Other: \['gone'\]"):
+
+            @attrs.frozen(field_transformer=declared({"a": None, "gone": None}))
+            class Other:
+                a: int = 0
+
+    def test_the_kits_records_carry_their_flags(self) -> None:
+        import attrs
+
+        from conformance.ci.processors import CiOptions
+        from conformance.flags import FLAG
+        from conformance.run.options import RunOptions
+
+        for record in (RunOptions, CiOptions):
+            assert all(FLAG in f.metadata for f in attrs.fields(record))
+        assert attrs.fields(RunOptions).max_examples.metadata[FLAG].type is int
+
+    def test_an_extension_records_flags_join_both_front_ends(self) -> None:
+        import attrs
+
+        from conformance.cli_parser import parser
+        from conformance.flags import CLI, PLUGIN, arguments, declared, flag, read_values
+
+        tempo = flag("examples a second", type=float, metavar="N", group="pacing")
+
+        @attrs.frozen(kw_only=True, field_transformer=declared({"tempo": tempo}))
+        class Pacing:
+            tempo: float | None = None
+
+        cli = parser([Pacing])
+        assert "pacing:\n  --tempo N" in cli.format_help()
+        args = cli.parse_args(["--tempo", "2.5"])
+        assert read_values([Pacing], CLI, lambda dest: getattr(args, dest)) == {"tempo": 2.5}
+        names, keywords = arguments([Pacing], PLUGIN)["tempo"]
+        assert names == ("--kv-tempo",) and keywords["help"] == "examples a second"
+
+    @pytest.mark.parametrize(
+        ("front", "given", "message"),
+        [
+            ("cli", {"no_reach": True, "min_reach": 50.0}, "--no-reach contradicts"),
+            ("kv", {"kv_no_reach": True, "kv_reach": "m"}, "--kv-no-reach contradicts"),
+        ],
+    )
+    def test_an_off_flag_with_what_it_contradicts(
+        self, front: str, given: dict[str, object], message: str
+    ) -> None:
+        from conformance.flags import CLI, PLUGIN, read_values
+        from conformance.run.option_flags import RUN_FLAGS
+
+        with pytest.raises(OptionError, match=f"^{message} "):
+            read_values([RUN_FLAGS], CLI if front == "cli" else PLUGIN, given.get)
+
+    def test_the_worker_memory_default_is_the_workers(self) -> None:
+        """The options' copy (read without importing the worker) is the worker's value."""
+        from conformance.harness import worker_side
+        from conformance.run import options
+
+        assert options.DEFAULT_WORKER_MEMORY_GIB == worker_side.DEFAULT_WORKER_MEMORY_GIB

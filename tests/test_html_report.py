@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from conformance.cli import main
 from conformance.ci.html import format_html
 from conformance.ci.memory_map import COLOURS, memory_map_svg
+from conformance.cli import main
 
 # Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
 pytestmark = pytest.mark.slow
@@ -215,4 +215,3 @@ def test_unwritable_path_is_a_usage_error(
     """A --html path that cannot be written is refused before the run (exit 2, named)."""
     assert main(["--html", str(tmp_path / where), "--max-examples", "1"]) == 2
     assert "--html" in capsys.readouterr().err
-

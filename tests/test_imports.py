@@ -181,7 +181,7 @@ def test_the_kit_has_no_import_circle() -> None:
 #: a scenario composes harness calls; the run deals scenarios' examples; the
 #: front ends drive runs.
 KIT_LAYERS = (
-    ("conformance.errors", "conformance.contract", "conformance.upstream"),
+    ("conformance.errors", "conformance.contract", "conformance.upstream", "conformance.flags"),
     ("conformance.check",),
     ("conformance.generate",),
     ("conformance.report", "conformance.serve"),

@@ -17,18 +17,22 @@ import math
 import random
 import shlex
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from conformance.errors import OptionError
-from conformance.generate.engine_paths import EnginePath, parse
-from conformance.harness.worker_side import DEFAULT_WORKER_MEMORY_GIB
-from conformance.run.shard import Shard
+from conformance.flags import declared
+from conformance.run.option_flags import DEFAULT_BUILDER, PROFILES, RUN_FLAGS
 from kvref.errors import ConfigError
 from kvref.versions import NEWEST, VllmVersion, installed_vllm_version, parse_version
 
+if TYPE_CHECKING:
+    from conformance.generate.engine_paths import EnginePath
+    from conformance.run.shard import Shard
+
 __all__ = [
+    "DEFAULT_BUILDER",
     "DEFAULT_WORKER_MEMORY_GIB",
     "PROFILES",
     "OptionError",
@@ -38,13 +42,14 @@ __all__ = [
     "flag_message",
 ]
 
-#: Examples per scenario for each profile.
-PROFILES: dict[str, int] = {"ci": 50, "thorough": 500}
 
 #: GiB of private memory an isolated worker may take over its size at start
 #: (``RLIMIT_DATA``, :mod:`conformance.harness.worker_side`).  Planning takes
 #: kilobytes to megabytes; a hook that leaks on every call stops there, with a
-#: ``MemoryError`` the run reports, long before the machine swaps.
+#: ``MemoryError`` the run reports, long before the machine swaps.  (worker_side
+#: has the same default; it is not imported here: the pytest plugin reads these
+#: options in every pytest session.)
+DEFAULT_WORKER_MEMORY_GIB = 16.0
 
 
 def _ids(values: Iterable[str] | None) -> tuple[str, ...] | None:
@@ -98,7 +103,8 @@ def _random_seed() -> int:
     return random.randrange(2**32)
 
 
-@attrs.frozen(kw_only=True)
+# Each field's flags are in RUN_FLAGS (asserted when the class is made).
+@attrs.frozen(kw_only=True, field_transformer=declared(RUN_FLAGS))
 class RunOptions:
     """What one run checks and how: the one record every front end builds and passes whole.
 
@@ -326,6 +332,8 @@ class RunOptions:
         if self.shard is None:
             return None
         try:
+            from conformance.run.shard import Shard
+
             return Shard.parse(self.shard)
         except ValueError as exc:
             raise OptionError(f"shard={self.shard!r} {exc}") from None
@@ -343,10 +351,11 @@ class RunOptions:
             raise OptionError(f"focus={self.focus!r} must be a string")
         if self.focus.strip() == "off":
             return {}
+        from conformance.generate import engine_paths
         from conformance.generate.families import DEFAULT_FAMILIES
 
         try:
-            pins = parse(self.focus, ["vendor", *DEFAULT_FAMILIES])
+            pins = engine_paths.parse(self.focus, ["vendor", *DEFAULT_FAMILIES])
         except ValueError as exc:
             raise OptionError(f"focus={self.focus!r}: {exc}") from None
         if not pins:

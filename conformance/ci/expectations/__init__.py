@@ -21,6 +21,7 @@ from conformance.ci.expectations.manifest import (
     load_manifest,
     resolve_manifest,
     shipped_manifests,
+    xfail_manifest,
 )
 
 __all__ = [
@@ -33,4 +34,5 @@ __all__ = [
     "resolve_manifest",
     "shipped_manifests",
     "update_manifest",
+    "xfail_manifest",
 ]

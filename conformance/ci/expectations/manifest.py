@@ -32,6 +32,7 @@ __all__ = [
     "load_manifest",
     "resolve_manifest",
     "shipped_manifests",
+    "xfail_manifest",
 ]
 
 #: The manifest layout this kit reads and writes.
@@ -250,3 +251,28 @@ def _when(when: Any, where: str) -> dict[str, tuple[str, ...]]:
                 )
         out[key] = tuple(values)
     return out
+
+
+def xfail_manifest(path: Path) -> Manifest:
+    """The manifest an xfail file makes (``--xfail-file``): each of its ids expected to fail.
+
+    An xfail file lists invariant ids, one a line (``#`` starts a comment);
+    each becomes an entry with no condition, as an expectations manifest
+    would hold it, so one mechanism applies both.
+
+    Raises:
+        ExpectationsError: the file cannot be read as text.
+    """
+    from conformance.report.render import XfailFileError, read_xfail_file
+
+    try:
+        ids = read_xfail_file(path)
+    except XfailFileError as exc:
+        raise ExpectationsError(str(exc)) from None
+    source = str(path)
+    reason = f"listed in the xfail file {source}"
+    entries = tuple(
+        Entry(id=id_, reason=reason, link=source, source=source, index=index)
+        for index, id_ in enumerate(ids, 1)
+    )
+    return Manifest(source=source, entries=entries)
