@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from conformance.ci.options import CI_FLAGS
-from conformance.flags import CLI, arguments, place, unplaced
+from conformance.flags import CLI, arguments, place, tables_of, unplaced
 from conformance.run.option_flags import RUN_FLAGS
 
 __all__ = ["parser"]
@@ -109,8 +109,6 @@ _PLACED = {"builder", "certify", "html", *(n for _, names in _LAYOUT for n in na
 
 def _group_of(tables: Sequence[Any], name: str) -> str:
     """The help section an option's flag declares (``no_x``: option ``x``'s)."""
-    from conformance.flags import tables_of
-
     for table in tables_of(tables):
         for option, declared in table.items():
             if declared is not None and name in (option, f"no_{option}"):
