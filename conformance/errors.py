@@ -13,7 +13,7 @@ import contextlib
 import traceback
 from collections.abc import Iterator
 
-__all__ = ["REPORT_HINT", "KitError", "OptionError", "kit_side"]
+__all__ = ["REPORT_HINT", "BuilderKitError", "KitError", "OptionError", "kit_side"]
 
 #: What every front end asks of a user who meets a :class:`KitError`.
 REPORT_HINT = (
@@ -45,6 +45,23 @@ class KitError(RuntimeError):
     def __reduce__(self) -> tuple[object, ...]:
         # Crosses the worker's pipe intact (the default reduce passes only args).
         return (_rebuild, (self.where, str(self), self.detail))
+
+
+class BuilderKitError(RuntimeError):
+    """A :class:`KitError` that the builder's own code raised: the builder's failure.
+
+    A builder can import the kit and raise its error class, to end its run
+    as the kit's failure (exit 2, no verdict) instead of failing.  Where the
+    kit knows that only the builder's code ran (inside a vLLM-native hook,
+    vLLM's Core calling the builder, a hook in the twin process), such an
+    error becomes this one, which the checks report as the builder's
+    exception (``KV-CALL-RAISES``).
+    """
+
+    @classmethod
+    def of(cls, exc: KitError) -> BuilderKitError:
+        """The builder's ``exc``, named as the builder raised it."""
+        return cls(f"the builder raised the kit's own KitError: {exc}")
 
 
 def _rebuild(where: str, text: str, detail: str) -> KitError:

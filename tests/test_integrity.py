@@ -187,9 +187,15 @@ def test_a_builder_may_import_modules_it_writes_in_its_worker() -> None:
 def test_a_kit_error_raised_by_a_kvref_native_builder_is_its_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """No kit code runs inside its hooks: the error is KV-CALL-RAISES, not the kit's failure."""
+    """No kit code runs inside its hooks: the error is KV-CALL-RAISES, not the kit's failure.
+
+    In its worker and in the twin process that KV-GROUP-HASH-STABLE asks (the
+    twin reported it as the kit's error: exit 2, no verdict).
+    """
     monkeypatch.syspath_prepend(str(TESTS))
-    report = _small_run("forgers.kit_errors:RaisesKitError", "KV-CALL-RAISES")
+    report = _small_run(
+        "forgers.kit_errors:RaisesKitError", "KV-CALL-RAISES", "KV-GROUP-HASH-STABLE"
+    )
     raises = report.result("KV-CALL-RAISES")
     assert raises.status == "fail", raises
     assert any("KitError" in str(v) for v in raises.violations), raises.violations

@@ -143,3 +143,47 @@ class TestLean:
         except AssertionError as masked:
             assert _interrupted(masked)
         assert not _interrupted(ValueError("a real error"))
+
+
+class TestGatedPairs:
+    """A default run pairs the families with the engine paths vendors gate on, at every seed."""
+
+    @pytest.mark.parametrize("seed", [1, 2, 3])
+    def test_default_placement_draws_every_gated_pair(self, seed: int) -> None:
+        """Hidden-state extraction on an MLA target on a block-outermost layout, a uniform-type
+        group whose block size is not the engine's, and each subclass of full attention."""
+        from kvref.extra_specs import HiddenStateCacheSpec
+        from kvref.specs import (
+            FullAttentionSpec,
+            MLAAttentionSpec,
+            RSWASpec,
+            SinkFullAttentionSpec,
+            UniformTypeKVCacheSpecs,
+        )
+
+        seen: set[str] = set()
+        for ex in draw_examples("placement", seed, 50):
+            specs = list(ex.merged.values())
+            outer = ex.config.kv_cache_layout.is_block_outermost
+            hidden = [s for s in specs if isinstance(s, HiddenStateCacheSpec)]
+            # Several states a token: a page that is not one latent head's.
+            several = any(s.num_kv_heads > 1 for s in hidden)
+            if outer and several and all(isinstance(s, MLAAttentionSpec) for s in specs):
+                seen.add("hidden-state on MLA")
+            groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(ex.config, ex.merged)
+            # The kit's vLLM configs keep vLLM's default cache block size, 16.
+            if outer and any(
+                isinstance(g.kv_cache_spec, UniformTypeKVCacheSpecs)
+                and g.kv_cache_spec.block_size != 16
+                for g in groups
+            ):
+                seen.add("uniform-type group off the engine's block size")
+            for cls in (RSWASpec, SinkFullAttentionSpec):
+                if any(type(s) is cls for s in specs) and issubclass(cls, FullAttentionSpec):
+                    seen.add(cls.__name__)
+        assert seen == {
+            "hidden-state on MLA",
+            "uniform-type group off the engine's block size",
+            "RSWASpec",
+            "SinkFullAttentionSpec",
+        }, seen

@@ -335,11 +335,13 @@ def ask_twin(
 
 
 def _serve(reference: str, stdin: IO[bytes], stdout: IO[bytes]) -> None:
-    from conformance.errors import KitError
+    from conformance.errors import BuilderKitError, KitError
     from conformance.harness.adapters import load_builder
+    from conformance.harness.vllm_adapter import VLLMBuilderAdapter
 
     try:
         cls = load_builder(reference)
+        adapted = isinstance(cls, type) and issubclass(cls, VLLMBuilderAdapter)
     except Exception as exc:  # the builder cannot be imported here: nothing to compare
         with contextlib.suppress(EOFError):
             _receive(stdin)
@@ -369,7 +371,13 @@ def _serve(reference: str, stdin: IO[bytes], stdout: IO[bytes]) -> None:
                 answer = builder.get_kv_cache_config_from_groups(*args)
             reply: tuple[str, Any] = ("ok", answer)
         except KitError as exc:
-            reply = ("kit-error", f"{exc}\n{exc.detail}")
+            # The kit's code runs inside a hook only in the vLLM adapter (whose
+            # native calls turn the builder's KitError into its own error).
+            reply = (
+                ("kit-error", f"{exc}\n{exc.detail}")
+                if adapted
+                else ("error", f"{BuilderKitError.__name__}: {BuilderKitError.of(exc)}")
+            )
         except BaseException as exc:  # the builder's own failure, reported as text
             reply = ("error", f"{type(exc).__name__}: {exc}")
         _answer(stdout, *reply)

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from conformance.errors import kit_side
+from conformance.errors import BuilderKitError, KitError, kit_side
 from conformance.generate.limits import declared_unsupported
 from conformance.harness import answer_parts, handed
 from conformance.harness.guard import groups_key
@@ -71,7 +71,8 @@ class VLLMBuilderAdapter(KVCacheConfigBuilder):
     def __init__(self) -> None:
         # vLLM makes a fresh builder for every phase; so does the kit, one
         # adapter (and so one native instance) per phase.
-        self.native = self.native_cls()
+        with builders_own():
+            self.native = self.native_cls()
 
     def get_kv_cache_groups(
         self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
@@ -186,8 +187,20 @@ def set_native_scope(scope: Callable[[], contextlib.AbstractContextManager[Any]]
     _NATIVE_SCOPE[0] = scope
 
 
-def _native_scope() -> contextlib.AbstractContextManager[Any]:
-    return _NATIVE_SCOPE[0]()
+@contextlib.contextmanager
+def _native_scope() -> Iterator[None]:
+    # Only the native builder's code runs inside: a KitError from there is its own.
+    with _NATIVE_SCOPE[0](), builders_own():
+        yield
+
+
+@contextlib.contextmanager
+def builders_own() -> Iterator[None]:
+    """Around code where only the builder's (and vLLM's) code runs: its KitError is its own."""
+    try:
+        yield
+    except KitError as exc:
+        raise BuilderKitError.of(exc) from None
 
 
 @contextlib.contextmanager
@@ -371,7 +384,9 @@ def vllm_core_flow(
     ):
         if native_cls is None:
             raise TypeError("vllm_core_flow needs a builder or the native class")
-        return iv.plan_with_vllm(native_cls, config, kv_cache_specs, available_memory)
+        with builders_own():
+            # vLLM's Core calls the builder itself: no code of the kit runs inside.
+            return iv.plan_with_vllm(native_cls, config, kv_cache_specs, available_memory)
     return iv.plan_with_vllm(_through(builder, config), config, kv_cache_specs, available_memory)
 
 

@@ -33,8 +33,11 @@ PKG = "tests.vllm.native_builders.hostile"
     [
         ("TruthRaisingField", "answer.kv_cache_tensors[0].host_resident (a _Raises)", True),
         ("RaisingIntSize", "answer.kv_cache_tensors[0].size (a _RaisingInt)", False),
+        # The kit's own error class, raised by the builder: its failure, not the kit's.
+        ("RaisesKitError", "raised BuilderKitError: the builder raised the kit's own", True),
+        ("RaisesKitError", "raised BuilderKitError: the builder raised the kit's own", False),
     ],
-    ids=["isolated", "in-process"],
+    ids=["isolated", "in-process", "kit-error-isolated", "kit-error-in-process"],
 )
 def test_a_planted_value_fails_the_builder(name: str, where: str, isolate: bool) -> None:
     """The run ends with a verdict naming where the value lies (it raised a kit error before)."""

@@ -22,6 +22,7 @@ from conformance.generate.families import (
     hisparse,
     linear,
     sparse_mla,
+    subclasses,
 )
 from conformance.generate.families.alias import vllm_p3_alias_models
 from conformance.generate.families.classic import (
@@ -64,6 +65,7 @@ FAMILIES: dict[str, Callable[..., st.SearchStrategy[Model]]] = {
     **hidden_state.FAMILIES,
     **hisparse.FAMILIES,
     **declared.FAMILIES,
+    **subclasses.FAMILIES,
     "realistic": realistic_models,
 }
 #: The families of the default run: all but the fixed presets, which are
@@ -84,6 +86,7 @@ SPECIALISED: frozenset[str] = frozenset(
         *hidden_state.FAMILIES,
         *hisparse.FAMILIES,
         *declared.FAMILIES,
+        *subclasses.FAMILIES,
         "realistic",
     }
 )
@@ -145,11 +148,15 @@ def models(
     ``attention_free``, ``mixed_pages``, ``circular_buffer``,
     ``aligned_hybrid``), the shapes real vendor builders specialise on
     (``deepseek_v4``, ``deepseek_v32``, ``glm5``, ``qwen3_next``,
-    ``nemotron_h``, ``jamba``) and ``drafts``; ``realistic`` (fixed presets)
-    is opt-in.  Each example picks a family with equal chance.  Layer names
+    ``nemotron_h``, ``jamba``) and ``drafts``, hidden-state extraction
+    (``hidden_state``, ``hidden_state_mla``: MLA targets), HiSparse, a
+    model-declared grouping, and vLLM's subclasses of full attention
+    (``full_sink``, ``full_rswa``); ``realistic`` (fixed presets) is
+    opt-in.  Each example picks a family with equal chance.  Layer names
     look like vLLM's (``model.layers.{i}.self_attn.attn``).  Never two specs
     of one state kind with different pages within a generic family;
-    hidden-state layers only in ``hidden_state``, HiSparse only in
+    hidden-state layers only in ``hidden_state`` and ``hidden_state_mla``,
+    HiSparse only in
     ``hisparse`` and model-declared grouping only in ``declared_grouping``.
 
     Raises:

@@ -20,13 +20,14 @@ from collections.abc import Callable
 import torch
 from hypothesis import strategies as st
 
+from conformance.generate.families.sparse_mla import v32_attention, v32_indexer
 from conformance.generate.pick import pick
 from conformance.generate.records import Model
 from conformance.generate.specs import ATTENTION
 from kvref.extra_specs import HiddenStateCacheSpec
 from kvref.specs import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec, SlidingWindowSpec
 
-__all__ = ["hidden_state_models"]
+__all__ = ["hidden_state_mla_models", "hidden_state_models"]
 
 #: target -> (hidden size, KV heads, head size, block size)
 _TARGETS: dict[str, tuple[int, int, int, int]] = {
@@ -88,4 +89,66 @@ def hidden_state_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
     return _hidden_state_models(max_layers)
 
 
-FAMILIES: dict[str, Callable[..., st.SearchStrategy[Model]]] = {"hidden_state": hidden_state_models}
+#: MLA and MLA-like targets: name -> (hidden size, block sizes, whether it indexes (V3.2)).
+_MLA_TARGETS: dict[str, tuple[int, tuple[int, ...], bool]] = {
+    "deepseek_v3": (7168, (64, 16, 32), False),
+    "kimi_k2": (7168, (64, 16), False),
+    "deepseek_v2_lite": (2048, (64, 16), False),
+    "deepseek_v32": (7168, (64,), True),
+}
+
+
+@st.composite
+def _hidden_state_mla_models(draw: st.DrawFn, max_layers: int) -> Model:
+    kind = pick(draw, list(_MLA_TARGETS))
+    hidden_size, blocks, indexed = _MLA_TARGETS[kind]
+    block = pick(draw, list(blocks))
+    layers = draw(st.integers(1, max(1, min(8, max_layers - 1))))
+    fp8 = indexed and draw(st.booleans())
+    specs: dict[str, KVCacheSpec] = {}
+    for i in range(layers):
+        if indexed:
+            specs[f"model.layers.{i}.self_attn.attn"] = v32_attention(fp8, block, False, True)
+            specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = v32_indexer(block, 1, False)
+        else:
+            specs[ATTENTION.format(i)] = MLAAttentionSpec(
+                block_size=block,
+                num_kv_heads=1,
+                max_tp_shards=1,
+                head_size=576,
+                dtype=torch.bfloat16,
+            )
+    # EAGLE-3's three auxiliary layers, or another count a trainer asks for:
+    # several states a token, so the hidden-state page is never one latent's.
+    aux = pick(draw, [3, 2, 4])
+    specs[f"cache_only_layers.{layers}"] = HiddenStateCacheSpec(
+        block_size=block, num_kv_heads=aux, head_size=hidden_size, dtype=torch.bfloat16
+    )
+    return Model(
+        specs,
+        f"{kind} MLA target ({layers} layers, block {block}) + extract_hidden_states "
+        f"({aux} aux states of {hidden_size})",
+        num_hidden_layers=layers,
+    )
+
+
+def hidden_state_mla_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
+    """An MLA or MLA-like target of 1-8 layers plus one hidden-state cache layer after it.
+
+    The hidden-state cache (``HiddenStateCacheSpec``) is a subclass of
+    ``MLAAttentionSpec``: a platform gate written as ``isinstance(spec,
+    MLAAttentionSpec)`` opens on it beside the target's latents, with a page
+    of several states a token where a latent page holds one.  Targets:
+    DeepSeek-V3, Kimi-K2 and DeepSeek-V2-Lite (MLA, 576 wide, block 64, 16
+    or 32) and DeepSeek-V3.2 (MLA beside its indexer's fp8 keys, block 64);
+    2-4 auxiliary states of the target's hidden size in bf16.  Its own
+    family (a stratum of every default run) rather than a target of
+    :func:`hidden_state_models`, where one draw in four would find it.
+    """
+    return _hidden_state_mla_models(max_layers)
+
+
+FAMILIES: dict[str, Callable[..., st.SearchStrategy[Model]]] = {
+    "hidden_state": hidden_state_models,
+    "hidden_state_mla": hidden_state_mla_models,
+}

@@ -31,7 +31,13 @@ from kvref.specs import (
     dtype_size,
 )
 
-__all__ = ["deepseek_v32_models", "deepseek_v4_models", "glm5_models"]
+__all__ = [
+    "deepseek_v32_models",
+    "deepseek_v4_models",
+    "glm5_models",
+    "v32_attention",
+    "v32_indexer",
+]
 
 #: DeepSeek-V4 layer kinds by compress ratio: 0 sliding window only, 4 CSA, 128 HCA.
 _DSV4_RATIOS = (4, 128, 0)
@@ -241,6 +247,11 @@ def _deepseek_v32_models(draw: st.DrawFn, max_layers: int) -> Model:
         f"x MLA, {indexers} with an indexer" + (" + MTP" if mtp else "") + _kernel_note(kernel),
         num_hidden_layers=layers,
     )
+
+
+#: A DeepSeek-V3.2 layer's latent and indexer specs, for families that serve its target.
+v32_attention = _v32_attention
+v32_indexer = _indexer
 
 
 def deepseek_v32_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:

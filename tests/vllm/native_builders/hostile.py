@@ -69,3 +69,20 @@ class RaisingIntSize(_PlantsInFirstTensor):
 
     def plant(self, tensor: Any) -> None:
         tensor.size = _RaisingInt(tensor.size)
+
+
+class RaisesKitError(DefaultKVCacheConfigBuilder):
+    """vLLM's placement, but the kit's own ``KitError`` from every placement of many blocks.
+
+    Were that taken for the kit's failure, the run would end with exit 2 (no
+    verdict) instead of failing the builder (KV-CALL-RAISES).
+    """
+
+    def get_kv_cache_config_from_groups(
+        self, vllm_config: Any, kv_cache_groups: list[Any], num_blocks: int
+    ) -> Any:
+        from conformance.errors import KitError
+
+        if num_blocks > 1:
+            raise KitError("vLLM adapter", "converting the placement input to vLLM: forged")
+        return super().get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, num_blocks)
