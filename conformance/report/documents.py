@@ -73,16 +73,17 @@ def read_json(path: Path, where: str, *, max_bytes: int = MAX_DOCUMENT_BYTES) ->
 
 
 def _depth(value: Any) -> int:
-    # Iterative: the value came from a parser that already bounded its recursion.
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        deepest = max(deepest, level)
-        if isinstance(item, dict):
-            stack.extend((v, level + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, level + 1) for v in item)
-    return deepest
+    """How deeply ``value`` nests, counted level by level over its containers only."""
+    depth, level = 0, [value]
+    while level and depth <= MAX_DEPTH:
+        depth += 1
+        inner: list[Any] = []
+        for item in level:
+            items = item.values() if isinstance(item, dict) else item
+            if isinstance(item, (dict, list)):
+                inner.extend(v for v in items if isinstance(v, (dict, list)))
+        level = inner
+    return depth
 
 
 @cache
