@@ -32,6 +32,7 @@ from conformance.harness.lineage import (
     builder_name,
 )
 from conformance.report.model import InvariantResult, Report
+from conformance.run.corpus import check_saved
 from conformance.run.focus import FocusExchange
 from conformance.run.judging import ContractVersionWarning, Progress, Run
 from conformance.run.options import PROFILES, OptionError, RunOptions, check_device
@@ -89,7 +90,8 @@ def check_options(
     The one validator of every front end (the CLI and the plugin, to refuse
     bad options before anything starts; :func:`check_builder`):
     the values (:meth:`RunOptions.validate`, ``unsupported`` against every
-    capability the kit knows), the selection, the release and the device.
+    capability the kit knows), the selection, the release, the device, and
+    what the run would read from its database (:func:`~conformance.run.corpus.check_saved`).
 
     Args:
         options: the run's options.
@@ -106,6 +108,14 @@ def check_options(
     if one_release:
         options.vllm_version  # noqa: B018 - raises for 'all'
     check_device(options.device)
+    # What the run reads from its database is data, checked before anything starts.
+    shard = options.shard_of()
+    check_saved(
+        options.database,
+        options.builder,
+        [inv.id for inv in selected],
+        sharded=shard is not None and shard.count > 1,
+    )
     return selected
 
 
