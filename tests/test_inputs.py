@@ -191,3 +191,22 @@ def test_a_bad_manifest(tmp_path: Path, entry: str, says: str) -> None:
     with pytest.raises(ExpectationsError, match=r"m\.toml: entry 1") as caught:
         load_manifest(path)
     assert says in str(caught.value)
+
+
+def test_the_cli_refuses_a_bad_corpus_before_touching_its_outputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Exit 2 naming the file, and the previous report left as it was (no run, no marker)."""
+    from conformance.cli import main
+
+    database = tmp_path / "db"
+    corpus = Corpus(str(database), BUILDER)
+    assert corpus.path is not None
+    corpus.path.parent.mkdir(parents=True)
+    corpus.path.write_text(json.dumps([_entry()] * (CORPUS_LIMIT + 1)))
+    previous = _write(tmp_path / "report.json", '{"previous": true}')
+    args = [BUILDER, "--database", str(database), "--json", str(previous), "--seed", "1"]
+    assert main([*args, "--select", "KV-GROUP-PARTITION", "--max-examples", "2"]) == 2
+    err = capsys.readouterr().err
+    assert str(corpus.path) in err and f"holds {CORPUS_LIMIT + 1} entries" in err
+    assert previous.read_text() == '{"previous": true}'
