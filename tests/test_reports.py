@@ -433,30 +433,50 @@ def test_an_xfail_shows_its_expectations_reason_and_link() -> None:
     assert 'href="javascript' not in format_html(data)
 
 
-def test_what_the_builder_wrote_is_text_in_the_text_and_markdown_reports() -> None:
-    """Raw terminal escapes reached the text report and raw HTML the Markdown summary."""
+def test_what_the_builder_wrote_is_text_in_every_report_format(tmp_path: Path) -> None:
+    """Escapes, controls, a lone surrogate and a huge message of the builder's, in each format.
+
+    Raw terminal escapes reached the text report, raw HTML the Markdown
+    summary; a lone surrogate crashed the HTML page; a message of any size
+    was kept whole.
+    """
     import attrs
 
     from conformance import InvariantResult, Report
-    from conformance.check.violations import Violation
+    from conformance.check.violations import TEXT_LIMIT, Violation
+    from conformance.ci.html import write_html
     from conformance.ci.markdown import format_markdown
     from conformance.report.render import format_report
 
-    hostile = "\x1b[2K\rOK\x1b]0;title\x07 <img src=x onerror=alert(1)> | done"
+    hostile = "\x1b[2K\rOK\x1b]0;title\x07 <img src=x onerror=alert(1)> | done \ud800\x00"
+    huge = hostile + "x" * (4 * TEXT_LIMIT)
     result = InvariantResult(
         id="KV-PLACE-IN-BOUNDS",
         title="t",
         reference="docs/contract.md#memory-safety",
         status="fail",
-        violations=(Violation(invariant="KV-PLACE-IN-BOUNDS", message=hostile),),
-        reason=hostile,
+        violations=(Violation(invariant="KV-PLACE-IN-BOUNDS", message=huge, layer=hostile),),
+        reason=huge,
+        counterexample="c",
     )
     report = Report(
         builder="m:B", device="cpu", seed=1, profile="ci", max_examples=1,
         results=(result,), seconds=1.0, builder_output=hostile,
     )  # fmt: skip
+    (kept,) = report.results[0].violations
+    assert len(kept.message) < TEXT_LIMIT + 100 and kept.message.endswith("characters cut]")
+    assert report.results[0].reason is not None and len(report.results[0].reason) < 2 * TEXT_LIMIT
     text = format_report(report)
-    assert "\x1b" not in text and "\r" not in text and "\x07" not in text
+    assert not any(c in text for c in "\x1b\r\x07\ud800\x00")
     summary = format_markdown(attrs.evolve(report, builder_output=""))
     assert "<img" not in summary and "&lt;img src=x onerror=alert(1)&gt;" in summary
     assert "\x1b" not in summary
+    write_html(report, tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "<img" not in page and not any(c in page for c in "\x1b\x07\x00")
+    write_junit(report, tmp_path / "r.xml")
+    xml = ET.tostring(ET.parse(tmp_path / "r.xml").getroot(), encoding="unicode")
+    assert not any(c in xml for c in "\x1b\x07\x00")
+    write_json(report, tmp_path / "r.json")
+    (loaded,) = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))["results"]
+    assert len(loaded["violations"][0]["message"]) < TEXT_LIMIT + 100

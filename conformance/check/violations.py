@@ -4,7 +4,23 @@ from __future__ import annotations
 
 import attrs
 
-__all__ = ["Violation"]
+__all__ = ["TEXT_LIMIT", "Violation", "bounded"]
+
+#: The most characters a violation's message or layer name keeps.  A message
+#: quotes what the builder raised or answered (an exception's text, a layer
+#: name it made up), and every report format shows it whole.
+TEXT_LIMIT = 8000
+
+
+def bounded(text: str) -> str:
+    """``text``, cut to :data:`TEXT_LIMIT` characters with a note of how many were cut."""
+    if len(text) <= TEXT_LIMIT:
+        return text
+    return f"{text[:TEXT_LIMIT]}... [{len(text) - TEXT_LIMIT} more characters cut]"
+
+
+def _bounded_name(text: str | None) -> str | None:
+    return None if text is None else bounded(text)
 
 
 @attrs.frozen(kw_only=True)
@@ -21,9 +37,9 @@ class Violation:
     """
 
     invariant: str
-    message: str
+    message: str = attrs.field(converter=bounded)
     worker: int | None = None
-    layer: str | None = None
+    layer: str | None = attrs.field(default=None, converter=_bounded_name)
     block: int | None = None
     byte_range: tuple[int, int] | None = None
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from conformance.ci.memory_map import COLOURS, memory_map_svg
 from conformance.report.model import STATUSES, Report
+from conformance.report.render import _clean
 
 __all__ = ["format_html", "write_html"]
 
@@ -59,7 +60,9 @@ pre.source .no{color:#888;user-select:none}
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value))
+    # What the builder wrote is text: escaped, and without the terminal escapes and
+    # control characters (a lone surrogate among them) an HTML file cannot hold.
+    return html.escape(_clean(str(value)))
 
 
 def _badge(status: str) -> str:

@@ -23,6 +23,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from conformance.report.render import _clean
+
 __all__ = ["COLOURS", "memory_map_svg", "violation_kind"]
 
 #: Fill colours by kind of page; the HTML page's legend and tests use them.
@@ -44,6 +46,11 @@ _LABEL = 380
 _CELL_W = 30
 _CELL_H = 18
 _STRIP_W = 640
+
+
+def _escape(text: str) -> str:
+    # Layer names come from the builder's answer: text, without controls or escapes.
+    return html.escape(_clean(text))
 
 
 def violation_kind(invariant: str) -> str:
@@ -141,8 +148,8 @@ def _grid(
         y = top + r * _CELL_H
         size = f" ({pages[layer]} B/page)" if layer in pages else ""
         out.append(
-            f'<text x="0" y="{y + _CELL_H - 5}" class="label"><title>{html.escape(layer)}'
-            f"</title>{html.escape(_short(layer))}{size}</text>"
+            f'<text x="0" y="{y + _CELL_H - 5}" class="label"><title>{_escape(layer)}'
+            f"</title>{_escape(_short(layer))}{size}</text>"
         )
         for c, block in enumerate(columns):
             kind = marks.get((layer, block)) or marks.get((layer, None)) or "page"
@@ -150,7 +157,7 @@ def _grid(
             out.append(
                 f'<rect class="page {kind}" x="{_LABEL + c * _CELL_W + 1}" y="{y + 1}" '
                 f'width="{_CELL_W - 2}" height="{_CELL_H - 2}" fill="{COLOURS[kind]}" '
-                f'stroke="{_STROKE}"><title>{html.escape(tip)}</title></rect>'
+                f'stroke="{_STROKE}"><title>{_escape(tip)}</title></rect>'
             )
     return out
 
@@ -192,13 +199,13 @@ def _strip(located: Sequence[Mapping[str, Any]], top: int) -> tuple[list[str], i
         where = f"{_short(str(v.get('layer')), 30)} block {v.get('block')}"
         out.append(
             f'<text x="0" y="{y + _CELL_H - 5}" class="label">'
-            f"{html.escape(where)}: [{start}, {end})</text>"
+            f"{_escape(where)}: [{start}, {end})</text>"
         )
         width = max(x(end) - x(start), 2.0)
         out.append(
             f'<rect class="range {kind}" x="{x(start):.1f}" y="{y + 1}" width="{width:.1f}" '
             f'height="{_CELL_H - 2}" fill="{COLOURS[kind]}">'
-            f"<title>{html.escape(str(v.get('message', '')))}</title></rect>"
+            f"<title>{_escape(str(v.get('message', '')))}</title></rect>"
         )
     return out, 24 + len(ranged) * _CELL_H + 8
 
@@ -227,7 +234,7 @@ def memory_map_svg(result: Mapping[str, Any]) -> str | None:
         + (f"; {hidden} unmarked layers not shown" if hidden else "")
         + (f"; blocks shown: {len(columns)}" if num_blocks and len(columns) < num_blocks else "")
     )
-    body = [f'<text x="0" y="14" class="caption">{html.escape(caption)}</text>']
+    body = [f'<text x="0" y="14" class="caption">{_escape(caption)}</text>']
     grid_top = 44
     if rows and columns:
         body += _grid(rows, columns, marks, pages, grid_top)
@@ -239,7 +246,7 @@ def memory_map_svg(result: Mapping[str, Any]) -> str | None:
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" class="memory-map" width="{width}" '
         f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
-        f'aria-label="memory map of {html.escape(str(result.get("id", "")))}">'
+        f'aria-label="memory map of {_escape(str(result.get("id", "")))}">'
         "<style>.axis,.label{font:11px monospace;fill:#333}"
         ".caption{font:12px sans-serif;fill:#111}</style>" + "".join(body) + "</svg>"
     )

@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from conformance.check.violations import Violation
+from conformance.check.violations import Violation, bounded
 from conformance.contract import CONTRACT
 from conformance.report.waste import WasteSummary
 
@@ -89,7 +89,8 @@ class InvariantResult:
     counterexample_python: str | None = None
     counterexample_data: dict[str, Any] | None = None
     scenario: str | None = None
-    reason: str | None = None
+    # Quotes what a failed call of the builder raised: bounded as a violation's message is.
+    reason: str | None = attrs.field(default=None, converter=attrs.converters.optional(bounded))
     reproduce: str | None = None
     inherited: str | None = None
     upstream: str | None = None
