@@ -45,6 +45,7 @@ __all__ = [
     "pytest_report_header",
     "pytest_sessionfinish",
     "run_item",
+    "run_reach_item",
 ]
 
 #: The module of the kit's items (``--pyargs conformance`` collects it).
@@ -356,6 +357,11 @@ def pytest_configure_node(node: Any) -> None:
         node.workerinput["kvref_exchange"] = session.exchange
 
 
+def _is_reach_item(item: pytest.Item) -> bool:
+    module = getattr(item, "module", None)
+    return getattr(module, "__name__", None) == _KIT_MODULE and item.name == "test_reach_minimum"
+
+
 def _invariant(item: pytest.Item) -> str | None:
     """The invariant a kit item checks (``None``: not one of the kit's items)."""
     module = getattr(item, "module", None)
@@ -376,6 +382,9 @@ def pytest_collection_modifyitems(
         return
     kit = [item for item in items if _invariant(item) is not None]
     state.collected = bool(kit)
+    if state.options.min_reach is None:
+        # The reach item judges only a minimum given: without one it is no test at all.
+        items[:] = [item for item in items if not _is_reach_item(item)]
     if state.options.select is None or not kit:
         return
     from conformance.check.catalog import catalog
@@ -487,6 +496,23 @@ def ci_inputs(config: pytest.Config) -> Any:
         config.issue_config_time_warning(pytest.PytestWarning(warning), stacklevel=2)
     config._kvref_ci_inputs = inputs  # type: ignore[attr-defined]
     return inputs
+
+
+def run_reach_item(request: pytest.FixtureRequest) -> None:
+    """Fail when the run's reach is below ``--kv-min-reach`` (the CLI's exit 1 for it)."""
+    state = _session(request.config)
+    if state is None:
+        pytest.skip("give --kv-builder module:Class to check a builder")
+    from conformance.check.catalog import catalog
+
+    ids = state.selected or [inv.id for inv in catalog()]
+    report = state.run(ids[0], ci_inputs(request.config))
+    if report.reach_failed:
+        pytest.fail(
+            f"the run reached {report.reach['percent']}% of the builder's lines, below "
+            f"--kv-min-reach {state.options.min_reach:g}%",
+            pytrace=False,
+        )
 
 
 def run_item(invariant: str, request: pytest.FixtureRequest) -> None:

@@ -128,3 +128,19 @@ def test_the_clis_defaults_are_the_kits() -> None:
 
     assert attrs.evolve(cli, database=None) == kit
 
+
+@pytest.mark.parametrize(("minimum", "failed"), [("100", 1), ("1", 0)])
+def test_the_plugin_judges_the_reach_minimum(
+    pytester: pytest.Pytester, minimum: str, failed: int
+) -> None:
+    """``--kv-min-reach`` fails the session as ``--min-reach`` fails the CLI (it was ignored)."""
+    result = pytester.runpytest_subprocess(
+        *("--pyargs", "conformance", "-p", "no:cacheprovider"),
+        *("--kv-builder", "kvref:ReferenceKVCacheConfigBuilder", "--kv-select"),
+        *("KV-GROUP-PARTITION", "--kv-max-examples", "3", "--kv-seed", str(SEED)),
+        *("--kv-min-reach", minimum),
+    )
+    outcomes = result.parseoutcomes()
+    assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (2 - failed, failed), outcomes
+    if failed:
+        result.stdout.fnmatch_lines(["*below --kv-min-reach 100%*"])
