@@ -210,3 +210,18 @@ def test_the_cli_refuses_a_bad_corpus_before_touching_its_outputs(
     err = capsys.readouterr().err
     assert str(corpus.path) in err and f"holds {CORPUS_LIMIT + 1} entries" in err
     assert previous.read_text() == '{"previous": true}'
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [("[" * 100_000 + "]" * 100_000, "nests deeper"), ('{"results": NaN}', "NaN is not")],
+)
+def test_verify_refuses_a_report_that_is_no_json_document(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, says: str
+) -> None:
+    """A usage error (exit 2), where a deeply nested file crashed the parser."""
+    from conformance.ci.certify import verify_main
+
+    path = _write(tmp_path / "report.json", content)
+    assert verify_main([str(path)]) == 2
+    assert says in capsys.readouterr().err

@@ -376,14 +376,13 @@ class Verification:
 
 
 def _load(path: Path) -> dict[str, Any]:
+    from conformance.report.documents import DocumentError, read_json
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise VerifyInputError(f"cannot read report {str(path)!r}: {exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise VerifyInputError(f"report {str(path)!r} is not JSON: {exc}") from None
+        # Strict JSON of bounded size and nesting (a deeply nested file crashed the parser).
+        data = read_json(path, f"report {str(path)!r}")
+    except DocumentError as exc:
+        raise VerifyInputError(str(exc)) from None
     if not isinstance(data, dict) or "results" not in data:
         raise VerifyInputError(f"{str(path)!r} is not a kvref-conformance JSON report")
     return data
