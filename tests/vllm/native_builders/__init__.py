@@ -49,5 +49,22 @@ Broken builders (one planted bug each; the docstring names the invariant):
   fails the invariants vLLM's own projection defect fails too
   (tests/vllm/test_inherited_native.py).
 
+Field reports, a broken builder beside a legal one behind the same gate
+(tests/vllm/test_field_bugs_native.py):
+
+- :mod:`.field_gates`: an ``isinstance(spec, MLAAttentionSpec)`` gate that
+  packs latents side by side and sizes a page as one latent head, met by the
+  hidden-state cache (``LatentHeadPageBuilder``; legal:
+  ``PacksLatentsBuilder``); uniform-type group specs re-created with
+  ``cache_config.block_size`` (``EngineBlockSizeGroupsBuilder``; legal:
+  ``RebuildsUniformGroupsBuilder``);
+- :mod:`.field_reports`: HiSparse layers bound at their tensor's base offset
+  (``HiSparseBaseOffsetBuilder``; legal: ``HiSparseSplitLayersBuilder``), Mamba
+  specs beside a drafter without their speculative blocks
+  (``MambaDropsSpeculativeBlocksBuilder``; legal:
+  ``MambaKeepsSpeculativeBlocksBuilder``);
+- :mod:`.config_writes`: hooks that write the ``VllmConfig``, its
+  ``cache_config.block_size`` and ``scheduler_config`` fields included.
+
 :mod:`._common` holds the gates and the per-block arithmetic they share.
 """

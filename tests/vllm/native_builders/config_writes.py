@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
+from vllm.v1.kv_cache_interface import AttentionSpec
 
 
 class ShrinksModelLen(DefaultKVCacheConfigBuilder):
@@ -69,3 +70,31 @@ class LeavesUnreadable(DefaultKVCacheConfigBuilder):
         groups = super().get_kv_cache_groups(vllm_config, kv_cache_spec)
         vars(vllm_config.model_config)["hf_config"] = _Unreadable()
         return groups  # type: ignore[no-any-return]
+
+
+class AlignsEngineBlockSize(DefaultKVCacheConfigBuilder):
+    """Sets ``cache_config.block_size`` to the model's attention block size before grouping.
+
+    A platform whose kernels take the model's block size "aligns" the engine
+    to it (a field report: the scheduler then sized the pool with the wrong
+    block and declared a false OOM).  Gated on a model whose attention block
+    differs from the engine's; ``super()`` elsewhere.
+    """
+
+    def get_kv_cache_groups(self, vllm_config: Any, kv_cache_spec: dict[str, Any]) -> list[Any]:
+        cache = vllm_config.cache_config
+        blocks = {s.block_size for s in kv_cache_spec.values() if isinstance(s, AttentionSpec)}
+        if len(blocks) == 1 and cache.block_size not in blocks:
+            cache.block_size = blocks.pop()
+        return super().get_kv_cache_groups(vllm_config, kv_cache_spec)  # type: ignore[no-any-return]
+
+
+class RaisesBatchedTokens(DefaultKVCacheConfigBuilder):
+    """Raises ``scheduler_config.max_num_batched_tokens`` by a block while placing."""
+
+    def get_kv_cache_config_from_groups(
+        self, vllm_config: Any, kv_cache_groups: list[Any], num_blocks: int
+    ) -> Any:
+        scheduler = vllm_config.scheduler_config
+        scheduler.max_num_batched_tokens += vllm_config.cache_config.block_size
+        return super().get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, num_blocks)
