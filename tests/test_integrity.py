@@ -199,3 +199,13 @@ def test_a_kit_error_raised_by_a_kvref_native_builder_is_its_own(
     raises = report.result("KV-CALL-RAISES")
     assert raises.status == "fail", raises
     assert any("KitError" in str(v) for v in raises.violations), raises.violations
+    # Run in this process (no worker), the guard tells its hook from the kit's code too.
+    here = check_builder(
+        "forgers.kit_errors:RaisesKitError",
+        select=["KV-CALL-RAISES"],
+        max_examples=6,
+        seed=1,
+        reach=False,
+        isolate=False,
+    )
+    assert here.result("KV-CALL-RAISES").status == "fail"

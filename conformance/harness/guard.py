@@ -16,6 +16,7 @@ import copy
 import faulthandler
 import pickle
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -24,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from conformance.check.observations import CallResult
-from conformance.errors import KitError
+from conformance.errors import BuilderKitError, KitError
 from conformance.harness import handed
 
 __all__ = [
@@ -211,9 +212,12 @@ class Guard:
         if "error" in box:
             exc = box["error"]
             if isinstance(exc, KitError):
-                # The kit's own code failed inside the call (the vLLM adapter
-                # converting the kit's input): no verdict on the builder.
-                raise exc
+                if _through_kit_code(fn):
+                    # The kit's own code failed inside the call (the vLLM adapter
+                    # converting the kit's input): no verdict on the builder.
+                    raise exc
+                # Only the builder's code ran inside: the kit's error class is its own.
+                exc = BuilderKitError.of(exc)
             return CallResult(
                 hook=hook,
                 error=f"{type(exc).__name__}: {exc}",
@@ -231,6 +235,27 @@ class Guard:
         if problem is not None:
             return CallResult(hook=hook, wrong_type=problem, seconds=seconds, input_changes=changed)
         return CallResult(hook=hook, value=value, seconds=seconds, input_changes=changed)
+
+
+#: The kit's own code around a builder's hooks, by module and class: the isolated
+#: proxy (its worker reports kit errors) and the vLLM adapter (its conversions).
+_KIT_WRAPPERS = (
+    ("conformance.harness.isolate", "IsolatedBuilder"),
+    ("conformance.harness.vllm_adapter", "VLLMBuilderAdapter"),
+)
+
+
+def _through_kit_code(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` (a bound hook, or a class to construct) runs kit code around it."""
+    owner = fn if isinstance(fn, type) else getattr(fn, "__self__", None)
+    cls = owner if isinstance(owner, type) else type(owner)
+    # A class of a module not imported has no instance to be called through.
+    wrappers = tuple(
+        getattr(sys.modules[module], name)
+        for module, name in _KIT_WRAPPERS
+        if module in sys.modules
+    )
+    return issubclass(cls, wrappers)
 
 
 def snapshot_differs(before: Any, after: Any) -> bool:
