@@ -61,7 +61,7 @@ def test_a_bad_json_document(tmp_path: Path, content: str | bytes, says: str) ->
 def test_a_json_document_that_is_no_file(tmp_path: Path) -> None:
     with pytest.raises(DocumentError, match="is a directory, not a file"):
         read_json(tmp_path, "here")
-    with pytest.raises(DocumentError, match="is missing"):
+    with pytest.raises(DocumentError, match="cannot be read: it does not exist"):
         read_json(tmp_path / "gone.json", "gone")
 
 

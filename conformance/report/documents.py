@@ -46,8 +46,14 @@ def read_json(path: Path, where: str, *, max_bytes: int = MAX_DOCUMENT_BYTES) ->
     """
     try:
         if not path.is_file():
-            what = "a directory" if path.is_dir() else "missing" if not path.exists() else "special"
-            raise DocumentError(f"{where} is {what}, not a file")
+            what = (
+                "it is a directory, not a file"
+                if path.is_dir()
+                else "it does not exist"
+                if not path.exists()
+                else "it is not a regular file"
+            )
+            raise DocumentError(f"{where} cannot be read: {what}")
         size = path.stat().st_size
         if size > max_bytes:
             raise DocumentError(f"{where} has {size} bytes, over the {max_bytes} the kit reads")
