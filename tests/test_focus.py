@@ -1,4 +1,4 @@
-"""Focus (conformance/run/focus.py): more examples where the builder's answers differ."""
+"""Focus (conformance/extensions/focus/): more examples where the builder's answers differ."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conformance.cli import main
+from conformance.extensions.focus.answers import FOCUS_SHARE, answers_differ
 from conformance.generate.engine_paths import engine_path, parse, spell
 from conformance.generate.limits import HOST_OUTSIDE_HISPARSE, Limits
 from conformance.harness.guard import Guard
 from conformance.harness.hooks import Context, make_factory
-from conformance.run.focus import FOCUS_SHARE, answers_differ
 from conformance.run.options import OptionError, RunOptions
 from conformance.run.runner import check_builder
-from conformance.run.strata import Stratum, draw_focus, run_strata
+from conformance.run.strata import Stratum, draw_pinned, run_strata
 from conformance.scenarios.examples import Example
 from conformance.scenarios.registry import examples, observe_in
 from kvref import ReferenceKVCacheConfigBuilder
@@ -152,8 +152,15 @@ class TestFocusRuns:
         path = engine_path(PlanningConfig(kv_cache_layout=KVCacheLayout.BLHNC))
         pins = {"glm5": frozenset({path})}
         seen: list[tuple[Stratum, Example]] = []
-        extra = draw_focus(
-            "placement", strata, 20, 4, "ci", lambda s, ex, first: seen.append((s, ex)), pins
+        extra = draw_pinned(
+            "placement",
+            strata,
+            int(20 * FOCUS_SHARE),
+            4,
+            "ci",
+            lambda s, ex, first: seen.append((s, ex)),
+            pins,
+            label="placement/focus",
         )
         assert extra == [("glm5", int(20 * FOCUS_SHARE))]
         assert seen and all(s.name == "glm5" for s, _ in seen)
@@ -175,8 +182,15 @@ class TestFocusRuns:
         assert [s.name for s in strata if "host" in s.not_in] == ["hybrid"]
         pins = {s.name: frozenset({("BLNHC", False, s.name == "hisparse")}) for s in strata}
         seen: list[str] = []
-        extra = draw_focus(
-            "host", strata, 20, 1, "ci", lambda s, ex, first: seen.append(s.name), pins
+        extra = draw_pinned(
+            "host",
+            strata,
+            int(20 * FOCUS_SHARE),
+            1,
+            "ci",
+            lambda s, ex, first: seen.append(s.name),
+            pins,
+            label="host/focus",
         )
         assert extra == [("hisparse", int(20 * FOCUS_SHARE))]
         assert seen and set(seen) == {"hisparse"}

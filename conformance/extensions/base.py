@@ -60,6 +60,21 @@ class RunView(Protocol):
         """The examples judged so far, per scenario."""
 
     @property
+    def strata(self) -> Any:
+        """Where the run's examples come from (``conformance.run.strata``)."""
+
+    @property
+    def focus_exchange(self) -> Callable[[Any], Any] | None:
+        """Pools what a shard learned of the focus with the other shards' (``None``: none)."""
+
+    @property
+    def reproduce_with(self) -> dict[str, Callable[[], Any]]:
+        """Per run option, its value for a reproduce line, as an extension learned it."""
+
+    def judge_more(self, scenario: str, name: str, deal: Callable[[Any, Any], Any]) -> Any:
+        """Judge more of ``scenario``'s examples, drawn by ``deal(body, shard)``."""
+
+    @property
     def meter(self) -> Any:
         """The run's reach meter (``conformance.harness.reach``; ``None``: not measured)."""
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from conformance.extensions.base import Extension
 from conformance.extensions.flakes import FLAKES
+from conformance.extensions.focus import FOCUS
 from conformance.extensions.reach import REACH
 from conformance.extensions.waste import WASTE
 
 __all__ = ["EXTENSIONS", "extensions"]
 
 #: Every extension, in the order a run calls their hooks.
-EXTENSIONS: tuple[Extension, ...] = (REACH, WASTE, FLAKES)
+EXTENSIONS: tuple[Extension, ...] = (FOCUS, REACH, WASTE, FLAKES)
 
 
 def extensions() -> tuple[Extension, ...]:

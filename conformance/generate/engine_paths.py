@@ -1,6 +1,6 @@
 """Engine paths: the settings that decide which planning path an engine takes, and their spelling.
 
-A focus (:mod:`conformance.run.focus`) keeps them and redraws everything
+A focus (:mod:`conformance.extensions.focus`) keeps them and redraws everything
 else; ``--focus`` and the reproduce lines spell them
 (``family=PATH,PATH;family=PATH``, a path ``LAYOUT[/flag...]``).  Kept apart
 from the focus itself so that reading the options imports no planning code.

@@ -56,7 +56,7 @@ DEFAULT_MAX_WORKERS = 4
 class Steer:
     """What a problem's config must be drawn with (``None``: drawn as usual).
 
-    A focus (conformance.run.focus) wants the few engine paths a builder
+    A focus (conformance.extensions.focus) wants the few engine paths a builder
     acted on; drawing them directly, instead of rejecting every other
     problem after it is drawn, costs a tenth of the generation.
 

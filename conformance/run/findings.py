@@ -16,7 +16,6 @@ import hypothesis
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from conformance.check.catalog import Invariant, Unjudged
-from conformance.generate.engine_paths import spell
 from conformance.harness.guard import Guard, clear_interrupt
 from conformance.harness.hooks import (
     Context,
@@ -34,7 +33,6 @@ from conformance.harness.lineage import (
 from conformance.report.model import InvariantResult
 from conformance.report.records import example_data
 from conformance.run.explore import Explorer
-from conformance.run.focus import Focus
 from conformance.run.options import RunOptions
 from conformance.run.search import Namespaced, search
 from conformance.run.shard import order_key
@@ -64,7 +62,8 @@ class Findings:
     strata: tuple[Stratum, ...]
     drawn: dict[str, list[Example]]
     empty: dict[str, list[str]]
-    focus: Focus
+    #: Per run option, its value for a reproduce line, as an extension learned it.
+    reproduce_with: dict[str, Callable[[], Any]]
     explorer: Explorer | None
     clock: InvariantClock
     interrupted: bool
@@ -219,7 +218,7 @@ class Findings:
                 'python -c "import conformance; print(conformance.reproduce('
                 f"'REPORT.json', '{inv.id}'))\"  # REPORT.json: this run's --json report"
             )
-        return self.options.reproduce(inv.id, focus=spell(self.focus.pins()) or None)
+        return self.options.reproduce(inv.id, **{k: v() for k, v in self.reproduce_with.items()})
 
     def _inherited(self, inv: Invariant, scenario: str, example: Example) -> str | None:
         """Whether the builder's parent builder fails the same way on the counterexample.

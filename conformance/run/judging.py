@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import attrs
 
@@ -21,27 +21,24 @@ from conformance.check.catalog import Invariant
 from conformance.check.observations import builder_spoiled
 from conformance.contract import contract_name, version_note
 from conformance.generate.coverage import coverage, coverage_sets
-from conformance.generate.engine_paths import EnginePath, spell
 from conformance.generate.limits import Limits
 from conformance.harness.guard import Guard, clear_interrupt
 from conformance.harness.hooks import Context, make_factory
 from conformance.harness.lineage import (
     is_vllm_native,
     isolated_resolver,
-    parent_builder,
     resolvable_qualname,
 )
 from conformance.harness.reach import ReachMeter
 from conformance.report.model import Report
 from conformance.run.explore import Corpus, Explorer
 from conformance.run.findings import Findings, judge_outcome
-from conformance.run.focus import REFERENCE, Baseline, Focus, FocusExchange
 from conformance.run.options import RunOptions
 from conformance.run.shard import order_key
 from conformance.run.strata import (
+    Body,
     Stratum,
     draw,
-    draw_focus,
     run_strata,
     sample,
     split_by_example,
@@ -55,6 +52,8 @@ from kvref.builder import KVCacheConfigBuilder
 from kvref.versions import VllmVersion
 
 __all__ = ["ContractVersionWarning", "Progress", "Run"]
+
+_T = TypeVar("_T")
 
 #: Told ``(phase label, examples done, examples in all)`` as the run goes.
 Progress = Callable[[str, int, int], None]
@@ -103,12 +102,12 @@ class Run(Findings):
         self.strata: tuple[Stratum, ...] = run_strata(None, only=False, limits=self.limits)
         self.drawn: dict[str, list[Example]] = {}
         self.empty: dict[str, list[str]] = {}
-        # Where the builder's answers differed from its parent's or the reference's (focus.py).
-        pins = options.focus_pins()
-        baseline = REFERENCE if pins is not None else Baseline.of(parent_builder(builder))
-        self.focus = Focus(pins, baseline)
         #: Pools the focus with the run's other shards (check_builder(focus_exchange=)).
-        self.focus_exchange: FocusExchange | None = None
+        self.focus_exchange: Callable[[Any], Any] | None = None
+        #: Per run option, its value for a reproduce line, as an extension learned it.
+        self.reproduce_with: dict[str, Callable[[], Any]] = {}
+        #: The scenarios judged, each with the invariants that read it (:meth:`execute`).
+        self.plan: dict[str, Sequence[Invariant]] = {}
         #: The run's reach meter (harness/reach.py; ``None``: reach is not measured).
         self.meter: ReachMeter | None = None
         #: How many of the builder's lines have run so far (set when reach is measured).
@@ -138,6 +137,7 @@ class Run(Findings):
             (s.name, [inv for inv in active if inv.reads(s.name)]) for s in registry.scenarios()
         ]
         plan = [(s, checks) for s, checks in plan if checks]
+        self.plan = dict(plan)
         total = len(plan) * self.options.max_examples
         for scenario, checks in plan:
             self.ctx = registry.get(scenario).prepare(self.ctx, self.builder, checks)
@@ -156,18 +156,8 @@ class Run(Findings):
                     # The tag check's reused backing is for one scenario's examples.
                     drop_scratch()
                 ext.after_phase(self.active, self, scenario)
+            # An extension may judge more examples of any scenario now (judge_more).
             ext.after_deals(self.active, self)
-            # Every scenario's focus after every first deal: each learns from all of them.
-            if self.focus_exchange is not None and self.focus.given is None:
-                # A shard learned from its own families only: pool with the other shards.
-                self.focus.adopt(self.focus_exchange(self.focus.pins()))
-            for scenario, checks in plan:
-                if registry.get(scenario).focused:
-                    try:
-                        self._scenario(scenario, checks, total, total, focus=self.focus.pins())
-                    finally:
-                        drop_scratch()
-                    ext.after_phase(self.active, self, f"{scenario} focus")
             if explorer is not None and self.options.explore:
                 try:
                     explorer.run(self.options.explore, self.options.explore_candidates)
@@ -215,18 +205,54 @@ class Run(Findings):
         )
         return self.explorer
 
+    def judge_more(self, scenario: str, name: str, deal: Callable[[Body, Any], _T]) -> _T | None:
+        """Judge more of ``scenario``'s examples after the first deals (an extension's).
+
+        ``deal(body, shard)`` draws them (strata.draw_pinned), calling ``body``
+        on each; they come after every first deal in the run's order and are
+        shown as ``name`` (``"<scenario>, <name>"``).  Returns what ``deal``
+        returns; ``None`` when the run judges no invariant in ``scenario``.
+        """
+        from conformance.check.worker import drop_scratch
+
+        if scenario not in self.plan:
+            return None
+        total = len(self.plan) * self.options.max_examples
+        body = self._body(scenario, self.plan[scenario], total, total, 1, f"{scenario}, {name}")
+        try:
+            found = deal(body, self.shard)
+        finally:
+            drop_scratch()
+        ext.after_phase(self.active, self, f"{scenario} {name}")
+        return found
+
     def _scenario(
+        self, scenario: str, checks: Sequence[Invariant], done_before: int, total: int
+    ) -> None:
+        """Judge ``scenario``'s first deal."""
+        judge = self._body(scenario, checks, done_before, total, 0, scenario)
+        args = (scenario, self.strata, self.options.max_examples, self.options.seed)
+        self.empty[scenario] = draw(*args, self.options.profile, judge, self.shard)
+        if self.empty[scenario] and not self.drawn.get(scenario):
+            # No model of the run can give this builder the scenario's inputs:
+            # not a verdict on its answers (contract.md#verdicts).
+            why = undrawable_reason(registry.get(scenario), self.empty[scenario], self.limits)
+            for inv in checks:
+                if scenario in inv.scenarios:  # not the call invariants, read everywhere
+                    self.tallies[inv.id].undrawable(why)
+
+    def _body(
         self,
         scenario: str,
         checks: Sequence[Invariant],
         done_before: int,
         total: int,
-        focus: Mapping[str, frozenset[EnginePath]] | None = None,
-    ) -> None:
-        """Judge ``scenario``'s first deal, or with ``focus`` its focus (focus.py)."""
+        phase: int,
+        label: str,
+    ) -> Body:
+        """What judges each example of one deal: ``phase`` 0 the first, 1 an extension's."""
         done = done_before
-        phase, where = 0 if focus is None else 1, registry.names().index(scenario)
-        label = scenario if focus is None else f"{scenario}, focus"
+        where = registry.names().index(scenario)
         positions = {s.name: i for i, s in enumerate(self.strata)}
 
         def judge(stratum: Stratum, ex: Example, first_deal: bool) -> None:
@@ -241,19 +267,7 @@ class Run(Findings):
             if self.progress is not None:
                 self.progress(label, min(done, total), total)
 
-        args = (scenario, self.strata, self.options.max_examples, self.options.seed)
-        profile, shard = self.options.profile, self.shard
-        if focus is None:
-            self.empty[scenario] = draw(*args, profile, judge, shard)
-            if self.empty[scenario] and not self.drawn.get(scenario):
-                # No model of the run can give this builder the scenario's inputs:
-                # not a verdict on its answers (contract.md#verdicts).
-                why = undrawable_reason(registry.get(scenario), self.empty[scenario], self.limits)
-                for inv in checks:
-                    if scenario in inv.scenarios:  # not the call invariants, read everywhere
-                        self.tallies[inv.id].undrawable(why)
-        else:
-            self.focus.drew(scenario, draw_focus(*args, profile, judge, focus, shard))
+        return judge
 
     def _judge_one(
         self,
@@ -276,8 +290,6 @@ class Run(Findings):
         if seeding and self.explorer is not None and (gain := self.reach_lines() - before) > 0:
             # The examples that grew reach seed exploration's corpus, as in any fuzzer.
             self.explorer.seed(stratum, ex, gain)
-        if first_deal:
-            self.focus.note(stratum.name, ex.config, obs)
         for inv in checks:
             failed = self.tallies[inv.id].add(
                 self.clock.judge(inv.id, judge_outcome, inv, obs),
@@ -312,7 +324,6 @@ class Run(Findings):
             observe_seconds=self.clock.observe_seconds(),
             warnings=_contract_warnings(self.vllm),
             contract=contract_name(self.vllm),
-            focus=spell(self.focus.pins()) or "off",
             shard=self._shard_data(selected),
         )
         done: Report = ext.end(self.active, self, report)
@@ -331,15 +342,12 @@ class Run(Findings):
                 inv.id: self.tallies[inv.id].as_dict() for inv in selected if inv.id in self.tallies
             },
             "coverage": {s: coverage_sets(examples) for s, examples in self.drawn.items()},
-            "focus": {s: dict(counts) for s, counts in self.focus.extra.items()},
         }
 
     def _coverage(self, scenario: str) -> dict[str, Any]:
         covered = coverage(self.drawn.get(scenario, []))
         if self.empty.get(scenario):
             covered["no_valid_examples"] = sorted(self.empty[scenario])
-        if self.focus.extra.get(scenario):
-            covered["focus"] = dict(self.focus.extra[scenario])
         return covered
 
 

@@ -33,10 +33,10 @@ from conformance.harness.lineage import (
 )
 from conformance.report.model import InvariantResult, Report
 from conformance.run.corpus import check_saved
-from conformance.run.focus import FocusExchange
 from conformance.run.judging import ContractVersionWarning, Progress, Run
 from conformance.run.options import PROFILES, OptionError, RunOptions, check_device
 from conformance.run.strata import (
+    FocusExchange,
     run_strata,
 )
 from conformance.run.tally import select_invariants

@@ -42,7 +42,6 @@ from conformance.generate.determinism import seed_only_draws
 from conformance.generate.engine_paths import EnginePath
 from conformance.generate.limits import NO_LIMITS, Limits
 from conformance.generate.records import Model
-from conformance.run.focus import FOCUS_SHARE
 from conformance.run.interrupts import interrupts_unmasked
 from conformance.run.shard import Shard
 from conformance.scenarios import registry
@@ -50,10 +49,12 @@ from conformance.scenarios.examples import Example
 
 __all__ = [
     "VENDOR_SHARE",
+    "Body",
+    "FocusExchange",
     "Stratum",
     "deal",
     "draw",
-    "draw_focus",
+    "draw_pinned",
     "run_strata",
     "sample",
     "split_by_example",
@@ -171,6 +172,9 @@ def stratum_seed(seed: int, scenario: str, stratum: str) -> int:
     return (seed + zlib.crc32(f"{scenario}/{stratum}".encode())) % 2**32
 
 
+#: Pools one shard's focus pins with the other shards' (``check_builder(focus_exchange=)``).
+FocusExchange = Callable[[Mapping[str, frozenset[EnginePath]]], Mapping[str, frozenset[EnginePath]]]
+
 #: What a scenario's body is told: the stratum, the example, and whether the
 #: example is of the first deal (the focus learns from those alone).
 Body = Callable[[Stratum, Example, bool], Any]
@@ -224,40 +228,40 @@ def draw(
     return empty
 
 
-def draw_focus(
+def draw_pinned(
     scenario: str,
     strata: Sequence[Stratum],
-    total: int,
+    count: int,
     seed: int,
     profile: str,
     body: Body,
     pins: Mapping[str, frozenset[EnginePath]],
     shard: Shard | None = None,
+    *,
+    label: str,
 ) -> list[tuple[str, int]]:
-    """Run ``body`` on ``scenario``'s focus: :data:`FOCUS_SHARE` of ``total`` more examples.
+    """Run ``body`` on ``count`` more examples of ``scenario``, on pinned engine paths.
 
-    They are dealt equally over the strata ``pins`` names, each drawn on its
-    engine paths only (conformance.run.focus).  Returns the examples dealt
-    to each stratum (``shard``: to its own strata, the only ones that run).
+    They are dealt equally over the strata ``pins`` names (``label`` seeds
+    the deal), each drawn on its engine paths only (a focus:
+    conformance.extensions.focus).  Returns the examples dealt to each
+    stratum (``shard``: to its own strata, the only ones that run).
     """
     owns = _owner(strata, shard)
-    # The scenario's own exclusions (deal is told the focus's label, not the scenario).
-    focused = [
+    # The scenario's own exclusions (deal is told the label, not the scenario).
+    pinned = [
         attrs.evolve(s, share=0.0) for s in strata if s.name in pins and scenario not in s.not_in
     ]
-    if not focused:
+    if not pinned:
         return []
-    label = f"{scenario}/focus"
-    extra = [
-        (s, n) for s, n in deal(focused, max(1, int(total * FOCUS_SHARE)), seed, label) if owns(s)
-    ]
-    for stratum, count in extra:
+    extra = [(s, n) for s, n in deal(pinned, count, seed, label) if owns(s)]
+    for stratum, part in extra:
         # No valid example on those paths: the first deal's verdicts stand alone.
         with contextlib.suppress(hypothesis.errors.Unsatisfiable):
             _one_run(
                 scenario,
                 stratum,
-                count,
+                part,
                 seed,
                 profile,
                 body,

@@ -63,7 +63,7 @@ class Scenario:
         admits: whether a model family can give the scenario a valid example
             under the builder's limits (a family that cannot is not dealt any).
         focused: a run's focus draws more of its examples where the builder's
-            answers differ from its baseline's (conformance.run.focus).
+            answers differ from its baseline's (conformance.extensions.focus).
         explored: ``--explore`` judges its candidates in this scenario.
         leans: its examples follow a :class:`Draw`'s layout lean (the first
             deal then draws each family half on block-outermost layouts).

@@ -156,7 +156,7 @@ class ProblemDraw:
         """The examples drawn from ``models`` (default: :attr:`models`, else the families).
 
         ``limits`` says what the builder cannot be given (never drawn for it);
-        ``paths``: only problems on these engine paths (conformance.run.focus);
+        ``paths``: only problems on these engine paths (conformance.extensions.focus);
         ``lean``: towards block-outermost layouts or away from them
         (:class:`~conformance.generate.problems.Steer`).
         """

@@ -74,7 +74,7 @@ def examples(
 
     ``profile`` sizes what grows with it (the request streams of ``serve``);
     ``limits`` says what the builder cannot be given (never drawn for it);
-    ``paths``: only problems on these engine paths (conformance.run.focus);
+    ``paths``: only problems on these engine paths (conformance.extensions.focus);
     ``lean``: towards block-outermost layouts (``True``) or away from them.
     """
     return get(name).examples(

@@ -7,7 +7,7 @@ Learned against the reference, the focus spread over those families for
 every vLLM-native builder, and a vendor whose code acts on one family got
 three extra examples there instead of twenty: ``ScattersDraftsBuilder``'s
 bug (it needs a drafter of two layers of one spec) went unseen at seed 2.
-Its baseline is now its parent, vLLM's default (conformance/run/focus.py).
+Its baseline is now its parent, vLLM's default (conformance/extensions/focus/answers.py).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import pytest
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
 from conformance import check_builder
+from conformance.extensions.focus.answers import REFERENCE, Baseline
 from conformance.harness.adapters import load_builder
 from conformance.harness.lineage import parent_builder, vllm_default_builder
-from conformance.run.focus import REFERENCE, Baseline
 from kvref import ReferenceKVCacheConfigBuilder
 
 pytestmark = pytest.mark.vllm

@@ -258,7 +258,7 @@ def _seeded(cases: Sequence[Case]) -> list[Any]:
 #: Seeds beyond the fast and slow tiers' at which the planted bugs are caught
 #: (issue 18: seeds 1-5).  The two behind a family sub-structure (an MTP draft
 #: layer, every DeepSeek-V3.2 layer indexed on a block-outer layout) were
-#: caught at some seeds only before the focus (conformance/run/focus.py).
+#: caught at some seeds only before the focus (conformance/extensions/focus/).
 MORE_SEEDS = (3, 4, 5)
 
 
@@ -325,7 +325,7 @@ class _FastRuns(dict[str, Report]):
         case = next(c for c in ALL if c.qualname == qualname)
         # The paper invariants for legal and broken builders alike: a selection
         # of one invariant runs fewer scenarios, whose first deals teach the
-        # focus less (conformance/run/focus.py) than the default run's.
+        # focus less (conformance/extensions/focus/) than the default run's.
         examples = {} if case.meant is None else {"max_examples": BROKEN_FAST_EXAMPLES}
         report = self[qualname] = run_kit(case, FAST_SEED, PAPER, **examples)
         return report

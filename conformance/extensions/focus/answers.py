@@ -68,7 +68,7 @@ from kvref.config import PlanningConfig
 from kvref.errors import KVRefError
 from kvref.planning import plan_kv_cache
 
-__all__ = ["FOCUS_SHARE", "REFERENCE", "Baseline", "Focus", "FocusExchange", "answers_differ"]
+__all__ = ["FOCUS_SHARE", "REFERENCE", "Baseline", "Focus", "answers_differ"]
 
 #: Extra examples a scenario deals to the families where the builder acted,
 #: as a share of its examples per scenario.
@@ -221,10 +221,6 @@ def answers_differ(obs: Any, baseline: Baseline = REFERENCE) -> bool | None:
             baseline,
         )
     return None
-
-
-#: Pools one shard's learned pins with the other shards' (``check_builder(focus_exchange=)``).
-FocusExchange = Callable[[Mapping[str, frozenset[EnginePath]]], Mapping[str, frozenset[EnginePath]]]
 
 
 class Focus:
