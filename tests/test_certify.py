@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from conformance import certify
+from conformance.ci import certify
 from conformance.cli import _header_options, _parser, main
 from conformance.report.render import json_schema_path
 from kvref.versions import NEWEST, installed_vllm_version
