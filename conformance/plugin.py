@@ -190,9 +190,9 @@ def _options(config: pytest.Config) -> Any:
 def _check_options(config: pytest.Config) -> _Session:
     """The session's options, every one checked; one ``pytest.UsageError`` for the first bad one.
 
-    The rules are ``check_builder``'s own (:meth:`RunOptions.validate`,
-    :func:`~conformance.run.options.check_device`), so the plugin, the CLI and
-    Python refuse the same values.
+    The validator is ``check_builder``'s own
+    (:func:`~conformance.run.runner.check_options`), so the plugin, the CLI
+    and Python refuse the same values.
     """
     from conformance.run.options import OptionError, flag_message
     from conformance.run.runner import check_options
