@@ -1,4 +1,4 @@
-"""Coverage-guided exploration (conformance/run/explore.py, ``--explore``)."""
+"""Coverage-guided exploration (conformance/extensions/explore/, ``--explore``)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from hypothesis import HealthCheck, given, settings
 
 import conformance
 from conformance.cli import main
+from conformance.extensions.explore.explorer import MUTATIONS, mutate
 from conformance.generate.limits import NO_LIMITS
 from conformance.generate.problems import model_config_fields
 from conformance.report.render import report_to_dict
-from conformance.run.explore import MUTATIONS, Corpus, CorpusError, mutate
+from conformance.run.corpus import Corpus, CorpusError
 from conformance.run.options import OptionError, RunOptions
 from conformance.run.runner import check_builder
 from conformance.scenarios.examples import Example, reference_accepts
@@ -113,7 +114,7 @@ class TestMutations:
         assert added > 10
 
     def test_an_added_layer_renumbers_the_draft_after_it(self) -> None:
-        from conformance.run.explore import _add_layer
+        from conformance.extensions.explore.explorer import _add_layer
 
         full = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype="bfloat16")
         draft = attrs.evolve(full, is_draft=True)

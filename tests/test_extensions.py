@@ -86,6 +86,8 @@ def test_a_run_calls_the_hooks_at_their_phases(monkeypatch: pytest.MonkeyPatch) 
     recorder = Extension(
         name="recorder",
         start=record_start,
+        before_deals=lambda state, run: calls.append(("before deals", len(run.drawn))),
+        before_example=lambda state, run, judged: calls.append(("before", judged.observation)),
         after_example=record_example,
         after_deals=lambda state, run: calls.append(("deals", sum(map(len, run.drawn.values())))),
         end=record_end,
@@ -102,8 +104,11 @@ def test_a_run_calls_the_hooks_at_their_phases(monkeypatch: pytest.MonkeyPatch) 
         focus="off",
     )
     kinds = [kind for kind, _ in calls]
-    assert kinds[0] == "start" and calls[0][1] == 5
+    assert kinds[:2] == ["start", "before deals"] and calls[0][1] == 5 and calls[1][1] == 0
     assert kinds[-2:] == ["deals", "end"]
+    # Each example: told before it is observed (no observation yet), then after.
+    assert kinds[2:-2] == ["before", "example"] * ((len(kinds) - 4) // 2)
+    assert all(what is None for kind, what in calls if kind == "before")
     examples = [what for kind, what in calls if kind == "example"]
     # Every judged example is told, in the first deal, and the deals' hook counts them all.
     assert examples and all(first for _, first, _ in examples)

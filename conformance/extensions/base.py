@@ -29,6 +29,8 @@ __all__ = [
     "after_deals",
     "after_example",
     "after_phase",
+    "before_deals",
+    "before_example",
     "end",
     "options_of",
     "run_option",
@@ -74,6 +76,28 @@ class RunView(Protocol):
     def judge_more(self, scenario: str, name: str, deal: Callable[[Any, Any], Any]) -> Any:
         """Judge more of ``scenario``'s examples, drawn by ``deal(body, shard)``."""
 
+    def judge_one(self, scenario: str, stratum: Any, ex: Any) -> None:
+        """Judge ``ex`` in ``scenario`` by the invariants that read it."""
+
+    def phase_done(self, label: str) -> None:
+        """Tell the extensions that the phase ``label`` of examples is judged."""
+
+    @property
+    def plan(self) -> Mapping[str, Any]:
+        """The scenarios the run judges, each with the invariants that read it."""
+
+    @property
+    def limits(self) -> Any:
+        """What the builder cannot be given (``conformance.generate.limits.Limits``)."""
+
+    @property
+    def shard(self) -> Any:
+        """The share of the run's strata this run judges (``None``: all of them)."""
+
+    @property
+    def reproduce_by(self) -> list[Callable[[str, Any], str | None]]:
+        """Per extension that draws examples, its reproduce line for one of them (or ``None``)."""
+
     @property
     def meter(self) -> Any:
         """The run's reach meter (``conformance.harness.reach``; ``None``: not measured)."""
@@ -91,7 +115,7 @@ class RunView(Protocol):
 
 @attrs.frozen(kw_only=True)
 class Judged:
-    """One example the core observed and judged (:attr:`Extension.after_example`'s argument).
+    """One example the core observes (:attr:`Extension.after_example`'s argument).
 
     Attributes:
         scenario: the scenario that observed it.
@@ -125,8 +149,13 @@ class Extension:
             the start of a run, before the builder's worker starts; ``None``
             leaves the extension out of the run.  Default: its options are
             its state (``True`` when it has none).
-        after_example: ``after_example(state, run, judged)``, after the core
-            judged one example (:class:`Judged`).
+        before_deals: ``before_deals(state, run)``, before the first deals;
+            the extension may have examples judged here (``run.judge_one``).
+        before_example: ``before_example(state, run, judged)``, before the
+            core observes one example (``judged.observation`` is ``None``).
+        after_example: ``after_example(state, run, judged)``, once the core
+            observed one example, before its invariants judge the observation
+            (:class:`Judged`).
         after_phase: ``after_phase(state, run, label)``, after each phase of
             examples: a scenario's first deal (``label``: the scenario), its
             focus (``"<scenario> focus"``) and exploration (``"explore"``).
@@ -139,6 +168,8 @@ class Extension:
     name: str
     options: type[Any] | None = None
     start: Callable[[Any, Any], Any] = _start_with_options
+    before_deals: Callable[[Any, RunView], None] | None = None
+    before_example: Callable[[Any, RunView, Judged], None] | None = None
     after_example: Callable[[Any, RunView, Judged], None] | None = None
     after_phase: Callable[[Any, RunView, str], None] | None = None
     after_deals: Callable[[Any, RunView], None] | None = None
@@ -182,6 +213,20 @@ def start_all(extensions: Iterable[Extension], run_options: Any) -> tuple[Active
         if state is not None:
             active.append(Active(extension, state))
     return tuple(active)
+
+
+def before_deals(active: Iterable[Active], run: RunView) -> None:
+    """Tell every active extension that the first deals start."""
+    for a in active:
+        if a.extension.before_deals is not None:
+            a.extension.before_deals(a.state, run)
+
+
+def before_example(active: Iterable[Active], run: RunView, judged: Judged) -> None:
+    """Tell every active extension of one example about to be observed."""
+    for a in active:
+        if a.extension.before_example is not None:
+            a.extension.before_example(a.state, run, judged)
 
 
 def after_example(active: Iterable[Active], run: RunView, judged: Judged) -> None:

@@ -8,6 +8,7 @@ the core of a run reads only this list.
 from __future__ import annotations
 
 from conformance.extensions.base import Extension
+from conformance.extensions.explore import EXPLORE
 from conformance.extensions.flakes import FLAKES
 from conformance.extensions.focus import FOCUS
 from conformance.extensions.reach import REACH
@@ -16,7 +17,7 @@ from conformance.extensions.waste import WASTE
 __all__ = ["EXTENSIONS", "extensions"]
 
 #: Every extension, in the order a run calls their hooks.
-EXTENSIONS: tuple[Extension, ...] = (FOCUS, REACH, WASTE, FLAKES)
+EXTENSIONS: tuple[Extension, ...] = (FOCUS, REACH, WASTE, FLAKES, EXPLORE)
 
 
 def extensions() -> tuple[Extension, ...]:

@@ -1,6 +1,6 @@
 """The exploration corpus: the examples exploration kept, saved under the example database.
 
-Exploration (:mod:`conformance.run.explore`) keeps the examples that reached
+Exploration (:mod:`conformance.extensions.explore`) keeps the examples that reached
 new lines of the builder; the next run of the same builder judges them
 first.  They are saved as data (``kvref-example/1`` problems, never code),
 one file per builder under ``explore/`` in the database.

@@ -32,7 +32,6 @@ from conformance.harness.lineage import (
 )
 from conformance.report.model import InvariantResult
 from conformance.report.records import example_data
-from conformance.run.explore import Explorer
 from conformance.run.options import RunOptions
 from conformance.run.search import Namespaced, search
 from conformance.run.shard import order_key
@@ -64,7 +63,8 @@ class Findings:
     empty: dict[str, list[str]]
     #: Per run option, its value for a reproduce line, as an extension learned it.
     reproduce_with: dict[str, Callable[[], Any]]
-    explorer: Explorer | None
+    #: Per extension that draws examples, its reproduce line for one of them (or ``None``).
+    reproduce_by: list[Callable[[str, Example], str | None]]
     clock: InvariantClock
     interrupted: bool
     ctx: Context
@@ -211,13 +211,9 @@ class Findings:
 
     def _reproduce(self, inv: Invariant, failing: Example) -> str:
         """The command that fails ``inv`` again."""
-        if self.explorer is not None and self.explorer.owns(failing):
-            # Exploration follows this run's reach, which a run of one invariant
-            # would not repeat: its example is replayed from the report's data.
-            return (
-                'python -c "import conformance; print(conformance.reproduce('
-                f"'REPORT.json', '{inv.id}'))\"  # REPORT.json: this run's --json report"
-            )
+        for line in (by(inv.id, failing) for by in self.reproduce_by):
+            if line is not None:
+                return line
         return self.options.reproduce(inv.id, **{k: v() for k, v in self.reproduce_with.items()})
 
     def _inherited(self, inv: Invariant, scenario: str, example: Example) -> str | None:

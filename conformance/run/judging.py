@@ -31,7 +31,6 @@ from conformance.harness.lineage import (
 )
 from conformance.harness.reach import ReachMeter
 from conformance.report.model import Report
-from conformance.run.explore import Corpus, Explorer
 from conformance.run.findings import Findings, judge_outcome
 from conformance.run.options import RunOptions
 from conformance.run.shard import order_key
@@ -40,7 +39,6 @@ from conformance.run.strata import (
     Stratum,
     draw,
     run_strata,
-    sample,
     split_by_example,
 )
 from conformance.run.tally import Tally
@@ -112,7 +110,8 @@ class Run(Findings):
         self.meter: ReachMeter | None = None
         #: How many of the builder's lines have run so far (set when reach is measured).
         self.reach_lines: Callable[[], int] = lambda: 0
-        self.explorer: Explorer | None = None
+        #: Per extension that draws examples, its reproduce line for one of them (or ``None``).
+        self.reproduce_by: list[Callable[[str, Example], str | None]] = []
         self.clock = InvariantClock()  # per-invariant time (run/timing.py)
         #: The share of the run's strata this run judges (``None``: all of them).
         self.shard = options.shard_of()
@@ -143,67 +142,22 @@ class Run(Findings):
             self.ctx = registry.get(scenario).prepare(self.ctx, self.builder, checks)
         from conformance.check.worker import drop_scratch
 
-        explorer = self._explorer(plan)
         try:
-            if explorer is not None:
-                # An earlier exploration's corpus is judged first (explore.py).
-                explorer.replay(explorer.corpus.load())
-                drop_scratch()
+            ext.before_deals(self.active, self)
             for index, (scenario, checks) in enumerate(plan):
                 try:
                     self._scenario(scenario, checks, index * self.options.max_examples, total)
                 finally:
                     # The tag check's reused backing is for one scenario's examples.
                     drop_scratch()
-                ext.after_phase(self.active, self, scenario)
+                self.phase_done(scenario)
             # An extension may judge more examples of any scenario now (judge_more).
             ext.after_deals(self.active, self)
-            if explorer is not None and self.options.explore:
-                try:
-                    explorer.run(self.options.explore, self.options.explore_candidates)
-                    ext.after_phase(self.active, self, "explore")
-                finally:
-                    drop_scratch()
-                    explorer.corpus.save([ex for _, ex in explorer.kept])
             self._replay(active)
         except KeyboardInterrupt:
             # Ctrl-C: report what was found so far; the rest is inconclusive.
             clear_interrupt()
             self.interrupted = True
-
-    def _explorer(self, plan: Sequence[tuple[str, Sequence[Invariant]]]) -> Explorer | None:
-        """The run's exploration, or ``None`` when it neither explores nor has a corpus."""
-        if self.shard is not None and self.shard.count > 1:
-            # A shard replays no corpus: its examples would be judged by every shard.
-            return None
-        corpus = Corpus(self.options.database, self.options.builder or repr(self.builder))
-        if not self.options.explore and (corpus.path is None or not corpus.path.is_file()):
-            return None
-        explored = [(s, checks) for s, checks in plan if registry.get(s).explored]
-
-        def judge(stratum: Any, ex: Example) -> None:
-            for scenario, checks in explored:
-                self._judge_one(scenario, checks, stratum, ex)
-
-        def fresh(round_: int) -> list[tuple[Any, Example]]:
-            label = f"explore/{round_}"
-            seed, profile = self.options.seed, self.options.profile
-            return [
-                (stratum, ex)
-                for stratum in self.strata
-                for ex in sample("placement", stratum, 1, seed, profile, label)
-            ]
-
-        self.explorer = Explorer(
-            judge=judge,
-            lines=self.reach_lines,
-            fresh=fresh,
-            strata_by_name={s.name: s for s in self.strata},
-            limits=self.limits,
-            seed=self.options.seed,
-            corpus=corpus,
-        )
-        return self.explorer
 
     def judge_more(self, scenario: str, name: str, deal: Callable[[Body, Any], _T]) -> _T | None:
         """Judge more of ``scenario``'s examples after the first deals (an extension's).
@@ -223,8 +177,16 @@ class Run(Findings):
             found = deal(body, self.shard)
         finally:
             drop_scratch()
-        ext.after_phase(self.active, self, f"{scenario} {name}")
+        self.phase_done(f"{scenario} {name}")
         return found
+
+    def phase_done(self, label: str) -> None:
+        """Tell the extensions that the phase ``label`` of examples is judged."""
+        ext.after_phase(self.active, self, label)
+
+    def judge_one(self, scenario: str, stratum: Stratum, ex: Example) -> None:
+        """Judge ``ex`` in ``scenario`` by the invariants that read it (an extension's example)."""
+        self._judge_one(scenario, self.plan[scenario], stratum, ex)
 
     def _scenario(
         self, scenario: str, checks: Sequence[Invariant], done_before: int, total: int
@@ -284,12 +246,12 @@ class Run(Findings):
         ``key``: where ``ex`` falls in the whole run's order (shard.order_key).
         """
         self.drawn.setdefault(scenario, []).append(ex)
-        seeding = first_deal and self.explorer is not None and bool(self.options.explore)
-        before = self.reach_lines() if seeding else 0
+        judged = ext.Judged(
+            scenario=scenario, stratum=stratum, example=ex, observation=None, first_deal=first_deal
+        )
+        ext.before_example(self.active, self, judged)
         obs = self.clock.observe(scenario, self.observe, scenario, ex)
-        if seeding and self.explorer is not None and (gain := self.reach_lines() - before) > 0:
-            # The examples that grew reach seed exploration's corpus, as in any fuzzer.
-            self.explorer.seed(stratum, ex, gain)
+        ext.after_example(self.active, self, attrs.evolve(judged, observation=obs))
         for inv in checks:
             failed = self.tallies[inv.id].add(
                 self.clock.judge(inv.id, judge_outcome, inv, obs),
@@ -302,10 +264,6 @@ class Run(Findings):
             )
             if failed:
                 self.note_introduced(inv, scenario, ex, stratum, key)
-        judged = ext.Judged(
-            scenario=scenario, stratum=stratum, example=ex, observation=obs, first_deal=first_deal
-        )
-        ext.after_example(self.active, self, judged)
 
     def report(self, selected: Sequence[Invariant], seconds: float) -> Report:
         """The run's report: one result per invariant of ``selected``, and what was drawn."""

@@ -290,9 +290,6 @@ def _check_guarded(
 
             # The run's twin process ends with the run, not whenever its guard is collected.
             close_twin(run.ctx)
-        if report.reach is not None and run.explorer is not None:
-            reach = {**report.reach, "explore": run.explorer.summary.as_dict()}
-            report = attrs.evolve(report, reach=reach)
         worker = getattr(builder, "_kvref_worker", None)
         if worker is not None:
             report = attrs.evolve(

@@ -292,7 +292,7 @@ def sample(
 ) -> list[Example]:
     """``count`` examples of ``stratum`` for ``scenario``, drawn with ``label``'s own seed.
 
-    For exploration (conformance.run.explore): fresh candidates, none of them
+    For exploration (conformance.extensions.explore): fresh candidates, none of them
     the family's simplest example.  Empty when the stratum has no valid one.
     """
     drawn: list[Example] = []
