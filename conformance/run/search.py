@@ -20,12 +20,30 @@ from conformance.generate.determinism import seed_only_draws
 from conformance.run.interrupts import interrupts_unmasked
 from conformance.scenarios.examples import Example
 
-__all__ = ["DatabaseError", "Namespaced", "check_database", "fails", "search"]
+__all__ = [
+    "SEARCH_OBSERVATIONS",
+    "SEARCH_SECONDS",
+    "DatabaseError",
+    "Namespaced",
+    "check_database",
+    "fails",
+    "search",
+]
 
 #: The key under which a corner lists its strata that saved something.
 _STRATA = b"\x00strata"
 #: A stratum's name: a model family, or ``vendor`` (conformance.run.strata).
 _STRATUM = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+#: Observations of the builder one search may make.  A count, not a time: where a
+#: clock ended the shrink (it took 8 s), how far it got depended on the machine's
+#: load, and two runs of one seed (a run and its shards) reported different
+#: counterexamples.  A full shrink of the kit's slowest check (KV-DEV-TAGS on a
+#: planted overlap) makes about 120 observations.
+SEARCH_OBSERVATIONS = 200
+#: Wall-clock bound of one search, for a builder so slow that the count takes longer
+#: (only then does the counterexample depend on the machine).
+SEARCH_SECONDS = 60.0
 
 #: Observes one example in a scenario (the runner binds the builder and the guard).
 Observer = Callable[[str, Example], Any]
@@ -125,17 +143,21 @@ def search(
     database: ExampleDatabase | None,
     phases: Sequence[hypothesis.Phase],
     failing: Example | None = None,
-    seconds: float = 8.0,
+    seconds: float = SEARCH_SECONDS,
     max_examples: int = 50,
+    max_observations: int = SEARCH_OBSERVATIONS,
 ) -> Example | None:
     """The smallest failing example a Hypothesis search finds (``failing`` if none).
 
     With ``database`` set, examples saved by earlier runs are replayed first
     and the new minimal counterexample is saved, so a failure reproduces
-    from the database as well as from the seed.
+    from the database as well as from the seed.  The search ends after
+    ``max_observations`` observations of the builder (the same for a seed on
+    every machine), or past ``seconds`` of a builder slow enough to reach it.
     """
     stop_at = time.perf_counter() + seconds
     smallest = [failing]
+    observed = [0]
 
     class _StillFailsError(Exception):
         pass
@@ -152,10 +174,11 @@ def search(
     @hypothesis.given(strategy)
     def run(ex: Example) -> None:
         # Hypothesis shrinks towards smaller inputs, so the last failing example
-        # it tries is the smallest.  Past the time budget nothing fails any more,
+        # it tries is the smallest.  Past the budget nothing fails any more,
         # which ends the search with the best example so far.
-        if time.perf_counter() > stop_at:
+        if observed[0] >= max_observations or time.perf_counter() > stop_at:
             return
+        observed[0] += 1
         if fails(inv, observe(scenario, ex)):
             smallest[0] = ex
             raise _StillFailsError
