@@ -31,6 +31,8 @@ __all__ = [
     "after_phase",
     "before_deals",
     "before_example",
+    "deals",
+    "judges",
     "end",
     "options_of",
     "run_option",
@@ -91,8 +93,8 @@ class RunView(Protocol):
         """What the builder cannot be given (``conformance.generate.limits.Limits``)."""
 
     @property
-    def shard(self) -> Any:
-        """The share of the run's strata this run judges (``None``: all of them)."""
+    def tallies(self) -> Mapping[str, Any]:
+        """Per invariant judged, its tally (``conformance.run.tally.Tally``)."""
 
     @property
     def reproduce_by(self) -> list[Callable[[str, Any], str | None]]:
@@ -149,6 +151,12 @@ class Extension:
             the start of a run, before the builder's worker starts; ``None``
             leaves the extension out of the run.  Default: its options are
             its state (``True`` when it has none).
+        deals: ``deals(state, run, stratum) -> bool``, a filter on the deal:
+            whether the run's deals draw ``stratum`` at all (a shard draws
+            its own strata).
+        judges: ``judges(state, run, stratum, index) -> bool``, a filter on
+            the deal: whether the run judges the ``index``-th example a deal
+            drew of ``stratum``.
         before_deals: ``before_deals(state, run)``, before the first deals;
             the extension may have examples judged here (``run.judge_one``).
         before_example: ``before_example(state, run, judged)``, before the
@@ -168,6 +176,8 @@ class Extension:
     name: str
     options: type[Any] | None = None
     start: Callable[[Any, Any], Any] = _start_with_options
+    deals: Callable[[Any, RunView, Any], bool] | None = None
+    judges: Callable[[Any, RunView, Any, int], bool] | None = None
     before_deals: Callable[[Any, RunView], None] | None = None
     before_example: Callable[[Any, RunView, Judged], None] | None = None
     after_example: Callable[[Any, RunView, Judged], None] | None = None
@@ -213,6 +223,22 @@ def start_all(extensions: Iterable[Extension], run_options: Any) -> tuple[Active
         if state is not None:
             active.append(Active(extension, state))
     return tuple(active)
+
+
+def deals(active: Iterable[Active], run: RunView, stratum: Any) -> bool:
+    """Whether the run's deals draw ``stratum``: no active extension leaves it out."""
+    return all(
+        a.extension.deals(a.state, run, stratum) for a in active if a.extension.deals is not None
+    )
+
+
+def judges(active: Iterable[Active], run: RunView, stratum: Any, index: int) -> bool:
+    """Whether the run judges the ``index``-th example of ``stratum``: no extension leaves it."""
+    return all(
+        a.extension.judges(a.state, run, stratum, index)
+        for a in active
+        if a.extension.judges is not None
+    )
 
 
 def before_deals(active: Iterable[Active], run: RunView) -> None:

@@ -12,12 +12,13 @@ from conformance.extensions.explore import EXPLORE
 from conformance.extensions.flakes import FLAKES
 from conformance.extensions.focus import FOCUS
 from conformance.extensions.reach import REACH
+from conformance.extensions.shard import SHARD
 from conformance.extensions.waste import WASTE
 
 __all__ = ["EXTENSIONS", "extensions"]
 
 #: Every extension, in the order a run calls their hooks.
-EXTENSIONS: tuple[Extension, ...] = (FOCUS, REACH, WASTE, FLAKES, EXPLORE)
+EXTENSIONS: tuple[Extension, ...] = (SHARD, FOCUS, REACH, WASTE, FLAKES, EXPLORE)
 
 
 def extensions() -> tuple[Extension, ...]:

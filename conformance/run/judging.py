@@ -20,7 +20,7 @@ import conformance.extensions.base as ext
 from conformance.check.catalog import Invariant
 from conformance.check.observations import builder_spoiled
 from conformance.contract import contract_name, version_note
-from conformance.generate.coverage import coverage, coverage_sets
+from conformance.generate.coverage import coverage
 from conformance.generate.limits import Limits
 from conformance.harness.guard import Guard, clear_interrupt
 from conformance.harness.hooks import Context, make_factory
@@ -39,7 +39,6 @@ from conformance.run.strata import (
     Stratum,
     draw,
     run_strata,
-    split_by_example,
 )
 from conformance.run.tally import Tally
 from conformance.run.timing import InvariantClock
@@ -113,8 +112,6 @@ class Run(Findings):
         #: Per extension that draws examples, its reproduce line for one of them (or ``None``).
         self.reproduce_by: list[Callable[[str, Example], str | None]] = []
         self.clock = InvariantClock()  # per-invariant time (run/timing.py)
-        #: The share of the run's strata this run judges (``None``: all of them).
-        self.shard = options.shard_of()
         #: Examples judged so far per (phase, scenario, stratum): their place in the run.
         self._places: dict[tuple[int, str, str], int] = {}
 
@@ -162,7 +159,7 @@ class Run(Findings):
     def judge_more(self, scenario: str, name: str, deal: Callable[[Body, Any], _T]) -> _T | None:
         """Judge more of ``scenario``'s examples after the first deals (an extension's).
 
-        ``deal(body, shard)`` draws them (strata.draw_pinned), calling ``body``
+        ``deal(body, deals)`` draws them (strata.draw_pinned), calling ``body``
         on each; they come after every first deal in the run's order and are
         shown as ``name`` (``"<scenario>, <name>"``).  Returns what ``deal``
         returns; ``None`` when the run judges no invariant in ``scenario``.
@@ -174,11 +171,15 @@ class Run(Findings):
         total = len(self.plan) * self.options.max_examples
         body = self._body(scenario, self.plan[scenario], total, total, 1, f"{scenario}, {name}")
         try:
-            found = deal(body, self.shard)
+            found = deal(body, self._deals)
         finally:
             drop_scratch()
         self.phase_done(f"{scenario} {name}")
         return found
+
+    def _deals(self, stratum: Stratum) -> bool:
+        """Whether the run's deals draw ``stratum`` (every extension keeps it)."""
+        return ext.deals(self.active, self, stratum)
 
     def phase_done(self, label: str) -> None:
         """Tell the extensions that the phase ``label`` of examples is judged."""
@@ -194,7 +195,7 @@ class Run(Findings):
         """Judge ``scenario``'s first deal."""
         judge = self._body(scenario, checks, done_before, total, 0, scenario)
         args = (scenario, self.strata, self.options.max_examples, self.options.seed)
-        self.empty[scenario] = draw(*args, self.options.profile, judge, self.shard)
+        self.empty[scenario] = draw(*args, self.options.profile, judge, self._deals)
         if self.empty[scenario] and not self.drawn.get(scenario):
             # No model of the run can give this builder the scenario's inputs:
             # not a verdict on its answers (contract.md#verdicts).
@@ -222,8 +223,7 @@ class Run(Findings):
             place = (phase, scenario, stratum.name)
             index = self._places[place] = self._places.get(place, -1) + 1
             key = order_key(phase, where, positions[stratum.name], index)
-            shard = self.shard
-            if shard is None or not split_by_example(stratum) or shard.owns_example(index):
+            if ext.judges(self.active, self, stratum, index):
                 self._judge_one(scenario, checks, stratum, ex, first_deal=first_deal, key=key)
             done += 1
             if self.progress is not None:
@@ -282,25 +282,11 @@ class Run(Findings):
             observe_seconds=self.clock.observe_seconds(),
             warnings=_contract_warnings(self.vllm),
             contract=contract_name(self.vllm),
-            shard=self._shard_data(selected),
         )
         done: Report = ext.end(self.active, self, report)
         # An extension's work on an invariant (a replay) is that invariant's time too.
         timed = tuple(attrs.evolve(r, seconds=self.clock.seconds(r.id)) for r in done.results)
         return attrs.evolve(done, results=timed)
-
-    def _shard_data(self, selected: Sequence[Invariant]) -> dict[str, Any] | None:
-        """What ``merge`` needs of a sharded run (``None``: not sharded)."""
-        if self.shard is None:
-            return None
-        return {
-            "index": self.shard.index,
-            "count": self.shard.count,
-            "tallies": {
-                inv.id: self.tallies[inv.id].as_dict() for inv in selected if inv.id in self.tallies
-            },
-            "coverage": {s: coverage_sets(examples) for s, examples in self.drawn.items()},
-        }
 
     def _coverage(self, scenario: str) -> dict[str, Any]:
         covered = coverage(self.drawn.get(scenario, []))

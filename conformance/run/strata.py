@@ -43,7 +43,6 @@ from conformance.generate.engine_paths import EnginePath
 from conformance.generate.limits import NO_LIMITS, Limits
 from conformance.generate.records import Model
 from conformance.run.interrupts import interrupts_unmasked
-from conformance.run.shard import Shard
 from conformance.scenarios import registry
 from conformance.scenarios.examples import Example
 
@@ -187,17 +186,17 @@ def draw(
     seed: int,
     profile: str,
     body: Body,
-    shard: Shard | None = None,
+    deals: Callable[[Stratum], bool] | None = None,
 ) -> list[str]:
     """Run ``body`` on every example of ``scenario``'s first deal, stratum by stratum.
 
     Returns the strata that could draw no valid example for ``scenario``
     (an attention-free model has nothing to keep on the host, say): the
     report lists them, since their share of examples judged nothing.
-    ``shard``: only its strata run (the deal is the whole run's).
+    ``deals``: only the strata it keeps run (a shard's; the deal is the whole run's).
     """
     empty: list[str] = []
-    owns = _owner(strata, shard)
+    owns = deals or _every
     for index, (stratum, count) in enumerate(deal(strata, total, seed, scenario)):
         if not owns(stratum):
             continue
@@ -236,7 +235,7 @@ def draw_pinned(
     profile: str,
     body: Body,
     pins: Mapping[str, frozenset[EnginePath]],
-    shard: Shard | None = None,
+    deals: Callable[[Stratum], bool] | None = None,
     *,
     label: str,
 ) -> list[tuple[str, int]]:
@@ -245,9 +244,9 @@ def draw_pinned(
     They are dealt equally over the strata ``pins`` names (``label`` seeds
     the deal), each drawn on its engine paths only (a focus:
     conformance.extensions.focus).  Returns the examples dealt to each
-    stratum (``shard``: to its own strata, the only ones that run).
+    stratum (``deals``: to the strata it keeps, the only ones that run).
     """
-    owns = _owner(strata, shard)
+    owns = deals or _every
     # The scenario's own exclusions (deal is told the label, not the scenario).
     pinned = [
         attrs.evolve(s, share=0.0) for s in strata if s.name in pins and scenario not in s.not_in
@@ -273,13 +272,9 @@ def draw_pinned(
     return [(s.name, n) for s, n in extra]
 
 
-def _owner(strata: Sequence[Stratum], shard: Shard | None) -> Callable[[Stratum], bool]:
-    """Whether a stratum runs in ``shard`` (by its position among the run's ``strata``)."""
-    if shard is None:
-        return lambda _stratum: True
-    positions = {s.name: i for i, s in enumerate(strata)}
-    # A stratum with a share of its own is split by example (shard.py): every shard draws it.
-    return lambda stratum: split_by_example(stratum) or shard.owns(positions[stratum.name])
+def _every(_stratum: Stratum) -> bool:
+    """Every stratum runs (a run that is not a shard)."""
+    return True
 
 
 def split_by_example(stratum: Stratum) -> bool:

@@ -40,7 +40,8 @@ def _start(_run_options: Any, _options: None) -> _State:
 def _explorer(run: RunView) -> Explorer | None:
     """The run's exploration, or ``None`` when it neither explores nor has a corpus."""
     options = run.options
-    if run.shard is not None and run.shard.count > 1:
+    shard = options.shard_of()
+    if shard is not None and shard.count > 1:
         # A shard replays no corpus: its examples would be judged by every shard.
         return None
     corpus = Corpus(options.database, options.builder or repr(run.builder))

@@ -64,7 +64,7 @@ def _after_deals(state: _State, run: RunView) -> None:
     count = max(1, int(options.max_examples * FOCUS_SHARE))
     for scenario in (s.name for s in registry.scenarios() if s.focused):
 
-        def deal(body: Body, shard: Any, scenario: str = scenario) -> list[tuple[str, int]]:
+        def deal(body: Body, deals: Any, scenario: str = scenario) -> list[tuple[str, int]]:
             return draw_pinned(
                 scenario,
                 run.strata,
@@ -73,7 +73,7 @@ def _after_deals(state: _State, run: RunView) -> None:
                 options.profile,
                 body,
                 pins,
-                shard,
+                deals,
                 label=f"{scenario}/focus",
             )
 
