@@ -404,6 +404,16 @@ def _through(builder: Any, config: PlanningConfig) -> type[Any]:
         )
 
     class _ThroughKvref(base):  # type: ignore[misc, valid-type]
+        # Not kvref's public KvrefKVCacheConfigBuilder, though both hand vLLM
+        # a kvref builder's answers: that one plans what it reads from the
+        # VllmConfig with a class it instantiates per call, turns conversion
+        # failures into the builder's UnsupportedError, retypes kvref's errors
+        # as vLLM's, logs vLLM's warnings and never writes the specs back.
+        # Here the example's own PlanningConfig is planned (only Core's
+        # changes between calls read back), with one builder instance (an
+        # isolated worker's proxy), conversion failures are kit errors, the
+        # builder's errors and spec rewrites reach vLLM as they are, and each
+        # placement is judged in the flow: each of those decides a verdict.
         def __init__(self) -> None:
             made = builder()
             # The kit's checking proxy judges each answer as kvref's Core would
