@@ -173,6 +173,10 @@ def test_a_database_entry_no_run_wrote(tmp_path: Path) -> None:
     check_database(str(tmp_path), BUILDER, ["KV-Y"])
     with pytest.raises(DatabaseError, match="is not a directory"):
         check_database(str(_write(tmp_path / "file", "x")), BUILDER, ["KV-X"])
+    # A caller's value that is no path (it raised TypeError, or failed later in the run).
+    for value in (5, "", "db\x00"):
+        with pytest.raises(DatabaseError, match="must be the path of a directory"):
+            check_database(value, BUILDER, ["KV-X"])  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -107,6 +108,8 @@ def check_database(database: str | None, builder: str | None, ids: Iterable[str]
     """
     if database is None:
         return
+    if not isinstance(database, (str, os.PathLike)) or "\x00" in str(database) or not str(database):
+        raise DatabaseError(f"database={database!r} must be the path of a directory")
     path = Path(database)
     if path.exists() and not path.is_dir():
         raise DatabaseError(f"database={database!r} is not a directory")
