@@ -239,6 +239,10 @@ class TestMergeRefuses:
             (lambda d, i: d["shard"].update(index=3, count=2), "disagrees with its options"),
             (lambda d, i: d["results"][i].update(planted=1), "planted is no result field"),
             (lambda d, i: d["shard"]["coverage"]["placement"].update(models=[[1]]), "not string"),
+            (
+                lambda d, i: d["reach"]["modules"][0]["functions"].append([[1], "f", []]),
+                "is not [index, name, [line, ...]]",
+            ),
         ],
     )
     def test_an_edited_shard(

@@ -166,6 +166,19 @@ def _check_shard(path: Path, data: dict[str, Any]) -> None:
             f"{path}: shard {spelled} disagrees with its options.shard "
             f"{data['options'].get('shard')!r}"
         )
+    for m, module in enumerate((data.get("reach") or {}).get("modules", ())):
+        for f, entry in enumerate(module["functions"]):
+            index, name, lines = entry
+            if not (
+                type(index) is int
+                and isinstance(name, str)
+                and isinstance(lines, list)
+                and all(type(line) is int for line in lines)
+            ):
+                raise ShardReportError(
+                    f"{path}: reach.modules[{m}].functions[{f}] {entry!r:.80} is not "
+                    "[index, name, [line, ...]]"
+                )
     ids = [r["id"] for r in data["results"]]
     if len(set(ids)) != len(ids):
         raise ShardReportError(f"{path}: results name an invariant twice")
