@@ -4,7 +4,7 @@ The layers measured are the ones stacked on process isolation: the guard
 against code changed during the run (:mod:`conformance.harness.integrity`:
 its import finder for the run, then kept to the end of the process) and the
 check that a vLLM-native answer holds only vLLM's own parts
-(:mod:`conformance.harness.answer_parts`).  "Off" runs the same CLI with
+(:mod:`conformance.harness.answer_plainness`).  "Off" runs the same CLI with
 those replaced by no-ops in the kit's process before it imports the CLI;
 nothing else changes (the containment of the worker stays on: it is the
 isolation itself, not a layer on it).  Runs alternate on, off, on, off...,
@@ -29,10 +29,10 @@ from _timing import timed_parts
 _OFF = (
     "import contextlib\n"
     "import conformance.harness.integrity as integrity\n"
-    "import conformance.harness.answer_parts as answer_parts\n"
+    "import conformance.harness.answer_plainness as answer_plainness\n"
     "integrity.guarded = lambda since: contextlib.nullcontext()\n"
     "integrity.keep_guarding = lambda: None\n"
-    "answer_parts.odd_part = lambda answer: None\n"
+    "answer_plainness.odd_part = lambda answer: None\n"
 )
 
 

@@ -2,7 +2,7 @@
 
 The kit imports vLLM in its own process for a vLLM-native builder, and the
 worker it forks imports the builder's module, vLLM with it.  With the
-prefetch (``conformance/harness/prefetch.py``) the kit imports vLLM first and
+prefetch (``conformance/harness/vllm_import_guess.py``) the kit imports vLLM first and
 the worker inherits it.  Each variant runs in a fresh interpreter, in
 turns (prefetch, none, prefetch, ...), so load changes hit both alike; the
 CPU time is the interpreter's own and its children's (the worker).

@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 from conformance.cli_parser import parser as _parser
 from conformance.errors import KitError
-from conformance.harness.heap import keep_freed_memory, settle_startup_objects
+from conformance.harness.allocator_settings import keep_freed_memory, settle_startup_objects
 from conformance.harness.integrity import keep_guarding
 
 __all__ = ["main"]
@@ -510,7 +510,7 @@ def entry() -> None:
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     _PROCESS["own"] = True
-    # The console script's process is the kit's own: tune its allocator (heap.py),
+    # The console script's process is the kit's own: tune its allocator (allocator_settings.py),
     # and once a run has guarded its imports, guard them to the end (reports
     # are written, and their writers imported, after the run: integrity.py).
     keep_freed_memory()

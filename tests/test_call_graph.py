@@ -9,7 +9,7 @@ from pathlib import Path
 
 from reach_pkg.gated import GatedBuilder
 
-from conformance.harness.callees import callee_closure
+from conformance.harness.call_graph import callee_closure
 from conformance.harness.reach import ReachMeter, _source_of, reach_scope
 
 

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, seed, settings
 
 from conformance.check.catalog import Unjudged, by_id, catalog
 from conformance.check.observations import ConstructFailure, ProfilingObservation
+from conformance.harness.builder_identity import isolated_resolver, resolvable_qualname
 from conformance.harness.guard import Guard
 from conformance.harness.hooks import Context, make_factory
-from conformance.harness.lineage import isolated_resolver, resolvable_qualname
 from conformance.run.runner import builder_name, check_builder
 from conformance.scenarios.examples import Example
 from conformance.scenarios.profiling import profiling_block_count

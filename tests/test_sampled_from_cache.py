@@ -8,8 +8,8 @@ import torch
 from hypothesis import find, given, seed, settings
 from hypothesis import strategies as st
 
-from conformance.generate import pick as pick_module
-from conformance.generate.pick import pick
+from conformance.generate import sampled_from_cache
+from conformance.generate.sampled_from_cache import pick
 
 LISTS: list[Any] = [[4, 2, 3], ("none", "align", "all"), [torch.bfloat16, torch.float32]]
 
@@ -46,8 +46,8 @@ def test_one_strategy_per_list_and_a_copy_of_it() -> None:
 
     find(one(), lambda _: True)
     key = (list, (7, 8, 9))
-    built = pick_module._BUILT[key]
+    built = sampled_from_cache._BUILT[key]
     find(one(), lambda _: True)
-    assert pick_module._BUILT[key] is built
+    assert sampled_from_cache._BUILT[key] is built
     values.append(10)  # the caller's list changes: the kept strategy does not
     assert list(built.elements) == [7, 8, 9]  # type: ignore[attr-defined]

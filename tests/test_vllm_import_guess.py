@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.harness.prefetch import imports_vllm
+from conformance.harness.vllm_import_guess import imports_vllm
 
 
 @pytest.fixture

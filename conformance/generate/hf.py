@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 from hypothesis import strategies as st
 
-from conformance.generate.pick import pick
+from conformance.generate.sampled_from_cache import pick
 from kvref.hf import HFValue
 from kvref.specs import KVCacheSpec, MLAAttentionSpec
 

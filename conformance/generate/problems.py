@@ -18,9 +18,9 @@ from conformance.generate.families.drafts import speculation
 from conformance.generate.families.extras import ExtendedModel, draw_model_extras
 from conformance.generate.hf import cache_dtype_of
 from conformance.generate.layouts import allowed_layouts, as_specs
-from conformance.generate.pick import pick
 from conformance.generate.pipeline import decoder_layers, draw_pipeline_split
 from conformance.generate.records import Model, PlanningProblem
+from conformance.generate.sampled_from_cache import pick
 from conformance.generate.specs import (
     AUTO_FIT_MAX_MODEL_LENS,
     MAX_MODEL_LENS,

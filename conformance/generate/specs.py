@@ -15,7 +15,7 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.check.geometry import round_up
-from conformance.generate.pick import pick
+from conformance.generate.sampled_from_cache import pick
 from kvref.specs import (
     ChunkedLocalAttentionSpec,
     CircularBufferSpec,
@@ -56,7 +56,7 @@ _COMMON_BLOCK_SIZES = (16, 1, 2, 4, 8, 32, 64, 128, 256, 512, 1024, 2048)
 _ODD_BLOCK_SIZES = (3, 12, 48, 80, 96, 528, 1000)
 BLOCK_SIZE_CHOICES = (*_COMMON_BLOCK_SIZES, *_ODD_BLOCK_SIZES)
 KV_HEAD_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
-#: Built once (generate/pick.py says why): a common head count, or any up to 128.
+#: Built once (generate/sampled_from_cache.py says why): a common head count, or any up to 128.
 _KV_HEADS = st.one_of(st.sampled_from(KV_HEAD_CHOICES), st.integers(1, 128))
 SLIDING_WINDOWS = (1024, 128, 512, 4096, 32, 1, 8192)
 CHUNK_SIZES = (8192, 1024, 2048, 16)

@@ -54,9 +54,9 @@ from conformance.generate.deployment import (
     renamed_deployment,
 )
 from conformance.generate.families import models as builtin_models
-from conformance.generate.pick import pick
 from conformance.generate.pipeline import decoder_layers
 from conformance.generate.records import Model
+from conformance.generate.sampled_from_cache import pick
 from conformance.generate.vendor_data import (
     JSON_FORMAT,
     DataError,

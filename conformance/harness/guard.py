@@ -26,7 +26,7 @@ from typing import Any
 
 from conformance.check.observations import CallResult
 from conformance.errors import BuilderKitError, KitError
-from conformance.harness import handed
+from conformance.harness import native_input_changes
 
 __all__ = [
     "Guard",
@@ -185,7 +185,7 @@ class Guard:
             return CallResult(hook=hook, timed_out=True, not_called=True)
         self.calls += 1
         box: dict[str, Any] = {}
-        handed.drain()  # what an earlier, abandoned call recorded is not this call's
+        native_input_changes.drain()  # what an earlier, abandoned call recorded is not this call's
 
         def run() -> None:
             try:
@@ -208,7 +208,7 @@ class Guard:
         if not finished:
             self.hung = hook
             return CallResult(hook=hook, timed_out=True, seconds=seconds)
-        changed = handed.drain()
+        changed = native_input_changes.drain()
         if "error" in box:
             exc = box["error"]
             if isinstance(exc, KitError):

@@ -40,10 +40,10 @@ from typing import Any
 import attrs
 
 from conformance.errors import KitError
-from conformance.harness import confine, handed, integrity, wire
+from conformance.harness import confine, integrity, native_input_changes, wire
+from conformance.harness.builder_identity import DescribedBuilder
 from conformance.harness.changes import IsolationError, apply_changes
-from conformance.harness.lineage import DescribedBuilder
-from conformance.harness.prefetch import imports_vllm
+from conformance.harness.vllm_import_guess import imports_vllm
 from conformance.harness.worker_side import encode_reply
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
@@ -90,7 +90,7 @@ def _default_start_method() -> str:
 
 
 def _import_vllm_here() -> None:
-    """Import vLLM in this process before a worker is forked from it (see prefetch.py)."""
+    """Import vLLM in this process before a worker is forked from it (see vllm_import_guess.py)."""
     # Without vLLM the worker says so when it imports the builder.
     with contextlib.suppress(VLLMUnavailableError):
         vllm_modules()
@@ -291,7 +291,7 @@ class _Worker:
             if type(noted) is not list or not all(type(n) is str for n in noted):
                 raise wire.WireError(f"handed changes {noted!r:.40}")
             # Bounded: a flood of lines would only bloat the report.
-            handed.record(*(n[:300] for n in noted[:64]))
+            native_input_changes.record(*(n[:300] for n in noted[:64]))
             if status == "raised":
                 raised = wire.decode_exception(body, f"{hook}'s exception")
                 tb = body.get("traceback")

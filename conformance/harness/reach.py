@@ -13,7 +13,7 @@ coverage``).  Which modules count is :func:`reach_scope`'s rule
   directly or through each other, entered or not (a gated helper the run
   never entered counts as unreached).  A helper of the same package that
   none of this code names (another builder's) is not this builder's code
-  (:mod:`conformance.harness.callees` gives the rule);
+  (:mod:`conformance.harness.call_graph` gives the rule);
 - a builder of a platform the kit plans against (kvref's reference, vLLM's
   default builder): the modules that define the classes of its MRO, every
   function counted, plus the modules of the platform whose functions its
@@ -36,7 +36,7 @@ from typing import Any
 
 import attrs
 
-from conformance.harness.callees import callee_closure
+from conformance.harness.call_graph import callee_closure
 
 __all__ = [
     "line_tracer",

@@ -41,7 +41,7 @@ from typing import IO, Any
 import attrs
 
 from conformance.harness import confine
-from conformance.harness.heap import ENVIRONMENT
+from conformance.harness.allocator_settings import ENVIRONMENT
 from conformance.harness.hooks import Context
 from kvref.config import PlanningConfig
 from kvref.interop.vllm_convert import keep_vllm_quiet
@@ -132,7 +132,7 @@ class Twin:
         self.timeout = timeout
         self.hash_seed = _other_hash_seed()
         self.broken: str | None = None
-        # The twin is the kit's process: its allocator keeps freed memory (heap.py).
+        # The twin is the kit's process: its allocator keeps freed memory (allocator_settings.py).
         # It runs the builder's code: never with the certification key (confine.py).
         env = confine.child_environment({**ENVIRONMENT, "PYTHONHASHSEED": self.hash_seed})
         # The builder's module must import there as here.
@@ -253,7 +253,7 @@ def _twin(ctx: Context, reference: str) -> Twin:
 
 def twin_reference(builder: object) -> str | None:
     """The ``module:Class`` a twin process imports to run ``builder`` (``None``: none)."""
-    from conformance.harness.lineage import builder_name
+    from conformance.harness.builder_identity import builder_name
 
     cls = builder if isinstance(builder, type) else type(builder)
     # An isolated run's proxy stands for the builder it names; the vLLM

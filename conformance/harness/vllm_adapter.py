@@ -24,7 +24,7 @@ import attrs
 
 from conformance.errors import BuilderKitError, KitError, kit_side
 from conformance.generate.limits import declared_unsupported
-from conformance.harness import answer_parts, handed
+from conformance.harness import answer_plainness, native_input_changes
 from conformance.harness.guard import groups_key
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
@@ -228,7 +228,7 @@ def _config_watched(config: PlanningConfig, vcfg: Any) -> Iterator[None]:
     flow changes ``max_model_len`` and the block override between calls, and
     a hook that writes them plans the next call wrong).  The kit never sees
     this object, so the change is recorded for the guard to report
-    (:mod:`conformance.harness.handed`), as a changed spec object is.
+    (:mod:`conformance.harness.native_input_changes`), as a changed spec object is.
     """
     with kit_side("vLLM adapter", "reading the VllmConfig's state"):
         before = _state_before(config, vcfg)
@@ -240,7 +240,7 @@ def _config_watched(config: PlanningConfig, vcfg: Any) -> Iterator[None]:
             # the walk; the walk names what changed, or finds that what did
             # lies deeper than a hook's planning inputs.
             changes = [] if iv.is_pristine(config, vcfg) else _changes_read(before(), vcfg)
-        handed.record(*changes)
+        native_input_changes.record(*changes)
 
 
 def _state_before(config: PlanningConfig, vcfg: Any) -> Callable[[], dict[str, Any]]:
@@ -255,8 +255,10 @@ def _state_before(config: PlanningConfig, vcfg: Any) -> Callable[[], dict[str, A
         return lambda: known
     source = iv.pristine_pickle(config)
     if source is not None:
-        return lambda: _remember(config, handed.object_state(pickle.loads(source), "vllm_config"))
-    walked = _remember(config, handed.object_state(vcfg, "vllm_config"))
+        return lambda: _remember(
+            config, native_input_changes.object_state(pickle.loads(source), "vllm_config")
+        )
+    walked = _remember(config, native_input_changes.object_state(vcfg, "vllm_config"))
     return lambda: walked
 
 
@@ -270,7 +272,9 @@ def _remember(config: PlanningConfig, state: dict[str, Any]) -> dict[str, Any]:
 def _changes_read(before: dict[str, Any], vcfg: Any) -> list[str]:
     """The hook's changes to ``vcfg``; an object it left there that cannot be read is one."""
     try:
-        return handed.state_changes(before, handed.object_state(vcfg, "vllm_config"))
+        return native_input_changes.state_changes(
+            before, native_input_changes.object_state(vcfg, "vllm_config")
+        )
     except Exception as exc:
         # The same walk read the pristine copy before the call: what fails
         # now, the hook put there.  Its message is the hook's too: not read.
@@ -283,7 +287,7 @@ def _converted(convert: Callable[[Any], Any], value: Any, expected: Any = object
     A :class:`~kvref.interop.vllm.VLLMOutputError` is the builder's (its answer
     does not convert), and so is any exception on an answer that is not of
     the documented type or holds a value vLLM's records never hold
-    (:func:`~conformance.harness.answer_parts.odd_part`).  Any other
+    (:func:`~conformance.harness.answer_plainness.odd_part`).  Any other
     exception, on a plain answer of the documented type, is the converter's
     own failure: a kit error, never a verdict.
     """
@@ -297,7 +301,7 @@ def _converted(convert: Callable[[Any], Any], value: Any, expected: Any = object
             raise iv.VLLMOutputError(
                 f"cannot convert a {type(value).__name__}: {type(exc).__name__}"
             ) from exc
-        odd = answer_parts.odd_part(value)
+        odd = answer_plainness.odd_part(value)
         if odd is not None:
             raise iv.VLLMOutputError(
                 f"cannot convert the answer: it holds {odd}, where vLLM's records hold "

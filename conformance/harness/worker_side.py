@@ -26,8 +26,8 @@ from typing import Any
 import attrs
 
 from conformance.generate.limits import declared_unsupported
-from conformance.harness import handed, integrity, wire
-from conformance.harness.heap import keep_freed_memory
+from conformance.harness import integrity, native_input_changes, wire
+from conformance.harness.allocator_settings import keep_freed_memory
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.interop.vllm_convert import keep_vllm_quiet
@@ -268,7 +268,7 @@ def encode_reply(
     ``raised`` answers carry ``(exception, traceback text)``; every other
     answer a value.  Encoding never fails on an odd object of the builder's:
     it travels as its type name and repr.  ``handed_changes`` are the
-    changes to the vLLM adapter's own inputs (:mod:`conformance.harness.handed`).
+    changes to the vLLM adapter's own inputs (:mod:`conformance.harness.native_input_changes`).
     """
     if status == "raised":
         raised, tb = payload
@@ -324,7 +324,7 @@ def _describe(builder: Any, name: str | None, reach: Any) -> dict[str, Any]:
     The kit never reads an attribute of the builder's class itself (a
     metaclass ``__getattr__`` would run in the kit's process); it asks this.
     """
-    from conformance.harness.lineage import parent_builder, resolvable_qualname
+    from conformance.harness.builder_identity import parent_builder, resolvable_qualname
     from conformance.harness.reach import ReachMeter
     from conformance.harness.vllm_adapter import VLLMBuilderAdapter
 
@@ -383,7 +383,7 @@ def serve(
     wire.in_builder_process()
     # This process only plans: vLLM's logger stays quiet for good once set.
     keep_vllm_quiet()
-    keep_freed_memory()  # the worker is the kit's process (heap.py)
+    keep_freed_memory()  # the worker is the kit's process (allocator_settings.py)
     headroom = WORKER_MEMORY_HEADROOM if memory is None else memory
     memory_cap = _limit_memory(headroom)
     from conformance.harness.vllm_adapter import VLLMBuilderAdapter, set_native_scope
@@ -424,12 +424,12 @@ def serve(
             else:
                 snapshot = _Snapshot(args)
                 method = getattr(instances[key], hook)
-                handed.drain()
+                native_input_changes.drain()
                 # A vLLM-native builder's adapter traces the native calls alone.
                 adapted = isinstance(instances[key], VLLMBuilderAdapter)
                 with contextlib.nullcontext() if adapted else _traced(cov):
                     value = method(*args)
-                reply = encode_reply("ok", value, snapshot.changes(), handed.drain())
+                reply = encode_reply("ok", value, snapshot.changes(), native_input_changes.drain())
         except BaseException as exc:  # the builder's, even SystemExit: report, keep serving
             add_note = getattr(exc, "add_note", None)  # Python 3.11+
             if isinstance(exc, MemoryError) and memory_cap is not None and add_note is not None:
@@ -440,5 +440,5 @@ def serve(
                 )
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:])
             changes = snapshot.changes() if snapshot is not None else ()
-            reply = encode_reply("raised", (exc, tb), changes, handed.drain())
+            reply = encode_reply("raised", (exc, tb), changes, native_input_changes.drain())
         conn.send_bytes(reply)

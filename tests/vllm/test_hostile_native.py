@@ -1,7 +1,7 @@
 """Hostile vLLM-native answers are the builder's failure, never the kit's (exit 2).
 
 The builders: tests/vllm/native_builders/hostile.py.  The check that tells a
-planted value from a converter bug: conformance/harness/answer_parts.py.
+planted value from a converter bug: conformance/harness/answer_plainness.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 from conformance import check_builder
-from conformance.harness.answer_parts import odd_part
+from conformance.harness.answer_plainness import odd_part
 from kvref.config import PlanningConfig
 from kvref.interop import vllm as iv
 from kvref.specs import FullAttentionSpec as KvrefFull

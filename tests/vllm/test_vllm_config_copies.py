@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
-from conformance.harness import handed
+from conformance.harness import native_input_changes
 from kvref.config import PlanningConfig
 from kvref.interop import vllm_config as vc
 
@@ -47,8 +47,8 @@ def test_a_pickled_copy_is_the_deep_copy(config: PlanningConfig) -> None:
     assert vc._FROZEN[config] is not None
     assert type(first) is type(template)
     assert type(first.model_config) is type(template.model_config)
-    expected = handed.object_state(copy.deepcopy(template), "v")
-    assert handed.object_state(first, "v") == expected
+    expected = native_input_changes.object_state(copy.deepcopy(template), "v")
+    assert native_input_changes.object_state(first, "v") == expected
     assert first is not second and first.model_config is not second.model_config
     assert vc.is_pristine(config, first)
 

@@ -21,7 +21,7 @@ import attrs
 from conformance.extensions.base import Extension, Judged, RunView
 from conformance.extensions.focus.answers import FOCUS_SHARE, REFERENCE, Baseline, Focus
 from conformance.generate.engine_paths import EnginePath, spell
-from conformance.harness.lineage import parent_builder
+from conformance.harness.builder_identity import parent_builder
 from conformance.run.strata import Body, draw_pinned
 from conformance.scenarios import registry
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from conformance.check.geometry import cdiv, round_up
 from conformance.generate.estimate import worker_estimate
-from conformance.generate.pick import pick
 from conformance.generate.records import Model, PlanningProblem
+from conformance.generate.sampled_from_cache import pick
 from conformance.generate.specs import ATTENTION, attention_kwargs
 from kvref.config import PlanningConfig
 from kvref.layout import KVCacheLayout

@@ -18,8 +18,8 @@ import attrs
 import torch
 from hypothesis import strategies as st
 
-from conformance.generate.pick import pick
 from conformance.generate.records import Model
+from conformance.generate.sampled_from_cache import pick
 from conformance.generate.specs import ATTENTION
 from kvref.config import SPECULATIVE_METHODS
 from kvref.extra_specs import HiddenStateCacheSpec

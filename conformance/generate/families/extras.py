@@ -33,8 +33,8 @@ import hypothesis
 from hypothesis import strategies as st
 
 from conformance.check.geometry import cdiv, round_up
-from conformance.generate.pick import pick
 from conformance.generate.records import Model
+from conformance.generate.sampled_from_cache import pick
 from kvref.config import GroupingHook, HiSparseConfig, PlanningConfig
 from kvref.errors import GroupingError
 from kvref.layout import KVCacheLayout

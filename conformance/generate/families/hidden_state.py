@@ -21,8 +21,8 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.generate.families.sparse_mla import v32_attention, v32_indexer
-from conformance.generate.pick import pick
 from conformance.generate.records import Model
+from conformance.generate.sampled_from_cache import pick
 from conformance.generate.specs import ATTENTION
 from kvref.extra_specs import HiddenStateCacheSpec
 from kvref.specs import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec, SlidingWindowSpec

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from conformance.check.geometry import round_up
 from conformance.generate.families.extras import ExtendedModel, ModelExtras
-from conformance.generate.pick import pick
 from conformance.generate.records import Model
+from conformance.generate.sampled_from_cache import pick
 from conformance.generate.specs import rarely
 from kvref.config import HiSparseConfig
 from kvref.specs import KVCacheSpec, MLAAttentionSpec

@@ -16,8 +16,8 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.check.geometry import cdiv
-from conformance.generate.pick import pick
 from conformance.generate.records import Model
+from conformance.generate.sampled_from_cache import pick
 from conformance.generate.specs import rarely
 from kvref.specs import FullAttentionSpec, KVCacheSpec, MambaSpec, dtype_size
 

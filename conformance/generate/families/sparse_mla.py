@@ -18,8 +18,8 @@ import torch
 from hypothesis import strategies as st
 
 from conformance.check.geometry import cdiv, round_up
-from conformance.generate.pick import pick
 from conformance.generate.records import Model
+from conformance.generate.sampled_from_cache import pick
 from conformance.generate.specs import kernel_block_alignments, rarely
 from kvref.specs import (
     CircularBufferSpec,

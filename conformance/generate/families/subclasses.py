@@ -23,8 +23,8 @@ import attrs
 from hypothesis import strategies as st
 
 from conformance.generate.families.classic import hybrid_models, uniform_models
-from conformance.generate.pick import pick
 from conformance.generate.records import Model
+from conformance.generate.sampled_from_cache import pick
 from kvref.specs import FullAttentionSpec, KVCacheSpec, RSWASpec, SinkFullAttentionSpec
 
 __all__ = ["full_rswa_models", "full_sink_models"]
