@@ -34,8 +34,8 @@ import torch
 from conformance.check.bounds import tensor_problems
 from conformance.check.catalog import Unjudged, invariant
 from conformance.check.device_memory import check_budget, ordered_copy, release
+from conformance.check.device_tags import _splitmix64
 from conformance.check.observations import PlacementObservation
-from conformance.check.tags import WIDTH_DTYPES, movable, splitmix64, widest_width
 from conformance.check.violations import Violation
 from conformance.check.worker import DEVICE_BACKING, WorkerAllocation, allocate_kv_cache
 from conformance.check.worker_model import WorkerError, WorkerTensor, resolve_layout
@@ -59,6 +59,13 @@ KV_DEV_KERNEL_VIEWS = "KV-DEV-KERNEL-VIEWS"
 
 #: Elements compared per call; bounds the expected-tags temporary.
 _CHUNK_ELEMENTS = 1 << 24
+
+_WIDTH_DTYPES: dict[int, torch.dtype] = {
+    8: torch.int64,
+    4: torch.int32,
+    2: torch.int16,
+    1: torch.uint8,
+}
 
 
 def _v(message: str) -> Violation:
@@ -111,7 +118,10 @@ def _width(pairs: Sequence[tuple[WorkerTensor, KernelTensorGeometry]]) -> int:
         r = kernel.split.kernel_blocks_per_block
         values += [plan.offset, plan.shape[4], plan.page_bytes // r]
         values += [int(s) for s in plan.strides[:4]] + [int(s) for s in kernel.strides[:4]]
-    return widest_width(values)
+    for width in (8, 4, 2):
+        if all(v % width == 0 for v in values):
+            return width
+    return 1
 
 
 def _slice_map(plan: WorkerTensor, r: int, width: int, device: torch.device) -> torch.Tensor:
@@ -135,7 +145,7 @@ def _tags(
 ) -> torch.Tensor:
     layers = np.arange(first, first + num_layers, dtype=np.uint64)
     ids = layers[:, None] * np.uint64(kernel_blocks + 1) + np.arange(kernel_blocks, dtype=np.uint64)
-    mixed = splitmix64(ids ^ np.uint64(seed)).view(np.int64)
+    mixed = _splitmix64(ids ^ np.uint64(seed)).view(np.int64)
     return torch.from_numpy(mixed.copy()).to(dtype)
 
 
@@ -174,6 +184,12 @@ def _first_mismatch(got: torch.Tensor, want: torch.Tensor) -> tuple[int, ...]:
     return tuple(int(v) for v in where)
 
 
+def _movable(view: torch.Tensor) -> bool:
+    # torch refuses to write a view whose elements share memory; such a plan
+    # is other invariants' fault (KV-DEV-VIEWS, KV-PLACE-NO-LAYER-OVERLAP).
+    return all(s != 0 or e <= 1 for e, s in zip(view.shape, view.stride(), strict=True))
+
+
 def _runs_order(plan: WorkerTensor, slices: torch.Tensor, r: int) -> tuple[int, ...] | None:
     """The page's dims in memory order when the ``r`` slices cut it into equal runs.
 
@@ -210,14 +226,12 @@ def _tensor_findings(
     first_layer: int,
 ) -> list[Violation]:
     """Both directions for one split tensor: kernel writes, planning reads, and back."""
-    dtype = WIDTH_DTYPES[width][0]
+    dtype = _WIDTH_DTYPES[width]
     r = kernel.split.kernel_blocks_per_block
     num_layers, num_blocks = plan.shape[0], plan.shape[1]
     pview = allocation.tensor_views[plan.index].view(dtype)
     kview = _kernel_raw(allocation, kernel, num_blocks).view(dtype)
-    # torch refuses to write a view whose elements share memory; such a plan
-    # is other invariants' fault (KV-DEV-VIEWS, KV-PLACE-NO-LAYER-OVERLAP).
-    if not (movable(pview) and movable(kview)):
+    if not (_movable(pview) and _movable(kview)):
         return []
     device = pview.device
     slices = _slice_map(plan, r, width, device)

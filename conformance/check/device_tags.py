@@ -25,7 +25,6 @@ from conformance.check.device_memory import (
     ordered_copy,
     release,
 )
-from conformance.check.tags import WIDTH_DTYPES, splitmix64, widest_width
 from conformance.check.violations import Violation
 from conformance.check.worker import WorkerAllocation as KVCacheAllocation
 from conformance.check.worker import allocate_kv_cache
@@ -39,12 +38,36 @@ __all__ = ["TagReadback", "check_device_tags", "verify_tags"]
 #: Elements compared per kernel in the tag readback; bounds the boolean temporary.
 _READ_CHUNK_ELEMENTS = 1 << 25
 
+_WIDTH_DTYPES: dict[int, tuple[torch.dtype, type[np.generic]]] = {
+    8: (torch.int64, np.int64),
+    4: (torch.int32, np.int32),
+    2: (torch.int16, np.int16),
+    1: (torch.uint8, np.uint8),
+}
+
+
+def _splitmix64(values: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    # A bijective 64-bit mixer: distinct (layer, block) ids get distinct, unrelated tags.
+    z = values + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    mixed: npt.NDArray[np.uint64] = z ^ (z >> np.uint64(31))
+    return mixed
+
 
 def _tag_width(geometries: list[WorkerTensor]) -> int:
-    # One element width per backing, so that every writer's elements share one grid.
-    return widest_width(
-        v for g in geometries if not g.is_empty for v in (g.offset, g.shape[4], *g.strides[:4])
-    )
+    # One element width per backing: every writer's elements then start on the same grid,
+    # so a corrupted element always holds exactly one other page's whole tag.
+    for width in (8, 4, 2):
+        if all(
+            g.offset % width == 0
+            and g.shape[4] % width == 0
+            and all(s % width == 0 for s in g.strides[:4])
+            for g in geometries
+            if not g.is_empty
+        ):
+            return width
+    return 1
 
 
 def _owner_of_layer(config: KVCacheConfig) -> dict[str, int]:
@@ -128,10 +151,10 @@ def _prepare_writers(
             continue
         backing = allocation.backing_of[geometry.index]
         width = widths[backing]
-        torch_dtype, np_dtype = WIDTH_DTYPES[width]
+        torch_dtype, np_dtype = _WIDTH_DTYPES[width]
         layers = np.arange(layer_base, layer_base + num_layers, dtype=np.uint64)
         ids = layers[:, None] * np.uint64(id_space) + blocks[None, :]
-        tags = splitmix64(ids ^ seed_mix).view(np.int64).astype(np_dtype)
+        tags = _splitmix64(ids ^ seed_mix).view(np.int64).astype(np_dtype)
         raw = allocation.tensor_views[geometry.index]
         dest = raw[:, start::step].view(torch_dtype)
         source = torch.from_numpy(tags).to(raw.device).view(num_layers, blocks.size, 1, 1, 1)

@@ -77,8 +77,6 @@ MERGED: Mapping[str, Any] = {
                     "type": "object",
                     "additionalProperties": {
                         "type": "object",
-                        # The merge reads both, which the report's schema leaves optional.
-                        "required": ["reason", "na_reason"],
                         "properties": {
                             "failure_key": {
                                 "type": ["array", "null"],
