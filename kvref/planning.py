@@ -392,7 +392,25 @@ def plan_kv_cache(
 ) -> KVCachePlan:
     """Run Core's whole flow and return the configs with the figures behind them.
 
-    See contract.md#core-flow.
+    The steps carry the numbers vLLM gives them in ``get_kv_cache_configs``
+    (the finer list of contract.md#core-flow splits them further).  Before
+    step 1 the config's layout is resolved once, from all workers' specs.
+
+    1. Merge the workers' specs into one spec per layer and check each
+       spec's fields (inside :func:`get_global_kv_cache_groups`, or here when
+       ``global_groups`` is given).
+    2. Group the whole model's layers with a fresh builder
+       (:func:`get_global_kv_cache_groups`), unless ``global_groups`` is given.
+    3. Project the groups onto each worker and check that they hold all its
+       layers; learn each worker's bytes per block, apply
+       ``num_gpu_blocks_override`` and reserve the null block; auto-fit
+       ``max_model_len`` when asked, then check that one request fits on
+       every worker (:func:`_admit`).
+    4. Place each worker's own block count (memory // bytes per block; a
+       worker with no layer takes the others' smallest) with the builder.
+    5. Place again, at the smallest block count of all workers, each worker
+       that got more; under 0.34.0 every worker also gets one answer to
+       whether its blocks need zeroing.
 
     Args:
         builder: a builder instance, a class to instantiate for every phase, or
@@ -410,14 +428,16 @@ def plan_kv_cache(
         LayoutResolutionError: the config leaves the layout to planning and no
             layout meets its requirements.
     """
-    # Core resolves the layout once, before grouping (contract.md#core-flow, step 2).
+    # Core resolves the layout once, before grouping (step 2).
     config = config.with_resolved_layout(kv_cache_specs)
     memory = _available_per_worker(available_memory, len(kv_cache_specs))
+    # Steps 1 and 2.
     if global_groups is None:
         global_groups = get_global_kv_cache_groups(builder, config, kv_cache_specs)
     else:
         check_spec_fields(_merge_workers(kv_cache_specs), config.rules)
     groups_global = list(global_groups)
+    # Step 3.
     worker_builder = fresh_builder(builder, config)
     projected = [project_kv_cache_groups_to_worker(groups_global, w) for w in kv_cache_specs]
     for index, (groups, specs) in enumerate(zip(projected, kv_cache_specs, strict=True)):
@@ -447,6 +467,7 @@ def plan_kv_cache(
         1 if not groups else (effective[w] // bpbs[w] if active[w] else None)
         for w, groups in enumerate(projected)
     ]
+    # Steps 4 and 5 (_place_workers), then the one zeroing answer of step 5.
     configs = _place_workers(worker_builder, config, projected, before_min)
     target = min(c.num_blocks for c in configs)
     # vLLM 0.34.0: every worker gets the scheduler's blocks to zero, so one answer for all.
