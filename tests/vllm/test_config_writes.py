@@ -41,8 +41,18 @@ class TestVllmConfigWrites:
                 "KV-PLACE-INPUT-UNCHANGED",
                 "_get_pool_bytes_per_block changed vllm_config.cache_config.num_gpu_blocks",
             ),
+            (
+                "AlignsEngineBlockSize",
+                "KV-GROUP-INPUT-UNCHANGED",
+                "vllm_config.cache_config.block_size: 16 -> ",
+            ),
+            (
+                "RaisesBatchedTokens",
+                "KV-PLACE-INPUT-UNCHANGED",
+                "vllm_config.scheduler_config.max_num_batched_tokens: ",
+            ),
         ],
-        ids=["grouping", "placement", "unreadable", "pool-bytes"],
+        ids=["grouping", "placement", "unreadable", "pool-bytes", "block-size", "scheduler"],
     )
     def test_a_written_vllm_config_fails_the_hooks_purity(
         self, name: str, meant: str, field: str, isolate: bool

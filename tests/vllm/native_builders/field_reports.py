@@ -1,10 +1,10 @@
 """Re-creations of bugs reported from the field, each behind a vendor's gate, ``super()`` elsewhere.
 
 - :class:`HiSparseBaseOffsetBuilder` (broken): under HiSparse, every layer of
-  a multi-layer tensor bound at the tensor's base offset (its layer stride
-  dropped), so each later layer overwrites the earlier ones.  On the host
-  pool ``KV-HOST-HISPARSE-RUNS`` must catch it (the source layers' runs all
-  start at one byte).
+  a multi-layer tensor bound at the tensor's base offset (a layer stride of
+  0), so each later layer overwrites the earlier ones: beside HiSparse's host
+  groups ``KV-HOST-DEVICE-SAFE`` must catch it on the device and
+  ``KV-HOST-NO-ALIAS`` in the host pool.
 - :class:`HiSparseSplitLayersBuilder` (legal): under HiSparse, every layer of
   a multi-layer tensor on a tensor of its own at the same bytes
   (``offset + i * layer_stride``): the same placement, spelled per layer.
@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from vllm.config import VllmConfig
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
@@ -38,10 +37,6 @@ __all__ = [
 class HiSparseSplitLayersBuilder(DefaultKVCacheConfigBuilder):
     """Under HiSparse, vLLM's tensors one layer each, at the same bytes (legal)."""
 
-    def layer_offset(self, tensor: Any, index: int) -> int:
-        """Where layer ``index`` of ``tensor`` starts: the tensor's own rule."""
-        return int(tensor.offset + index * tensor.layer_stride)
-
     def get_kv_cache_config_from_groups(
         self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec], num_blocks: int
     ) -> KVCacheConfig:
@@ -57,18 +52,31 @@ class HiSparseSplitLayersBuilder(DefaultKVCacheConfigBuilder):
                 tensors.append(tensor)
                 continue
             tensors.extend(
-                dataclasses.replace(tensor, layers=[name], offset=self.layer_offset(tensor, i))
+                dataclasses.replace(
+                    tensor, layers=[name], offset=tensor.offset + i * tensor.layer_stride
+                )
                 for i, name in enumerate(tensor.layers)
             )
         return dataclasses.replace(config, kv_cache_tensors=tensors)
 
 
-class HiSparseBaseOffsetBuilder(HiSparseSplitLayersBuilder):
+class HiSparseBaseOffsetBuilder(DefaultKVCacheConfigBuilder):
     """Every layer of a multi-layer tensor bound at the tensor's base offset (broken)."""
 
-    def layer_offset(self, tensor: Any, index: int) -> int:
-        """The tensor's base offset, whichever layer."""
-        return int(tensor.offset)
+    def get_kv_cache_config_from_groups(
+        self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        """vLLM's placement; under HiSparse no layer of a tensor steps past its base offset."""
+        config: KVCacheConfig = super().get_kv_cache_config_from_groups(
+            vllm_config, kv_cache_groups, num_blocks
+        )
+        if vllm_config.attention_config.hisparse_config is None:
+            return config
+        tensors = [
+            dataclasses.replace(tensor, layer_stride=0) if len(tensor.layers) > 1 else tensor
+            for tensor in config.kv_cache_tensors
+        ]
+        return dataclasses.replace(config, kv_cache_tensors=tensors)
 
 
 class MambaKeepsSpeculativeBlocksBuilder(DefaultKVCacheConfigBuilder):
