@@ -113,7 +113,7 @@ def run_case(
         vcfg, groups = state
         return kvp.get_kv_cache_configs(vcfg, vspecs, memory, groups)
 
-    with iv.installed_builder(default_builder), iv._quiet_vllm():
+    with iv.installed_builder(default_builder), iv.quiet_vllm():
         t_vllm_groups = best(vllm_groups, repeats, lambda: copy.deepcopy(template))
         fixed_groups = vllm_groups(copy.deepcopy(template))
         t_vllm_configs = best(

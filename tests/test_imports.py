@@ -5,6 +5,8 @@ stays light (no torch), and the lazy public surface is consistent."""
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -376,3 +378,86 @@ def test_public_surface_is_declared_once_consistently() -> None:
 def test_unknown_attribute_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no_such_name"):
         _ = kvref.no_such_name
+
+
+def _public_names(module: str) -> set[str] | None:
+    """A kvref module's ``__all__``; ``None`` for a module that declares none."""
+    names = getattr(importlib.import_module(module), "__all__", None)
+    return None if names is None else set(names)
+
+
+def _is_public_module(module: str) -> bool:
+    if any(part.startswith("_") for part in module.split(".")):
+        return False
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent is a module, not a package
+        return False
+
+
+def private_kvref_uses(source: str) -> list[str]:
+    """The kvref names ``source`` uses that are not public.
+
+    Public: a name in its module's ``__all__``, or a module none of whose
+    dotted parts starts with ``_``.  Read are ``from kvref.x import name`` and
+    attributes of a kvref module bound by ``import`` or ``from ... import``.
+    """
+    tree = ast.parse(source)
+    modules: dict[str, str] = {}  # local name -> the kvref module it is
+    used: list[tuple[int, str, str]] = []  # (line, module, name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "kvref":
+            base = node.module or ""
+            if not _is_public_module(base):
+                parent, _, last = base.rpartition(".")
+                used.append((node.lineno, parent, last))
+                continue
+            for alias in node.names:
+                if _is_public_module(f"{base}.{alias.name}"):
+                    modules[alias.asname or alias.name] = f"{base}.{alias.name}"
+                else:
+                    used.append((node.lineno, base, alias.name))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "kvref":
+                    if not _is_public_module(alias.name):
+                        parent, _, last = alias.name.rpartition(".")
+                        used.append((node.lineno, parent, last))
+                    elif alias.asname or alias.name == "kvref":
+                        modules[alias.asname or alias.name] = alias.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            module = modules.get(node.value.id)
+            if module is not None and not _is_public_module(f"{module}.{node.attr}"):
+                used.append((node.lineno, module, node.attr))
+    return [
+        f"line {line}: {module}.{name}"
+        for line, module, name in used
+        if name not in (_public_names(module) or set())
+    ]
+
+
+def test_private_kvref_uses_are_seen() -> None:
+    source = (
+        "import kvref.planning as planning\n"
+        "from kvref import PlanningConfig, planning as p2\n"
+        "from kvref.planning import plan_kv_cache, _merge_workers\n"
+        "from kvref.interop import vllm as iv\n"
+        "from kvref._config_fields import FIELDS\n"
+        "planning.plan_kv_cache, planning._admit, iv.quiet_vllm, iv._hidden, p2.WorkerPlan\n"
+    )
+    assert private_kvref_uses(source) == [
+        "line 3: kvref.planning._merge_workers",
+        "line 5: kvref._config_fields",
+        "line 6: kvref.planning._admit",
+        "line 6: kvref.interop.vllm._hidden",
+    ]
+
+
+def test_the_kit_uses_only_kvrefs_public_names() -> None:
+    found = [
+        f"{path.relative_to(KIT.parent)}: {use}"
+        for path in KIT_MODULES.values()
+        for use in private_kvref_uses(path.read_text())
+    ]
+    assert found == []

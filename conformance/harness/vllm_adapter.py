@@ -211,7 +211,7 @@ def _as_vllm_sees(config: PlanningConfig) -> Iterator[None]:
     the engine; the hooks must see the values the example sets, exactly as
     :func:`kvref.interop.vllm.plan_with_vllm` shows them to Core.
     """
-    with iv.hisparse_patches(config), iv._quiet_vllm():
+    with iv.hisparse_patches(config), iv.quiet_vllm():
         yield
 
 

@@ -39,9 +39,6 @@ from kvref.interop.vllm_convert import (
 )
 from kvref.interop.vllm_core import installed_builder, plan_with_vllm
 
-#: The old private name, still used by callers outside kvref.
-_quiet_vllm = quiet_vllm
-
 __all__ = [
     "INSTALL_HINT",
     "VLLM_VERSION",

@@ -29,7 +29,6 @@ from typing import Any
 import attrs
 
 from conformance.report.waste import LISTED, PlanFigures, WasteSummary, WasteWarning
-from kvref._math import round_up
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.placement import pool_bytes_per_block
@@ -165,7 +164,8 @@ class _PageRoundedReference(ReferenceKVCacheConfigBuilder):
     def _get_pool_bytes_per_block(
         self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]
     ) -> int | None:
-        return round_up(pool_bytes_per_block(config, kv_cache_groups), PAGE)
+        # Rounded up to whole pages.
+        return -(-pool_bytes_per_block(config, kv_cache_groups) // PAGE) * PAGE
 
 
 def _reference_figures(example: Any, builder: BuilderLike) -> PlanFigures | None:
