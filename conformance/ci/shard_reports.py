@@ -41,7 +41,10 @@ _COUNTS = {"type": "object", "additionalProperties": _COUNT}
 #: What the merge reads of a shard's report beyond what report.schema.json fixes.
 MERGED: Mapping[str, Any] = {
     "type": "object",
+    "required": ["contract"],
     "properties": {
+        "contract": {"type": "string"},
+        "results": {"type": "array", "items": {"type": "object", "required": ["seconds"]}},
         "coverage": {
             "type": "object",
             "additionalProperties": {
@@ -77,6 +80,8 @@ MERGED: Mapping[str, Any] = {
                     "type": "object",
                     "additionalProperties": {
                         "type": "object",
+                        # The merge reads both, which the report's schema leaves optional.
+                        "required": ["reason", "na_reason"],
                         "properties": {
                             "failure_key": {
                                 "type": ["array", "null"],
@@ -91,6 +96,7 @@ MERGED: Mapping[str, Any] = {
         },
         "reach": {
             "type": ["object", "null"],
+            "required": ["modules"],
             "properties": {
                 "modules": {
                     "type": "array",
