@@ -375,6 +375,18 @@ def test_public_surface_is_declared_once_consistently() -> None:
     assert set(kvref.__all__) <= set(dir(kvref))
 
 
+def test_a_name_listed_under_two_homes_fails_the_import() -> None:
+    source = (ROOT / "__init__.py").read_text()
+    twice = source.replace(
+        '"kvref.hisparse": ("resolve_hisparse_specs",)',
+        '"kvref.hisparse": ("resolve_hisparse_specs", "plan_kv_cache")',
+    )
+    assert twice != source
+    exec(compile(source, "kvref/__init__.py", "exec"), {"__name__": "kvref_copy"})
+    with pytest.raises(ImportError, match="listed under two modules"):
+        exec(compile(twice, "kvref/__init__.py", "exec"), {"__name__": "kvref_copy"})
+
+
 def test_unknown_attribute_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no_such_name"):
         _ = kvref.no_such_name
