@@ -114,6 +114,13 @@ def _example(num_blocks: int = 4, layers: int = 1) -> dict[str, Any]:
     return data
 
 
+def _unplannable() -> dict[str, Any]:
+    """An example's data the reference cannot plan: a host-resident layer the model lacks."""
+    data = _example()
+    data["config"]["fields"]["host_resident_layers"] = {"frozenset": ["no.such.layer"]}
+    return data
+
+
 def _entry(**changes: Any) -> dict[str, Any]:
     return {"description": "tiny", "data": _example()} | changes
 
@@ -131,6 +138,8 @@ def _entry(**changes: Any) -> dict[str, Any]:
         (lambda: json.dumps([_entry(data=_example(num_blocks=1 << 40))]), "num_blocks 109"),
         (lambda: json.dumps([_entry(data=_example(layers=4097))]), "4097 layers"),
         (lambda: b"\xff", "is not UTF-8"),
+        # Judged, it would blame a legal builder for a problem no run makes.
+        (lambda: json.dumps([_entry(data=_unplannable())]), "the reference cannot plan it"),
     ],
 )
 def test_a_bad_corpus(tmp_path: Path, content: Callable[[], str | bytes], says: str) -> None:

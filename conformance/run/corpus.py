@@ -97,9 +97,9 @@ class Corpus:
                 example = Example.from_data(entry["data"], description)
             except RecordError as exc:
                 raise self._error(f"entry {index}: {exc}") from None
-            too_large = _too_large(example)
-            if too_large:
-                raise self._error(f"entry {index}: {too_large}")
+            problem = _too_large(example) or _outside_the_generator(example)
+            if problem:
+                raise self._error(f"entry {index}: {problem}")
             examples.append(example)
         return examples
 
@@ -168,4 +168,32 @@ def _too_large(example: Example) -> str | None:
         return f"{layers} layers, over the {_MAX_LAYERS} a corpus entry may have"
     if example.num_blocks > _MAX_BLOCKS:
         return f"num_blocks {example.num_blocks}, over the {_MAX_BLOCKS} a corpus entry may have"
+    return None
+
+
+def _outside_the_generator(example: Example) -> str | None:
+    """Why no run of the kit would judge ``example`` (``None``: one could).
+
+    Exploration keeps only problems the reference can plan and whose Core
+    flow it answers (a typed refusal is an answer), as every generated
+    example is: judged on any other, a legal builder would be blamed for it.
+    """
+    from conformance.scenarios.examples import reference_accepts
+    from kvref.builder import ReferenceKVCacheConfigBuilder
+    from kvref.errors import KVRefError
+    from kvref.planning import plan_kv_cache
+
+    if not reference_accepts(example.config, example.workers):
+        return "the reference cannot plan it, so no run of the kit made it"
+    try:
+        plan_kv_cache(
+            ReferenceKVCacheConfigBuilder(),
+            example.config,
+            example.workers,
+            example.available_memory,
+        )
+    except KVRefError:
+        pass
+    except Exception as exc:
+        return f"the reference's Core flow fails on it ({type(exc).__name__}), so no run made it"
     return None
