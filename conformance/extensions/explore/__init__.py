@@ -14,14 +14,28 @@ from typing import Any
 
 import attrs
 
-from conformance.extensions.base import Extension, Judged, RunView
+from conformance.extensions.base import Extension, Judged, RunView, run_option
 from conformance.extensions.explore.explorer import Explorer
 from conformance.run.corpus import Corpus
 from conformance.run.strata import sample
 from conformance.scenarios import registry
 from conformance.scenarios.examples import Example
 
-__all__ = ["EXPLORE"]
+__all__ = ["EXPLORE", "ExploreOptions"]
+
+
+@attrs.frozen(kw_only=True)
+class ExploreOptions:
+    """The exploration extension's options: the run's options of the same names.
+
+    Attributes:
+        explore: seconds of exploration after the deals (0: none; the saved
+            corpus is still judged first).
+        explore_candidates: stop after this many candidates (``None``: time only).
+    """
+
+    explore: float = run_option("explore")
+    explore_candidates: int | None = run_option("explore_candidates")
 
 
 @attrs.define
@@ -33,7 +47,7 @@ class _State:
     lines_before: int = 0
 
 
-def _start(_run_options: Any, _options: None) -> _State:
+def _start(_run_options: Any, _options: ExploreOptions) -> _State:
     return _State()
 
 
@@ -136,6 +150,7 @@ def _end(state: _State, run: RunView, report: Any) -> Any:
 
 EXPLORE = Extension(
     name="explore",
+    options=ExploreOptions,
     start=_start,
     before_deals=_before_deals,
     before_example=_before_example,

@@ -18,14 +18,27 @@ from typing import Any
 
 import attrs
 
-from conformance.extensions.base import Extension, Judged, RunView
+from conformance.extensions.base import Extension, Judged, RunView, run_option
 from conformance.extensions.focus.answers import FOCUS_SHARE, REFERENCE, Baseline, Focus
 from conformance.generate.engine_paths import EnginePath, spell
 from conformance.harness.builder_identity import parent_builder
 from conformance.run.strata import Body, draw_pinned
 from conformance.scenarios import registry
 
-__all__ = ["FOCUS"]
+__all__ = ["FOCUS", "FocusOptions"]
+
+
+@attrs.frozen(kw_only=True)
+class FocusOptions:
+    """The focus extension's options: the run's options of the same names.
+
+    Attributes:
+        focus: where the run draws its extra examples (``None``: learned;
+            ``"off"``; or the pins ``family=PATH,...;...``), read by
+            ``RunOptions.focus_pins``.
+    """
+
+    focus: str | None = run_option("focus")
 
 
 @attrs.define
@@ -45,7 +58,8 @@ class _State:
         return self.focus
 
 
-def _start(run_options: Any, _options: None) -> _State:
+def _start(run_options: Any, _options: FocusOptions) -> _State:
+    # The run's options read (and validated) the pins.
     return _State(given=run_options.focus_pins())
 
 
@@ -97,6 +111,7 @@ def _end(state: _State, run: RunView, report: Any) -> Any:
 
 FOCUS = Extension(
     name="focus",
+    options=FocusOptions,
     start=_start,
     after_example=_after_example,
     after_deals=_after_deals,
