@@ -132,16 +132,16 @@ class RunOptions:
             is installed (:attr:`measured_reach`).
         min_reach: fail the run when less than this percentage of those lines ran.
         replays: times each failure's minimal counterexample is judged again
-            (:mod:`conformance.run.flakes`; 0: none).
+            (:mod:`conformance.extensions.flakes`; 0: none).
         worker_memory: GiB of private memory the isolated worker may take over
             its size at start (``RLIMIT_DATA``): a leaking hook then fails
             ``KV-CALL-RAISES`` with the limit named.
-        focus: where the run draws its extra examples (:mod:`conformance.run.focus`):
+        focus: where the run draws its extra examples (:mod:`conformance.extensions.focus`):
             ``None`` (the default) learns it from the builder's answers, ``"off"``
             draws none, ``family=PATH,...;...`` replays a run's (its reproduce lines
             carry it).
         explore: seconds of coverage-guided exploration after the run's deals
-            (:mod:`conformance.run.explore`; 0: none).  Needs reach measured.
+            (:mod:`conformance.extensions.explore`; 0: none).  Needs reach measured.
         explore_candidates: stop exploring after this many candidates, whatever
             time is left (``None``: only the time limits it).
         shard: ``"I/N"``: run only the I-th of N shares of the run's strata
@@ -365,7 +365,7 @@ class RunOptions:
     def reproduce(self, invariant: str, focus: str | None = None) -> str:
         """A command that reruns this run's examples for ``invariant`` alone.
 
-        ``focus``: the run's focus spelled (:func:`conformance.run.focus.spell`),
+        ``focus``: the run's focus spelled (:func:`conformance.generate.engine_paths.spell`),
         which a run of one invariant could not learn from its own scenarios.
         """
         builder = self.builder or "<builder: pass it to check_builder>"
