@@ -12,6 +12,13 @@ the contract's geometry rather than by kvref's own allocation code.
 Every view is checked with exact integers before :func:`torch.as_strided`
 sees it, so a hostile plan raises :class:`WorkerError` instead of addressing
 memory it does not own.
+
+This module is plumbing under the oracle of :mod:`conformance.check.worker_model`:
+it turns the kit's own geometry into buffers and ``as_strided`` views and
+decides nothing about where bytes belong.  ``kvref.allocation`` does the same
+for kvref's geometry; the kit keeps its own copy because its allocation must
+hold only views the kit's geometry built, and because it adds what only the
+checks need (unzeroed and reused scratch backings, :class:`WorkerError`).
 """
 
 from __future__ import annotations

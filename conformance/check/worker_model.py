@@ -5,6 +5,15 @@ allocate and view plans through it (:mod:`conformance.check.worker`, with
 torch), and the memory checks compute every page's footprint on it
 (:mod:`conformance.check.footprint`).  Strides come from
 :mod:`conformance.check.geometry`, never from kvref.
+
+Oracle and plumbing: everything here is oracle, what the kit expects a plan
+to mean (each view's extents and strides, and the byte addresses of layers
+and pages that follow from them).  kvref computes the same addresses in
+``kvref.views`` and the two are written twice on purpose: were the kit to
+use kvref's, a bug planted in kvref's addresses would move the kit's
+expectations with it and go unseen.  The plumbing, torch buffers and
+strided views over them, is :mod:`conformance.check.worker`; tags written
+and read through those views are :mod:`conformance.check.tags`.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ __all__ = [
     "ViewProblem",
     "WorkerError",
     "WorkerTensor",
+    "first_group_of",
     "planned_device_bytes",
     "planned_host_bytes",
     "resolve_layout",
@@ -142,7 +152,8 @@ class ViewProblem:
     byte_range: tuple[int, int] | None = None
 
 
-def _owners(config: KVCacheConfig) -> dict[str, int]:
+def first_group_of(config: KVCacheConfig) -> dict[str, int]:
+    """Layer name -> the first group listing it (a broken plan may list a layer twice)."""
     owner: dict[str, int] = {}
     for index, group in enumerate(config.kv_cache_groups):
         for name in group.layer_names:
@@ -200,7 +211,7 @@ def worker_tensors(
             geometry in the layout (a padded page the layout cannot hold).
     """
     device_layout = resolve_layout(config, layout)
-    owner = _owners(config)
+    owner = first_group_of(config)
     out: list[WorkerTensor] = []
     for index, tensor in enumerate(config.kv_cache_tensors):
         this_layout = HOST_LAYOUT if tensor.host_resident else device_layout
