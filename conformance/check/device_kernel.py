@@ -16,12 +16,13 @@ address in the plan (contract.md#kernel-views).
 On the device, a distinct tag is written to every (layer, kernel block)
 through the kernel view and read back through the planning view, then the
 other way round, one tensor at a time (aliasing between tensors is
-KV-DEV-TAGS' concern).  A plan the worker cannot read (no kernel block
-size divides a group's block size, a split block that is not one dense
-page, a packed cache a layer's backend cannot bind) is a violation unless
-the worker cannot read the reference's plan of the same input either; where
-no layer is read in kernel blocks smaller than its cache block the
-invariant does not apply.
+KV-DEV-TAGS' concern); the tags and their element width come from the
+kit's tag engine (:mod:`conformance.check.tags`).  A plan the worker cannot
+read (no kernel block size divides a group's block size, a split block that
+is not one dense page, a packed cache a layer's backend cannot bind) is a
+violation unless the worker cannot read the reference's plan of the same
+input either; where no layer is read in kernel blocks smaller than its cache
+block the invariant does not apply.
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ import torch
 from conformance.check.bounds import tensor_problems
 from conformance.check.catalog import Unjudged, invariant
 from conformance.check.device_memory import check_budget, ordered_copy, release
-from conformance.check.device_tags import _splitmix64
 from conformance.check.observations import PlacementObservation
+from conformance.check.tags import WIDTH_DTYPES, movable, splitmix64, widest_width
 from conformance.check.violations import Violation
-from conformance.check.worker import DEVICE_BACKING, WorkerAllocation, allocate_kv_cache
+from conformance.check.worker import WorkerAllocation, allocate_kv_cache
 from conformance.check.worker_model import WorkerError, WorkerTensor, resolve_layout
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.errors import KVRefError, LayoutError, UnsupportedError
@@ -59,13 +60,6 @@ KV_DEV_KERNEL_VIEWS = "KV-DEV-KERNEL-VIEWS"
 
 #: Elements compared per call; bounds the expected-tags temporary.
 _CHUNK_ELEMENTS = 1 << 24
-
-_WIDTH_DTYPES: dict[int, torch.dtype] = {
-    8: torch.int64,
-    4: torch.int32,
-    2: torch.int16,
-    1: torch.uint8,
-}
 
 
 def _v(message: str) -> Violation:
@@ -118,10 +112,7 @@ def _width(pairs: Sequence[tuple[WorkerTensor, KernelTensorGeometry]]) -> int:
         r = kernel.split.kernel_blocks_per_block
         values += [plan.offset, plan.shape[4], plan.page_bytes // r]
         values += [int(s) for s in plan.strides[:4]] + [int(s) for s in kernel.strides[:4]]
-    for width in (8, 4, 2):
-        if all(v % width == 0 for v in values):
-            return width
-    return 1
+    return widest_width(values)
 
 
 def _slice_map(plan: WorkerTensor, r: int, width: int, device: torch.device) -> torch.Tensor:
@@ -145,7 +136,7 @@ def _tags(
 ) -> torch.Tensor:
     layers = np.arange(first, first + num_layers, dtype=np.uint64)
     ids = layers[:, None] * np.uint64(kernel_blocks + 1) + np.arange(kernel_blocks, dtype=np.uint64)
-    mixed = _splitmix64(ids ^ np.uint64(seed)).view(np.int64)
+    mixed = splitmix64(ids ^ np.uint64(seed)).view(np.int64)
     return torch.from_numpy(mixed.copy()).to(dtype)
 
 
@@ -165,10 +156,7 @@ def _kernel_raw(
     kernel block stride where a packed cache is re-strided at bind time, whose
     kernel blocks in between hold other layers' pages and are never written.
     """
-    where = allocation.backing_of[kernel.index]
-    buffer = allocation.device_buffer if where == DEVICE_BACKING else allocation.host_buffers[where]
-    if buffer is None:
-        raise WorkerError(f"kv_cache_tensors[{kernel.index}] has no backing")
+    buffer = allocation.backing(kernel.index)
     split = kernel.split
     layers, _, heads, states, content = kernel.shape
     stride = kernel.strides
@@ -182,12 +170,6 @@ def _kernel_raw(
 def _first_mismatch(got: torch.Tensor, want: torch.Tensor) -> tuple[int, ...]:
     where = (got != want).nonzero()[0].tolist()
     return tuple(int(v) for v in where)
-
-
-def _movable(view: torch.Tensor) -> bool:
-    # torch refuses to write a view whose elements share memory; such a plan
-    # is other invariants' fault (KV-DEV-VIEWS, KV-PLACE-NO-LAYER-OVERLAP).
-    return all(s != 0 or e <= 1 for e, s in zip(view.shape, view.stride(), strict=True))
 
 
 def _runs_order(plan: WorkerTensor, slices: torch.Tensor, r: int) -> tuple[int, ...] | None:
@@ -226,12 +208,14 @@ def _tensor_findings(
     first_layer: int,
 ) -> list[Violation]:
     """Both directions for one split tensor: kernel writes, planning reads, and back."""
-    dtype = _WIDTH_DTYPES[width]
+    dtype = WIDTH_DTYPES[width][0]
     r = kernel.split.kernel_blocks_per_block
     num_layers, num_blocks = plan.shape[0], plan.shape[1]
     pview = allocation.tensor_views[plan.index].view(dtype)
     kview = _kernel_raw(allocation, kernel, num_blocks).view(dtype)
-    if not (_movable(pview) and _movable(kview)):
+    # torch refuses to write a view whose elements share memory; such a plan
+    # is other invariants' fault (KV-DEV-VIEWS, KV-PLACE-NO-LAYER-OVERLAP).
+    if not (movable(pview) and movable(kview)):
         return []
     device = pview.device
     slices = _slice_map(plan, r, width, device)

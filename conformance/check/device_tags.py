@@ -4,7 +4,9 @@ Block IDs are handed to groups the way a block pool does (no ID to two
 groups at once; block 0, the null block, is never written); every tag is
 written through one strided view per tensor, then all are read back, so a
 page that another page overwrote shows, with the page that wrote it
-(contract.md#memory-safety).
+(contract.md#memory-safety).  Which bytes a page occupies comes from the
+kit's worker model (:mod:`conformance.check.worker_model`); the tags and
+their element width from the kit's tag engine (:mod:`conformance.check.tags`).
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from conformance.check.device_memory import (
     ordered_copy,
     release,
 )
+from conformance.check.tags import WIDTH_DTYPES, splitmix64, widest_width
 from conformance.check.violations import Violation
 from conformance.check.worker import WorkerAllocation as KVCacheAllocation
 from conformance.check.worker import allocate_kv_cache
-from conformance.check.worker_model import WorkerError, WorkerTensor
+from conformance.check.worker_model import WorkerError, WorkerTensor, first_group_of
 from kvref.errors import KVRefError
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig
@@ -38,51 +41,18 @@ __all__ = ["TagReadback", "check_device_tags", "verify_tags"]
 #: Elements compared per kernel in the tag readback; bounds the boolean temporary.
 _READ_CHUNK_ELEMENTS = 1 << 25
 
-_WIDTH_DTYPES: dict[int, tuple[torch.dtype, type[np.generic]]] = {
-    8: (torch.int64, np.int64),
-    4: (torch.int32, np.int32),
-    2: (torch.int16, np.int16),
-    1: (torch.uint8, np.uint8),
-}
-
-
-def _splitmix64(values: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    # A bijective 64-bit mixer: distinct (layer, block) ids get distinct, unrelated tags.
-    z = values + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    mixed: npt.NDArray[np.uint64] = z ^ (z >> np.uint64(31))
-    return mixed
-
 
 def _tag_width(geometries: list[WorkerTensor]) -> int:
-    # One element width per backing: every writer's elements then start on the same grid,
-    # so a corrupted element always holds exactly one other page's whole tag.
-    for width in (8, 4, 2):
-        if all(
-            g.offset % width == 0
-            and g.shape[4] % width == 0
-            and all(s % width == 0 for s in g.strides[:4])
-            for g in geometries
-            if not g.is_empty
-        ):
-            return width
-    return 1
-
-
-def _owner_of_layer(config: KVCacheConfig) -> dict[str, int]:
-    # A layer listed by two groups (a broken plan) is viewed with its first group's spec.
-    owner: dict[str, int] = {}
-    for index, group in enumerate(config.kv_cache_groups):
-        for name in group.layer_names:
-            owner.setdefault(name, index)
-    return owner
+    # One element width per backing, so that every writer's elements share one grid.
+    return widest_width(
+        v for g in geometries if not g.is_empty for v in (g.offset, g.shape[4], *g.strides[:4])
+    )
 
 
 def _block_owners(config: KVCacheConfig, host: bool) -> dict[int, int]:
     # The block pool hands each block ID to one group at a time: give block b to the
     # ((b - 1) mod G)-th group holding tensors of this kind; block 0 is the null block.
-    owner_of_layer = _owner_of_layer(config)
+    owner_of_layer = first_group_of(config)
     order: dict[int, int] = {}
     for tensor in config.kv_cache_tensors:
         if tensor.host_resident == host and tensor.layers:
@@ -127,7 +97,7 @@ def _prepare_writers(
     allocation: KVCacheAllocation, config: KVCacheConfig, seed: int
 ) -> list[_Writer]:
     owners = {False: _block_owners(config, False), True: _block_owners(config, True)}
-    owner_of_layer = _owner_of_layer(config)
+    owner_of_layer = first_group_of(config)
     by_backing: dict[int, list[WorkerTensor]] = {}
     for geometry in allocation.geometries:
         by_backing.setdefault(allocation.backing_of[geometry.index], []).append(geometry)
@@ -151,10 +121,10 @@ def _prepare_writers(
             continue
         backing = allocation.backing_of[geometry.index]
         width = widths[backing]
-        torch_dtype, np_dtype = _WIDTH_DTYPES[width]
+        torch_dtype, np_dtype = WIDTH_DTYPES[width]
         layers = np.arange(layer_base, layer_base + num_layers, dtype=np.uint64)
         ids = layers[:, None] * np.uint64(id_space) + blocks[None, :]
-        tags = _splitmix64(ids ^ seed_mix).view(np.int64).astype(np_dtype)
+        tags = splitmix64(ids ^ seed_mix).view(np.int64).astype(np_dtype)
         raw = allocation.tensor_views[geometry.index]
         dest = raw[:, start::step].view(torch_dtype)
         source = torch.from_numpy(tags).to(raw.device).view(num_layers, blocks.size, 1, 1, 1)

@@ -27,9 +27,9 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
+from conformance.check.tags import mix64
 from conformance.check.violations import Violation
 from conformance.check.worker import WorkerAllocation
-from conformance.serve.kernel import mix64
 from conformance.serve.pool import (
     NULL_BLOCK,
     BlockPool,
