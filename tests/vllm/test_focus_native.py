@@ -46,6 +46,10 @@ class TestBaseline:
         assert baseline.refusals == (Exception,)
 
 
+#: The default families whose models may carry EAGLE draft layers.
+DRAFT_CARRIERS = {"drafts", "hybrid", "full_sink", "full_rswa"}
+
+
 class TestFocusOfNativeBuilders:
     def test_a_pass_through_builder_draws_no_focus(self) -> None:
         """``super()`` everywhere the kit goes: it never answers otherwise than vLLM's default.
@@ -65,7 +69,9 @@ class TestFocusOfNativeBuilders:
         """Only families with draft layers get the extras, and the scattered drafter is found.
 
         The drafts family always has draft layers; the local/full hybrids
-        rarely carry one or two EAGLE draft layers, where the builder acts too.
+        rarely carry one or two EAGLE draft layers, where the builder acts too,
+        and so do the families that redraw a hybrid's full-attention layers as
+        vLLM's subclasses (``full_sink``, ``full_rswa``).
         """
         report = check_builder(
             load_builder(f"{PKG}.drafts:ScattersDraftsBuilder"),
@@ -78,6 +84,6 @@ class TestFocusOfNativeBuilders:
         )
         for scenario in ("grouping", "placement", "core"):
             focused = set(report.coverage[scenario].get("focus", {}))
-            assert "drafts" in focused and focused <= {"drafts", "hybrid"}, report.coverage
+            assert "drafts" in focused and focused <= DRAFT_CARRIERS, report.coverage
         (clause,) = [r for r in report.results if r.id == "KV-GROUP-DRAFTS-TOGETHER"]
         assert clause.status == "fail" and not clause.inherited, clause
