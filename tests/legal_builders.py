@@ -1,7 +1,7 @@
 """Legal builders that differ from the reference: the kit must keep passing them.
 
 Each one makes a choice the contract allows but the reference does not make,
-in the area of one class of issue 13, so a check that is stricter than the
+in the area of one class of once-invisible bug, so a check that is stricter than the
 contract shows up as a false alarm here (tests/test_power.py).
 """
 
@@ -182,7 +182,7 @@ class SortedGroups(ReferenceKVCacheConfigBuilder):
 class ScattersTargets(ReferenceKVCacheConfigBuilder):
     """Gives every target layer a group of its own; a group's draft layers stay together.
 
-    Issue 23, the edge of the draft clause: the contract binds the draft
+    The edge of the draft clause: the contract binds the draft
     layers (``is_draft``) of one spec to one group and says nothing of
     target layers (contract.md#grouping-draft-layers), so shattering them
     is legal, as a field builder that put 36 state layers in 36 groups was:
@@ -258,7 +258,7 @@ def _part(group: KVCacheGroupSpec, names: list[str]) -> KVCacheGroupSpec:
 class DisjointRegions(ReferenceKVCacheConfigBuilder):
     """Gives each of two layer-outer device groups its own region of the one backing.
 
-    Issue 23: every layer steps its own aligned page, ``round_up(page,
+    Every layer steps its own aligned page, ``round_up(page,
     alignment)``, even where the two groups' pitches differ; nothing of one
     group overlaps the other, so no two block IDs alias and the reference's
     common stride is not required (contract.md#page-pitch).  A block costs
@@ -311,7 +311,7 @@ class DisjointRegions(ReferenceKVCacheConfigBuilder):
 class SeparateAllocations(ReferenceKVCacheConfigBuilder):
     """Places the first layer slot of every group in a device allocation of its own.
 
-    Issue 23, several allocations: vLLM's Core allows them when
+    Several allocations: vLLM's Core allows them when
     ``_get_pool_bytes_per_block`` declares the bytes one block ID takes
     across all of them (contract.md#pool-bytes-hook), as this builder does.
     In layer-outer layouts the reference overlays every group's ``j``-th
@@ -381,7 +381,7 @@ class SeparateAllocations(ReferenceKVCacheConfigBuilder):
 class PadsTwice(ReferenceKVCacheConfigBuilder):
     """Declares every layer's page padded to twice its size, then places as the reference.
 
-    Issue 23, efficiency: legal (a group spec may grow a page, never shrink
+    Efficiency: legal (a group spec may grow a page, never shrink
     it, and the padded page fixes every stride, contract.md#page-pitch), yet
     a block takes twice the bytes, so the same memory holds half the blocks:
     the kit's waste warning must fire on it, with the numbers, and no
@@ -447,7 +447,7 @@ def _kernel_split(spec: KVCacheSpec) -> bool:
 class KernelAlignedOffsets(ReferenceKVCacheConfigBuilder):
     """Starts each kernel-split layer at a multiple of its kernel page inside the block.
 
-    Issue 23, kernel blocks below the cache block: ``MultipleOf`` asks the
+    Kernel blocks below the cache block: ``MultipleOf`` asks the
     block stride to be a multiple of the page at the kernel block
     (contract.md#views-and-strides), nothing of the offsets.  In BLHNC/BLNHC
     this builder also aligns where such a layer starts inside a block (each
@@ -503,7 +503,7 @@ class KernelAlignedOffsets(ReferenceKVCacheConfigBuilder):
 class SpacedCompressedRuns(ReferenceKVCacheConfigBuilder):
     """Spaces a compressed MLA cache's layer runs whole 512-byte sectors per block apart.
 
-    Issue 23, compressed MLA placed layer-outer: in LBNHC/LBHNC a block
+    Compressed MLA placed layer-outer: in LBNHC/LBHNC a block
     steps the layer's aligned page (contract.md#page-pitch), but the layer
     stride is the builder's to choose as long as no two pages overlap.  Here
     a compressed tensor's layers are ``num_blocks x round_up(block_stride,
@@ -555,7 +555,7 @@ class SpacedCompressedRuns(ReferenceKVCacheConfigBuilder):
 class DeclaresPoolBytes(ReferenceKVCacheConfigBuilder):
     """Answers ``_get_pool_bytes_per_block`` itself: the device bytes of one placed block.
 
-    Issue 23, pipeline splits that leave a worker without any layer of a
+    Pipeline splits that leave a worker without any layer of a
     group: Core asks the hook about the groups projected to each worker,
     empty ones included (contract.md#core-flow), and the answer must equal
     what placement uses per block (contract.md#pool-bytes-hook).  A group
@@ -597,7 +597,7 @@ class DropsTPShards(ReferenceKVCacheConfigBuilder):
         return [_with_layer_specs(g, dropped) for g in groups]
 
 
-#: The legal counterparts, one or more per class of issue 13.
+#: The legal counterparts, one or more per class of once-invisible bug.
 ALL: tuple[type[ReferenceKVCacheConfigBuilder], ...] = (
     SplitTensors,
     Padded4KiB,
@@ -606,7 +606,7 @@ ALL: tuple[type[ReferenceKVCacheConfigBuilder], ...] = (
     DisjointRegions,
 )
 
-#: Issue 23's field regimes: a legal builder at the edge of each class
+#: The field regimes: a legal builder at the edge of each class
 #: (kernel blocks below the cache block, compressed MLA placed layer-outer,
 #: a worker without any layer of a group, target layers scattered over groups
 #: of their own beside a drafter's), asserted to pass beside :data:`ALL`.

@@ -1,4 +1,4 @@
-"""Issue 23: a legal builder with several device allocations, and the checks that add them up.
+"""A legal builder with several device allocations, and the checks that add them up.
 
 ``legal_builders.SeparateAllocations`` splits the reference's one backing
 into two allocations (slot 0 of every group, and the rest) and declares their

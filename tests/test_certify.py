@@ -1,4 +1,4 @@
-"""Certified runs (issue 20, item 6): ``--certify`` and ``kvref-conformance verify``.
+"""Certified runs: ``--certify`` and ``kvref-conformance verify``.
 
 The certified run's plumbing is tested at a few examples per scenario
 (``conformance.ci.certify.EXAMPLES``); the real run (the thorough profile) is

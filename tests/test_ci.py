@@ -1,4 +1,4 @@
-"""CI around a run (issue 20): Markdown summary, baseline, flakes, the CLI's new options."""
+"""CI around a run: Markdown summary, baseline, flakes, the CLI's new options."""
 
 from __future__ import annotations
 

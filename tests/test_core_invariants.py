@@ -174,7 +174,7 @@ def _hydra_workers() -> list[dict[str, KVCacheSpec]]:
     return [layers]
 
 
-#: The counterexample of issue 19: auto-fit with the hybrid manager disabled.
+#: A counterexample found in the field: auto-fit with the hybrid manager disabled.
 HYDRA_CONFIG = PlanningConfig(
     auto_fit_max_model_len=True,
     max_num_batched_tokens=8192,

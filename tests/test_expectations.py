@@ -1,4 +1,4 @@
-"""Expectations manifests (issue 20): validation, matching, refresh, the shipped vLLM one."""
+"""Expectations manifests: validation, matching, refresh, the shipped vLLM one."""
 
 from __future__ import annotations
 

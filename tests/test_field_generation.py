@@ -1,4 +1,4 @@
-"""Issue 23: the default generation reaches field regimes as classes, not tuned examples.
+"""The default generation reaches field regimes as classes, not tuned examples.
 
 Each broken builder of ``broken_builders.FIELD_REGIMES`` has one bug that
 only a regime of the default run meets (plans past 4 GiB in a layer-outer
@@ -81,7 +81,7 @@ def test_one_layer_run_between_2_and_4_gib() -> None:
     assert TWO_GIB < n * page < FOUR_GIB
 
 
-# -- the generation reaches each class of issue 23's item 1 ----------------------------
+# -- the generation reaches each class of field regime ----------------------------
 
 _REACH = settings(max_examples=400, database=None, phases=[Phase.generate], deadline=None)
 

@@ -1,4 +1,4 @@
-"""Issue 23: power against bugs seen in the field, and no false alarm on legal layouts.
+"""Power against bugs seen in the field, and no false alarm on legal layouts.
 
 Each test builds the plan it judges by hand or with a builder of
 tests/legal_builders.py and tests/broken_builders/, and asks the kit's

@@ -1,4 +1,4 @@
-"""One builder, three front ends, one judgement (issue 20, item 1).
+"""One builder, three front ends, one judgement.
 
 The CLI, ``check_builder`` and the pytest plugin each build one
 :class:`~conformance.run.options.RunOptions` with the kit's defaults and hand

@@ -1,4 +1,4 @@
-"""The HTML report (issue 20, item 8): ``--html FILE``.
+"""The HTML report: ``--html FILE``.
 
 The page is parsed with :mod:`html.parser`; a headless Chromium, where one is
 installed (Debian: ``apt-get install chromium``), renders it to a PNG and the
@@ -197,7 +197,7 @@ def test_renders_in_headless_chromium(broken_page: tuple[Path, Any], tmp_path: P
     assert shot.is_file(), proc.stderr[-2000:]
     keep = os.environ.get("KVREF_SCREENSHOT_DIR")
     if keep:
-        # For people (and issue 20's "done when"): the picture the assertions read.
+        # For people: the picture the assertions read.
         shutil.copy(shot, Path(keep) / "html-report-overlapping-layers.png")
     with image.open(shot) as im:
         pixels = im.convert("RGB")

@@ -1,4 +1,4 @@
-"""The plugin's run split over pytest-xdist workers (issue 20, item 5): one run's judgement."""
+"""The plugin's run split over pytest-xdist workers: one run's judgement."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Power meta-tests (issue 13): each class of once-invisible bug is caught, legal variants pass.
+"""Power meta-tests: each class of once-invisible bug is caught, legal variants pass.
 
 A class's broken builder must be caught at the default example count (50)
 by the invariant meant for it; the legal builders of the same area must pass
@@ -163,6 +163,6 @@ def test_size_bound_allows_4kib_padding_of_small_layers() -> None:
     size = placed.kv_cache_tensors[0].size
     bound = size_bound(groups)
     assert size == 4096 * 4096
-    assert size > 2 * bound * 4096 + 2**20  # the bound before issue 13 called this absurd
+    assert size > 2 * bound * 4096 + 2**20  # the bound before the power work called this absurd
     assert not absurd_size(size, 4096, bound)
     assert absurd_size(2**60, 4096, bound)

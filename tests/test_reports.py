@@ -1,4 +1,4 @@
-"""Reports for CI (issue 8, item 5): JUnit valid against the common schema, JSON with a schema.
+"""Reports for CI: JUnit valid against the common schema, JSON with a schema.
 
 The JUnit file is validated against the schemas CI servers use, as reproduced
 in tests/data: Jenkins xunit's ``junit-10.xsd``, the Ant JUnit schema

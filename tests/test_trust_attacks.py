@@ -1,4 +1,4 @@
-"""The threat model of docs/trust.md, attacked on every front end (issue 49).
+"""The threat model of docs/trust.md, attacked on every front end.
 
 Each attacker (tests/forgers/escapes.py, tests/forgers/models.py) carries the
 planted bug, a device backing one block too small, and tries to turn the
@@ -8,7 +8,7 @@ processes behind, stealing the certification key, or running a models
 module in the judge.  The run must still fail on ``KV-PLACE-BACKING-SIZE``,
 its report must stay as written, and nothing the builder started may be
 left.  Each attack forges a pass on a kit without these defences (the
-commit before issue 49's, on this machine as root: exit 0 for the memory
+commit before the containment work, on this machine as root: exit 0 for the memory
 and models attacks, a report rewritten to ``ok: true`` by the daemon, 20
 processes left by ``ForksMany``, the key in the worker's environment).
 """

@@ -1,4 +1,4 @@
-"""Verdict semantics, one rule on every front end (issue 8, item 1).
+"""Verdict semantics, one rule on every front end.
 
 PASS needs at least one example that judged the invariant; what no example
 judged is INCONCLUSIVE and fails the run (exit 1, a failed pytest item);

@@ -1,4 +1,4 @@
-"""Issue 23: efficiency warnings, the "Waste" section of a report.
+"""Efficiency warnings, the "Waste" section of a report.
 
 The kit compares every core plan of a builder with the reference's plan of
 the same problem and warns, with the numbers, when the builder's holds less

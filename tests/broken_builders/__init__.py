@@ -123,7 +123,7 @@ ALL: tuple[type[_Base], ...] = (
     PoolBytesClearsGroups,
 )
 
-#: One broken builder per class of issue 13 (tests/test_power.py: caught at 50 examples).
+#: One broken builder per class of once-invisible bug (tests/test_power.py: caught at 50 examples).
 POWER: tuple[type[_Base], ...] = (
     RaisesOnEmptyGroup,
     DeviceAfterHost,
@@ -149,7 +149,7 @@ ALL = (
     DropsRetention,
 )
 
-#: The broken builders of issue 23, each caught by its new invariant.
+#: The broken builders of bugs seen in the field, each caught by its new invariant.
 FIELD: tuple[type[_Base], ...] = (
     ScatteredDrafts,
     HotIgnoresDecodeQuery,
@@ -160,7 +160,7 @@ FIELD: tuple[type[_Base], ...] = (
 
 ALL = (*ALL, *FIELD)
 
-#: Issue 23's field regimes the default generation reaches as classes
+#: The field regimes the default generation reaches as classes
 #: (tests/test_field_generation.py: caught at 50 examples, seeds 1-5).
 FIELD_REGIMES: tuple[type[_Base], ...] = (
     Wraps32,

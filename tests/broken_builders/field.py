@@ -20,7 +20,7 @@ from kvref import (
 )
 from kvref.specs import KVCacheSpec
 
-# -- issue 23: bugs seen in the field --------------------------------------------------------
+# -- bugs seen in the field --------------------------------------------------------
 
 
 class ScatteredDrafts(_Base):

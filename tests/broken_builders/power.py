@@ -22,7 +22,7 @@ from kvref import (
 )
 from kvref.specs import KVCacheSpec
 
-# -- issue 13: bugs the kit was blind to (tests/test_power.py measures each class) ----------
+# -- bugs the kit was blind to (tests/test_power.py measures each class) ----------
 
 
 class RaisesOnEmptyGroup(_Base):

@@ -1,4 +1,4 @@
-"""Builders that try to forge a pass (issue 19's attacks), each with the same simple bug.
+"""Builders that try to forge a pass, each with the same simple bug.
 
 Every builder here places a device backing one block too small, which
 ``KV-PLACE-BACKING-SIZE`` reports, and tries one way to make the kit say PASS

@@ -1,4 +1,4 @@
-"""Attacks on the containment itself (issue 49): each a :class:`~forgers.ShortBacking`.
+"""Attacks on the containment itself: each a :class:`~forgers.ShortBacking`.
 
 Each builder carries the planted bug (a device backing one block too small,
 ``KV-PLACE-BACKING-SIZE``) and tries to get past the process boundary rather

@@ -256,7 +256,7 @@ def _seeded(cases: Sequence[Case]) -> list[Any]:
 
 
 #: Seeds beyond the fast and slow tiers' at which the planted bugs are caught
-#: (issue 18: seeds 1-5).  The two behind a family sub-structure (an MTP draft
+#: (seeds 1-5).  The two behind a family sub-structure (an MTP draft
 #: layer, every DeepSeek-V3.2 layer indexed on a block-outer layout) were
 #: caught at some seeds only before the focus (conformance/extensions/focus/).
 MORE_SEEDS = (3, 4, 5)

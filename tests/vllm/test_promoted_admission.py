@@ -1,4 +1,4 @@
-"""Issue 19's KV-CORE-ADMISSION counterexample, decided by vLLM 0.33.0 itself.
+"""The KV-CORE-ADMISSION counterexample, decided by vLLM 0.33.0 itself.
 
 With the hybrid manager disabled, vLLM allocates the sliding layers of
 acme_hydra as full attention: its auto-fit plans max_model_len=8096 into the

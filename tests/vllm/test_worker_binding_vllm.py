@@ -1,6 +1,6 @@
 """What vLLM's worker binds and picks by itself, against kvref, under the installed vLLM.
 
-Five places where kvref differed from vLLM without a reason (issue 45), each
+Five places where kvref differed from vLLM without a reason, each
 compared with vLLM's own functions on the same description:
 
 1. the views of specs without a dtype (Mamba states, HiSparse's raw pages)
