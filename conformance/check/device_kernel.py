@@ -36,7 +36,7 @@ from conformance.check.bounds import tensor_problems
 from conformance.check.catalog import Unjudged, invariant
 from conformance.check.device_memory import check_budget, ordered_copy, release
 from conformance.check.observations import PlacementObservation
-from conformance.check.tags import WIDTH_DTYPES, movable, splitmix64, widest_width
+from conformance.check.tags import WIDTH_DTYPES, layer_tags, movable, widest_width
 from conformance.check.violations import Violation
 from conformance.check.worker import WorkerAllocation, allocate_kv_cache
 from conformance.check.worker_model import WorkerError, WorkerTensor, resolve_layout
@@ -134,9 +134,8 @@ def _slice_map(plan: WorkerTensor, r: int, width: int, device: torch.device) -> 
 def _tags(
     num_layers: int, kernel_blocks: int, first: int, seed: int, dtype: torch.dtype
 ) -> torch.Tensor:
-    layers = np.arange(first, first + num_layers, dtype=np.uint64)
-    ids = layers[:, None] * np.uint64(kernel_blocks + 1) + np.arange(kernel_blocks, dtype=np.uint64)
-    mixed = splitmix64(ids ^ np.uint64(seed)).view(np.int64)
+    columns = np.arange(kernel_blocks, dtype=np.uint64)
+    mixed = layer_tags(first, num_layers, columns, kernel_blocks + 1, seed)
     return torch.from_numpy(mixed.copy()).to(dtype)
 
 

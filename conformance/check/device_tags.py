@@ -27,7 +27,7 @@ from conformance.check.device_memory import (
     ordered_copy,
     release,
 )
-from conformance.check.tags import WIDTH_DTYPES, splitmix64, widest_width
+from conformance.check.tags import WIDTH_DTYPES, layer_tags, widest_width
 from conformance.check.violations import Violation
 from conformance.check.worker import WorkerAllocation as KVCacheAllocation
 from conformance.check.worker import allocate_kv_cache
@@ -103,7 +103,6 @@ def _prepare_writers(
         by_backing.setdefault(allocation.backing_of[geometry.index], []).append(geometry)
     widths = {key: _tag_width(geoms) for key, geoms in by_backing.items()}
     id_space = max(config.num_blocks, config.host_num_blocks or 0) + 1
-    seed_mix = np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
     writers: list[_Writer] = []
     first_layer = 0
     for geometry in allocation.geometries:
@@ -122,9 +121,7 @@ def _prepare_writers(
         backing = allocation.backing_of[geometry.index]
         width = widths[backing]
         torch_dtype, np_dtype = WIDTH_DTYPES[width]
-        layers = np.arange(layer_base, layer_base + num_layers, dtype=np.uint64)
-        ids = layers[:, None] * np.uint64(id_space) + blocks[None, :]
-        tags = splitmix64(ids ^ seed_mix).view(np.int64).astype(np_dtype)
+        tags = layer_tags(layer_base, num_layers, blocks, id_space, seed).astype(np_dtype)
         raw = allocation.tensor_views[geometry.index]
         dest = raw[:, start::step].view(torch_dtype)
         source = torch.from_numpy(tags).to(raw.device).view(num_layers, blocks.size, 1, 1, 1)

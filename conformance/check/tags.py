@@ -29,6 +29,7 @@ from conformance.check.worker import BYTES
 __all__ = [
     "MASK64",
     "WIDTH_DTYPES",
+    "layer_tags",
     "mix64",
     "movable",
     "observed_tag",
@@ -71,6 +72,21 @@ def splitmix64(values: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     mixed: npt.NDArray[np.uint64] = z ^ (z >> np.uint64(31))
     return mixed
+
+
+def layer_tags(
+    first_layer: int, num_layers: int, columns: npt.NDArray[np.uint64], id_space: int, seed: int
+) -> npt.NDArray[np.int64]:
+    """The ``(num_layers, len(columns))`` int64 tags of (layer, column) pairs.
+
+    Layers are numbered from ``first_layer`` across a plan; each pair's id
+    ``layer * id_space + column`` (``column < id_space``) is unique, so
+    splitmix64 of it, mixed with ``seed``, gives every pair its own tag.
+    """
+    layers = np.arange(first_layer, first_layer + num_layers, dtype=np.uint64)
+    ids = layers[:, None] * np.uint64(id_space) + columns[None, :]
+    tags: npt.NDArray[np.int64] = splitmix64(ids ^ np.uint64(seed & MASK64)).view(np.int64)
+    return tags
 
 
 def widest_width(values: Iterable[int]) -> int:
