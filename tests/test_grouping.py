@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from specs import full, mla
 
 from kvref._math import cdiv
 from kvref.config import PlanningConfig
@@ -45,13 +46,6 @@ BLHNC = PlanningConfig(kv_cache_layout="BLHNC")
 NO_HYBRID = PlanningConfig(disable_hybrid_kv_cache_manager=True)
 
 
-def full(
-    heads: int = 8, head_size: int = 128, block_size: int = 16, **kw: Any
-) -> FullAttentionSpec:
-    kw.setdefault("dtype", "bfloat16")
-    return FullAttentionSpec(block_size=block_size, num_kv_heads=heads, head_size=head_size, **kw)
-
-
 def sw(
     window: int = 1024, heads: int = 8, head_size: int = 128, block_size: int = 16, **kw: Any
 ) -> SlidingWindowSpec:
@@ -59,11 +53,6 @@ def sw(
     return SlidingWindowSpec(
         block_size=block_size, num_kv_heads=heads, head_size=head_size, sliding_window=window, **kw
     )
-
-
-def mla(block_size: int = 64, head_size: int = 576, **kw: Any) -> MLAAttentionSpec:
-    kw.setdefault("dtype", "bfloat16")
-    return MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=head_size, **kw)
 
 
 def mamba(block_size: int = 80, **kw: Any) -> MambaSpec:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import attrs
 import pytest
 import torch
+from specs import sparse_mla_indexer, sparse_mla_source
 
 from kvref import (
     FullAttentionSpec,
@@ -32,23 +33,8 @@ from kvref.placement import pool_bytes_per_block
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
 
-SOURCE = MLAAttentionSpec(
-    block_size=64,
-    num_kv_heads=1,
-    head_size=576,
-    dtype="uint8",
-    state_content_bytes=656,
-    cache_dtype_str="fp8_ds_mla",
-    is_index_group_leader=True,
-)
-INDEXER = MLAAttentionSpec(
-    block_size=64,
-    num_kv_heads=1,
-    head_size=128,
-    dtype="uint8",
-    state_content_bytes=132,
-    cache_role="INDEXER",
-)
+SOURCE = sparse_mla_source()
+INDEXER = sparse_mla_indexer()
 SETTINGS = HiSparseConfig(index_topk=2048)
 CONFIG = PlanningConfig(
     max_model_len=8192, kv_cache_layout="BLHNC", hisparse=SETTINGS, host_pool_bytes=1 << 28

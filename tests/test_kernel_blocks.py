@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from specs import sparse_mla_indexer, sparse_mla_source
 
 from kvref import PlanningConfig, plan_kv_cache
 from kvref.allocation import allocate_kv_cache, kernel_geometries
@@ -179,23 +180,8 @@ class TestKernelViews:
             allocate_kv_cache(kv_cache_config, "meta", kernel_block_sizes=[16])
 
 
-SOURCE = MLAAttentionSpec(
-    block_size=128,
-    num_kv_heads=1,
-    head_size=576,
-    dtype=torch.uint8,
-    state_content_bytes=656,
-    cache_dtype_str="fp8_ds_mla",
-    is_index_group_leader=True,
-)
-INDEXER = MLAAttentionSpec(
-    block_size=128,
-    num_kv_heads=1,
-    head_size=128,
-    dtype=torch.uint8,
-    state_content_bytes=132,
-    cache_role="INDEXER",
-)
+SOURCE = sparse_mla_source(128)
+INDEXER = sparse_mla_indexer(128)
 
 
 def _hisparse(*backends: AttentionBackend) -> PlanningConfig:

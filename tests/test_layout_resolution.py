@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 import pytest
 import torch
+from specs import sparse_mla_indexer, sparse_mla_source
 
 from kvref import KVCacheLayout, PlanningConfig, plan_kv_cache
 from kvref.axes import DEFAULT_LAYOUT_PREFERENCE
@@ -250,25 +251,9 @@ class TestPlanningResolves:
         planned LBNHC and was refused as not block-outermost before).
         """
         from kvref.hisparse import resolve_hisparse_specs
-        from kvref.specs import MLAAttentionSpec
 
-        source = MLAAttentionSpec(
-            block_size=64,
-            num_kv_heads=1,
-            head_size=576,
-            dtype=torch.uint8,
-            state_content_bytes=656,
-            cache_dtype_str="fp8_ds_mla",
-            is_index_group_leader=True,
-        )
-        indexer = MLAAttentionSpec(
-            block_size=64,
-            num_kv_heads=1,
-            head_size=128,
-            dtype=torch.uint8,
-            state_content_bytes=132,
-            cache_role="INDEXER",
-        )
+        source = sparse_mla_source()
+        indexer = sparse_mla_indexer()
         hisparse: dict[str, Any] = {"hisparse": {"index_topk": 2048}, "host_pool_bytes": 1 << 28}
         plain = PlanningConfig(**hisparse)
         connected = PlanningConfig(kv_connector_layout=HISPARSE_CONNECTOR_LAYOUT, **hisparse)

@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 import pytest
 import torch
+from specs import full, mla
 
 from kvref.config import PlanningConfig
 from kvref.errors import ConflictingWindowError, IncompatibleSpecsError, SpecError
@@ -29,23 +30,11 @@ from kvref.specs import (
 )
 
 
-def full(
-    heads: int = 8, head_size: int = 128, block_size: int = 16, **kw: Any
-) -> FullAttentionSpec:
-    kw.setdefault("dtype", "bfloat16")
-    return FullAttentionSpec(block_size=block_size, num_kv_heads=heads, head_size=head_size, **kw)
-
-
 def sw(window: int = 128, heads: int = 8, head_size: int = 64, **kw: Any) -> SlidingWindowSpec:
     kw.setdefault("block_size", 16)
     return SlidingWindowSpec(
         num_kv_heads=heads, head_size=head_size, dtype="bfloat16", sliding_window=window, **kw
     )
-
-
-def mla(block_size: int = 64, head_size: int = 576, **kw: Any) -> MLAAttentionSpec:
-    kw.setdefault("dtype", "bfloat16")
-    return MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=head_size, **kw)
 
 
 #: contract.md#grouping-examples, model (b): L = 8192, I = 2 batches in flight x 1024 tokens = 2048.

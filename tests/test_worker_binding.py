@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from specs import sparse_mla_indexer, sparse_mla_source
 
 from kvref import PlanningConfig, plan_kv_cache
 from kvref.allocation import allocate_kv_cache
@@ -142,29 +143,14 @@ class TestRawLayers:
 
     def test_kernel_views_keep_them(self) -> None:
         """Every layer has a kernel view; the raw ones are the device backing itself."""
-        source = MLAAttentionSpec(
-            block_size=64,
-            num_kv_heads=1,
-            head_size=576,
-            dtype=torch.uint8,
-            state_content_bytes=656,
-            cache_dtype_str="fp8_ds_mla",
-            is_index_group_leader=True,
-        )
+        source = sparse_mla_source()
         config = PlanningConfig(
             hisparse={"index_topk": 2048},
             host_pool_bytes=1 << 22,
             max_model_len=512,
             num_gpu_blocks_override=256,
         )
-        indexer = MLAAttentionSpec(
-            block_size=64,
-            num_kv_heads=1,
-            head_size=128,
-            dtype=torch.uint8,
-            state_content_bytes=132,
-            cache_role="INDEXER",
-        )
+        indexer = sparse_mla_indexer()
         specs = resolve_hisparse_specs(config, {"m0": source, "i0": indexer})
         kv_cache_config = plan_kv_cache(None, config, [specs], 1 << 28).configs[0]
         sizes = prepare_kernel_block_sizes(config, kv_cache_config)

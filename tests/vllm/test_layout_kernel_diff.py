@@ -24,6 +24,7 @@ import torch
 from _vllm_backends import bind_with_vllm, vllm_attention_groups, vllm_backend
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from specs import sparse_mla_indexer, sparse_mla_source
 
 from kvref import KVCacheLayout, PlanningConfig, plan_kv_cache
 from kvref.allocation import allocate_kv_cache
@@ -298,23 +299,8 @@ class TestKernelBlocks:
             )
 
 
-SOURCE = MLAAttentionSpec(
-    block_size=128,
-    num_kv_heads=1,
-    head_size=576,
-    dtype=torch.uint8,
-    state_content_bytes=656,
-    cache_dtype_str="fp8_ds_mla",
-    is_index_group_leader=True,
-)
-INDEXER = MLAAttentionSpec(
-    block_size=128,
-    num_kv_heads=1,
-    head_size=128,
-    dtype=torch.uint8,
-    state_content_bytes=132,
-    cache_role="INDEXER",
-)
+SOURCE = sparse_mla_source(128)
+INDEXER = sparse_mla_indexer(128)
 
 
 class _Layer:

@@ -30,6 +30,7 @@ import torch
 from _vllm_backends import bind_with_vllm, vllm_attention_groups, vllm_backend
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from specs import sparse_mla_indexer, sparse_mla_source
 
 from kvref import PlanningConfig, plan_kv_cache
 from kvref.allocation import allocate_kv_cache
@@ -107,23 +108,8 @@ class TestRawBytes:
 
     def test_hisparse_views_are_vllms(self) -> None:
         """HiSparse's resident and hot layers are bound to the int8 backing, as in vLLM."""
-        source = MLAAttentionSpec(
-            block_size=64,
-            num_kv_heads=1,
-            head_size=576,
-            dtype=torch.uint8,
-            state_content_bytes=656,
-            cache_dtype_str="fp8_ds_mla",
-            is_index_group_leader=True,
-        )
-        indexer = MLAAttentionSpec(
-            block_size=64,
-            num_kv_heads=1,
-            head_size=128,
-            dtype=torch.uint8,
-            state_content_bytes=132,
-            cache_role="INDEXER",
-        )
+        source = sparse_mla_source()
+        indexer = sparse_mla_indexer()
         config = _config(
             hisparse={"index_topk": 2048},
             kv_cache_layout="BLHNC",

@@ -1,0 +1,57 @@
+"""Small KV cache specs that many test modules share.
+
+One place for the layer specs the tests build again and again, so that a
+change to a spec's fields is made once.  Each helper's defaults are the
+values the tests use most; keyword arguments reach the spec unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvref import FullAttentionSpec, MLAAttentionSpec
+
+
+def full(
+    heads: int = 8, head_size: int = 128, block_size: int = 16, **kw: Any
+) -> FullAttentionSpec:
+    """A full-attention layer, bf16 unless ``dtype`` is given."""
+    kw.setdefault("dtype", "bfloat16")
+    return FullAttentionSpec(block_size=block_size, num_kv_heads=heads, head_size=head_size, **kw)
+
+
+def mla(block_size: int = 64, head_size: int = 576, **kw: Any) -> MLAAttentionSpec:
+    """A DeepSeek-V3 MLA layer (one head of 576), bf16 unless ``dtype`` is given."""
+    kw.setdefault("dtype", "bfloat16")
+    return MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=head_size, **kw)
+
+
+def sparse_mla_source(block_size: int = 64) -> MLAAttentionSpec:
+    """DeepSeek-V3.2's sparse-MLA source layer: ``fp8_ds_mla``, 656 B a token.
+
+    512 fp8 NoPE bytes, 16 fp32 scales and 64 bf16 RoPE values per token; the
+    leader of its index group.
+    """
+    return MLAAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=1,
+        head_size=576,
+        dtype=torch.uint8,
+        state_content_bytes=656,
+        cache_dtype_str="fp8_ds_mla",
+        is_index_group_leader=True,
+    )
+
+
+def sparse_mla_indexer(block_size: int = 64) -> MLAAttentionSpec:
+    """DeepSeek-V3.2's indexer layer beside :func:`sparse_mla_source`: 132 B a token."""
+    return MLAAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=1,
+        head_size=128,
+        dtype=torch.uint8,
+        state_content_bytes=132,
+        cache_role="INDEXER",
+    )
