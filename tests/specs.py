@@ -55,3 +55,22 @@ def sparse_mla_indexer(block_size: int = 64) -> MLAAttentionSpec:
         state_content_bytes=132,
         cache_role="INDEXER",
     )
+
+
+def compressed_mla(**kw: Any) -> MLAAttentionSpec:
+    """A compressed MLA layer: four tokens a state of 584 B, pages padded to 576 B multiples.
+
+    Block 256 holds 64 states: 37,376 bytes, padded to 37,440.
+    """
+    return MLAAttentionSpec(
+        **{
+            "block_size": 256,
+            "num_kv_heads": 1,
+            "head_size": 512,
+            "dtype": torch.uint8,
+            "state_content_bytes": 584,
+            "tokens_per_state": 4,
+            "alignment": 576,
+            **kw,
+        }
+    )

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from specs import full, mla
+from specs import compressed_mla, full, mla
 
 from kvref._math import cdiv
 from kvref.config import PlanningConfig
@@ -428,14 +428,7 @@ class TestUnifyPageSize:
 
     def test_mla_alignment_recomputed(self) -> None:
         """Scaling an aligned MLA page recomputes its padding: 37,440 -> 74,880."""
-        c4 = mla(
-            block_size=256,
-            head_size=512,
-            dtype="uint8",
-            state_content_bytes=584,
-            tokens_per_state=4,
-            alignment=576,
-        )
+        c4 = compressed_mla()
         wide = full(heads=1, state_content_bytes=4680)
         assert wide.page_size_bytes == 74_880
         out = unify_kv_cache_spec_page_size({"c4": c4, "w": wide})

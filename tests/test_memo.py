@@ -21,6 +21,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from specs import compressed_mla
 
 from kvref.specs import (
     ChunkedLocalAttentionSpec,
@@ -66,15 +67,7 @@ def geometry(spec: KVCacheSpec) -> tuple[int, int, int, int]:
 
 def padded_mla() -> MLAAttentionSpec:
     # 64 states x 584 B = 37,376 bytes, padded to a multiple of 576: 37,440.
-    return MLAAttentionSpec(
-        block_size=256,
-        num_kv_heads=1,
-        head_size=512,
-        dtype="uint8",
-        state_content_bytes=584,
-        tokens_per_state=4,
-        alignment=576,
-    )
+    return compressed_mla()
 
 
 SPECS = [

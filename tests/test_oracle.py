@@ -24,6 +24,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from specs import compressed_mla
 
 import kvref.allocation
 import kvref.layout
@@ -95,15 +96,7 @@ class TestContractNumbers:
 
     def test_aligned_mla_page(self) -> None:
         """A compressed MLA page of 64 states of 584 B is padded to a multiple of 576: 37,440 B."""
-        spec = MLAAttentionSpec(
-            block_size=256,
-            num_kv_heads=1,
-            head_size=512,
-            dtype=torch.uint8,
-            state_content_bytes=584,
-            tokens_per_state=4,
-            alignment=576,
-        )
+        spec = compressed_mla()
         page = geo.page_geometry(spec)
         assert (page.states, page.content, page.page) == (64, 584, 37_440)
         assert page.footprint == 37_376
@@ -352,16 +345,7 @@ def _aligned() -> MLAAttentionSpec:
     # A compressed MLA page padded to 576-byte multiples: 37,440 B per 256-token block.  At
     # kernel blocks of gcd(128, 256) = 128 tokens the page is 19,008 B, which 37,440 is not
     # a multiple of, so the block stride must grow to 38,016.
-    return MLAAttentionSpec(
-        block_size=256,
-        num_kv_heads=1,
-        head_size=512,
-        dtype=torch.uint8,
-        state_content_bytes=584,
-        tokens_per_state=4,
-        alignment=576,
-        block_stride_alignment=MultipleOf(128),
-    )
+    return compressed_mla(block_stride_alignment=MultipleOf(128))
 
 
 class TestPlantedAlignmentBug:

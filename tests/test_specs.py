@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 import pytest
 import torch
-from specs import full, mla
+from specs import compressed_mla, full, mla
 
 from kvref.config import PlanningConfig
 from kvref.errors import ConflictingWindowError, IncompatibleSpecsError, SpecError
@@ -110,14 +110,7 @@ class TestMLAAlignment:
 
         See contract.md#spec-kinds.
         """
-        spec = mla(
-            block_size=256,
-            head_size=512,
-            dtype="uint8",
-            state_content_bytes=584,
-            tokens_per_state=4,
-            alignment=576,
-        )
+        spec = compressed_mla()
         assert spec.real_page_size_bytes == 37_376
         assert spec.page_size_padded == 37_440
         assert spec.page_size_bytes == 37_440
@@ -128,14 +121,7 @@ class TestMLAAlignment:
 
     def test_evolve_spec_recomputes_padding(self) -> None:
         """evolve_spec recomputes alignment padding instead of keeping a stale value."""
-        spec = mla(
-            block_size=256,
-            head_size=512,
-            dtype="uint8",
-            state_content_bytes=584,
-            tokens_per_state=4,
-            alignment=576,
-        )
+        spec = compressed_mla()
         doubled = evolve_spec(spec, block_size=512)
         assert doubled.page_size_bytes == 74_880
         aligned = evolve_spec(spec, block_size=256 * 9)  # 576 states x 584 B is aligned
@@ -373,14 +359,7 @@ class TestMerge:
 
     def test_mla_drops_alignment_keeps_padding(self) -> None:
         """MLA merge keeps page_size_padded and drops alignment."""
-        spec = mla(
-            block_size=256,
-            head_size=512,
-            dtype="uint8",
-            state_content_bytes=584,
-            tokens_per_state=4,
-            alignment=576,
-        )
+        spec = compressed_mla()
         merged = MLAAttentionSpec.merge([spec, spec])
         assert isinstance(merged, MLAAttentionSpec)
         assert merged.alignment is None

@@ -18,6 +18,7 @@ import legal_builders
 import pytest
 import worker_builders
 from hypothesis import HealthCheck, given, settings
+from specs import compressed_mla
 
 from conformance.check import memory
 from conformance.check.catalog import Unjudged, by_id
@@ -31,7 +32,6 @@ from conformance.scenarios.placement import observe_placement
 from conformance.scenarios.registry import examples, observe_in
 from kvref import (
     FullAttentionSpec,
-    MLAAttentionSpec,
     PlanningConfig,
     ReferenceKVCacheConfigBuilder,
 )
@@ -62,16 +62,7 @@ _MIXED: dict[str, KVCacheSpec] = {
 
 #: A compressed MLA model (four tokens a state, pages padded to 576 bytes).
 _COMPRESSED: dict[str, KVCacheSpec] = {
-    f"model.layers.{i}.self_attn.attn": MLAAttentionSpec(
-        block_size=256,
-        num_kv_heads=1,
-        head_size=512,
-        dtype="uint8",
-        state_content_bytes=584,
-        tokens_per_state=4,
-        alignment=576,
-    )
-    for i in range(2)
+    f"model.layers.{i}.self_attn.attn": compressed_mla() for i in range(2)
 }
 
 
