@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from kvref import FullAttentionSpec, MLAAttentionSpec
+from kvref import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec
+from kvref.specs import KVCacheSpec
 
 
 def full(
@@ -74,3 +75,35 @@ def compressed_mla(**kw: Any) -> MLAAttentionSpec:
             **kw,
         }
     )
+
+
+#: Model (a) of contract.md#grouping-examples: 8 heads of 128, bf16, block 16,
+#: full attention and a 1,024-token window.
+MODEL_A_FULL = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
+MODEL_A_SWA = SlidingWindowSpec(
+    block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=1024
+)
+
+
+def model_a(n: int = 30) -> dict[str, KVCacheSpec]:
+    """Model (a)'s ``n`` layers ``l<i>`` in the pattern (F, S, S)."""
+    return {f"l{i}": (MODEL_A_FULL if i % 3 == 0 else MODEL_A_SWA) for i in range(n)}
+
+
+#: Model (a)'s 30 layers, and split over two PP workers as in contract.md#core-flow.
+MODEL_A = model_a()
+MODEL_A_PP0 = {k: v for k, v in MODEL_A.items() if int(k[1:]) < 16}
+MODEL_A_PP1 = {k: v for k, v in MODEL_A.items() if int(k[1:]) >= 16}
+
+
+def hydra_layers() -> dict[str, KVCacheSpec]:
+    """tests/data/models/acme_hydra.json as the kit drew it (seed 8): 6 x (full + sw512)."""
+    full = FullAttentionSpec(block_size=32, num_kv_heads=4, head_size=128, dtype="bfloat16")
+    local = SlidingWindowSpec(
+        block_size=32, num_kv_heads=2, head_size=128, dtype="bfloat16", sliding_window=512
+    )
+    layers: dict[str, KVCacheSpec] = {}
+    for i in range(6):
+        layers[f"model.layers.{i}.hydra.kv"] = full
+        layers[f"model.layers.{i}.hydra.local"] = local
+    return layers

@@ -13,31 +13,22 @@ from typing import Any
 
 import attrs
 import pytest
+from specs import MODEL_A_PP0, MODEL_A_PP1, hydra_layers
 
 from conformance.check.catalog import Unjudged, by_id
 from conformance.harness.guard import Guard
 from conformance.harness.hooks import Context, make_factory
 from conformance.scenarios.core import observe_core
 from kvref import (
-    FullAttentionSpec,
     KVCachePlan,
     PlanningConfig,
     ReferenceKVCacheConfigBuilder,
-    SlidingWindowSpec,
     plan_kv_cache,
 )
 from kvref.errors import InsufficientMemoryError
 from kvref.specs import KVCacheSpec
 
-FULL = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
-SWA = SlidingWindowSpec(
-    block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=1024
-)
-LAYERS = {f"l{i}": (FULL if i % 3 == 0 else SWA) for i in range(30)}
-WORKERS = [
-    {k: v for k, v in LAYERS.items() if int(k[1:]) < 16},
-    {k: v for k, v in LAYERS.items() if int(k[1:]) >= 16},
-]
+WORKERS = [MODEL_A_PP0, MODEL_A_PP1]
 MEMORY = [2 * 2**30, 3 * 2**29]
 CONFIG = PlanningConfig(max_model_len=32768)
 
@@ -163,15 +154,7 @@ class TestBrokenCores:
 
 def _hydra_workers() -> list[dict[str, KVCacheSpec]]:
     """tests/data/models/acme_hydra.json as the kit drew it (seed 8): 6 x (full + sw512)."""
-    full = FullAttentionSpec(block_size=32, num_kv_heads=4, head_size=128, dtype="bfloat16")
-    local = SlidingWindowSpec(
-        block_size=32, num_kv_heads=2, head_size=128, dtype="bfloat16", sliding_window=512
-    )
-    layers: dict[str, KVCacheSpec] = {}
-    for i in range(6):
-        layers[f"model.layers.{i}.hydra.kv"] = full
-        layers[f"model.layers.{i}.hydra.local"] = local
-    return [layers]
+    return [hydra_layers()]
 
 
 #: A counterexample found in the field: auto-fit with the hybrid manager disabled.

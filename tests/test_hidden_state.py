@@ -8,6 +8,8 @@ checked against vLLM 0.33.0's ``get_kv_cache_groups`` (see
 from __future__ import annotations
 
 import pytest
+from specs import MODEL_A_FULL as FULL
+from specs import model_a
 
 from kvref import (
     FullAttentionSpec,
@@ -23,16 +25,12 @@ from kvref.extra_specs import HiddenStateCacheSpec
 from kvref.grouping import get_kv_cache_groups
 from kvref.specs import KVCacheSpec
 
-FULL = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
-SWA = SlidingWindowSpec(
-    block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=1024
-)
 #: One token of a 4096-wide bf16 hidden state: 8,192 bytes.
 HIDDEN = HiddenStateCacheSpec(block_size=16, num_kv_heads=1, head_size=4096, dtype="bfloat16")
 
 
 def _hybrid(hidden: KVCacheSpec = HIDDEN) -> dict[str, KVCacheSpec]:
-    layers: dict[str, KVCacheSpec] = {f"l{i}": (FULL if i % 3 == 0 else SWA) for i in range(6)}
+    layers = model_a(6)
     layers["h0"] = hidden
     return layers
 

@@ -9,6 +9,11 @@ import copy
 
 import attrs
 import pytest
+from specs import MODEL_A as LAYERS
+from specs import MODEL_A_FULL as FULL
+from specs import MODEL_A_PP0 as W0
+from specs import MODEL_A_PP1 as W1
+from specs import MODEL_A_SWA as SWA
 
 from kvref import (
     EncoderOnlyAttentionSpec,
@@ -21,15 +26,7 @@ from kvref import (
     plan_kv_cache,
 )
 from kvref.errors import ConfigError, SpecError, WorkerSpecMismatchError
-from kvref.specs import KVCacheSpec
 
-FULL = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
-SWA = SlidingWindowSpec(
-    block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=1024
-)
-LAYERS: dict[str, KVCacheSpec] = {f"l{i}": (FULL if i % 3 == 0 else SWA) for i in range(30)}
-W0 = {k: v for k, v in LAYERS.items() if int(k[1:]) < 16}
-W1 = {k: v for k, v in LAYERS.items() if int(k[1:]) >= 16}
 MEMORY = [2_147_483_648, 1_610_612_736]
 CONFIG = PlanningConfig(max_model_len=32768, max_num_batched_tokens=1024)
 B = ReferenceKVCacheConfigBuilder

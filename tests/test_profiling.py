@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import pytest
+from specs import MODEL_A_FULL as FULL
+from specs import MODEL_A_PP0 as W0
+from specs import MODEL_A_PP1 as W1
+from specs import MODEL_A_SWA as SWA
 
 from kvref import (
     EncoderOnlyAttentionSpec,
@@ -19,14 +23,6 @@ from kvref.profiling import plan_profiling_kv_cache, profiling_num_blocks
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
 
-FULL = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
-SWA = SlidingWindowSpec(
-    block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=1024
-)
-#: Model (a) of contract.md#grouping-examples split over two PP workers as in contract.md#core-flow.
-LAYERS: dict[str, KVCacheSpec] = {f"l{i}": (FULL if i % 3 == 0 else SWA) for i in range(30)}
-W0 = {k: v for k, v in LAYERS.items() if int(k[1:]) < 16}
-W1 = {k: v for k, v in LAYERS.items() if int(k[1:]) >= 16}
 CONFIG = PlanningConfig(max_model_len=32768, max_num_batched_tokens=1024)
 B = ReferenceKVCacheConfigBuilder
 

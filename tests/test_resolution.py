@@ -7,13 +7,15 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 import pytest
+from specs import MODEL_A as LAYERS
+from specs import MODEL_A_FULL as FULL
+from specs import MODEL_A_SWA as SWA
 
 from kvref import (
     FullAttentionSpec,
     KVCacheConfigBuilder,
     PlanningConfig,
     ReferenceKVCacheConfigBuilder,
-    SlidingWindowSpec,
     plan_kv_cache,
 )
 from kvref.config import GroupingHook, HiSparseConfig
@@ -28,13 +30,6 @@ from kvref.resolution import (
     resolve_builder_class,
 )
 from kvref.specs import KVCacheSpec
-
-FULL = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
-SWA = SlidingWindowSpec(
-    block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=1024
-)
-#: Model (a) of contract.md#grouping-examples, 30 layers in the pattern (F, S, S).
-LAYERS: dict[str, KVCacheSpec] = {f"l{i}": (FULL if i % 3 == 0 else SWA) for i in range(30)}
 
 
 class PlatformBuilder(ReferenceKVCacheConfigBuilder):

@@ -10,23 +10,16 @@ from __future__ import annotations
 
 import pytest
 from _vllm_diff import run_kvref, run_vllm
+from specs import hydra_layers
 
-from kvref import FullAttentionSpec, PlanningConfig, SlidingWindowSpec
-from kvref.specs import KVCacheSpec
+from kvref import PlanningConfig
 
 pytestmark = pytest.mark.vllm
 
 
 def test_vllm_plans_the_counterexample_as_kvref_does() -> None:
     """Same max_model_len, blocks and need on both sides: 8096 tokens in 253 + 1 blocks."""
-    full = FullAttentionSpec(block_size=32, num_kv_heads=4, head_size=128, dtype="bfloat16")
-    local = SlidingWindowSpec(
-        block_size=32, num_kv_heads=2, head_size=128, dtype="bfloat16", sliding_window=512
-    )
-    layers: dict[str, KVCacheSpec] = {}
-    for i in range(6):
-        layers[f"model.layers.{i}.hydra.kv"] = full
-        layers[f"model.layers.{i}.hydra.local"] = local
+    layers = hydra_layers()
     config = PlanningConfig(
         auto_fit_max_model_len=True,
         max_num_batched_tokens=8192,
