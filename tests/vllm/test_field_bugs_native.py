@@ -108,7 +108,11 @@ def failed(report: Report) -> dict[str, bool]:
     return {r.id: bool(r.inherited) for r in report.results if r.status in ("fail", "inconclusive")}
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+# Seeds 2 and 3 are slow, to keep CI's older-release run lean: scripts/test.sh
+# runs them under the newest release only.
+@pytest.mark.parametrize(
+    "seed", [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: p.id)
 def test_broken_builder_is_caught(pair: Pair, seed: int) -> None:
     """A meant invariant fails as the builder's own finding; nothing outside them fails."""
