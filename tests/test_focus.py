@@ -6,7 +6,8 @@ from typing import Any
 
 import attrs
 import pytest
-from hypothesis import HealthCheck, given, settings
+from drawn import drawn_examples
+from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.cli import main
@@ -19,7 +20,7 @@ from conformance.run.options import OptionError, RunOptions
 from conformance.run.runner import check_builder
 from conformance.run.strata import Stratum, draw_pinned, run_strata
 from conformance.scenarios.examples import Example
-from conformance.scenarios.registry import examples, observe_in
+from conformance.scenarios.registry import observe_in
 from kvref import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.layout import KVCacheLayout
@@ -28,22 +29,6 @@ from kvref.specs import KVCacheSpec
 from tests import legal_builders
 
 FAMILIES = [s.name for s in run_strata(None, only=False)]
-
-
-def _examples(n: int = 6) -> list[Example]:
-    drawn: list[Example] = []
-
-    # Derandomized: a test that needs an example of some kind finds the same
-    # ones on every run, not whatever a random seed draws.
-    @settings(
-        max_examples=n, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
-    )
-    @given(examples("placement"))
-    def collect(ex: Example) -> None:
-        drawn.append(ex)
-
-    collect()
-    return drawn
 
 
 def _observe(builder: Any, scenario: str, example: Example) -> Any:
@@ -70,7 +55,7 @@ class TestAnswersDiffer:
 
     @pytest.mark.parametrize("scenario", ["grouping", "placement", "host", "core", "profiling"])
     def test_the_reference_never_differs_from_itself(self, scenario: str) -> None:
-        for ex in _examples():
+        for ex in drawn_examples(6):
             if scenario == "host" and not ex.config.host_resident_layers:
                 continue
             assert answers_differ(_observe(ReferenceKVCacheConfigBuilder, scenario, ex)) is False
@@ -82,12 +67,12 @@ class TestAnswersDiffer:
             # Pipeline stages often hold one layer per group, where one tensor
             # per layer is the reference's answer too: enough examples for some
             # with several.
-            for ex in _examples(30)
+            for ex in drawn_examples(30)
         ]
         assert any(found)
 
     def test_another_grouping_differs_where_it_groups_otherwise(self) -> None:
-        for ex in _examples():
+        for ex in drawn_examples(6):
             specs: dict[str, KVCacheSpec] = ex.merged
             groups = ReferenceKVCacheConfigBuilder().get_kv_cache_groups(ex.config, specs)
             other = any(len(g.layer_names) > 1 for g in groups)
@@ -100,7 +85,7 @@ class TestAnswersDiffer:
         # model's grouping does not tell (vLLM's hybrid grouping cuts a worker
         # holding one sliding-window layer into one-layer groups).
         acted = 0
-        for ex in _examples(12):
+        for ex in drawn_examples(12):
             reference = ReferenceKVCacheConfigBuilder()
             other = any(
                 len(g.layer_names) > 1
@@ -112,7 +97,7 @@ class TestAnswersDiffer:
         assert acted, "no example's worker groups two layers together"
         found = [
             answers_differ(_observe(legal_builders.SplitTensors, "profiling", ex))
-            for ex in _examples(30)
+            for ex in drawn_examples(30)
         ]
         assert any(found)
 

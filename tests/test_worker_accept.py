@@ -17,7 +17,7 @@ import broken_builders
 import legal_builders
 import pytest
 import worker_builders
-from hypothesis import HealthCheck, given, settings
+from drawn import drawn_examples
 from specs import compressed_mla
 
 from conformance.check import memory
@@ -29,7 +29,7 @@ from conformance.harness.hooks import Context, make_factory
 from conformance.run.runner import check_builder
 from conformance.scenarios.examples import Example
 from conformance.scenarios.placement import observe_placement
-from conformance.scenarios.registry import examples, observe_in
+from conformance.scenarios.registry import observe_in
 from kvref import (
     FullAttentionSpec,
     PlanningConfig,
@@ -332,24 +332,6 @@ class TestWhereTheCacheIsOff:
         assert "do not tile" in fails("KV-WORKER-LAYER-REGIONS", linked)
 
 
-def _drawn(count: int) -> list[Example]:
-    found: list[Example] = []
-
-    @settings(
-        max_examples=count,
-        deadline=None,
-        database=None,
-        derandomize=True,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(examples("placement"))
-    def collect(ex: Example) -> None:
-        found.append(ex)
-
-    collect()
-    return found
-
-
 #: What vLLM's worker makes of the legal builders (and their expected failures).
 _LEGAL = (
     ReferenceKVCacheConfigBuilder,
@@ -369,7 +351,7 @@ def worker_failures(builder: type, release: str) -> frozenset[str]:
 @pytest.fixture(scope="module")
 def drawn() -> list[Example]:
     """Placement examples of the default generation (every layout the kit draws)."""
-    return _drawn(40)
+    return drawn_examples(40)
 
 
 @pytest.mark.parametrize("builder", _LEGAL, ids=lambda b: b.__name__)

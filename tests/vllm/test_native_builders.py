@@ -33,20 +33,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drawn import drawn_examples
 
 # tests/ is on sys.path during a full run, and tests/vllm then looks like a
 # namespace package called "vllm": ask for a real vLLM module.
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
-from hypothesis import HealthCheck, given, settings
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 
 from conformance import Report, check_builder
 from conformance.check.catalog import catalog
-from conformance.generate.families import family_strategy
 from conformance.harness.adapters import load_builder
-from conformance.scenarios.examples import Example
-from conformance.scenarios.registry import examples
 from conformance.upstream import DEFECTS
 from kvref.interop import vllm as iv
 from kvref.versions import installed_vllm_version
@@ -353,24 +350,6 @@ class TestLoading:
         assert overrides == (native is not DefaultKVCacheConfigBuilder._get_pool_bytes_per_block)
 
 
-def _family_examples(family: str, count: int = 32) -> list[Example]:
-    found: list[Example] = []
-
-    @settings(
-        max_examples=count,
-        deadline=None,
-        database=None,
-        derandomize=True,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(example=examples("placement", family_strategy(family)))
-    def collect(example: Example) -> None:
-        found.append(example)
-
-    collect()
-    return found
-
-
 class TestGatesOpen:
     """The kit's own examples of each family open the builder's gate (its code is reached)."""
 
@@ -381,7 +360,7 @@ class TestGatesOpen:
         native = load_builder(case.qualname).native_cls  # type: ignore[union-attr]
         builder = native()
         opened = 0
-        for example in _family_examples(case.family):
+        for example in drawn_examples(32, case.family):
             vcfg = iv.to_vllm_config(example.config)
             specs = iv.specs_to_vllm(example.merged)
             groups = builder.get_kv_cache_groups(vcfg, dict(specs))
@@ -392,7 +371,7 @@ class TestGatesOpen:
         """No built-in family makes Hydra names: the pass-through's grouping is vLLM's."""
         native = load_builder(LEGAL[0].qualname).native_cls  # type: ignore[union-attr]
         for family in ("glm5", "deepseek_v4", "hybrid"):
-            for example in _family_examples(family, 3):
+            for example in drawn_examples(3, family):
                 vcfg = iv.to_vllm_config(example.config)
                 specs = iv.specs_to_vllm(example.merged)
                 ours = native().get_kv_cache_groups(vcfg, dict(specs))

@@ -21,17 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drawn import drawn_examples
 
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
-from hypothesis import HealthCheck, given, settings
 from test_native_builders import PAPER, Case, assert_verdict, drew, failed_ids
 
 from conformance import Report, check_builder
-from conformance.generate.families import family_strategy
 from conformance.harness.adapters import load_builder
-from conformance.scenarios.examples import Example
-from conformance.scenarios.registry import examples
 from kvref.interop import vllm as iv
 from kvref.interop import vllm_builder as vb
 
@@ -91,24 +88,6 @@ class TestKit:
         assert "_get_pool_bytes_per_block" not in vars(adapter)
 
 
-def _mla_examples(count: int = 64) -> list[Example]:
-    found: list[Example] = []
-
-    @settings(
-        max_examples=count,
-        deadline=None,
-        database=None,
-        derandomize=True,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(example=examples("placement", family_strategy("mla")))
-    def collect(example: Example) -> None:
-        found.append(example)
-
-    collect()
-    return found
-
-
 def _vendor_run(case: Case, seed: int, select: tuple[str, ...] | None, **kw: Any) -> Report:
     return check_builder(
         load_builder(case.qualname),
@@ -128,7 +107,7 @@ class TestVendorSubclass:
         from tests.vllm.native_builders.kvref_mla import KvrefMLAGranuleBuilder
 
         opened = 0
-        for example in _mla_examples():
+        for example in drawn_examples(64, "mla"):
             vcfg = iv.to_vllm_config(example.config)
             builder = KvrefMLAGranuleBuilder()
             groups = builder.get_kv_cache_groups(vcfg, iv.specs_to_vllm(example.merged))

@@ -16,19 +16,19 @@ from typing import Any
 
 import attrs
 import pytest
+from drawn import drawn_examples
 
 # tests/ is on sys.path during a full run, and tests/vllm then looks like a
 # namespace package called "vllm": ask for a real vLLM module.
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
-from hypothesis import HealthCheck, given, settings
 
 from conformance.check.catalog import Unjudged, by_id
 from conformance.harness.adapters import load_builder
 from conformance.run.runner import check_builder
 from conformance.scenarios.examples import Example
 from conformance.scenarios.placement import observe_placement
-from conformance.scenarios.registry import examples, observe_in
+from conformance.scenarios.registry import observe_in
 from kvref import FullAttentionSpec, PlanningConfig, SlidingWindowSpec
 from kvref.specs import KVCacheSpec
 from kvref.versions import installed_vllm_version
@@ -109,30 +109,12 @@ def test_broken_twin_caught_where_its_release_has_the_rule(
         assert not [i for i in others if isinstance(judge(i, obs), list) and judge(i, obs)], layout
 
 
-def _drawn(count: int) -> list[Example]:
-    found: list[Example] = []
-
-    @settings(
-        max_examples=count,
-        deadline=None,
-        database=None,
-        derandomize=True,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(examples("placement"))
-    def collect(ex: Example) -> None:
-        found.append(ex)
-
-    collect()
-    return found
-
-
 @pytest.fixture(scope="module")
 def drawn() -> list[Example]:
     """Placement examples of the default generation, planned as the installed release."""
     return [
         attrs.evolve(ex, config=attrs.evolve(ex.config, vllm_version=release()))
-        for ex in _drawn(12)
+        for ex in drawn_examples(12)
     ]
 
 
