@@ -103,9 +103,10 @@ class XdistShard:
 
     def publish(self, report: Any) -> None:
         """Write this shard's report for the others."""
+        from conformance.ci.shard_reports import sealed
         from conformance.report.render import report_to_dict
 
-        self._write("report", json.dumps(report_to_dict(report), default=str))
+        self._write("report", json.dumps(sealed(report_to_dict(report)), default=str))
 
     def fail(self, message: str) -> None:
         """Tell the other workers this shard will never report (and why)."""

@@ -18,7 +18,9 @@ from typing import Any
 import jsonschema
 import pytest
 
+from conformance.ci.shard_reports import SEAL, sealed
 from conformance.cli import main
+from conformance.harness.confine import KEY_ENV
 from conformance.merge import MergeError, merge_reports, read_shard_reports
 from conformance.report.render import json_schema_path, report_to_dict
 from conformance.run.options import OptionError, RunOptions
@@ -267,6 +269,48 @@ class TestMergeRefuses:
             read_shard_reports(given)
         assert main(["merge", *map(str, given)]) == 2
         assert says in capsys.readouterr().err
+
+
+class TestSealedShards:
+    """With the certification key held, merge takes only shards sealed with that key."""
+
+    def _sealed_copies(self, paths: list[Path], tmp: Path) -> list[Path]:
+        out = []
+        for path in paths:
+            copy = tmp / f"sealed-{path.name}"
+            copy.write_text(json.dumps(sealed(json.loads(path.read_text()))))
+            out.append(copy)
+        return out
+
+    def test_sealed_shards_merge_and_an_edit_is_refused(
+        self,
+        broken_runs: tuple[dict[str, Any], list[Path]],
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        whole, paths = broken_runs
+        monkeypatch.setenv(KEY_ENV, "the shards' key")
+        copies = self._sealed_copies(paths, tmp_path)
+        assert all(json.loads(c.read_text())["shard"][SEAL] for c in copies)
+        assert differences(whole, _plain(merge_reports(read_shard_reports(copies)))) == []
+        # Unsealed shards (runs without the key) are refused while the key is held.
+        with pytest.raises(MergeError, match=f"{paths[0].name}: shard.seal has no seal"):
+            read_shard_reports(paths)
+        # An edit the tally checks cannot see: a result's seconds.
+        data = json.loads(copies[1].read_text())
+        data["results"][0]["seconds"] = 0.5 + data["results"][0]["seconds"]
+        copies[1].write_text(json.dumps(data))
+        with pytest.raises(MergeError, match="has a seal this key did not make"):
+            read_shard_reports(copies)
+        # Sealed under another key.
+        (tmp_path / "again").mkdir()
+        again = self._sealed_copies(paths, tmp_path / "again")
+        monkeypatch.setenv(KEY_ENV, "another key")
+        with pytest.raises(MergeError, match="has a seal this key did not make"):
+            read_shard_reports(again)
+        # Without the key a seal cannot be checked, and the tally checks still apply.
+        monkeypatch.delenv(KEY_ENV)
+        read_shard_reports(again)
 
 
 class TestMergeTakesTheCiInputs:

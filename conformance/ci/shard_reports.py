@@ -11,28 +11,79 @@ edited by hand (a failing result made to pass, a tally's failure dropped, the
 tallies taken out) is refused, naming the file and the field.
 
 What no check of a plain JSON file can catch: a shard rewritten consistently
-(its results and its tallies both) by someone who knows the format.  A
-shard's report is as trustworthy as the machine and the person that hand it
-over; a certified run (``--certify``) is never sharded.
+(its results and its tallies both) by someone who knows the format.  Where
+the shards and the merge hold the certification key (``KVREF_CERTIFY_KEY``),
+each shard's report carries a keyed seal (``shard.seal``, HMAC-SHA256 of its
+canonical JSON, :func:`sealed`) and the merge takes no shard without a seal
+that key made: an edit, however consistent, or a shard sealed under another
+key, is refused.  Without the key a shard's report is as trustworthy as the
+machine and the person that hand it over; a certified run (``--certify``) is
+never sharded.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from conformance.harness.confine import KEY_ENV, held_key
 from conformance.report.documents import DocumentError, read_json, report_schema, schema_error
 from conformance.report.model import InvariantResult
 from conformance.run.tally import Tally, expected_status, verdict
 
-__all__ = ["MERGED", "ShardReportError", "read_shard_report"]
+__all__ = ["MERGED", "SEAL", "ShardReportError", "read_shard_report", "sealed"]
 
 
 class ShardReportError(ValueError):
     """A shard's report cannot be merged; the message names the file and the field."""
+
+
+#: The field of a shard's ``shard`` record that holds its keyed seal.
+SEAL = "seal"
+
+
+def _seal_of(data: Mapping[str, Any], key: bytes) -> str:
+    # Through JSON first: what is sealed is what a reader of the file loads.
+    plain = json.loads(json.dumps(data, default=str))
+    plain["shard"][SEAL] = None
+    canonical = json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hmac.new(key, canonical.encode(), hashlib.sha256).hexdigest()
+
+
+def sealed(data: dict[str, Any]) -> dict[str, Any]:
+    """A shard's report data with its keyed seal, where this process holds the key.
+
+    Any other report, or a process without the key, gets ``data`` unchanged.
+    """
+    key = held_key()
+    if key is not None and isinstance(data.get("shard"), dict):
+        data["shard"][SEAL] = _seal_of(data, key)
+    return data
+
+
+def _check_seal(path: Path, data: Mapping[str, Any]) -> None:
+    key = held_key()
+    if key is None:
+        return
+    seal = data["shard"].get(SEAL)
+    if seal is None:
+        problem = "has no seal"
+    elif not isinstance(seal, str) or not hmac.compare_digest(seal, _seal_of(data, key)):
+        problem = (
+            "has a seal this key did not make (the file was edited, or sealed under another key)"
+        )
+    else:
+        return
+    raise ShardReportError(
+        f"{path}: shard.{SEAL} {problem}; with {KEY_ENV} set, merge takes only shards "
+        "whose runs held the same key"
+    )
 
 
 _COUNT = {"type": "integer", "minimum": 0}
@@ -161,6 +212,7 @@ def read_shard_report(path: Path) -> dict[str, Any]:
         if found:
             raise ShardReportError(f"{path}: {found}")
     _check_shard(path, data)
+    _check_seal(path, data)
     return data
 
 
