@@ -257,6 +257,14 @@ class TestFailFast:
         assert "xfail" in captured.err and "Traceback" not in captured.err
         assert captured.out == ""
 
+    def test_huge_xfail_file(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        xfail = tmp_path / "xfail.txt"
+        xfail.write_text("KV-PLACE-IN-BOUNDS\n" * 60_000)  # over a MiB of ids
+        assert main(["--xfail-file", str(xfail)]) == 2
+        captured = capsys.readouterr()
+        assert "is over the 1048576 bytes" in captured.err and "Traceback" not in captured.err
+        assert captured.out == ""
+
     def test_unknown_device_id_in_xfail_file_warns(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:

@@ -50,6 +50,10 @@ class XfailFileError(ValueError):
     """An xfail file cannot be read as text."""
 
 
+#: The largest xfail file the kit reads (one invariant id a line).
+XFAIL_FILE_MAX_BYTES = 1 << 20
+
+
 def read_xfail_file(path: Path) -> list[str]:
     """Invariant ids of an xfail file: one per line, ``#`` starts a comment.
 
@@ -57,7 +61,14 @@ def read_xfail_file(path: Path) -> list[str]:
         XfailFileError: the file cannot be read or is not UTF-8 text.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as stream:
+            # One id a line: a file past this is not an xfail file (a log, /dev/zero).
+            raw = stream.read(XFAIL_FILE_MAX_BYTES + 1)
+        if len(raw) > XFAIL_FILE_MAX_BYTES:
+            raise XfailFileError(
+                f"xfail file {str(path)!r} is over the {XFAIL_FILE_MAX_BYTES} bytes the kit reads"
+            )
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise XfailFileError(f"cannot read xfail file {str(path)!r}: {exc}") from None
     if "\x00" in text:
