@@ -113,10 +113,15 @@ def test_a_bytecode_only_module_written_after_the_mark_is_refused(module_dir: Pa
         importlib.import_module(name)
 
 
-def test_a_builder_that_rewrites_a_module_cannot_run_it_in_the_kit(
+def _tampered_module(
     module_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Its worker rewrites a module the kit's process imports during the run: refused there."""
+) -> tuple[str, Path, list[BaseException | str]]:
+    """A module the builder's side is told to rewrite, and what the kit's report step sees of it.
+
+    The report step imports the module lazily, after the builder's code ran
+    (in its worker or its models child): ``seen`` holds its ``VALUE`` or the
+    ``ChangedCodeError`` that refused it.
+    """
     name = _name()
     target = _write(module_dir, name, "original")
     monkeypatch.setenv("KVREF_TAMPER_FILE", str(target))
@@ -126,7 +131,6 @@ def test_a_builder_that_rewrites_a_module_cannot_run_it_in_the_kit(
     report_of = judging.Run.report
 
     def report(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # A lazy import of the kit's, made after the builder's module ran in its worker.
         try:
             seen.append(importlib.import_module(name).VALUE)
         except ChangedCodeError as exc:
@@ -134,6 +138,14 @@ def test_a_builder_that_rewrites_a_module_cannot_run_it_in_the_kit(
         return report_of(self, *args, **kwargs)
 
     monkeypatch.setattr(judging.Run, "report", report)
+    return name, target, seen
+
+
+def test_a_builder_that_rewrites_a_module_cannot_run_it_in_the_kit(
+    module_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its worker rewrites a module the kit's process imports during the run: refused there."""
+    name, target, seen = _tampered_module(module_dir, monkeypatch)
     result = _small_run("forgers.tampers:TampersLazyModule", "KV-PLACE-BACKING-SIZE")
     assert "forge('tampered module')" in target.read_text()  # the worker did rewrite it
     assert len(seen) == 1 and isinstance(seen[0], ChangedCodeError), seen
@@ -146,22 +158,7 @@ def test_a_models_module_that_rewrites_a_module_cannot_run_it_in_the_kit(
     module_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The models child runs vendor code before the worker starts: the check counts from it."""
-    name = _name()
-    target = _write(module_dir, name, "original")
-    monkeypatch.setenv("KVREF_TAMPER_FILE", str(target))
-    monkeypatch.setenv("KVREF_FORGE_MARKER", str(module_dir / "forged.txt"))
-    monkeypatch.syspath_prepend(str(TESTS))
-    seen: list[BaseException | str] = []
-    report_of = judging.Run.report
-
-    def report(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            seen.append(importlib.import_module(name).VALUE)
-        except ChangedCodeError as exc:
-            seen.append(exc)
-        return report_of(self, *args, **kwargs)
-
-    monkeypatch.setattr(judging.Run, "report", report)
+    _, target, seen = _tampered_module(module_dir, monkeypatch)
     result = check_builder(
         "forgers:ShortBacking",
         select=["KV-PLACE-BACKING-SIZE"],
