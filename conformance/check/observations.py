@@ -17,6 +17,7 @@ import attrs
 from conformance.check.violations import Violation
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
+from kvref.interop.vllm_import import VLLMOutputError
 from kvref.layout import KVCacheLayout
 from kvref.planning import KVCachePlan, project_kv_cache_groups_to_worker
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
@@ -75,6 +76,9 @@ class CallResult:
         if self.timed_out:
             return f"{self.hook} did not return within the deadline"
         if self.error is not None:
+            if self.error_type is not None and issubclass(self.error_type, VLLMOutputError):
+                # Raised by the kit's conversion of what the hook returned, not by the hook.
+                return f"{self.hook} returned an answer vLLM's records cannot hold ({self.error})"
             return f"{self.hook} raised {self.error}"
         if self.wrong_type is not None:
             return f"{self.hook} returned {self.wrong_type}"
