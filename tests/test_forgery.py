@@ -15,17 +15,16 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from forged_runs import TESTS, forger_env, kit_command, left_running, plugin_run
 
 from conformance import check_builder
 
 # Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
 pytestmark = pytest.mark.slow
 
-TESTS = Path(__file__).resolve().parent
 FORGERS = [
     "forgers.attacks:ReduceForges",
     "forgers.attacks:MetaclassForges",
@@ -36,11 +35,6 @@ FAST = ["--max-examples", "6", "--seed", "1", "--no-database", "--no-reach"]
 SELECT = "KV-PLACE-BACKING-SIZE,KV-PLACE-NUM-BLOCKS,KV-CALL,KV-CORE-MEMORY"
 
 
-def _env(**extra: str) -> dict[str, str]:
-    path = [str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(path), **extra)
-
-
 def _kit_pids(marker: Path, kit_pid: int) -> list[str]:
     """The marker lines the attacker's code wrote from the kit's own process."""
     if not marker.exists():
@@ -49,8 +43,7 @@ def _kit_pids(marker: Path, kit_pid: int) -> list[str]:
 
 
 def _cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    script = Path(sys.executable).with_name("kvref-conformance")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "conformance.cli"]
+    command = kit_command()
     return subprocess.Popen(
         command + args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -64,7 +57,7 @@ def test_cli_defaults_are_not_forged(builder: str, tmp_path: Path) -> None:
     proc = _cli(
         [builder, *FAST, "--select", SELECT, "--json", str(report)],
         tmp_path,
-        _env(KVREF_FORGE_MARKER=str(marker)),
+        forger_env(KVREF_FORGE_MARKER=str(marker)),
     )
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, out[-2000:] + err[-2000:]
@@ -113,21 +106,11 @@ def test_plugin_defaults_are_not_forged(
 ) -> None:
     """The plugin isolates by default: the forger's item fails, pytest's process is untouched."""
     marker = tmp_path / "forged.txt"
-    monkeypatch.setenv("PYTHONPATH", str(TESTS))
-    monkeypatch.setenv("KVREF_FORGE_MARKER", str(marker))
-    result = pytester.runpytest_subprocess(
-        "--pyargs",
-        "conformance",
-        "--kv-builder",
-        "forgers.on_import:ImportForges",
-        "--kv-max-examples",
-        "6",
-        "--kv-seed",
-        "1",
-        "-p",
-        "no:cacheprovider",
-        "-k",
-        "KV-PLACE-BACKING-SIZE",
+    result = plugin_run(
+        pytester,
+        monkeypatch,
+        marker,
+        *("--kv-builder", "forgers.on_import:ImportForges", "--kv-max-examples", "6"),
     )
     # The import patched every check of the process it ran in: had that been
     # pytest's, the item would pass.  It ran, in the worker.
@@ -137,7 +120,9 @@ def test_plugin_defaults_are_not_forged(
 
 def test_fake_report_lines_are_marked(tmp_path: Path) -> None:
     """What the builder prints comes after the report, every line marked; never a bare OK."""
-    proc = _cli(["forgers.attacks:PrintsFakeReports", *FAST, "--select", SELECT], tmp_path, _env())
+    proc = _cli(
+        ["forgers.attacks:PrintsFakeReports", *FAST, "--select", SELECT], tmp_path, forger_env()
+    )
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 1
     lines = out.splitlines()
@@ -153,27 +138,12 @@ def test_a_forked_child_ends_with_the_run(tmp_path: Path) -> None:
     proc = _cli(
         ["forgers.attacks:ForksChild", *FAST, "--select", SELECT],
         tmp_path,
-        _env(KVREF_CHILD_PIDS=str(pids)),
+        forger_env(KVREF_CHILD_PIDS=str(pids)),
     )
     proc.communicate(timeout=600)
     children = [int(p) for p in pids.read_text().split()]
     assert children
-    deadline = time.monotonic() + 30
-    alive = children
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in children if _alive(p)]
-        time.sleep(0.2)
-    assert not alive
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie of an ended process counts as gone.
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and ") Z " not in stat.read_text()
+    assert not left_running(children, 30, pause=0.2)
 
 
 def test_a_worker_that_dies_every_call_is_not_restarted_forever(tmp_path: Path) -> None:
@@ -182,7 +152,7 @@ def test_a_worker_that_dies_every_call_is_not_restarted_forever(tmp_path: Path) 
     proc = _cli(
         ["forgers.attacks:DiesOnEveryCall", *FAST, "--select", "KV-CALL-RAISES"],
         tmp_path,
-        _env(KVREF_STARTS=str(starts)),
+        forger_env(KVREF_STARTS=str(starts)),
     )
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 1

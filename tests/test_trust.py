@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from forged_runs import running
 
 from conformance.harness import confine
 from conformance.report.trust import summary as _summary
@@ -34,14 +35,6 @@ _FORK = multiprocessing.get_context("fork")
 
 def _held(roles: dict[str, Any]) -> dict[str, Any]:
     return _summary(roles, judge_dumpable=False, key_env=confine.KEY_ENV)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def _write_judge_memory(conn: Any, judge: int, address: int) -> None:
@@ -157,16 +150,16 @@ def test_what_a_contained_process_starts_ends_with_it(
     monkeypatch.setattr(confine, "MECHANISMS", mechanisms)
     survived = tmp_path / "survived"
     facts, daemon, process = _contained(f"{__name__}:_daemonize", str(survived))
-    assert daemon is not None and _alive(int(daemon))
+    assert daemon is not None and running(int(daemon))
     if mechanisms == (confine.SUBREAPER,):
         assert facts["processes"] == confine.SUBREAPER
     else:
         assert facts["processes"] in (confine.PID_NAMESPACE, confine.USER_PID_NAMESPACE), facts
     _end(process, facts)
     deadline = time.monotonic() + 10
-    while _alive(int(daemon)) and time.monotonic() < deadline:
+    while running(int(daemon)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(int(daemon))
+    assert not running(int(daemon))
     assert not survived.exists()
 
 

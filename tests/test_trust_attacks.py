@@ -24,48 +24,30 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from forged_runs import TESTS, forger_env, kit_command, left_running, plugin_run
 
-from conformance import certify, check_builder
+from conformance import check_builder
+from conformance.ci import certify
 from conformance.cli import main
 
 # Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
 pytestmark = pytest.mark.slow
 
-TESTS = Path(__file__).resolve().parent
 FAST = ["--max-examples", "4", "--seed", "1", "--no-database", "--no-reach"]
 SELECT = "KV-PLACE-BACKING-SIZE,KV-PLACE-NUM-BLOCKS,KV-CALL"
 KEY = "kvref-test-key-8c1f"
 
 
-def _env(**extra: str) -> dict[str, str]:
-    path = [str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(path), **extra)
-
-
 def _cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).with_name("kvref-conformance")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "conformance.cli"]
+    command = kit_command()
     return subprocess.run(
         command + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False
     )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
-
-
 def _left_alive(pids_file: Path, wait: float = 10.0) -> list[int]:
     pids = [int(p) for p in pids_file.read_text().split()] if pids_file.exists() else []
-    deadline = time.monotonic() + wait
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in pids if _alive(p)]
-        time.sleep(0.1)
-    return alive
+    return left_running(pids, wait)
 
 
 def _failed_on_the_bug(report: Path) -> dict[str, Any]:
@@ -88,7 +70,7 @@ def test_cli_memory_write_is_refused(tmp_path: Path) -> None:
     proc = _cli(
         ["forgers.escapes:WritesKitMemory", *FAST, "--select", SELECT, "--json", str(report)],
         tmp_path,
-        _env(KVREF_FORGE_MARKER=str(marker)),
+        forger_env(KVREF_FORGE_MARKER=str(marker)),
     )
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     _failed_on_the_bug(report)
@@ -102,7 +84,7 @@ def test_cli_daemon_cannot_forge_after_the_judge_exits(tmp_path: Path) -> None:
     proc = _cli(
         ["forgers.escapes:Daemonizes", *FAST, "--select", SELECT, "--json", str(report)],
         tmp_path,
-        _env(
+        forger_env(
             KVREF_FORGE_MARKER=str(marker),
             KVREF_CHILD_PIDS=str(pids),
             KVREF_REPORT_PATH=str(report),
@@ -125,7 +107,7 @@ def test_cli_leaves_no_process_of_the_builder(tmp_path: Path) -> None:
     proc = _cli(
         ["forgers.escapes:ForksMany", *FAST, "--select", SELECT, "--json", str(report)],
         tmp_path,
-        _env(KVREF_CHILD_PIDS=str(pids)),
+        forger_env(KVREF_CHILD_PIDS=str(pids)),
     )
     assert proc.returncode == 1
     _failed_on_the_bug(report)
@@ -144,7 +126,7 @@ def test_cli_key_reaches_no_builder_process(tmp_path: Path) -> None:
             *("--select", f"{SELECT},KV-GROUP-HASH-STABLE", "--models", "forgers.models:MODELS"),
         ],
         tmp_path,
-        _env(
+        forger_env(
             KVREF_FORGE_MARKER=str(marker),
             KVREF_CERTIFY_KEY=KEY,
             KVREF_KEY_TO_FIND=masked(KEY),
@@ -168,7 +150,7 @@ def test_cli_models_module_runs_outside_the_judge(tmp_path: Path) -> None:
             *("--models", "forgers.models:MODELS", "--models-only"),
         ],
         tmp_path,
-        _env(KVREF_FORGE_MARKER=str(marker)),
+        forger_env(KVREF_FORGE_MARKER=str(marker)),
     )
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = _failed_on_the_bug(report)
@@ -207,7 +189,7 @@ def test_certify_with_a_forging_models_module(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(certify, "EXAMPLES", 1)
     monkeypatch.setenv("KVREF_FORGE_MARKER", str(marker))
-    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])  # the files child imports it too
+    monkeypatch.setenv("PYTHONPATH", forger_env()["PYTHONPATH"])  # the files child imports it too
     monkeypatch.syspath_prepend(str(TESTS))
     code = main(
         [
@@ -228,23 +210,12 @@ def test_plugin_models_module_runs_outside_the_judge(
 ) -> None:
     """The plugin: had the module's patch reached pytest's process, the item would pass."""
     marker = tmp_path / "marker.txt"
-    monkeypatch.setenv("PYTHONPATH", str(TESTS))
-    monkeypatch.setenv("KVREF_FORGE_MARKER", str(marker))
-    result = pytester.runpytest_subprocess(
-        "--pyargs",
-        "conformance",
-        "--kv-builder",
-        "forgers:ShortBacking",
-        "--kv-models",
-        "forgers.models:MODELS",
-        "--kv-max-examples",
-        "4",
-        "--kv-seed",
-        "1",
-        "-p",
-        "no:cacheprovider",
-        "-k",
-        "KV-PLACE-BACKING-SIZE",
+    result = plugin_run(
+        pytester,
+        monkeypatch,
+        marker,
+        *("--kv-builder", "forgers:ShortBacking", "--kv-models", "forgers.models:MODELS"),
+        *("--kv-max-examples", "4"),
     )
     result.assert_outcomes(failed=1)
     assert "models import" in _marks(marker)
