@@ -107,3 +107,18 @@ def hydra_layers() -> dict[str, KVCacheSpec]:
         layers[f"model.layers.{i}.hydra.kv"] = full
         layers[f"model.layers.{i}.hydra.local"] = local
     return layers
+
+
+#: Two full-attention layer kinds of different pages, for the worker-rule tests.
+WIDE = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype="bfloat16")
+NARROW = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=40, dtype="bfloat16")
+#: Three layers of one page.
+UNIFORM_LAYERS: dict[str, KVCacheSpec] = {
+    f"model.layers.{i}.self_attn.attn": WIDE for i in range(3)
+}
+#: Two pages in one group (block-outermost layouts place them in one block).
+MIXED_LAYERS: dict[str, KVCacheSpec] = {
+    "model.layers.0.self_attn.attn": WIDE,
+    "model.layers.1.self_attn.attn": NARROW,
+    "model.layers.2.self_attn.attn": WIDE,
+}

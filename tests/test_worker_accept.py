@@ -18,6 +18,9 @@ import legal_builders
 import pytest
 import worker_builders
 from drawn import drawn_examples
+from specs import MIXED_LAYERS as _MIXED
+from specs import UNIFORM_LAYERS as _UNIFORM
+from specs import WIDE as _WIDE
 from specs import compressed_mla
 
 from conformance.check import memory
@@ -31,7 +34,6 @@ from conformance.scenarios.examples import Example
 from conformance.scenarios.placement import observe_placement
 from conformance.scenarios.registry import observe_in
 from kvref import (
-    FullAttentionSpec,
     PlanningConfig,
     ReferenceKVCacheConfigBuilder,
 )
@@ -47,17 +49,6 @@ WORKER = (
 RELEASES = ("0.33.0", "0.34.0")
 #: The invariants of the extensible KV cache: vLLM 0.34.0 on.
 EXTENSIBLE = frozenset(WORKER) - {"KV-WORKER-ONE-BACKING"}
-
-_WIDE = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype="bfloat16")
-_NARROW = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=40, dtype="bfloat16")
-#: Three layers of one page.
-_UNIFORM: dict[str, KVCacheSpec] = {f"model.layers.{i}.self_attn.attn": _WIDE for i in range(3)}
-#: Two pages in one group (block-outermost layouts place them in one block).
-_MIXED: dict[str, KVCacheSpec] = {
-    "model.layers.0.self_attn.attn": _WIDE,
-    "model.layers.1.self_attn.attn": _NARROW,
-    "model.layers.2.self_attn.attn": _WIDE,
-}
 
 
 #: A compressed MLA model (four tokens a state, pages padded to 576 bytes).

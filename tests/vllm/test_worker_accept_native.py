@@ -17,6 +17,9 @@ from typing import Any
 import attrs
 import pytest
 from drawn import drawn_examples
+from specs import MIXED_LAYERS as _MIXED
+from specs import UNIFORM_LAYERS as _UNIFORM
+from specs import WIDE as _WIDE
 
 # tests/ is on sys.path during a full run, and tests/vllm then looks like a
 # namespace package called "vllm": ask for a real vLLM module.
@@ -29,7 +32,7 @@ from conformance.run.runner import check_builder
 from conformance.scenarios.examples import Example
 from conformance.scenarios.placement import observe_placement
 from conformance.scenarios.registry import observe_in
-from kvref import FullAttentionSpec, PlanningConfig, SlidingWindowSpec
+from kvref import PlanningConfig, SlidingWindowSpec
 from kvref.specs import KVCacheSpec
 from kvref.versions import installed_vllm_version
 from tests.vllm._native import native_context
@@ -47,15 +50,6 @@ WORKER = (
 LAYOUTS = ("LBNHC", "LBHNC", "BLHNC", "BLNHC", "BHLNC", "LHBNC")
 DEFAULT = "vllm.v1.core.kv_cache_planning:DefaultKVCacheConfigBuilder"
 PKG = "tests.vllm.native_builders"
-
-_WIDE = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype="bfloat16")
-_NARROW = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=40, dtype="bfloat16")
-_UNIFORM: dict[str, KVCacheSpec] = {f"model.layers.{i}.self_attn.attn": _WIDE for i in range(3)}
-_MIXED: dict[str, KVCacheSpec] = {
-    "model.layers.0.self_attn.attn": _WIDE,
-    "model.layers.1.self_attn.attn": _NARROW,
-    "model.layers.2.self_attn.attn": _WIDE,
-}
 
 
 def release() -> str:
