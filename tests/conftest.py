@@ -107,18 +107,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # its tests together and in order, so its module fixtures are made once.
 _LONG_FIRST = (
     "tests/vllm/test_native_builders.py",
-    "tests/test_meta.py",
+    "tests/kit/test_meta.py",
     "tests/vllm/test_vllm_path.py",
     "tests/vllm/test_inherited_native.py",
     "tests/vllm/test_shard_native.py",
-    "tests/test_shard.py",
-    "tests/test_focus.py",
+    "tests/extensions/test_shard.py",
+    "tests/extensions/test_focus.py",
     "tests/vllm/test_focus_native.py",
-    "tests/test_plugin_xdist.py",
+    "tests/kit/test_plugin_xdist.py",
     "tests/vllm/test_tp_shards_native.py",
     "tests/vllm/test_kernel_views_vllm.py",
     "tests/vllm/test_hf_gates.py",
-    "tests/test_stage_placement.py",
+    "tests/kit/scenarios/test_stage_placement.py",
     "tests/vllm/test_config_writes.py",
 )
 

@@ -4,7 +4,7 @@ Each one starts from the reference and does one hostile thing: ends the
 process, crashes it, patches the kit's modules to forge a pass, never lets
 itself be constructed, leaves threads behind, raises what a caller should
 never swallow, or claims sizes no allocator can satisfy.  The containment
-tests (tests/test_containment.py) check the kit reports each as a failure of
+tests (tests/kit/harness/test_containment.py) check the kit reports each as a failure of
 the builder, writes its report, and exits.
 """
 

@@ -2,7 +2,7 @@
 
 Each one makes a choice the contract allows but the reference does not make,
 in the area of one class of once-invisible bug, so a check that is stricter than the
-contract shows up as a false alarm here (tests/test_power.py).
+contract shows up as a false alarm here (tests/kit/check/test_power.py).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class Padded4KiB(ReferenceKVCacheConfigBuilder):
     #: vLLM 0.34.0's worker drops a layer-outer backing's bytes after the
     #: last layer region, so Core's one-block probe (padding included) plans
     #: the capacity with more bytes per block than the worker's segments take:
-    #: fewer blocks than the memory holds (tests/test_worker_accept.py).
+    #: fewer blocks than the memory holds (tests/kit/check/test_worker_accept.py).
     WORKER_REFUSED: ClassVar[Mapping[str, frozenset[str]]] = {
         "0.34.0": frozenset({"KV-WORKER-POOL-BYTES"})
     }
@@ -323,7 +323,7 @@ class SeparateAllocations(ReferenceKVCacheConfigBuilder):
     allocations), one slot, HiSparse or block-outermost layouts it places as
     the reference.  Not in :data:`ALL` yet: the profiling path judges its
     placement without the hook's answer, and the device checks allocate one
-    backing (tests/test_allocations.py says what passes).  Legal by the
+    backing (tests/kit/check/test_allocations.py says what passes).  Legal by the
     interface's text only: vLLM's GPU worker, 0.33.0's and 0.34.0's alike,
     allocates one backing for every device tensor and refuses tensors of
     several sizes at startup (``KV-WORKER-ONE-BACKING``).
@@ -517,7 +517,7 @@ class SpacedCompressedRuns(ReferenceKVCacheConfigBuilder):
 
     #: vLLM 0.34.0's worker asserts ``layer_stride == num_blocks x block_stride``
     #: in layer-outer layouts (it moves whole layer regions), so it refuses
-    #: the spaced layers at startup (tests/test_worker_accept.py).
+    #: the spaced layers at startup (tests/kit/check/test_worker_accept.py).
     WORKER_REFUSED: ClassVar[Mapping[str, frozenset[str]]] = {
         "0.34.0": frozenset({"KV-WORKER-LAYER-REGIONS"})
     }

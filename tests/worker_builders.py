@@ -1,7 +1,7 @@
 """Builders that break a rule of vLLM's GPU worker, each where vLLM's releases differ.
 
 Each starts from the reference and changes one thing a worker rule is
-about (tests/test_worker_accept.py proves the kit's verdict under both
+about (tests/kit/check/test_worker_accept.py proves the kit's verdict under both
 releases).  ``CAUGHT_BY`` names the ``KV-WORKER-*`` invariant meant to
 catch it; ``RELEASES`` the vLLM releases whose worker has the rule, the
 others accepting the placement (the invariant is not applicable there).

@@ -5,7 +5,7 @@ fields of a spec and the formulas of the contract, and from nothing else:
 kvref's stride math, page properties and admission formula are never called
 (kvref is used for its record types only).  A bug in kvref's geometry then
 shows as a disagreement between the reference's plans and this module,
-instead of passing unnoticed (``tests/test_oracle.py`` plants such bugs).
+instead of passing unnoticed (``tests/kit/check/test_oracle.py`` plants such bugs).
 
 Notation (contract.md#views-and-strides): a page is ``H`` head slots of ``S``
 states of ``C`` content bytes; a layout orders the logical axes

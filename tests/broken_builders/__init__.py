@@ -123,7 +123,8 @@ ALL: tuple[type[_Base], ...] = (
     PoolBytesClearsGroups,
 )
 
-#: One broken builder per class of once-invisible bug (tests/test_power.py: caught at 50 examples).
+#: One broken builder per class of once-invisible bug
+#: (tests/kit/check/test_power.py: caught at 50 examples).
 POWER: tuple[type[_Base], ...] = (
     RaisesOnEmptyGroup,
     DeviceAfterHost,
@@ -137,7 +138,7 @@ POWER: tuple[type[_Base], ...] = (
 )
 
 # Caught at the meta-tests' 25 examples (seed 11) by exactly their invariant;
-# RaisesOnEmptyGroup needs Core's rare empty projections: tests/test_power.py only.
+# RaisesOnEmptyGroup needs Core's rare empty projections: tests/kit/check/test_power.py only.
 ALL = (
     *ALL,
     DeviceAfterHost,
@@ -161,7 +162,7 @@ FIELD: tuple[type[_Base], ...] = (
 ALL = (*ALL, *FIELD)
 
 #: The field regimes the default generation reaches as classes
-#: (tests/test_field_generation.py: caught at 50 examples, seeds 1-5).
+#: (tests/kit/generate/test_field_generation.py: caught at 50 examples, seeds 1-5).
 FIELD_REGIMES: tuple[type[_Base], ...] = (
     Wraps32,
     SignedWraps32,
@@ -174,8 +175,8 @@ FIELD_REGIMES: tuple[type[_Base], ...] = (
 ALL = (*ALL, *FIELD_REGIMES)
 
 #: Builders whose printed reproduce line the default suite reruns in a fresh
-#: process (tests/test_meta.py); every builder's line is rerun under `-m slow`
-#: (tests/test_reproduce.py).  One per kind of failure: grouping, placement,
+#: process (tests/kit/test_meta.py); every builder's line is rerun under `-m slow`
+#: (tests/kit/run/test_reproduce.py).  One per kind of failure: grouping, placement,
 #: a hang, Core's flow.
 REPRODUCED: tuple[type[_Base], ...] = (
     DroppedLayer,

@@ -37,7 +37,7 @@ def _with_tensors(config: KVCacheConfig, tensors: Sequence[Any], **changes: Any)
 def assert_caught(report: Report, meant: str, also: frozenset[str]) -> None:
     """``meant`` failed with a counterexample and a reproduce line; nothing unmeant failed.
 
-    The same assertions as tests/test_meta.py's, so that a builder proven here
+    The same assertions as tests/kit/test_meta.py's, so that a builder proven here
     need not be run there again in the default suite.
     """
     failed = set(report.failed_ids)
@@ -54,7 +54,7 @@ def meta_timeout(builder: type) -> float:
     A tight deadline for every builder made honest calls time out on a cold or
     loaded machine (a fresh-clone CI run failed GroupsNotEchoed that way, H2 and
     H4 saw it under load), which reads as a second, unmeant failure.  Used by
-    tests/test_meta.py and tests/test_reproduce.py, whose runs must match.
+    tests/kit/test_meta.py and tests/kit/run/test_reproduce.py, whose runs must match.
     """
     return 0.5 if getattr(builder, "CAUGHT_BY", None) == "KV-CALL-TIMEOUT" else 5.0
 

@@ -1,4 +1,7 @@
-"""Broken builders of bugs the kit was once blind to (tests/test_power.py measures each class)."""
+"""Broken builders of bugs the kit was once blind to.
+
+tests/kit/check/test_power.py measures each class.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from kvref import (
 )
 from kvref.specs import KVCacheSpec
 
-# -- bugs the kit was blind to (tests/test_power.py measures each class) ----------
+# -- bugs the kit was blind to (tests/kit/check/test_power.py measures each class) ----------
 
 
 class RaisesOnEmptyGroup(_Base):

@@ -1,1 +1,4 @@
-"""Modules for the static callee rule's unit tests (tests/test_reach.py); never imported."""
+"""Modules for the static callee rule's unit tests (tests/extensions/test_reach.py).
+
+Never imported.
+"""

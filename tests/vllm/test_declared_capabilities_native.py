@@ -4,7 +4,7 @@ The adapter lacks ``host_outside_hisparse`` (vLLM keeps groups on the host
 only under HiSparse); a vendor whose builder takes no host residency at all
 declares ``host_resident`` on its class, and the host invariants are then
 skipped rather than judged on HiSparse models.  The declaration used to be
-dropped by the adapter.  The kvref-native form: tests/test_declared_capabilities.py.
+dropped by the adapter.  The kvref-native form: tests/kit/test_declared_capabilities.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Exploration on vLLM-native builders: a gate the default run never opens (tests/test_explore.py).
+"""Exploration on vLLM-native builders: a gate the default run never opens
+(tests/extensions/test_explore.py).
 
 The vLLM form of the kvref-native proof: ``explore_gated`` specialises the
 IndexCache-style GLM-5 variant (fewer indexers than latents), which no

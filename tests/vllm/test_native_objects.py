@@ -20,7 +20,7 @@ from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 
 from conformance import check_builder
 from conformance.report.model import Report
-from tests.test_worker_lifetime import children
+from tests.kit.harness.test_worker_lifetime import children
 from tests.vllm.native_builders.alignment import DropsAlignmentBuilder
 
 pytestmark = pytest.mark.vllm

@@ -1,6 +1,6 @@
 """Shards and merge on a vLLM-native builder: three shards give the whole run.
 
-The kvref-native proofs and the option and input checks: tests/test_shard.py.
+The kvref-native proofs and the option and input checks: tests/extensions/test_shard.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ vLLM 0.33.0 keeps groups on the host only as HiSparse's source storage, so
 with ``models_only`` and none of the vendor's models HiSparse-served, the
 host scenario has nothing to draw: the run's limit, reported N/A with the
 reason, never a failure of the vendor's builder.  A builder whose own calls
-fail is still not excused.  The kvref-native form: tests/test_undrawable.py.
+fail is still not excused.  The kvref-native form: tests/kit/run/test_undrawable.py.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import pytest
 
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
-from test_undrawable import HOST, UNDRAWABLE, run_on_models
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
+
+from tests.kit.run.test_undrawable import HOST, UNDRAWABLE, run_on_models
 
 pytestmark = pytest.mark.vllm
 

@@ -1,6 +1,6 @@
 """The problems made for vLLM 0.34.0's planning changes, against the installed vLLM itself.
 
-``tests/test_version_changes.py`` checks kvref against the stored outputs of
+``tests/reference/test_version_changes.py`` checks kvref against the stored outputs of
 both releases; here the same problems (``golden/versions.json`` and
 ``golden/vllm-0.34.0/fields_0_34.json``) go through the installed vLLM's own
 Core flow, and kvref, planning as that release, must agree with it: groups,

@@ -6,7 +6,7 @@ by its worker in every layout; each builder of
 tests/vllm/native_builders/worker_rules.py fails the invariant meant for it
 where the installed release has the rule and is not judged by it where it
 has not; the legal native builders fail nothing but what their release's
-worker refuses.  The kvref-native forms are tests/test_worker_accept.py's.
+worker refuses.  The kvref-native forms are tests/kit/check/test_worker_accept.py's.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Manifests hold strings, booleans, lists of strings and one ``when`` table per
 entry, which is all this writes; :func:`dump_manifest`'s output reads back
-with ``tomllib`` to the same data (tests/test_expectations.py).
+with ``tomllib`` to the same data (tests/ci/test_expectations.py).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ _ALSO: dict[str, frozenset[str]] = {}
 
 
 def _report(builder: type, seed: int) -> Report:
-    # Reach is not what these runs prove (tests/test_reach.py does): not measured.
+    # Reach is not what these runs prove (tests/extensions/test_reach.py does): not measured.
     return check_builder(
         builder, select=_PAPER, max_examples=50, seed=seed, shrink=False, reach=False
     )
@@ -65,7 +65,7 @@ def test_broken_builder_caught_at_default_count(builder: type, seed: int) -> Non
 def test_legal_builder_passes(builder: type, seed: int) -> None:
     """A legal builder that differs from the reference fails nothing, and wastes nothing.
 
-    The same run carries the efficiency comparison (tests/test_waste.py): a
+    The same run carries the efficiency comparison (tests/extensions/test_waste.py): a
     legal builder of tests/ that does not waste draws no warning (one that
     may, ``WASTES``, is only held to failing nothing).
     """

@@ -132,7 +132,7 @@ class TestMergeEquality:
 @pytest.fixture(scope="module")
 def vendor_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], list[Path]]:
     """``OverlappingBlocks`` with a vendor's models: the whole run and its three shards."""
-    models = Path(__file__).parent / "data" / "models" / "acme_hydra.json"
+    models = Path(__file__).resolve().parents[1] / "data" / "models" / "acme_hydra.json"
     return whole_and_shards(
         BROKEN,
         tmp_path_factory.mktemp("vendor"),

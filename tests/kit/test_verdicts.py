@@ -21,7 +21,7 @@ from kvref import ReferenceKVCacheConfigBuilder
 # Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
 pytestmark = pytest.mark.slow
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 FAST = {"max_examples": 3, "seed": 1}
 # Placement invariants that need a returned config: none can be judged when placement raises.
 NEEDS_A_CONFIG = (

@@ -31,7 +31,7 @@ from conformance.harness.wire import builder_class
 from kvref.interop.vllm_vendor import vendor_origin, vendor_spec_class
 from kvref.specs import MLAAttentionSpec
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[2]
 
 
 def _same(read: Model, model: Model) -> None:

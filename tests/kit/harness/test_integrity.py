@@ -16,7 +16,7 @@ from conformance.harness import integrity
 from conformance.harness.integrity import ChangedCodeError, guarded, mark
 from conformance.run import judging
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

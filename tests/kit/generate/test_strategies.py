@@ -46,7 +46,7 @@ OCCURS = settings(database=None, deadline=None, max_examples=500, phases=[Phase.
 
 LAYER_OUTER = {KVCacheLayout.LBHNC, KVCacheLayout.LBNHC, KVCacheLayout.LHBNC}
 NOT_BLOCK_COMPACT = {KVCacheLayout.LHBNC, KVCacheLayout.BHLNC}
-GOLDEN = Path(__file__).parent / "data" / "golden"
+GOLDEN = Path(__file__).resolve().parents[2] / "data" / "golden"
 PLAIN = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype=torch.bfloat16)
 
 SPEC_STRATEGIES: dict[str, Callable[..., st.SearchStrategy[Any]]] = {

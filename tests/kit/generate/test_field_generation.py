@@ -7,7 +7,7 @@ compressed MLA placed layer-outer, a pipeline worker without any layer of a
 uniform-type group); the default run (50 examples per scenario) must catch
 it with its meant invariant.  The regimes themselves are drawn by the default
 generation (the tests at the end); the legal builders at their edges pass
-(tests/test_power.py).  Seed 1 runs by default;
+(tests/kit/check/test_power.py).  Seed 1 runs by default;
 ``KVREF_POWER_SEEDS=1,2,3,4,5`` runs the sweep the issue asks for.
 """
 

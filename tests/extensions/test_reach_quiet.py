@@ -64,7 +64,7 @@ class TestNothingReachedYet:
                 *("--no-database", "--isolate", "--json", str(out)),
             ],
             cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
             capture_output=True,
             text=True,
             check=False,

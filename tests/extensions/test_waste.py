@@ -72,7 +72,10 @@ def test_waste_json_follows_the_schema() -> None:
 
 
 def test_quiet_on_the_reference() -> None:
-    """No warning on the reference (tests/test_power.py asserts it for the legal builders)."""
+    """No warning on the reference.
+
+    tests/kit/check/test_power.py asserts it for the legal builders.
+    """
     waste = _run(ReferenceKVCacheConfigBuilder).waste
     assert waste is not None and waste.compared > 0
     assert waste.warned == 0, [w.message for w in waste.worst]

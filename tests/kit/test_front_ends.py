@@ -24,7 +24,7 @@ from conformance.run.runner import check_builder
 # Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
 pytestmark = pytest.mark.slow
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 #: builder, selected invariants, examples: each run costs seconds.
 CASES = [

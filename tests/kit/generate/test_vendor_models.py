@@ -31,7 +31,7 @@ from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.interop.vllm import is_vllm_available
 from kvref.specs import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec, SlidingWindowSpec
 
-DATA = Path(__file__).parent / "data" / "models"
+DATA = Path(__file__).resolve().parents[2] / "data" / "models"
 DSV4 = DATA / "dsv4_mini_worker0.json"
 OCCURS = settings(database=None, deadline=None, max_examples=300, phases=[Phase.generate])
 # Most vendor draws are invalid problems the strategy rejects (9 valid of 50 on

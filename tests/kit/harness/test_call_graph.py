@@ -1,6 +1,6 @@
 """What reach counts of a vendor package: the code the builder's own code names.
 
-Fast, static: no kit run (tests/test_reach.py runs the kit, in the slow tier).
+Fast, static: no kit run (tests/extensions/test_reach.py runs the kit, in the slow tier).
 """
 
 from __future__ import annotations

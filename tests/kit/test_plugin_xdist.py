@@ -15,7 +15,7 @@ from conformance.plugin_xdist import ShardExchangeError, XdistShard
 
 pytest.importorskip("xdist")
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 
 class TestShardOfWorker:

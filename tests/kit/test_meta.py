@@ -14,7 +14,7 @@ from conformance.run.runner import check_builder
 from kvref import ReferenceKVCacheConfigBuilder
 from kvref.versions import rules
 
-# Device checks are exercised on their own in tests/test_device.py.
+# Device checks are exercised on their own in tests/kit/check/test_device.py.
 _PAPER = ["KV-CALL", "KV-GROUP", "KV-PLACE", "KV-HOST", "KV-CORE"]
 
 
@@ -41,7 +41,7 @@ class TestReferenceIsClean:
 
 
 #: Builders whose meta-test also shrinks (shrinking costs seconds per failure;
-#: these cover grouping, placement and call failures; tests/test_reproduce.py
+#: these cover grouping, placement and call failures; tests/kit/run/test_reproduce.py
 #: shrinks every builder under `-m slow`).
 SHRUNK = frozenset(
     {
@@ -79,8 +79,9 @@ def meta_selection(builder: type, *, wide: bool = False) -> list[str]:
 _GAPS: dict[str, str] = {}
 
 
-#: Broken builders whose catch tests/test_power.py and tests/test_field_generation.py
-#: already prove in the default suite, at the default count and with the same
+#: Broken builders whose catch tests/kit/check/test_power.py and
+#: tests/kit/generate/test_field_generation.py already prove in the default
+#: suite, at the default count and with the same
 #: assertions (meant invariant, nothing unmeant, a counterexample and a
 #: reproduce line); their run here repeats that proof and is ``slow``.
 _PROVEN_AT_DEFAULT_COUNT = frozenset(
@@ -122,7 +123,7 @@ class TestBrokenBuildersAreCaught:
             seed=11,
             timeout=broken_builders.meta_timeout(builder),
             shrink=builder in SHRUNK,
-            # Reach is not what a meta-test proves (tests/test_reach.py does).
+            # Reach is not what a meta-test proves (tests/extensions/test_reach.py does).
             reach=False,
         )
         # Only the meant invariant, and those the builder declares see the same
@@ -153,10 +154,10 @@ class TestEveryInvariantHasABrokenBuilder:
         """Every paper invariant has a broken builder or a dedicated test that makes it fail."""
         covered = {b.CAUGHT_BY for b in broken_builders.ALL}
         # Core-flow invariants hold by construction under kvref's Core for any
-        # honest builder; tests/test_core_invariants.py breaks the flow itself.
-        # The device checks have their fault tests in tests/test_device.py.
-        # The serving invariants have theirs in tests/test_serve.py.
-        # vLLM's worker rules are release-bound: tests/test_worker_accept.py
+        # honest builder; tests/kit/check/test_core_invariants.py breaks the flow itself.
+        # The device checks have their fault tests in tests/kit/check/test_device.py.
+        # The serving invariants have theirs in tests/kit/serve/test_serve.py.
+        # vLLM's worker rules are release-bound: tests/kit/check/test_worker_accept.py
         # breaks each under every release that has it (tests/worker_builders.py).
         dedicated = {
             inv.id

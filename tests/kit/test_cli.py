@@ -23,7 +23,7 @@ from conformance.cli import _Progress, main
 from kvref import ReferenceKVCacheConfigBuilder
 
 FAST = ["--max-examples", "3", "--seed", "1"]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 SCRIPT = Path(sys.executable).parent / "kvref-conformance"
 
@@ -214,7 +214,7 @@ class TestDocs:
         """docs/invariants.md equals what docs/gen_invariants.py renders from the code."""
         import importlib.util
 
-        root = Path(__file__).resolve().parents[1]
+        root = Path(__file__).resolve().parents[2]
         spec = importlib.util.spec_from_file_location("gen", root / "docs" / "gen_invariants.py")
         assert spec is not None and spec.loader is not None
         gen = importlib.util.module_from_spec(spec)

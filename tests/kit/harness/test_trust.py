@@ -6,7 +6,7 @@ it cannot open the judge's memory, what it starts ends with it (a
 certification key.  Each test shows the attack works on an uncontained child
 first, where the platform allows it, so a pass means the defence held, not
 that the attack was impossible anyway.  Whole-kit runs of the same attacks:
-tests/test_trust_attacks.py.
+tests/kit/harness/test_trust_attacks.py.
 """
 
 from __future__ import annotations

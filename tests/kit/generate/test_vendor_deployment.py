@@ -30,7 +30,7 @@ from kvref.specs import KVCacheSpec
 # Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
 pytestmark = pytest.mark.slow
 
-DEPLOYMENTS = Path(__file__).parent / "data" / "models" / "acme_deployments.json"
+DEPLOYMENTS = Path(__file__).resolve().parents[2] / "data" / "models" / "acme_deployments.json"
 FEW = settings(database=None, deadline=None, max_examples=25, phases=[Phase.generate])
 
 

@@ -1,6 +1,6 @@
 """Every failure is reproducible: the printed line reruns it, and the JSON report replays it.
 
-For each meta-test broken builder the kit runs as ``tests/test_meta.py`` runs
+For each meta-test broken builder the kit runs as ``tests/kit/test_meta.py`` runs
 it; the reproduce line it prints for the meant invariant is then run as a
 vendor would run it, in a fresh process, and must fail the same invariant.
 ``conformance.reproduce`` replays a failure from the JSON report in-process.
@@ -34,7 +34,7 @@ from kvref import ReferenceKVCacheConfigBuilder
 pytestmark = pytest.mark.slow
 
 _PAPER = ["KV-CALL", "KV-GROUP", "KV-PLACE", "KV-HOST", "KV-CORE"]
-_TESTS = Path(__file__).resolve().parent
+_TESTS = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ _command = reproduce_lines.command
 
 
 def _meta_run(builder: type) -> conformance.Report:
-    """The run of tests/test_meta.py, with the same options."""
+    """The run of tests/kit/test_meta.py, with the same options."""
     return check_builder(
         builder,
         select=_PAPER,
@@ -142,7 +142,7 @@ def _rerun_alone(builder: type, root: Path) -> _Rerun:
 
 
 #: Every broken builder's line, under `-m slow`: the default suite reruns the
-#: lines of ``broken_builders.REPRODUCED`` inside tests/test_meta.py's own runs.
+#: lines of ``broken_builders.REPRODUCED`` inside tests/kit/test_meta.py's own runs.
 @pytest.mark.slow
 @pytest.mark.parametrize("builder", broken_builders.ALL, ids=lambda b: b.__name__)
 def test_reproduce_line_fails_the_same_invariant(

@@ -37,7 +37,7 @@ from kvref.specs import FullAttentionSpec
 # Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
 pytestmark = pytest.mark.slow
 
-_TESTS = Path(__file__).resolve().parent
+_TESTS = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

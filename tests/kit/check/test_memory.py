@@ -361,7 +361,7 @@ def oracle(
         spec = config.kv_cache_groups[gi].layer_spec(t.layers[0])
         n = config.num_blocks_of(t)
         try:
-            # The kit's geometry (tests/test_oracle.py checks it against the contract's
+            # The kit's geometry (tests/kit/check/test_oracle.py checks it against the contract's
             # numbers); this oracle checks the sweeps, not the strides.
             ls, bs, hs, ss, _ = layout_strides(
                 spec,

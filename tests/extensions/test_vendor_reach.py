@@ -50,7 +50,7 @@ SEEDS = tuple(int(x) for x in os.environ.get("KVREF_REACH_SEEDS", "1,2").split("
 #: only vendor models some invariants are never judged (inconclusive), e.g.
 #: KV-PLACE-BLOCK-STRIDE for builders that answer ``_get_pool_bytes_per_block``.
 VENDOR_SEED = 4
-MODELS = Path(__file__).parent / "data" / "models"
+MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 DSV4_MODELS = str(MODELS / "acme_dsv4_mtp.json")
 GLM5_MODELS = str(MODELS / "acme_glm5_mtp.json")
 HYDRA_MODELS = str(MODELS / "acme_hydra.json")

@@ -221,7 +221,7 @@ def test_a_corpus_the_kit_cannot_read_is_refused(tmp_path: Path) -> None:
     """A corpus file that holds no example is a usage error naming it, never ignored.
 
     Each entry costs every later run a judged example: a planted or stale
-    file is the user's to delete (tests/test_inputs.py lists the bad ones).
+    file is the user's to delete (tests/kit/test_inputs.py lists the bad ones).
     """
     corpus = Corpus(str(tmp_path), GATED)
     assert corpus.path is not None

@@ -38,7 +38,7 @@ from conformance.report.render import (
 from conformance.run.runner import UnknownIdWarning
 from kvref import ReferenceKVCacheConfigBuilder
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 JUNIT = xmlschema.XMLSchema(ROOT / "tests" / "data" / "junit.xsd")
 JENKINS = xmlschema.XMLSchema(ROOT / "tests" / "data" / "junit-10.xsd")
 ANT = xmlschema.XMLSchema(ROOT / "tests" / "data" / "ant-junit.xsd")

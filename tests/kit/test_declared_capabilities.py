@@ -1,6 +1,6 @@
 """A builder's own ``kvref_unsupported``: honoured as declared, and a misspelt one is refused.
 
-The option (``--unsupported``) is checked in tests/test_cli.py; this is the
+The option (``--unsupported``) is checked in tests/kit/test_cli.py; this is the
 class attribute, read as data from the builder's worker.  A misspelt name
 was ignored, and the invariants it meant to opt out of were judged; a lone
 name was read letter by letter.  The vLLM-native form:

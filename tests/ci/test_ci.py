@@ -199,7 +199,7 @@ class TestPluginExpectations:
         self, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """--kv-expectations turns the expected failure into an xfail; a strict XPASS fails."""
-        tests = Path(__file__).resolve().parent
+        tests = Path(__file__).resolve().parents[1]
         pytester.makefile(
             ".toml",
             exp=(
