@@ -205,7 +205,7 @@ def _start_outputs(args: argparse.Namespace, start: Any) -> None:
     was there: a stale or planted report never survives a run.  The final
     report overwrites the marker.
     """
-    from conformance.report.junit import write_incomplete_junit
+    from conformance.ci.junit import write_incomplete_junit
     from conformance.report.render import write_incomplete_json
 
     outputs = [
@@ -390,8 +390,8 @@ def _check_matrix(args: argparse.Namespace, builder: object, ci: Any, options: A
     """``--vllm all``: the compatibility matrix (one run per supported release)."""
     import attrs
 
+    from conformance.ci.matrix import check_matrix, format_matrix, write_matrix_files
     from conformance.ci.processors import finish
-    from conformance.matrix import check_matrix, format_matrix, write_matrix_files
     from conformance.run.runner import check_builder
 
     def run(b: Any, o: Any, **overrides: Any) -> Any:
@@ -495,7 +495,7 @@ def _reports_verb(argv: Sequence[str] | None) -> int | None:
 
         return verify_main(words[1:])
     if words[:1] == ["merge"]:
-        from conformance.merge import merge_main
+        from conformance.ci.merge import merge_main
 
         return merge_main(words[1:])
     return None

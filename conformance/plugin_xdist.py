@@ -11,7 +11,7 @@ controller made for the session:
    draws the union of every shard's (``check_builder(focus_exchange=)``), so
    the focus is the one the whole run would learn;
 2. at the end, each writes its shard's report and every worker merges all
-   of them (:func:`conformance.merge.merge_reports`): each item reports its
+   of them (:func:`conformance.ci.merge.merge_reports`): each item reports its
    invariant's verdict from the whole run, exactly as without xdist.
 
 A worker that collected items runs its shard in its first item; a worker
@@ -114,7 +114,7 @@ class XdistShard:
 
     def whole_run(self) -> Any:
         """Every shard's report merged: the report of the whole run."""
-        from conformance.merge import MergeError, merge_reports, read_shard_reports
+        from conformance.ci.merge import MergeError, merge_reports, read_shard_reports
 
         paths = self._wait("report")
         try:

@@ -199,8 +199,6 @@ KIT_LAYERS = (
         "conformance.ci",
         "conformance.expectations",
         "conformance.report.html",
-        "conformance.merge",
-        "conformance.matrix",
         "conformance.plugin_xdist",
     ),
     ("conformance.cli_parser", "conformance.cli", "conformance.plugin"),

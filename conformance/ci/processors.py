@@ -309,7 +309,7 @@ def _write_json(report: Report, path: Path) -> None:
 
 
 def _write_junit(report: Report, path: Path) -> None:
-    from conformance.report.junit import write_junit
+    from conformance.ci.junit import write_junit
 
     write_junit(report, path)
 

@@ -31,6 +31,7 @@ __all__ = [
     "after_phase",
     "before_deals",
     "before_example",
+    "check_all",
     "deals",
     "judges",
     "end",
@@ -144,6 +145,9 @@ class Extension:
 
     Attributes:
         name: the extension's name (its folder under ``conformance/extensions/``).
+        check: ``check(run options)``, when the front ends check a run's
+            options, before anything starts: raises an ``OptionError`` for
+            what the extension would read that cannot be used (a usage error).
         options: its options record (an attrs class whose fields are read,
             by name, from the run's options: :func:`options_of`; each
             field's ``metadata`` holds its ``flag`` and ``help``), or ``None``.
@@ -174,6 +178,7 @@ class Extension:
     """
 
     name: str
+    check: Callable[[Any], None] | None = None
     options: type[Any] | None = None
     start: Callable[[Any, Any], Any] = _start_with_options
     deals: Callable[[Any, RunView, Any], bool] | None = None
@@ -213,6 +218,13 @@ class Active:
 
     extension: Extension
     state: Any
+
+
+def check_all(extensions: Iterable[Extension], run_options: Any) -> None:
+    """Let every one of ``extensions`` refuse what a run of ``run_options`` would read."""
+    for extension in extensions:
+        if extension.check is not None:
+            extension.check(run_options)
 
 
 def start_all(extensions: Iterable[Extension], run_options: Any) -> tuple[Active, ...]:

@@ -149,7 +149,7 @@ class RunOptions:
             N reports into the report of the whole run (``None``: the whole run).
         vllm: the vLLM release whose contract the run judges (``"0.33"``,
             ``"0.34.0"``...; :mod:`kvref.versions`), spelled in full; ``"all"``
-            asks the CLI for the compatibility matrix (:mod:`conformance.matrix`).  Default:
+            asks the CLI for the compatibility matrix (:mod:`conformance.ci.matrix`).  Default:
             the installed vLLM when the kit supports it, else the newest
             supported release.  The installed vLLM is what the vendor runs, for
             a kvref-native builder too; a vLLM-native builder can only be
@@ -218,12 +218,12 @@ class RunOptions:
 
         Raises:
             OptionError: :attr:`vllm` is ``all``: one run judges one release
-                (:func:`conformance.matrix.check_matrix` runs one per release).
+                (:func:`conformance.ci.matrix.check_matrix` runs one per release).
         """
         if self.vllm == ALL_RELEASES:
             raise OptionError(
                 "vllm='all' asks for the compatibility matrix: one run per release "
-                "(kvref-conformance --vllm all, or conformance.matrix.check_matrix)"
+                "(kvref-conformance --vllm all, or conformance.ci.matrix.check_matrix)"
             )
         return parse_version(self.vllm)
 

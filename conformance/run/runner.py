@@ -19,7 +19,7 @@ import attrs
 from hypothesis.strategies import SearchStrategy
 
 from conformance.check.catalog import Invariant, catalog
-from conformance.extensions.base import start_all
+from conformance.extensions.base import check_all, start_all
 from conformance.extensions.registry import extensions
 from conformance.generate.limits import CAPABILITIES
 from conformance.generate.records import Model
@@ -32,9 +32,9 @@ from conformance.harness.builder_identity import (
 from conformance.harness.guard import Guard
 from conformance.harness.hooks import ConstructionFailedError, make_factory
 from conformance.report.model import InvariantResult, Report
-from conformance.run.corpus import check_saved
 from conformance.run.judging import ContractVersionWarning, Progress, Run
 from conformance.run.options import PROFILES, OptionError, RunOptions, check_device
+from conformance.run.search import check_database
 from conformance.run.strata import (
     FocusExchange,
     run_strata,
@@ -91,7 +91,8 @@ def check_options(
     bad options before anything starts; :func:`check_builder`):
     the values (:meth:`RunOptions.validate`, ``unsupported`` against every
     capability the kit knows), the selection, the release, the device, and
-    what the run would read from its database (:func:`~conformance.run.corpus.check_saved`).
+    what the run would read from its database (:func:`~conformance.run.search.check_database`
+    and each extension's ``check``).
 
     Args:
         options: the run's options.
@@ -109,13 +110,8 @@ def check_options(
         options.vllm_version  # noqa: B018 - raises for 'all'
     check_device(options.device)
     # What the run reads from its database is data, checked before anything starts.
-    shard = options.shard_of()
-    check_saved(
-        options.database,
-        options.builder,
-        [inv.id for inv in selected],
-        sharded=shard is not None and shard.count > 1,
-    )
+    check_database(options.database, options.builder, [inv.id for inv in selected])
+    check_all(extensions(), options)
     return selected
 
 

@@ -16,7 +16,7 @@ to judging, and the examples do not depend on which are judged) and judges
 those at positions ``I-1``, ``I-1+N``, ... of them (:meth:`Shard.owns_example`).
 
 Each shard's report carries what the merge needs to rebuild the whole run's
-report (:mod:`conformance.merge`): the per-invariant tallies with the place
+report (:mod:`conformance.ci.merge`): the per-invariant tallies with the place
 of each first failure (the whole run reports the first failure in its order,
 so the merge keeps the earliest), the distinct models and block counts per
 scenario, and the executed lines of the builder's functions.

@@ -9,9 +9,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from conformance.cli import main
-from conformance.errors import OptionError
-from conformance.matrix import (
+from conformance.ci.matrix import (
     check_matrix,
     format_matrix,
     matrix_markdown,
@@ -19,6 +17,8 @@ from conformance.matrix import (
     matrix_to_dict,
     write_matrix_files,
 )
+from conformance.cli import main
+from conformance.errors import OptionError
 from conformance.report.render import json_schema_path
 from conformance.run.options import RunOptions
 from conformance.run.runner import check_builder
@@ -34,7 +34,7 @@ def reference_matrix() -> object:
 
 
 def test_every_release_judges_a_kvref_native_builder(reference_matrix: object) -> None:
-    from conformance.matrix import Matrix
+    from conformance.ci.matrix import Matrix
 
     assert isinstance(reference_matrix, Matrix)
     assert [v for v, _ in reference_matrix.reports] == list(SUPPORTED)
@@ -48,7 +48,7 @@ def test_every_release_judges_a_kvref_native_builder(reference_matrix: object) -
 def test_the_json_follows_its_schema_and_carries_each_report(
     reference_matrix: object, tmp_path: Path
 ) -> None:
-    from conformance.matrix import Matrix
+    from conformance.ci.matrix import Matrix
 
     assert isinstance(reference_matrix, Matrix)
     paths = {k: tmp_path / f"m.{k}" for k in ("json", "xml", "md", "html")}

@@ -21,8 +21,8 @@ import xmlschema
 from verdict_builders import ColourfulError
 
 from conformance import InvariantResult, Report, Violation, check_builder
+from conformance.ci.junit import write_incomplete_junit, write_junit
 from conformance.contract import CONTRACT
-from conformance.report.junit import write_incomplete_junit, write_junit
 from conformance.report.render import (
     JSON_SCHEMA_VERSION,
     RunStart,

@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 
 import conformance
 from conformance.cli import main
+from conformance.extensions.explore.corpus import Corpus, CorpusError
 from conformance.extensions.explore.explorer import MUTATIONS, mutate
 from conformance.generate.limits import NO_LIMITS
 from conformance.generate.problems import model_config_fields
 from conformance.report.render import report_to_dict
-from conformance.run.corpus import Corpus, CorpusError
 from conformance.run.options import OptionError, RunOptions
 from conformance.run.runner import check_builder
 from conformance.scenarios.examples import Example, reference_accepts

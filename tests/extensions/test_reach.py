@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import main
-from conformance.harness.reach import builder_modules, format_ranges
+from conformance.extensions.reach.figures import format_ranges, summary
+from conformance.harness.reach import builder_modules
 from conformance.run.runner import check_builder
 from kvref import FullAttentionSpec, ReferenceKVCacheConfigBuilder
 
@@ -117,7 +118,7 @@ class TestMeasure:
                 thread.join()
         finally:
             meter.stop()
-        (kv,) = [m for m in meter.summary()["modules"] if m["path"].endswith("kv.py")]
+        (kv,) = [m for m in summary(meter)["modules"] if m["path"].endswith("kv.py")]
         assert kv["unreached_functions"] == [] and kv["percent"] == 100.0
 
 

@@ -18,10 +18,10 @@ from typing import Any
 import jsonschema
 import pytest
 
+from conformance.ci.merge import MergeError, merge_reports, read_shard_reports
 from conformance.ci.shard_reports import SEAL, sealed
 from conformance.cli import main
 from conformance.harness.confine import KEY_ENV
-from conformance.merge import MergeError, merge_reports, read_shard_reports
 from conformance.report.render import json_schema_path, report_to_dict
 from conformance.run.options import OptionError, RunOptions
 from conformance.run.shard import Shard

@@ -20,9 +20,10 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 from conformance.ci.baseline import BaselineError, load_baseline
 from conformance.ci.expectations.manifest import ExpectationsError, load_manifest
+from conformance.extensions.explore.corpus import CORPUS_LIMIT, Corpus, CorpusError, check_corpus
 from conformance.report.documents import DocumentError, read_json
 from conformance.report.records import example_data
-from conformance.run.corpus import CORPUS_LIMIT, Corpus, CorpusError, check_saved
+from conformance.run.options import RunOptions
 from conformance.run.search import DatabaseError, Namespaced, check_database
 from conformance.scenarios.examples import Example
 from kvref.config import PlanningConfig
@@ -149,17 +150,17 @@ def test_a_bad_corpus(tmp_path: Path, content: Callable[[], str | bytes], says: 
     corpus.path.parent.mkdir(parents=True)
     _write(corpus.path, content())
     with pytest.raises(CorpusError, match="exploration corpus") as caught:
-        check_saved(str(tmp_path), BUILDER, (), sharded=False)
+        check_corpus(RunOptions.create(BUILDER, database=str(tmp_path)))
     assert str(corpus.path) in str(caught.value) and says in str(caught.value)
     # A shard replays no corpus, so it does not read it.
-    check_saved(str(tmp_path), BUILDER, (), sharded=True)
+    check_corpus(RunOptions.create(BUILDER, database=str(tmp_path), shard="1/2", focus="off"))
 
 
 def test_a_corpus_the_kit_wrote_loads(tmp_path: Path) -> None:
     corpus = Corpus(str(tmp_path), BUILDER)
     first = Example.from_data(_example(), "first")
     corpus.save([first])
-    check_saved(str(tmp_path), BUILDER, (), sharded=False)
+    check_corpus(RunOptions.create(BUILDER, database=str(tmp_path)))
     (loaded,) = corpus.load()
     assert loaded.description == "first" and loaded.num_blocks == 4
     assert Corpus(None, BUILDER).load() == []

@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
 from conformance import Report, check_builder
+from conformance.ci.merge import merge_reports, read_shard_reports
 from conformance.harness.adapters import load_builder
-from conformance.merge import merge_reports, read_shard_reports
 from conformance.report.render import report_to_dict
 from conformance.upstream import DEFECTS
 from kvref.versions import installed_vllm_version

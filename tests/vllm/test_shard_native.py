@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
-from conformance.merge import merge_reports, read_shard_reports
+from conformance.ci.merge import merge_reports, read_shard_reports
 from conformance.report.render import report_to_dict
 from tests.shard_runs import differences, whole_and_shards
 from tests.vllm.test_native_builders import BROKEN as NATIVE_BROKEN

@@ -15,8 +15,8 @@ from typing import Any
 import attrs
 
 from conformance.extensions.base import Extension, Judged, RunView, run_option
+from conformance.extensions.explore.corpus import Corpus, check_corpus
 from conformance.extensions.explore.explorer import Explorer
-from conformance.run.corpus import Corpus
 from conformance.run.strata import sample
 from conformance.scenarios import registry
 from conformance.scenarios.examples import Example
@@ -150,6 +150,7 @@ def _end(state: _State, run: RunView, report: Any) -> Any:
 
 EXPLORE = Extension(
     name="explore",
+    check=check_corpus,
     options=ExploreOptions,
     start=_start,
     before_deals=_before_deals,

@@ -41,13 +41,13 @@ from typing import Any
 
 import attrs
 
+from conformance.extensions.explore.corpus import Corpus, CorpusError
 from conformance.generate.coverage import family_of
 from conformance.generate.hf import described_again
 from conformance.generate.layouts import allowed_layouts
 from conformance.generate.limits import Limits
 from conformance.generate.problems import model_config_fields
 from conformance.generate.records import PlanningProblem
-from conformance.run.corpus import Corpus, CorpusError
 from conformance.scenarios.examples import Example, reference_accepts
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig

@@ -3,7 +3,7 @@
 The harness measures the lines (``conformance.harness.reach``: traced here
 and in the builder's worker); this extension reads the run's meter after
 each phase of examples (the report's ``reach.over_time``) and puts the
-meter's summary in the report at the end.
+meter's figures (figures.py) in the report at the end.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from conformance.extensions.base import Extension, RunView
+from conformance.extensions.reach.figures import summary
 
 __all__ = ["REACH"]
 
@@ -37,7 +38,7 @@ def _after_phase(curve: _Curve, run: RunView, label: str) -> None:
 def _end(curve: _Curve, run: RunView, report: Any) -> Any:
     if run.meter is None:
         return report
-    reach = run.meter.summary()
+    reach = summary(run.meter)
     reach["over_time"] = curve.points
     return attrs.evolve(report, reach=reach)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from reach_pkg.gated import GatedBuilder
 
+from conformance.extensions.reach.figures import summary
 from conformance.harness.call_graph import callee_closure
 from conformance.harness.reach import ReachMeter, _source_of, reach_scope
 
@@ -61,5 +62,5 @@ def test_another_builders_helper_is_not_counted() -> None:
     """``other_page`` shares a module with the gated helper; no code of the builder names it."""
     meter = ReachMeter.for_builder(GatedBuilder)
     meter.start(trace_here=False)
-    helper = next(m for m in meter.summary()["modules"] if m["path"].endswith("helper.py"))
+    helper = next(m for m in summary(meter)["modules"] if m["path"].endswith("helper.py"))
     assert helper["unreached_functions"] == ["acme_page"]

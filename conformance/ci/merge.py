@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.check.violations import Violation
-from conformance.harness.reach import module_figures, reach_summary
+from conformance.extensions.reach.figures import module_figures, reach_summary
 from conformance.report.model import InvariantResult, Replays, Report
 from conformance.report.waste import LISTED, PlanFigures, WasteSummary, WasteWarning
 from conformance.run.tally import Tally, expected_status, verdict

@@ -137,7 +137,7 @@ def write_junit_suites(reports: Sequence[Report], path: Path, *, by_release: boo
     """Write several reports as one JUnit file, a ``testsuite`` each (:func:`write_junit`'s).
 
     ``by_release``: each suite's name also names the vLLM release its run
-    judged (a compatibility matrix, :mod:`conformance.matrix`).
+    judged (a compatibility matrix, :mod:`conformance.ci.matrix`).
     """
     suites = ET.Element("testsuites")
     for index, report in enumerate(reports):

@@ -249,7 +249,7 @@ def matrix_html(matrix: Matrix) -> str:
 
 def matrix_schema_path() -> Path:
     """The JSON schema of :func:`matrix_to_dict`'s data."""
-    return Path(__file__).parent / "report" / "matrix.schema.json"
+    return Path(__file__).parent.parent / "report" / "matrix.schema.json"
 
 
 def write_matrix_files(
@@ -261,7 +261,7 @@ def write_matrix_files(
     html_path: Path | None = None,
 ) -> list[str]:
     """Write the matrix's files; returns an error line per file that could not be written."""
-    from conformance.report.junit import write_junit_suites
+    from conformance.ci.junit import write_junit_suites
 
     writers: list[tuple[Path | None, Callable[[Path], object]]] = [
         (

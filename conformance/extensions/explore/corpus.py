@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from conformance.report.documents import DocumentError, read_json
 from conformance.report.records import RecordError, example_data
 from conformance.scenarios.examples import Example
 
-__all__ = ["CORPUS_LIMIT", "CORPUS_MAX_BYTES", "Corpus", "CorpusError", "check_saved"]
+__all__ = ["CORPUS_LIMIT", "CORPUS_MAX_BYTES", "Corpus", "CorpusError", "check_corpus"]
 
 #: Examples a corpus file keeps (the newest first).
 CORPUS_LIMIT = 200
@@ -132,25 +132,19 @@ class Corpus:
         self.path.write_text(json.dumps(entries[:CORPUS_LIMIT]), encoding="utf-8")
 
 
-def check_saved(
-    database: str | None, builder: str | None, ids: Iterable[str], *, sharded: bool
-) -> None:
-    """Refuse what a run would read from ``database`` before it starts (a usage error).
+def check_corpus(run_options: Any) -> None:
+    """Refuse the builder's saved corpus before the run starts (a usage error).
 
-    ``builder``: the builder's importable name (``None``: an object, whose
-    saved data no later run finds); ``ids``: the run's invariants;
-    ``sharded``: the run is one shard of several (it replays no corpus).
+    A sharded run replays no corpus (its examples would be judged by every
+    shard), and a builder given as an object has none a later run finds.
 
     Raises:
-        DatabaseError: the database holds entries no run of the kit wrote.
         CorpusError: the builder's exploration corpus cannot be used.
     """
-    from conformance.run.search import check_database
-
-    check_database(database, builder, ids)
-    if builder is not None and not sharded:
+    shard = run_options.shard_of()
+    if run_options.builder is not None and not (shard is not None and shard.count > 1):
         # Read and kept: the run's own reading of the unchanged file costs nothing more.
-        Corpus(database, builder).load()
+        Corpus(run_options.database, run_options.builder).load()
 
 
 #: Bounds of a corpus entry, far above what the kit draws or mutates (explore.py):
