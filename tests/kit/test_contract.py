@@ -76,9 +76,7 @@ def test_a_run_with_another_vllm_warns_once_and_reports_it(
 
 
 @pytest.mark.parametrize("release", ["0.33.0", "0.34.0"])
-def test_the_run_names_the_release_it_judges(
-    monkeypatch: pytest.MonkeyPatch, release: str
-) -> None:
+def test_the_run_names_the_release_it_judges(monkeypatch: pytest.MonkeyPatch, release: str) -> None:
     """The report names the run's release, and no note with a supported vLLM installed."""
     monkeypatch.setattr(contract, "installed_vllm", lambda: "0.33.0")
     report = _run(release)
