@@ -26,6 +26,7 @@ __all__ = [
     "Extension",
     "Judged",
     "RunView",
+    "Shared",
     "after_deals",
     "after_example",
     "after_phase",
@@ -69,12 +70,8 @@ class RunView(Protocol):
         """Where the run's examples come from (``conformance.run.strata``)."""
 
     @property
-    def focus_exchange(self) -> Callable[[Any], Any] | None:
-        """Pools what a shard learned of the focus with the other shards' (``None``: none)."""
-
-    @property
-    def reproduce_with(self) -> dict[str, Callable[[], Any]]:
-        """Per run option, its value for a reproduce line, as an extension learned it."""
+    def shared(self) -> Shared:
+        """What the run shares with its extensions besides its judging (:class:`Shared`)."""
 
     def judge_more(self, scenario: str, name: str, deal: Callable[[Any, Any], Any]) -> Any:
         """Judge more of ``scenario``'s examples, drawn by ``deal(body, shard)``."""
@@ -98,22 +95,43 @@ class RunView(Protocol):
         """Per invariant judged, its tally (``conformance.run.tally.Tally``)."""
 
     @property
-    def reproduce_by(self) -> list[Callable[[str, Any], str | None]]:
-        """Per extension that draws examples, its reproduce line for one of them (or ``None``)."""
-
-    @property
-    def meter(self) -> Any:
-        """The run's reach meter (``conformance.harness.reach``; ``None``: not measured)."""
-
-    def reach_lines(self) -> int:
-        """How many of the builder's lines have run so far (0 where reach is not measured)."""
-
-    @property
     def rejudge(self) -> Mapping[str, Callable[[], Any]]:
         """Per failed invariant: its minimal counterexample observed and judged afresh."""
 
     def observe(self, scenario: str, example: Any) -> Any:
         """What the builder does on ``example`` in ``scenario``."""
+
+
+def _no_lines() -> int:
+    return 0
+
+
+@attrs.define(kw_only=True)
+class Shared:
+    """What a run shares with its extensions besides its judging (``RunView.shared``).
+
+    The run's driver sets the first three (``conformance.run.runner``); the
+    extensions that learn a reproduce line fill in the last two, which the
+    core's reporting reads (``conformance.run.findings``).
+
+    Attributes:
+        focus_exchange: pools what a shard learned of the focus with the other
+            shards' (``check_builder(focus_exchange=)``; ``None``: none).
+        meter: the run's reach meter (``conformance.harness.reach``; ``None``:
+            reach is not measured).
+        reach_lines: how many of the builder's lines have run so far (0 where
+            reach is not measured).
+        reproduce_with: per run option, its value for a reproduce line, as an
+            extension learned it.
+        reproduce_by: per extension that draws examples, its reproduce line
+            for one of them (or ``None``).
+    """
+
+    focus_exchange: Callable[[Any], Any] | None = None
+    meter: Any = None
+    reach_lines: Callable[[], int] = _no_lines
+    reproduce_with: dict[str, Callable[[], Any]] = attrs.field(factory=dict)
+    reproduce_by: list[Callable[[str, Any], str | None]] = attrs.field(factory=list)
 
 
 @attrs.frozen(kw_only=True)

@@ -16,6 +16,7 @@ import hypothesis
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from conformance.check.catalog import Invariant, Unjudged
+from conformance.extensions.base import Shared
 from conformance.harness.builder_identity import (
     builder_name,
     is_vllm_native,
@@ -61,10 +62,8 @@ class Findings:
     strata: tuple[Stratum, ...]
     drawn: dict[str, list[Example]]
     empty: dict[str, list[str]]
-    #: Per run option, its value for a reproduce line, as an extension learned it.
-    reproduce_with: dict[str, Callable[[], Any]]
-    #: Per extension that draws examples, its reproduce line for one of them (or ``None``).
-    reproduce_by: list[Callable[[str, Example], str | None]]
+    #: What the run shares with its extensions: their reproduce lines among it.
+    shared: Shared
     clock: InvariantClock
     interrupted: bool
     ctx: Context
@@ -211,10 +210,11 @@ class Findings:
 
     def _reproduce(self, inv: Invariant, failing: Example) -> str:
         """The command that fails ``inv`` again."""
-        for line in (by(inv.id, failing) for by in self.reproduce_by):
+        for line in (by(inv.id, failing) for by in self.shared.reproduce_by):
             if line is not None:
                 return line
-        return self.options.reproduce(inv.id, **{k: v() for k, v in self.reproduce_with.items()})
+        learned = {k: v() for k, v in self.shared.reproduce_with.items()}
+        return self.options.reproduce(inv.id, **learned)
 
     def _inherited(self, inv: Invariant, scenario: str, example: Example) -> str | None:
         """Whether the builder's parent builder fails the same way on the counterexample.

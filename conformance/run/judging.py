@@ -29,7 +29,6 @@ from conformance.harness.builder_identity import (
 )
 from conformance.harness.guard import Guard, clear_interrupt
 from conformance.harness.hooks import Context, make_factory
-from conformance.harness.reach import ReachMeter
 from conformance.report.model import Report
 from conformance.run.findings import Findings, judge_outcome
 from conformance.run.options import RunOptions
@@ -48,7 +47,7 @@ from conformance.scenarios.examples import Example
 from kvref.builder import KVCacheConfigBuilder
 from kvref.versions import VllmVersion
 
-__all__ = ["ContractVersionWarning", "Progress", "Run"]
+__all__ = ["ContractVersionWarning", "Progress", "Run", "run_report"]
 
 _T = TypeVar("_T")
 
@@ -67,25 +66,12 @@ class Run(Findings):
         progress: Progress | None,
         active: Sequence[ext.Active] = (),
     ) -> None:
-        self.builder = builder
+        self.builder, self.options, self.guard, self.progress = builder, options, guard, progress
         #: The extensions taking part in the run, started (extensions/base.py).
         self.active = tuple(active)
-        self.options = options
-        self.guard = guard
-        self.progress = progress
-        # The profiling scenario resolves builders by this name, as vLLM does.
-        qualname, note = resolvable_qualname(builder, options.builder)
-        self.ctx = Context(
-            factory=make_factory(builder, guard),
-            guard=guard,
-            device=options.device,
-            max_alloc_bytes=options.max_alloc_bytes,
-            # A builder may bring its own Core (the vLLM adapter runs vLLM's flow).
-            core=getattr(builder, "kvref_core", None),
-            qualname=qualname,
-            qualname_note=note,
-            resolver=None if qualname is None else isolated_resolver(builder),
-        )
+        #: What the run shares with its extensions (reach, focus exchange, reproduce lines).
+        self.shared = ext.Shared()
+        self.ctx = _context(builder, options, guard)
         if is_vllm_native(builder):
             options.check_native()
         #: The vLLM release whose contract the run judges (kvref/versions.py).
@@ -99,21 +85,11 @@ class Run(Findings):
         self.strata: tuple[Stratum, ...] = run_strata(None, only=False, limits=self.limits)
         self.drawn: dict[str, list[Example]] = {}
         self.empty: dict[str, list[str]] = {}
-        #: Pools the focus with the run's other shards (check_builder(focus_exchange=)).
-        self.focus_exchange: Callable[[Any], Any] | None = None
-        #: Per run option, its value for a reproduce line, as an extension learned it.
-        self.reproduce_with: dict[str, Callable[[], Any]] = {}
         #: The scenarios judged, each with the invariants that read it (:meth:`execute`).
         self.plan: dict[str, Sequence[Invariant]] = {}
-        #: The run's reach meter (harness/reach.py; ``None``: reach is not measured).
-        self.meter: ReachMeter | None = None
-        #: How many of the builder's lines have run so far (set when reach is measured).
-        self.reach_lines: Callable[[], int] = lambda: 0
-        #: Per extension that draws examples, its reproduce line for one of them (or ``None``).
-        self.reproduce_by: list[Callable[[str, Example], str | None]] = []
         self.clock = InvariantClock()  # per-invariant time (run/timing.py)
         #: Examples judged so far per (phase, scenario, stratum): their place in the run.
-        self._places: dict[tuple[int, str, str], int] = {}
+        self.places: dict[tuple[int, str, str], int] = {}
 
     def observe(self, scenario: str, example: Example) -> Any:
         """What the builder does on ``example`` in ``scenario`` (the invariants judge it)."""
@@ -121,18 +97,10 @@ class Run(Findings):
 
     def execute(self, selected: Sequence[Invariant]) -> None:
         """Judge ``selected`` in every scenario that reads them: first deals, focus, exploration."""
-        for inv in selected:
-            missing = inv.requires & self.limits.lacking
-            if missing:
-                self.skipped[inv.id] = (
-                    f"the builder declares no support for {', '.join(sorted(missing))}"
-                )
+        self.skipped = _unsupported(selected, self.limits)
         active = [inv for inv in selected if inv.id not in self.skipped]
         self.tallies = {inv.id: Tally() for inv in active}
-        plan = [
-            (s.name, [inv for inv in active if inv.reads(s.name)]) for s in registry.scenarios()
-        ]
-        plan = [(s, checks) for s, checks in plan if checks]
+        plan = _plan(active)
         self.plan = dict(plan)
         total = len(plan) * self.options.max_examples
         for scenario, checks in plan:
@@ -169,7 +137,7 @@ class Run(Findings):
         if scenario not in self.plan:
             return None
         total = len(self.plan) * self.options.max_examples
-        body = self._body(scenario, self.plan[scenario], total, total, 1, f"{scenario}, {name}")
+        body = _body(self, scenario, self.plan[scenario], total, total, 1, f"{scenario}, {name}")
         try:
             found = deal(body, self._deals)
         finally:
@@ -193,43 +161,11 @@ class Run(Findings):
         self, scenario: str, checks: Sequence[Invariant], done_before: int, total: int
     ) -> None:
         """Judge ``scenario``'s first deal."""
-        judge = self._body(scenario, checks, done_before, total, 0, scenario)
+        judge = _body(self, scenario, checks, done_before, total, 0, scenario)
         args = (scenario, self.strata, self.options.max_examples, self.options.seed)
         self.empty[scenario] = draw(*args, self.options.profile, judge, self._deals)
         if self.empty[scenario] and not self.drawn.get(scenario):
-            # No model of the run can give this builder the scenario's inputs:
-            # not a verdict on its answers (contract.md#verdicts).
-            why = undrawable_reason(registry.get(scenario), self.empty[scenario], self.limits)
-            for inv in checks:
-                if scenario in inv.scenarios:  # not the call invariants, read everywhere
-                    self.tallies[inv.id].undrawable(why)
-
-    def _body(
-        self,
-        scenario: str,
-        checks: Sequence[Invariant],
-        done_before: int,
-        total: int,
-        phase: int,
-        label: str,
-    ) -> Body:
-        """What judges each example of one deal: ``phase`` 0 the first, 1 an extension's."""
-        done = done_before
-        where = registry.names().index(scenario)
-        positions = {s.name: i for i, s in enumerate(self.strata)}
-
-        def judge(stratum: Stratum, ex: Example, first_deal: bool) -> None:
-            nonlocal done
-            place = (phase, scenario, stratum.name)
-            index = self._places[place] = self._places.get(place, -1) + 1
-            key = order_key(phase, where, positions[stratum.name], index)
-            if ext.judges(self.active, self, stratum, index):
-                self._judge_one(scenario, checks, stratum, ex, first_deal=first_deal, key=key)
-            done += 1
-            if self.progress is not None:
-                self.progress(label, min(done, total), total)
-
-        return judge
+            _undrawable(self, scenario, checks)
 
     def _judge_one(
         self,
@@ -265,34 +201,110 @@ class Run(Findings):
             if failed:
                 self.note_introduced(inv, scenario, ex, stratum, key)
 
-    def report(self, selected: Sequence[Invariant], seconds: float) -> Report:
-        """The run's report: one result per invariant of ``selected``, and what was drawn."""
-        results = [self._result(inv) for inv in selected]
-        report = Report(
-            builder=self.options.builder or repr(self.builder),
-            device=self.options.device,
-            seed=self.options.seed,
-            profile=self.options.profile,
-            max_examples=self.options.max_examples,
-            results=tuple(results),
-            seconds=seconds,
-            options=self.options.as_dict(),
-            coverage={s: self._coverage(s) for s in self.drawn.keys() | self.empty.keys()},
-            interrupted=self.interrupted,
-            observe_seconds=self.clock.observe_seconds(),
-            warnings=_contract_warnings(self.vllm),
-            contract=contract_name(self.vllm),
-        )
-        done: Report = ext.end(self.active, self, report)
-        # An extension's work on an invariant (a replay) is that invariant's time too.
-        timed = tuple(attrs.evolve(r, seconds=self.clock.seconds(r.id)) for r in done.results)
-        return attrs.evolve(done, results=timed)
 
-    def _coverage(self, scenario: str) -> dict[str, Any]:
-        covered = coverage(self.drawn.get(scenario, []))
-        if self.empty.get(scenario):
-            covered["no_valid_examples"] = sorted(self.empty[scenario])
-        return covered
+def run_report(run: Run, selected: Sequence[Invariant], seconds: float) -> Report:
+    """``run``'s report: one result per invariant of ``selected``, and what was drawn."""
+    options = run.options
+    report = Report(
+        builder=options.builder or repr(run.builder),
+        device=options.device,
+        seed=options.seed,
+        profile=options.profile,
+        max_examples=options.max_examples,
+        results=tuple(run._result(inv) for inv in selected),
+        seconds=seconds,
+        options=options.as_dict(),
+        coverage={s: _coverage(run, s) for s in run.drawn.keys() | run.empty.keys()},
+        interrupted=run.interrupted,
+        observe_seconds=run.clock.observe_seconds(),
+        warnings=_contract_warnings(run.vllm),
+        contract=contract_name(run.vllm),
+    )
+    done: Report = ext.end(run.active, run, report)
+    # An extension's work on an invariant (a replay) is that invariant's time too.
+    timed = tuple(attrs.evolve(r, seconds=run.clock.seconds(r.id)) for r in done.results)
+    return attrs.evolve(done, results=timed)
+
+
+def _coverage(run: Run, scenario: str) -> dict[str, Any]:
+    covered = coverage(run.drawn.get(scenario, []))
+    if run.empty.get(scenario):
+        covered["no_valid_examples"] = sorted(run.empty[scenario])
+    return covered
+
+
+def _body(
+    run: Run,
+    scenario: str,
+    checks: Sequence[Invariant],
+    done_before: int,
+    total: int,
+    phase: int,
+    label: str,
+) -> Body:
+    """What judges each example of a deal of ``run``: ``phase`` 0 the first, 1 an extension's."""
+    done = done_before
+    where = registry.names().index(scenario)
+    positions = {s.name: i for i, s in enumerate(run.strata)}
+
+    def judge(stratum: Stratum, ex: Example, first_deal: bool) -> None:
+        nonlocal done
+        place = (phase, scenario, stratum.name)
+        index = run.places[place] = run.places.get(place, -1) + 1
+        key = order_key(phase, where, positions[stratum.name], index)
+        if ext.judges(run.active, run, stratum, index):
+            run._judge_one(scenario, checks, stratum, ex, first_deal=first_deal, key=key)
+        done += 1
+        if run.progress is not None:
+            run.progress(label, min(done, total), total)
+
+    return judge
+
+
+def _plan(active: Sequence[Invariant]) -> list[tuple[str, list[Invariant]]]:
+    """The scenarios that ``active`` invariants read, in order, each with those that read it."""
+    plan = [(s.name, [inv for inv in active if inv.reads(s.name)]) for s in registry.scenarios()]
+    return [(s, checks) for s, checks in plan if checks]
+
+
+def _undrawable(run: Run, scenario: str, checks: Sequence[Invariant]) -> None:
+    """Tally ``checks`` undrawable: no model of ``run`` can give the builder ``scenario``'s inputs.
+
+    Not a verdict on the builder's answers (contract.md#verdicts).
+    """
+    why = undrawable_reason(registry.get(scenario), run.empty[scenario], run.limits)
+    for inv in checks:
+        if scenario in inv.scenarios:  # not the call invariants, read everywhere
+            run.tallies[inv.id].undrawable(why)
+
+
+def _context(
+    builder: KVCacheConfigBuilder | type[KVCacheConfigBuilder], options: RunOptions, guard: Guard
+) -> Context:
+    """The harness context the run's scenarios call the builder through."""
+    # The profiling scenario resolves builders by this name, as vLLM does.
+    qualname, note = resolvable_qualname(builder, options.builder)
+    return Context(
+        factory=make_factory(builder, guard),
+        guard=guard,
+        device=options.device,
+        max_alloc_bytes=options.max_alloc_bytes,
+        # A builder may bring its own Core (the vLLM adapter runs vLLM's flow).
+        core=getattr(builder, "kvref_core", None),
+        qualname=qualname,
+        qualname_note=note,
+        resolver=None if qualname is None else isolated_resolver(builder),
+    )
+
+
+def _unsupported(selected: Sequence[Invariant], limits: Limits) -> dict[str, str]:
+    """Per invariant of ``selected`` that needs what the builder declares it lacks: why."""
+    skipped = {}
+    for inv in selected:
+        missing = inv.requires & limits.lacking
+        if missing:
+            skipped[inv.id] = f"the builder declares no support for {', '.join(sorted(missing))}"
+    return skipped
 
 
 #: The notes already raised as Python warnings in this process.

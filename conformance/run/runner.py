@@ -32,7 +32,7 @@ from conformance.harness.builder_identity import (
 from conformance.harness.guard import Guard
 from conformance.harness.hooks import ConstructionFailedError, make_factory
 from conformance.report.model import InvariantResult, Report
-from conformance.run.judging import ContractVersionWarning, Progress, Run
+from conformance.run.judging import ContractVersionWarning, Progress, Run, run_report
 from conformance.run.options import PROFILES, OptionError, RunOptions, check_device
 from conformance.run.search import check_database
 from conformance.run.strata import (
@@ -260,7 +260,7 @@ def _check_guarded(
         builder, meter = prepared.builder, prepared.meter
         _preflight(builder, guard)
         run = Run(builder, options, guard, progress, active)
-        run.focus_exchange = focus_exchange
+        run.shared.focus_exchange = focus_exchange
         run.strata = run_strata(vendor, only=options.models_only, limits=run.limits)
         if meter is not None:
             # Isolated, the builder's code runs only in its worker, which traces it;
@@ -269,8 +269,8 @@ def _check_guarded(
             if not isolate:
                 # In process the builder runs on the guard's threads: traced only if started now.
                 guard.renew_threads()
-            run.meter = meter
-            run.reach_lines = functools.partial(meter.lines_reached, builder)
+            run.shared.meter = meter
+            run.shared.reach_lines = functools.partial(meter.lines_reached, builder)
         try:
             run.execute(selected)
         finally:
@@ -280,7 +280,7 @@ def _check_guarded(
                 if worker is not None:
                     meter.add_lines(worker.reach_lines())
         try:
-            report = run.report(selected, time.perf_counter() - started)
+            report = run_report(run, selected, time.perf_counter() - started)
         finally:
             from conformance.harness.twin import close_twin
 

@@ -77,7 +77,7 @@ def _explorer(run: RunView) -> Explorer | None:
 
     return Explorer(
         judge=judge,
-        lines=run.reach_lines,
+        lines=run.shared.reach_lines,
         fresh=fresh,
         strata_by_name={s.name: s for s in run.strata},
         limits=run.limits,
@@ -103,7 +103,9 @@ def _before_deals(state: _State, run: RunView) -> None:
     state.explorer = explorer = _explorer(run)
     if explorer is None:
         return
-    run.reproduce_by.append(lambda invariant, example: _reproduce(explorer, invariant, example))
+    run.shared.reproduce_by.append(
+        lambda invariant, example: _reproduce(explorer, invariant, example)
+    )
     # An earlier exploration's corpus is judged first.
     explorer.replay(explorer.corpus.load())
     drop_scratch()
@@ -115,13 +117,13 @@ def _seeding(state: _State, run: RunView, judged: Judged) -> bool:
 
 def _before_example(state: _State, run: RunView, judged: Judged) -> None:
     if _seeding(state, run, judged):
-        state.lines_before = run.reach_lines()
+        state.lines_before = run.shared.reach_lines()
 
 
 def _after_example(state: _State, run: RunView, judged: Judged) -> None:
     if not _seeding(state, run, judged) or state.explorer is None:
         return
-    gain = run.reach_lines() - state.lines_before
+    gain = run.shared.reach_lines() - state.lines_before
     if gain > 0:
         # The examples that grew reach seed exploration's corpus, as in any fuzzer.
         state.explorer.seed(judged.stratum, judged.example, gain)

@@ -53,7 +53,7 @@ class _State:
         if self.focus is None:
             parent = None if self.given is not None else parent_builder(run.builder)
             focus = Focus(self.given, REFERENCE if parent is None else Baseline.of(parent))
-            run.reproduce_with["focus"] = lambda: spell(focus.pins()) or None
+            run.shared.reproduce_with["focus"] = lambda: spell(focus.pins()) or None
             self.focus = focus
         return self.focus
 
@@ -71,9 +71,9 @@ def _after_example(state: _State, run: RunView, judged: Judged) -> None:
 def _after_deals(state: _State, run: RunView) -> None:
     # Every scenario's focus after every first deal: each learns from all of them.
     focus = state.of(run)
-    if run.focus_exchange is not None and focus.given is None:
+    if run.shared.focus_exchange is not None and focus.given is None:
         # A shard learned from its own families only: pool with the other shards.
-        focus.adopt(run.focus_exchange(focus.pins()))
+        focus.adopt(run.shared.focus_exchange(focus.pins()))
     pins, options = focus.pins(), run.options
     count = max(1, int(options.max_examples * FOCUS_SHARE))
     for scenario in (s.name for s in registry.scenarios() if s.focused):

@@ -30,15 +30,15 @@ def _start(_run_options: Any, _options: None) -> _Curve:
 
 
 def _after_phase(curve: _Curve, run: RunView, label: str) -> None:
-    if run.meter is not None:
+    if run.shared.meter is not None:
         judged = sum(len(examples) for examples in run.drawn.values())
-        curve.points.append({"after": label, "examples": judged, "lines": run.reach_lines()})
+        curve.points.append({"after": label, "examples": judged, "lines": run.shared.reach_lines()})
 
 
 def _end(curve: _Curve, run: RunView, report: Any) -> Any:
-    if run.meter is None:
+    if run.shared.meter is None:
         return report
-    reach = summary(run.meter)
+    reach = summary(run.shared.meter)
     reach["over_time"] = curve.points
     return attrs.evolve(report, reach=reach)
 

@@ -14,7 +14,7 @@ import pytest
 from conformance import check_builder
 from conformance.harness import integrity
 from conformance.harness.integrity import ChangedCodeError, guarded, mark
-from conformance.run import judging
+from conformance.run import runner
 
 TESTS = Path(__file__).resolve().parents[2]
 
@@ -128,16 +128,17 @@ def _tampered_module(
     monkeypatch.setenv("KVREF_FORGE_MARKER", str(module_dir / "forged.txt"))
     monkeypatch.syspath_prepend(str(TESTS))
     seen: list[BaseException | str] = []
-    report_of = judging.Run.report
+    report_of = runner.run_report
 
-    def report(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def report(run: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             seen.append(importlib.import_module(name).VALUE)
         except ChangedCodeError as exc:
             seen.append(exc)
-        return report_of(self, *args, **kwargs)
+        return report_of(run, *args, **kwargs)
 
-    monkeypatch.setattr(judging.Run, "report", report)
+    # The driver writes the report through this name (conformance.run.judging.run_report).
+    monkeypatch.setattr(runner, "run_report", report)
     return name, target, seen
 
 
