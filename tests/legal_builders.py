@@ -154,6 +154,21 @@ class AlwaysPromotes(ReferenceKVCacheConfigBuilder):
     #: Legal, and may waste memory (the efficiency warning may fire on it).
     WASTES = True
 
+    #: vLLM's worker (0.33.0's and 0.34.0's alike) cannot bind some promoted
+    #: plans: in a block-outermost layout a promoted group packs several
+    #: layers' token pages in each block (``block_stride > layer_stride``), so
+    #: ``prepare_kernel_block_sizes`` leaves the group unsplit at its cache
+    #: block size, then ``AttentionGroup.create_metadata_builders`` asks each
+    #: layer's backend again and ``map_kv_cache_to_kernel_blocks`` raises
+    #: ``ValueError`` for a backend that needs smaller kernel blocks (only
+    #: compressed caches can be re-strided).  The reference's plan of the same
+    #: input keeps one layer a group per worker and is split (seen at seed 1:
+    #: full_sink, BLHNC, 128-token blocks, a 16-token-only backend).
+    WORKER_REFUSED: ClassVar[Mapping[str, frozenset[str]]] = {
+        "0.33.0": frozenset({"KV-DEV-KERNEL-VIEWS"}),
+        "0.34.0": frozenset({"KV-DEV-KERNEL-VIEWS"}),
+    }
+
     def get_kv_cache_groups(
         self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
     ) -> list[KVCacheGroupSpec]:
