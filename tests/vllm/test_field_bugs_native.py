@@ -80,6 +80,14 @@ PAIRS = (
         "field_reports:MambaKeepsSpeculativeBlocksBuilder",
         ("KV-GROUP-SPEC-MEANING",),
     ),
+    # Packed multi-layer tensors split by layer, each stepping blocks by its
+    # page size instead of the packed block: block b of layer i is block
+    # b + i of layer 0.
+    Pair(
+        "field_reports:PageStrideLayersBuilder",
+        "field_reports:PackedStrideLayersBuilder",
+        ("KV-PLACE-NO-BLOCK-ALIAS",),
+    ),
     # A grouping hook that aligns cache_config.block_size to the model's.
     Pair(
         "config_writes:AlignsEngineBlockSize",

@@ -62,7 +62,9 @@ Field reports, a broken builder beside a legal one behind the same gate
   (``HiSparseBaseOffsetBuilder``; legal: ``HiSparseSplitLayersBuilder``), Mamba
   specs beside a drafter without their speculative blocks
   (``MambaDropsSpeculativeBlocksBuilder``; legal:
-  ``MambaKeepsSpeculativeBlocksBuilder``);
+  ``MambaKeepsSpeculativeBlocksBuilder``), packed full-attention tensors split
+  by layer, each stepping blocks by its page size instead of the packed block
+  (``PageStrideLayersBuilder``; legal: ``PackedStrideLayersBuilder``);
 - :mod:`.config_writes`: hooks that write the ``VllmConfig``, its
   ``cache_config.block_size`` and ``scheduler_config`` fields included.
 

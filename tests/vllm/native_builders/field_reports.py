@@ -14,6 +14,15 @@
   undercounted.  ``KV-GROUP-SPEC-MEANING`` must catch it.
 - :class:`MambaKeepsSpeculativeBlocksBuilder` (legal): the same re-creation,
   keeping them.
+- :class:`PageStrideLayersBuilder` (broken): on a block-compact engine
+  (``BLHNC``, ``BLNHC``) whose layers are all full attention
+  (``isinstance(spec, FullAttentionSpec)``), vLLM's packed multi-layer
+  tensors split into one tensor per layer, each
+  stepping blocks by its own page size instead of the packed block that holds
+  every layer's page: block ``b`` of layer ``i`` lands on block ``b + i`` of
+  layer 0.  ``KV-PLACE-NO-BLOCK-ALIAS`` must catch it.
+- :class:`PackedStrideLayersBuilder` (legal): the same split, each tensor
+  stepping blocks by the packed block.
 """
 
 from __future__ import annotations
@@ -22,15 +31,24 @@ import dataclasses
 
 from vllm.config import VllmConfig
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
-from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheSpec, MambaSpec
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    KVCacheTensor,
+    MambaSpec,
+)
 
-from tests.vllm.native_builders._common import with_layer_specs
+from tests.vllm.native_builders._common import layer_specs, plain_engine, with_layer_specs
 
 __all__ = [
     "HiSparseBaseOffsetBuilder",
     "HiSparseSplitLayersBuilder",
     "MambaDropsSpeculativeBlocksBuilder",
     "MambaKeepsSpeculativeBlocksBuilder",
+    "PackedStrideLayersBuilder",
+    "PageStrideLayersBuilder",
 ]
 
 
@@ -106,3 +124,55 @@ class MambaDropsSpeculativeBlocksBuilder(MambaKeepsSpeculativeBlocksBuilder):
     def speculative_blocks(self, spec: MambaSpec) -> int:
         """None: the drafter's state blocks forgotten."""
         return 0
+
+
+class PackedStrideLayersBuilder(DefaultKVCacheConfigBuilder):
+    """Full-attention engines: vLLM's packed tensors one layer each, packed block kept (legal)."""
+
+    def block_stride(self, tensor: KVCacheTensor, page: int) -> int:
+        """The bytes a split layer's tensor steps per block: the packed block."""
+        return int(tensor.block_stride)
+
+    def get_kv_cache_config_from_groups(
+        self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        """vLLM's placement; where the gate opens, each multi-layer tensor split by layer."""
+        config: KVCacheConfig = super().get_kv_cache_config_from_groups(
+            vllm_config, kv_cache_groups, num_blocks
+        )
+        specs = {name: spec for group in kv_cache_groups for name, spec in layer_specs(group)}
+        # The platform's gate: its full-attention kernels bind one tensor per
+        # layer, on engines whose blocks hold every layer's page side by side
+        # as one run of bytes (a block-compact layout: under BHLNC a layer's
+        # page is strided through the block and cannot stand alone).
+        if (
+            not plain_engine(vllm_config)
+            or not vllm_config.cache_config.get_resolved_kv_cache_layout().is_block_compact
+            or not specs
+            or not all(isinstance(spec, FullAttentionSpec) for spec in specs.values())
+        ):
+            return config
+        tensors = []
+        for tensor in config.kv_cache_tensors:
+            if len(tensor.layers) < 2:
+                tensors.append(tensor)
+                continue
+            page = int(specs[tensor.layers[0]].page_size_bytes)
+            tensors.extend(
+                dataclasses.replace(
+                    tensor,
+                    layers=[name],
+                    offset=tensor.offset + i * tensor.layer_stride,
+                    block_stride=self.block_stride(tensor, page),
+                )
+                for i, name in enumerate(tensor.layers)
+            )
+        return dataclasses.replace(config, kv_cache_tensors=tensors)
+
+
+class PageStrideLayersBuilder(PackedStrideLayersBuilder):
+    """The same split, each layer's tensor stepping blocks by its page size (broken)."""
+
+    def block_stride(self, tensor: KVCacheTensor, page: int) -> int:
+        """The layer's page size: right for one layer a block, wrong for a packed block."""
+        return page
