@@ -106,7 +106,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # to the front, longest first (from --durations on 2 cores); each module keeps
 # its tests together and in order, so its module fixtures are made once.
 _LONG_FIRST = (
+    # One test that runs vLLM's own planning tests three times in a subprocess.
+    "tests/vllm/test_vllm_upstream.py",
     "tests/vllm/test_native_builders.py",
+    "tests/vllm/test_field_bugs_native.py",
     "tests/kit/test_meta.py",
     "tests/vllm/test_vllm_path.py",
     "tests/vllm/test_inherited_native.py",
@@ -120,6 +123,8 @@ _LONG_FIRST = (
     "tests/vllm/test_hf_gates.py",
     "tests/kit/scenarios/test_stage_placement.py",
     "tests/vllm/test_config_writes.py",
+    "tests/vllm/test_vllm_builder_kit.py",
+    "tests/vllm/test_wrapper_loop_native.py",
 )
 
 
