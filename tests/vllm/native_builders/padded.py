@@ -37,8 +37,15 @@ class Padded4KiBBuilder(DefaultKVCacheConfigBuilder):
     #: layer region, so Core's one-block probe (padding included) plans the
     #: capacity with more bytes per block than the worker's segments take
     #: (tests/vllm/test_worker_accept_native.py).
+    #: In a layout neither block-compact nor block-outermost (LHBNC) that worker
+    #: cuts the backing into segments of ``num_blocks x block_stride`` and
+    #: refuses a backing that is not a whole number of them
+    #: (``ExtensibleKVCache._segments``, vllm/v1/worker/extensible_kv_cache.py):
+    #: the padded backing is not, wherever the padded block is not a multiple
+    #: of the page (seen at seed 1: 15 MLA pages of 1,152 B, 17,280 B padded
+    #: to 20,480 B a block).
     WORKER_REFUSED: ClassVar[Mapping[str, frozenset[str]]] = {
-        "0.34.0": frozenset({"KV-WORKER-POOL-BYTES"})
+        "0.34.0": frozenset({"KV-WORKER-POOL-BYTES", "KV-WORKER-BLOCK-SEGMENTS"})
     }
 
     def get_kv_cache_config_from_groups(
