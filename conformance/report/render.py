@@ -1,4 +1,4 @@
-"""Render a :class:`~conformance.report.model.Report` (text, JSON, JUnit XML); read xfail files."""
+"""Render a :class:`~conformance.report.model.Report` (text, JSON)."""
 
 from __future__ import annotations
 
@@ -17,12 +17,10 @@ __all__ = [
     "JSON_SCHEMA_VERSION",
     "INCOMPLETE_REASON",
     "RunStart",
-    "XfailFileError",
     "format_header",
     "format_report",
     "incomplete_report_dict",
     "json_schema_path",
-    "read_xfail_file",
     "report_to_dict",
     "write_incomplete_json",
     "write_json",
@@ -44,42 +42,6 @@ _MARK = {
 # would make the JUnit file unreadable.
 _ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\))")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
-
-
-class XfailFileError(ValueError):
-    """An xfail file cannot be read as text."""
-
-
-#: The largest xfail file the kit reads (one invariant id a line).
-XFAIL_FILE_MAX_BYTES = 1 << 20
-
-
-def read_xfail_file(path: Path) -> list[str]:
-    """Invariant ids of an xfail file: one per line, ``#`` starts a comment.
-
-    Raises:
-        XfailFileError: the file cannot be read or is not UTF-8 text.
-    """
-    try:
-        with path.open("rb") as stream:
-            # One id a line: a file past this is not an xfail file (a log, /dev/zero).
-            raw = stream.read(XFAIL_FILE_MAX_BYTES + 1)
-        if len(raw) > XFAIL_FILE_MAX_BYTES:
-            raise XfailFileError(
-                f"xfail file {str(path)!r} is over the {XFAIL_FILE_MAX_BYTES} bytes the kit reads"
-            )
-        text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise XfailFileError(f"cannot read xfail file {str(path)!r}: {exc}") from None
-    if "\x00" in text:
-        # Valid UTF-8 can still be a binary file; its "ids" would only produce noise.
-        raise XfailFileError(f"xfail file {str(path)!r} is binary (it contains NUL bytes)")
-    ids = []
-    for line in text.splitlines():
-        entry = line.split("#", 1)[0].strip()
-        if entry:
-            ids.append(entry.upper())
-    return ids
 
 
 def _kit_version() -> str:

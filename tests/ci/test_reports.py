@@ -21,17 +21,16 @@ import xmlschema
 from verdict_builders import ColourfulError
 
 from conformance import InvariantResult, Report, Violation, check_builder
+from conformance.ci.expectations.xfail import XfailFileError, read_xfail_file
 from conformance.ci.junit import write_incomplete_junit, write_junit
 from conformance.contract import CONTRACT
 from conformance.report.render import (
     JSON_SCHEMA_VERSION,
     RunStart,
-    XfailFileError,
     format_header,
     format_report,
     incomplete_report_dict,
     json_schema_path,
-    read_xfail_file,
     report_to_dict,
     write_json,
 )

@@ -263,7 +263,7 @@ def xfail_manifest(path: Path) -> Manifest:
     Raises:
         ExpectationsError: the file cannot be read as text.
     """
-    from conformance.report.render import XfailFileError, read_xfail_file
+    from conformance.ci.expectations.xfail import XfailFileError, read_xfail_file
 
     try:
         ids = read_xfail_file(path)
