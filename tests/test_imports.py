@@ -192,8 +192,14 @@ KIT_LAYERS = (
     ("conformance.run",),
     # The run's optional mechanisms, told of its phases by hooks (extensions/base.py).
     ("conformance.extensions",),
-    # The run's driver: calls the extensions' hooks, through their registry alone.
-    ("conformance.run.judging", "conformance.run.findings", "conformance.run.runner"),
+    # The run's driver and its text report: call the extensions' hooks, through
+    # their registry alone.
+    (
+        "conformance.run.judging",
+        "conformance.run.findings",
+        "conformance.run.runner",
+        "conformance.report.render",
+    ),
     (
         # The CI post-processors, and the documented paths kept for two of them.
         "conformance.ci",

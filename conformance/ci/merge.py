@@ -27,8 +27,8 @@ from typing import Any
 
 from conformance.check.violations import Violation
 from conformance.extensions.reach.figures import module_figures, reach_summary
+from conformance.extensions.waste.records import LISTED, PlanFigures, WasteSummary, WasteWarning
 from conformance.report.model import InvariantResult, Replays, Report
-from conformance.report.waste import LISTED, PlanFigures, WasteSummary, WasteWarning
 from conformance.run.tally import Tally, expected_status, verdict
 
 __all__ = ["MergeError", "merge_main", "merge_reports", "read_shard_reports"]

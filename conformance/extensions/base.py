@@ -37,6 +37,7 @@ __all__ = [
     "judges",
     "end",
     "options_of",
+    "render",
     "run_option",
     "start_all",
 ]
@@ -193,6 +194,11 @@ class Extension:
             deal; the extension may have more examples judged here.
         end: ``end(state, run, report) -> report``, at the end of the run:
             the report with the extension's fields filled in.
+        render: ``render(report) -> lines``, its section of the text report
+            (``conformance.report.render.format_report``), read from the
+            fields its ``end`` filled in; each section starts with its blank
+            line.  Called for every extension, whether it took part in the
+            run or not: a report is also rendered after a merge, from JSON.
     """
 
     name: str
@@ -207,6 +213,7 @@ class Extension:
     after_phase: Callable[[Any, RunView, str], None] | None = None
     after_deals: Callable[[Any, RunView], None] | None = None
     end: Callable[[Any, RunView, Any], Any] | None = None
+    render: Callable[[Any], list[str]] | None = None
 
 
 def run_option(name: str) -> Any:
@@ -312,3 +319,8 @@ def end(active: Iterable[Active], run: RunView, report: Any) -> Any:
         if a.extension.end is not None:
             report = a.extension.end(a.state, run, report)
     return report
+
+
+def render(extensions: Iterable[Extension], report: Any) -> list[str]:
+    """The text report's sections of ``extensions``, in their order (phase order)."""
+    return [line for e in extensions if e.render is not None for line in e.render(report)]

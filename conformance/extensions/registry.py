@@ -17,8 +17,9 @@ from conformance.extensions.waste import WASTE
 
 __all__ = ["EXTENSIONS", "extensions"]
 
-#: Every extension, in the order a run calls their hooks.
-EXTENSIONS: tuple[Extension, ...] = (SHARD, FOCUS, REACH, WASTE, FLAKES, EXPLORE)
+#: Every extension, in the order a run calls their hooks and the text report
+#: shows their sections (waste before reach: the order of the report's sections).
+EXTENSIONS: tuple[Extension, ...] = (SHARD, FOCUS, WASTE, REACH, FLAKES, EXPLORE)
 
 
 def extensions() -> tuple[Extension, ...]:

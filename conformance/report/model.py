@@ -23,7 +23,6 @@ import attrs
 
 from conformance.check.violations import Violation, bounded
 from conformance.contract import CONTRACT
-from conformance.report.waste import WasteSummary
 
 __all__ = ["FAILING", "STATUSES", "InvariantResult", "Replays", "Report"]
 
@@ -124,9 +123,11 @@ class Report:
         builder_output: the last bytes the builder printed in its worker
             process (stdout and stderr, bounded), kept apart from the kit's
             own output; empty when it printed nothing or ran in this process.
-        waste: the efficiency warnings (:mod:`conformance.extensions.waste`): plans
-            that hold less than half of what the reference's holds; never a
-            verdict (``None``: the core scenario did not run).
+        waste: the efficiency warnings of the waste extension (its record,
+            ``conformance.extensions.waste.records.WasteSummary``, which the
+            core never names): plans that hold less than half of what the
+            reference's holds; never a verdict (``None``: the core scenario
+            did not run, or the extension is not installed).
         observe_seconds: per scenario, the time spent observing the builder on
             the examples its invariants share (:mod:`conformance.run.timing`).
         started: when the run started, ISO 8601 UTC to the second, without a
@@ -163,7 +164,7 @@ class Report:
     coverage: dict[str, Any] = attrs.field(factory=dict)
     reach: dict[str, Any] | None = None
     interrupted: bool = False
-    waste: WasteSummary | None = None
+    waste: Any = None
     builder_output: str = ""
     observe_seconds: dict[str, float] = attrs.field(factory=dict)
     started: str | None = None

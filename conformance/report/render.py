@@ -125,14 +125,7 @@ def format_report(report: Report, *, header: bool = True) -> str:
     if unjudged:
         lines += ["", "Not judged:"]
         lines += [f"  {r.id} ({_MARK[r.status]}): {r.reason}" for r in unjudged]
-    lines += _waste(report)
-    if report.reach:
-        lines += ["", *report.reach.get("lines", [])]
-    else:
-        lines += [
-            "",
-            "Reach: not measured (--no-reach, or no coverage.py: pip install coverage)",
-        ]
+    lines += _sections(report)
     for r in report.results:
         if r.status in ("fail", "xfail", "xpass"):
             lines += ["", *_finding(r)]
@@ -159,28 +152,13 @@ def format_report(report: Report, *, header: bool = True) -> str:
     return _clean("\n".join(lines)).replace("\r", "")
 
 
-def _waste(report: Report) -> list[str]:
-    """The "Waste" section: efficiency warnings, which never change a verdict."""
-    waste = report.waste
-    if waste is None:
-        return []
-    if not waste.compared:
-        return ["", f"Waste: nothing compared ({waste.note})"]
-    if not waste.warned:
-        return [
-            "",
-            f"Waste: none: on {waste.compared} core plans compared with the reference's, "
-            "every plan holds at least half of what the reference's holds",
-        ]
-    lines = [
-        "",
-        f"Waste (warnings, no verdict): {waste.warned} of {waste.compared} core plans hold "
-        "less than half of what the reference's plan holds in the same memory; the worst:",
-    ]
-    for w in waste.worst:
-        # The example's first line names its family and shape; the JSON has all of it.
-        lines += [f"  - {w.message}", f"    example: {w.example.splitlines()[0][:200]}"]
-    return lines
+def _sections(report: Report) -> list[str]:
+    """The extensions' sections (waste, reach, ...): each extension renders its own fields."""
+    # Through their registry alone: the core never names an extension.
+    from conformance.extensions.base import render
+    from conformance.extensions.registry import extensions
+
+    return render(extensions(), report)
 
 
 def _finding(r: InvariantResult) -> list[str]:
@@ -224,10 +202,6 @@ def report_to_dict(report: Report) -> dict[str, Any]:
     for result in data["results"]:
         # What the verdict rests on: the judge's own checks, or the builder's process.
         result["evidence"] = evidence(result["id"])
-    if report.waste is not None:
-        # Each warning's sentence, as the text report shows it.
-        for out, warning in zip(data["waste"]["worst"], report.waste.worst, strict=True):
-            out["message"] = warning.message
     data["kit_version"] = _kit_version()
     data["ok"] = report.ok
     data["complete"] = True

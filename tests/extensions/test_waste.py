@@ -14,9 +14,9 @@ import legal_builders
 import pytest
 
 from conformance.extensions.waste.meter import WasteMeter, compare_plans
+from conformance.extensions.waste.records import PlanFigures
 from conformance.report.model import Report
 from conformance.report.render import format_report, json_schema_path, report_to_dict
-from conformance.report.waste import PlanFigures
 from conformance.run.runner import check_builder
 from kvref import ReferenceKVCacheConfigBuilder
 

@@ -3,7 +3,8 @@
 The harness measures the lines (``conformance.harness.reach``: traced here
 and in the builder's worker); this extension reads the run's meter after
 each phase of examples (the report's ``reach.over_time``) and puts the
-meter's figures (figures.py) in the report at the end.
+meter's figures (figures.py) in the report at the end, and shows them in
+the text report.
 """
 
 from __future__ import annotations
@@ -43,4 +44,10 @@ def _end(curve: _Curve, run: RunView, report: Any) -> Any:
     return attrs.evolve(report, reach=reach)
 
 
-REACH = Extension(name="reach", start=_start, after_phase=_after_phase, end=_end)
+def _render(report: Any) -> list[str]:
+    if report.reach:
+        return ["", *report.reach.get("lines", [])]
+    return ["", "Reach: not measured (--no-reach, or no coverage.py: pip install coverage)"]
+
+
+REACH = Extension(name="reach", start=_start, after_phase=_after_phase, end=_end, render=_render)

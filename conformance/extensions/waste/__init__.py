@@ -2,7 +2,8 @@
 
 The extension's hooks: after each judged ``core`` example, compare its plan
 (:class:`~conformance.extensions.waste.meter.WasteMeter`); at the end of
-the run, the report's ``waste`` section when the run judged ``core``.
+the run, the report's ``waste`` section when the run judged ``core``
+(records.py), and its section of the text report.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import attrs
 from conformance.check.observations import CoreObservation
 from conformance.extensions.base import Extension, Judged, RunView
 from conformance.extensions.waste.meter import WasteMeter
+from conformance.extensions.waste.records import section_lines
 
 __all__ = ["WASTE"]
 
@@ -48,4 +50,10 @@ def _end(state: _Waste, run: RunView, report: Any) -> Any:
     return attrs.evolve(report, waste=meter.summary())
 
 
-WASTE = Extension(name="waste", start=_start, after_example=_after_example, end=_end)
+def _render(report: Any) -> list[str]:
+    return section_lines(report.waste)
+
+
+WASTE = Extension(
+    name="waste", start=_start, after_example=_after_example, end=_end, render=_render
+)

@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from conformance.report.waste import LISTED, PlanFigures, WasteSummary, WasteWarning
+from conformance.extensions.waste.records import LISTED, PlanFigures, WasteSummary, WasteWarning
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.config import PlanningConfig
 from kvref.placement import pool_bytes_per_block

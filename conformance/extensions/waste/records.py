@@ -1,14 +1,15 @@
 """The report's waste section: efficiency warnings, as records (never a verdict).
 
-What a report, a merge and a renderer read of the waste extension
-(:mod:`conformance.extensions.waste`), which compares the plans and fills them in.
+What a report holds (``Report.waste``), a merge joins (``conformance.ci.merge``)
+and the text report shows (:func:`section_lines`) of the waste extension
+(:mod:`conformance.extensions.waste`), whose meter compares the plans and fills them in.
 """
 
 from __future__ import annotations
 
 import attrs
 
-__all__ = ["LISTED", "PlanFigures", "WasteSummary", "WasteWarning"]
+__all__ = ["LISTED", "PlanFigures", "WasteSummary", "WasteWarning", "section_lines"]
 
 #: Warnings a report lists (the worst first); the count covers them all.
 LISTED = 5
@@ -47,6 +48,8 @@ class WasteWarning:
             builder's plan holds no request at all).
         builder, reference: the two plans' figures.
         example: the readable example.
+        message: the warning in a sentence, with both plans' numbers (made
+            from the fields above, never given).
     """
 
     scenario: str
@@ -56,8 +59,12 @@ class WasteWarning:
     reference: PlanFigures
     example: str
 
-    @property
-    def message(self) -> str:
+    # A field, not a property: the JSON report carries each warning's sentence
+    # (``attrs.asdict``), as the text report shows it.
+    message: str = attrs.field(init=False)
+
+    @message.default
+    def _message(self) -> str:
         """The warning in a sentence, with both plans' numbers."""
         b, r = self.builder, self.reference
         times = "no request" if self.ratio is None else f"{self.ratio:.2f}x less"
@@ -93,3 +100,26 @@ class WasteSummary:
     warned: int = 0
     worst: tuple[WasteWarning, ...] = ()
     note: str | None = None
+
+
+def section_lines(waste: WasteSummary | None) -> list[str]:
+    """The text report's "Waste" section: efficiency warnings, which never change a verdict."""
+    if waste is None:
+        return []
+    if not waste.compared:
+        return ["", f"Waste: nothing compared ({waste.note})"]
+    if not waste.warned:
+        return [
+            "",
+            f"Waste: none: on {waste.compared} core plans compared with the reference's, "
+            "every plan holds at least half of what the reference's holds",
+        ]
+    lines = [
+        "",
+        f"Waste (warnings, no verdict): {waste.warned} of {waste.compared} core plans hold "
+        "less than half of what the reference's plan holds in the same memory; the worst:",
+    ]
+    for w in waste.worst:
+        # The example's first line names its family and shape; the JSON has all of it.
+        lines += [f"  - {w.message}", f"    example: {w.example.splitlines()[0][:200]}"]
+    return lines
