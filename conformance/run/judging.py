@@ -214,7 +214,7 @@ def run_report(run: Run, selected: Sequence[Invariant], seconds: float) -> Repor
         results=tuple(run._result(inv) for inv in selected),
         seconds=seconds,
         options=options.as_dict(),
-        coverage={s: _coverage(run, s) for s in run.drawn.keys() | run.empty.keys()},
+        coverage={s: _coverage(run, s) for s in sorted(run.drawn.keys() | run.empty.keys())},
         interrupted=run.interrupted,
         observe_seconds=run.clock.observe_seconds(),
         warnings=_contract_warnings(run.vllm),
