@@ -12,16 +12,21 @@ writes it (a subclass of vLLM's ``DefaultKVCacheConfigBuilder``, one gate,
   latent head (``page_size_bytes // num_kv_heads``), true of an MLA latent
   cache and false of vLLM's hidden-state cache, an ``MLAAttentionSpec``
   subclass that stores several auxiliary states per token: its pages run
-  over the next layer's and into the next block.  ``KV-PLACE-NO-LAYER-OVERLAP``
-  must catch it (on paper; the device, the worker and the serving simulation
-  see the same overwrite).
+  over the next layer's and into the next block.  ``KV-PLACE-IN-BOUNDS``,
+  ``KV-PLACE-NO-BLOCK-ALIAS`` or ``KV-PLACE-NO-LAYER-OVERLAP`` must catch it
+  (on paper; the device, the worker and the serving simulation see the same
+  overwrite).
 - :class:`RebuildsUniformGroupsBuilder` (legal) and
   :class:`EngineBlockSizeGroupsBuilder` (broken): on a block-outermost engine,
   every uniform-type group spec vLLM made is re-created from its layers' specs.
   The legal one keeps the block size its layers share; the broken one takes
   ``cache_config.block_size``.  Where they differ, the group's block table
   counts tokens in blocks of the wrong size and a token's slot lies in a page
-  another block ID owns.  ``KV-GROUP-SPEC-MEANING`` must catch it.
+  another block ID owns.  The kit's vLLM adapter refuses the answer (a
+  wrapper whose block size is not its layers' has no kvref record, where vLLM
+  itself checks nothing), so it is the grouping hook's own ``KV-CALL-RAISES``,
+  naming both block sizes: caught, but not yet as the memory-safety finding it
+  is in vLLM.
 """
 
 from __future__ import annotations
