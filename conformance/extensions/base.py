@@ -199,6 +199,11 @@ class Extension:
             fields its ``end`` filled in; each section starts with its blank
             line.  Called for every extension, whether it took part in the
             run or not: a report is also rendered after a merge, from JSON.
+        models: ``models(spec) -> strategy of models``, the run's own models
+            (its ``vendor`` stratum) from the run's ``models`` option or the
+            object given to ``check_builder(models=)``; called before the
+            builder's worker starts, only when models are given; raises an
+            ``OptionError`` for a spec that cannot be used.
     """
 
     name: str
@@ -214,6 +219,7 @@ class Extension:
     after_deals: Callable[[Any, RunView], None] | None = None
     end: Callable[[Any, RunView, Any], Any] | None = None
     render: Callable[[Any], list[str]] | None = None
+    models: Callable[[Any], Any] | None = None
 
 
 def run_option(name: str) -> Any:
