@@ -288,8 +288,8 @@ def _run(args: argparse.Namespace) -> int:
     # As `python -m` does: a vendor's builder module in the current directory imports.
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    from conformance.extensions.vendor.child import preload as preload_models
     from conformance.harness.adapters import BuilderLoadError, load_builder
-    from conformance.harness.models_child import preload as preload_models
     from conformance.run.options import ALL_RELEASES, OptionError, flag_message
     from conformance.run.runner import check_options
 

@@ -203,8 +203,8 @@ def _check_options(config: pytest.Config) -> _Session:
         check_options(options)
     except OptionError as exc:
         raise pytest.UsageError(flag_message(str(exc), "--kv-")) from None
-    from conformance.generate.vendor import VendorModelError
-    from conformance.harness.models_child import models_for_run  # in a contained child
+    from conformance.extensions.vendor.child import models_for_run  # in a contained child
+    from conformance.extensions.vendor.models import VendorModelError
 
     try:
         models_for_run(options.models, models_only=options.models_only)

@@ -13,13 +13,14 @@ from conformance.extensions.flakes import FLAKES
 from conformance.extensions.focus import FOCUS
 from conformance.extensions.reach import REACH
 from conformance.extensions.shard import SHARD
+from conformance.extensions.vendor import VENDOR
 from conformance.extensions.waste import WASTE
 
 __all__ = ["EXTENSIONS", "extensions"]
 
 #: Every extension, in the order a run calls their hooks and the text report
 #: shows their sections (waste before reach: the order of the report's sections).
-EXTENSIONS: tuple[Extension, ...] = (SHARD, FOCUS, WASTE, REACH, FLAKES, EXPLORE)
+EXTENSIONS: tuple[Extension, ...] = (VENDOR, SHARD, FOCUS, WASTE, REACH, FLAKES, EXPLORE)
 
 
 def extensions() -> tuple[Extension, ...]:

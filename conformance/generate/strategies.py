@@ -19,7 +19,7 @@ The building blocks, from small to large (each in its own module of
   (:mod:`~conformance.generate.specs`);
 - whole models (:class:`Model`): :func:`models` and its families
   (:mod:`~conformance.generate.families`), vendor models
-  (:func:`~conformance.generate.vendor.load_models`);
+  (:func:`~conformance.extensions.vendor.models.load_models`);
 - :func:`layouts_for` (and the pure rule :func:`allowed_layouts`);
 - :func:`planning_configs`, :func:`pp_splits` / :func:`pipeline_splits`,
   :func:`memory_budgets`, :func:`num_blocks`, :func:`num_blocks_for`;

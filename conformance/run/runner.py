@@ -137,7 +137,7 @@ def check_builder(
         **overrides: any :class:`RunOptions` field by name (``seed=1``,
             ``select=[...]``, ``vllm="0.33"``...), where ``models`` may also be
             the vendor's models object itself
-            (:func:`conformance.harness.models_child.load_models`); and, besides,
+            (:func:`conformance.extensions.vendor.child.load_models`); and, besides,
             ``progress`` (called as ``progress(scenario, done, total)``),
             ``name`` (the builder's importable name in the report and its
             reproduce lines) and ``focus_exchange`` (for the shards of one run
@@ -307,13 +307,19 @@ def _containment(worker: Any) -> dict[str, Any]:
 
 
 def _vendor_models(models: object | None) -> SearchStrategy[Model] | None:
-    """The vendor's models, read now: before the builder's code runs anywhere."""
-    # models_only without models was refused by RunOptions.validate already.
-    # In a contained child: the vendor's module never runs in this process.
-    from conformance.generate.vendor import VendorModelError
-    from conformance.harness.models_child import load_models
+    """The vendor's models, read now: before the builder's code runs anywhere.
 
-    try:
-        return None if models is None else load_models(models)
-    except VendorModelError as exc:
-        raise OptionError(str(exc)) from None
+    Read by the extension that reads models (``Extension.models``: in a
+    contained child, so the vendor's module never runs in this process).
+
+    Raises:
+        OptionError: the models cannot be used, or no extension reads models.
+    """
+    # models_only without models was refused by RunOptions.validate already.
+    if models is None:
+        return None
+    for extension in extensions():
+        if extension.models is not None:
+            strategy: SearchStrategy[Model] = extension.models(models)
+            return strategy
+    raise OptionError(f"models={models!r:.200}: no extension of this kit reads models")

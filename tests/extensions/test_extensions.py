@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, cast
 
 import attrs
@@ -114,3 +115,32 @@ def test_a_run_calls_the_hooks_at_their_phases(monkeypatch: pytest.MonkeyPatch) 
     assert examples and all(first for _, first, _ in examples)
     assert calls[-2][1] == len(examples)
     assert report.builder == "renamed by the extension"
+
+
+def test_a_run_draws_its_own_models_from_the_extension_that_reads_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hypothesis import strategies as st
+
+    from conformance.extensions.vendor import VENDOR
+    from conformance.run.options import OptionError
+
+    spec = str(Path(__file__).resolve().parents[1] / "data" / "models" / "acme_hydra.json")
+    asked: list[object] = []
+
+    def read(given: object) -> st.SearchStrategy[Any]:
+        asked.append(given)
+        assert VENDOR.models is not None
+        return cast(st.SearchStrategy[Any], VENDOR.models(given))
+
+    reader = Extension(name="reader", start=lambda _run, _own: None, models=read)
+    monkeypatch.setattr(runner, "extensions", lambda: (reader,))
+    options = {"select": ["KV-GROUP-NONEMPTY"], "max_examples": 3, "seed": 5, "isolate": False}
+    options |= {"reach": False, "database": None, "focus": "off", "models_only": True}
+    report = check_builder(ReferenceKVCacheConfigBuilder, models=spec, **options)
+    assert asked == [spec]
+    assert set(report.coverage["grouping"]["families"]) == {"vendor"}
+    # Models that no extension reads are refused before the run, never ignored.
+    monkeypatch.setattr(runner, "extensions", lambda: ())
+    with pytest.raises(OptionError, match="no extension of this kit reads models"):
+        check_builder(ReferenceKVCacheConfigBuilder, models=spec, **options)

@@ -13,7 +13,7 @@ pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
 from _vendor_specs import AcmeMLASpec, RecordingBuilder
 
-from conformance.generate.vendor import fixed_models
+from conformance.extensions.vendor.models import fixed_models
 from conformance.harness.vllm_adapter import wrap_vllm_builder
 from conformance.report.pycode import to_python
 from kvref import PlanningConfig

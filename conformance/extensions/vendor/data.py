@@ -2,10 +2,10 @@
 
 A ``module:attr`` models spec names the vendor's code: importing it, calling
 it or drawing from its strategy runs that code.  The kit does all of that in
-a contained child process (:mod:`conformance.harness.models_child`), which
+a contained child process (:mod:`conformance.extensions.vendor.child`), which
 writes the models it got as a ``kvref-models/1`` document
 (:func:`models_data`); the judge reads that document as it reads a JSON file
-(:func:`conformance.generate.vendor.read_data`), so nothing of the vendor's
+(:func:`conformance.extensions.vendor.models.read_data`), so nothing of the vendor's
 module is ever imported in the judging process.
 
 The document is the format of docs/vendors.md ("The kvref-models/1 format")

@@ -5,8 +5,8 @@ A ``module:attr`` models spec (and a models object given to
 contained child process (:mod:`conformance.harness.confine`: its own PID
 namespace, no capability over the judge, no certification key), which
 imports the module, calls or draws from what it names
-(:func:`conformance.generate.vendor.models_here`), and sends the models back
-as a ``kvref-models/1`` document (:mod:`conformance.generate.vendor_data`).
+(:func:`conformance.extensions.vendor.models.models_here`), and sends the models back
+as a ``kvref-models/1`` document (:mod:`conformance.extensions.vendor.data`).
 The judge reads that document as it reads a JSON file, a vendor's spec class
 by name only (:func:`conformance.harness.wire.builder_class`): a module that
 patches the kit at import patches only the child.  :func:`load_models`,
@@ -29,8 +29,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from conformance.generate.records import Model
-from conformance.generate.vendor import (
+from conformance.extensions.vendor.models import (
     VendorModelError,
     around,
     models_here,
@@ -38,7 +37,8 @@ from conformance.generate.vendor import (
     read_json,
     spelled,
 )
-from conformance.generate.vendor import models_for_run as _models_for_run
+from conformance.extensions.vendor.models import models_for_run as _models_for_run
+from conformance.generate.records import Model
 from conformance.harness import confine
 from conformance.harness.wire import builder_class
 
@@ -112,7 +112,7 @@ def load_models(spec: object, *, keep: bool = False) -> st.SearchStrategy[Model]
 def models_for_run(
     spec: object | None, *, models_only: bool = False, max_layers: int = 64
 ) -> st.SearchStrategy[Model] | None:
-    """:func:`~conformance.generate.vendor.models_for_run`, the vendor's in a contained child.
+    """:func:`.models.models_for_run`, the vendor's models read in a contained child.
 
     Raises:
         VendorModelError: ``spec`` is unusable, or ``models_only`` without a spec.
@@ -187,7 +187,7 @@ def _message(conn: Any, where: str) -> Any:
 
 def serve_models(conn: Any, spec: object) -> None:
     """In the contained child: evaluate ``spec`` and send the models as data (or the error)."""
-    from conformance.generate.vendor_data import DataError, models_data
+    from conformance.extensions.vendor.data import DataError, models_data
 
     # What the vendor's code prints is not the kit's output.
     devnull = os.open(os.devnull, os.O_WRONLY)

@@ -1,4 +1,4 @@
-"""Vendor models cross as data (conformance/generate/vendor_data.py, harness/models_child.py).
+"""Vendor models cross as data (conformance/extensions/vendor/data.py, extensions/vendor/child.py).
 
 A ``module:attr`` spec is evaluated in a contained child; what the judge
 gets is a ``kvref-models/1`` document, read as a JSON file is.  The document
@@ -20,13 +20,13 @@ import pytest
 import torch
 from hypothesis import assume, find, given, settings
 
+from conformance.extensions.vendor.child import evaluate, load_models
+from conformance.extensions.vendor.data import models_data
+from conformance.extensions.vendor.models import VendorModelError, read_data
 from conformance.generate.deployment import deployment_of
 from conformance.generate.families import FAMILIES
 from conformance.generate.families import models as family_models
 from conformance.generate.records import Model
-from conformance.generate.vendor import VendorModelError, read_data
-from conformance.generate.vendor_data import models_data
-from conformance.harness.models_child import evaluate, load_models
 from conformance.harness.wire import builder_class
 from kvref.interop.vllm_vendor import vendor_origin, vendor_spec_class
 from kvref.specs import MLAAttentionSpec

@@ -14,9 +14,9 @@
 - any of those objects directly (``check_builder(models=...)``).
 
 A run of the kit never evaluates a ``module:attr`` spec (nor an object) in
-its own process: :mod:`conformance.harness.models_child` does it in a
+its own process: :mod:`conformance.extensions.vendor.child` does it in a
 contained child process with :func:`models_here`, and its models cross as
-``kvref-models/1`` data (:mod:`.vendor_data`), read by :func:`read_data` as a
+``kvref-models/1`` data (:mod:`.data`), read by :func:`read_data` as a
 JSON file is.  A strategy is drawn too: up to :data:`STRATEGY_DRAWS`
 distinct models, then used as fixed models.  :func:`load_models` here
 evaluates in the calling process (for a caller that imported the vendor's
@@ -45,6 +45,14 @@ import attrs
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
+from conformance.extensions.vendor.data import (
+    JSON_FORMAT,
+    DataError,
+    VendorClass,
+    import_class,
+    spec_classes,
+    vendor_spec,
+)
 from conformance.generate.deployment import (
     DEPLOYMENT_FIELDS,
     DeploymentError,
@@ -57,14 +65,6 @@ from conformance.generate.families import models as builtin_models
 from conformance.generate.pipeline import decoder_layers
 from conformance.generate.records import Model
 from conformance.generate.sampled_from_cache import pick
-from conformance.generate.vendor_data import (
-    JSON_FORMAT,
-    DataError,
-    VendorClass,
-    import_class,
-    spec_classes,
-    vendor_spec,
-)
 from kvref.errors import ConfigError, KVRefError
 from kvref.specs import KVCacheSpec, MultipleOf
 
@@ -457,7 +457,7 @@ def _drawn(where: str, strategy: st.SearchStrategy[Any]) -> list[Model]:
     """Distinct models drawn from a vendor's strategy, always the same ones (derandomised)."""
     from hypothesis import given
 
-    from conformance.generate.vendor_data import model_data
+    from conformance.extensions.vendor.data import model_data
 
     values: list[Any] = []
 
@@ -509,7 +509,7 @@ def models_here(spec: object) -> list[Model]:
     """The models a spec names, evaluated in this process: the models child's work.
 
     Imports, calls and draws from the vendor's code: the kit's runs call it
-    only in a contained child (:mod:`conformance.harness.models_child`).
+    only in a contained child (:mod:`conformance.extensions.vendor.child`).
 
     Raises:
         VendorModelError: the spec, or a model or spec it names, is unusable.
@@ -526,7 +526,7 @@ def load_models(spec: object) -> st.SearchStrategy[Model]:
 
     Evaluated in this process, which then runs the vendor's code: for a
     caller that imported it already.  The kit's runs load models with
-    :func:`conformance.harness.models_child.load_models`, in a contained child.
+    :func:`conformance.extensions.vendor.child.load_models`, in a contained child.
 
     Args:
         spec: ``"module:attr"``, a path to a ``kvref-models/1`` JSON file, or

@@ -1,4 +1,4 @@
-"""Vendor models (conformance.generate.vendor): every input form, errors, variants, front ends."""
+"""Vendor models (extensions/vendor/models.py): every input form, errors, variants, front ends."""
 
 from __future__ import annotations
 
@@ -13,11 +13,7 @@ from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
 from conformance.cli import main as cli_main
-from conformance.generate import strategies as cs
-from conformance.generate.families.drafts import Speculation, SpeculativeModel, speculation
-from conformance.generate.pipeline import decoder_layers
-from conformance.generate.records import Model
-from conformance.generate.vendor import (
+from conformance.extensions.vendor.models import (
     VendorModelError,
     around,
     fixed_models,
@@ -25,6 +21,10 @@ from conformance.generate.vendor import (
     models_for_run,
     read_json,
 )
+from conformance.generate import strategies as cs
+from conformance.generate.families.drafts import Speculation, SpeculativeModel, speculation
+from conformance.generate.pipeline import decoder_layers
+from conformance.generate.records import Model
 from conformance.run.options import OptionError
 from conformance.run.runner import check_builder
 from kvref.builder import ReferenceKVCacheConfigBuilder

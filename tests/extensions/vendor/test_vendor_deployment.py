@@ -17,10 +17,10 @@ from typing import Any, ClassVar
 import pytest
 from hypothesis import Phase, given, settings
 
+from conformance.extensions.vendor.models import VendorModelError, around, fixed_models, read_json
 from conformance.generate.deployment import DeployedModel
 from conformance.generate.families.drafts import speculation
 from conformance.generate.families.extras import DeclaredGroups, ExtendedModel, ModelExtras
-from conformance.generate.vendor import VendorModelError, around, fixed_models, read_json
 from conformance.run.runner import check_builder
 from kvref import KVCacheGroupSpec, PlanningConfig, ReferenceKVCacheConfigBuilder
 from kvref.config import HiSparseConfig
