@@ -4,7 +4,7 @@
 ``workers``, ``config``, ``num_blocks`` and ``description``, as
 :class:`conformance.scenarios.examples.Example` has), so a report can say how much
 of the input space a run reached, and a change to the generators can be
-measured (:mod:`conformance.run.measure`).
+measured (``benchmarks/example_coverage.py``).
 """
 
 from __future__ import annotations

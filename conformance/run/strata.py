@@ -53,6 +53,7 @@ __all__ = [
     "Stratum",
     "deal",
     "draw",
+    "draw_examples",
     "draw_pinned",
     "run_strata",
     "sample",
@@ -225,6 +226,20 @@ def draw(
         if not drew:
             empty.append(stratum.name)
     return empty
+
+
+def draw_examples(scenario: str, seed: int, max_examples: int) -> list[Any]:
+    """The examples a run with ``seed`` draws for ``scenario`` (the runner's own deal)."""
+    drawn: list[Any] = []
+    draw(
+        scenario,
+        run_strata(None, only=False),
+        max_examples,
+        seed,
+        "ci",
+        lambda _stratum, ex, _first: drawn.append(ex),
+    )
+    return drawn
 
 
 def draw_pinned(

@@ -8,9 +8,8 @@ from hypothesis import strategies as st
 
 from conformance.generate.coverage import family_of
 from conformance.generate.families import DEFAULT_FAMILIES
-from conformance.run.measure import draw_examples
 from conformance.run.runner import check_builder
-from conformance.run.strata import VENDOR_SHARE, Stratum, deal, draw, run_strata
+from conformance.run.strata import VENDOR_SHARE, Stratum, deal, draw, draw_examples, run_strata
 from kvref import ReferenceKVCacheConfigBuilder
 
 BUILTIN = run_strata(None, only=False)

@@ -1,6 +1,6 @@
 """Measure what a default run's examples cover, without running a builder.
 
-``python -m conformance.run.measure --seeds 1-5`` draws, per scenario,
+``python benchmarks/example_coverage.py --seeds 1-5`` draws, per scenario,
 the examples a run with the same seed and example count would draw (the
 stream does not depend on the builder) and prints :func:`coverage` figures
 per seed and their mean, so a change to the generators can be judged by
@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from conformance.generate.coverage import coverage
+from conformance.run.strata import draw_examples
 
-__all__ = ["draw_examples", "main", "summarise"]
+__all__ = ["main", "summarise"]
 
 _HEADLINE = (
     "models",
@@ -30,22 +31,6 @@ _HEADLINE = (
     "over_4gib",
     "layer_outer_multi_block",
 )
-
-
-def draw_examples(scenario: str, seed: int, max_examples: int) -> list[Any]:
-    """The examples a run with ``seed`` draws for ``scenario`` (the runner's own deal)."""
-    from conformance.run.strata import draw, run_strata
-
-    drawn: list[Any] = []
-    draw(
-        scenario,
-        run_strata(None, only=False),
-        max_examples,
-        seed,
-        "ci",
-        lambda _stratum, ex, _first: drawn.append(ex),
-    )
-    return drawn
 
 
 def summarise(seeds: Sequence[int], max_examples: int) -> dict[str, Any]:
