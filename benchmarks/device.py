@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from conformance.check.device import default_cap, verify_tags
+from conformance.extensions.device.checks import default_cap, verify_tags
 from kvref.allocation import allocate_kv_cache
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor

@@ -1,5 +1,5 @@
 """Hand-built configs shared by tests/reference/test_allocation.py and
-tests/kit/check/test_device.py.
+tests/extensions/device/test_device.py.
 
 Every config here is written out tensor by tensor (no planner involved), so the
 allocation and device checks are tested on exactly the bytes the contract lists.

@@ -160,7 +160,7 @@ class PackedSingleLayers(ReferenceKVCacheConfigBuilder):
         return attrs.evolve(result, kv_cache_tensors=tensors)
 
 
-# -- hand-made observations of the reference's plan (tests/kit/check/test_kernel_view*.py) ---
+# -- hand-made observations of the reference's plan (tests/extensions/device/test_kernel_view*.py)
 
 
 def reference_placement(

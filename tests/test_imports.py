@@ -183,7 +183,14 @@ def test_the_kit_has_no_import_circle() -> None:
 #: a scenario composes harness calls; the run deals scenarios' examples; the
 #: front ends drive runs.
 KIT_LAYERS = (
-    ("conformance.errors", "conformance.contract", "conformance.upstream", "conformance.flags"),
+    (
+        "conformance.errors",
+        "conformance.contract",
+        "conformance.upstream",
+        "conformance.flags",
+        # What the extensions add to the catalog and the scenarios: names, no imports.
+        "conformance.extensions.contributions",
+    ),
     ("conformance.check",),
     ("conformance.generate",),
     ("conformance.report", "conformance.serve"),
@@ -248,9 +255,14 @@ def test_no_kit_module_imports_from_a_layer_above_its_own() -> None:
     assert upward_imports(graph) == []
 
 
-#: What the run's core may import of the extensions: their protocol and their list.
+#: What the run's core may import of the extensions: their protocol and their lists.
 EXTENSION_PROTOCOL = frozenset(
-    {"conformance.extensions", "conformance.extensions.base", "conformance.extensions.registry"}
+    {
+        "conformance.extensions",
+        "conformance.extensions.base",
+        "conformance.extensions.contributions",
+        "conformance.extensions.registry",
+    }
 )
 
 

@@ -27,6 +27,7 @@ from typing import Any, TypeVar, cast
 import attrs
 
 from conformance.check.violations import Violation
+from conformance.extensions.contributions import check_modules
 
 __all__ = [
     "CONTRACT",
@@ -45,7 +46,9 @@ __all__ = [
 #: The contract document every invariant cites (shipped in the repository's docs).
 CONTRACT = "docs/contract.md"
 
-#: The check modules, imported in this order; their registration order is the catalog's.
+#: The core's check modules, imported in this order; their registration order
+#: is the catalog's.  The extensions' check modules join them in the places
+#: they name (:func:`modules`).
 _MODULES = (
     "conformance.check.calls",
     "conformance.check.grouping",
@@ -61,14 +64,17 @@ _MODULES = (
     "conformance.check.tp_shards",
     "conformance.check.pitch",
     "conformance.check.processes",
-    "conformance.check.device_rows",
-    "conformance.check.device_kernel",
     "conformance.check.profiling",
     "conformance.check.hisparse",
     "conformance.check.hisparse_groups",
     "conformance.check.hisparse_runs",
     "conformance.check.serve",
 )
+
+
+def modules() -> tuple[str, ...]:
+    """Every check module in catalog order: the core's, with the extensions' in place."""
+    return check_modules(_MODULES)
 
 
 @attrs.frozen
@@ -229,9 +235,10 @@ def catalog() -> tuple[Invariant, ...]:
 
     The order does not depend on which check module happened to be imported first.
     """
-    for module in _MODULES:
+    ordered = modules()
+    for module in ordered:
         importlib.import_module(module)
-    rank = {m: i for i, m in enumerate(_MODULES)}
+    rank = {m: i for i, m in enumerate(ordered)}
 
     def key(inv: Invariant) -> tuple[int, int]:
         module, place = _DECLARED.get(inv.id, ("", 0))

@@ -1,11 +1,12 @@
 """The kit's one tag engine: 64-bit tags and moving them through strided byte views.
 
-Three checks write tags into a plan's memory and read them back:
-KV-DEV-TAGS (:mod:`conformance.check.device_tags`, one tag per (layer,
-block) page), KV-DEV-KERNEL-VIEWS (:mod:`conformance.check.device_kernel`,
-one tag per kernel block, written through one view and read through the
-other) and the serving simulation (:mod:`conformance.serve`, one tag per
-kernel state).  This module is their shared *plumbing*: how a tag is made,
+Three checks, all of extensions, write tags into a plan's memory and read
+them back: the device extension's KV-DEV-TAGS (``extensions/device/tags.py``,
+one tag per (layer, block) page) and KV-DEV-KERNEL-VIEWS
+(``extensions/device/kernel.py``, one tag per kernel block, written through
+one view and read through the other), and the serve extension's simulation
+(``extensions/serve/``, one tag per kernel state).  Two extensions share it,
+so it stays in the core.  This module is their shared *plumbing*: how a tag is made,
 which element width a set of byte offsets and strides allows, and how tags
 are stored into and compared with views of a torch byte buffer.
 

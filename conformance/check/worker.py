@@ -5,7 +5,7 @@ A worker allocates one zeroed byte buffer of the device tensors' single
 (contract.md#host-residency), and views every layer of a tensor through a
 5-D strided view ``(L, N, H, S, C)`` with the layer and block strides of the
 record and the rest from the layout.  The device checks
-(:mod:`conformance.check.device`) allocate plans through this module, whose
+(the device extension, ``conformance/extensions/device/``) allocate plans through this module, whose
 strides come from :mod:`conformance.check.geometry`, so a plan is judged by
 the contract's geometry rather than by kvref's own allocation code.
 

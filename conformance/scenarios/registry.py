@@ -1,8 +1,9 @@
 """The scenarios of a run, in the order a run judges them.
 
 Adding a scenario is one module that declares a
-:class:`~conformance.scenarios.base.Scenario`, listed here; the invariants
-that read its observations name it.
+:class:`~conformance.scenarios.base.Scenario`, listed here (or, for an
+extension's, in :data:`conformance.extensions.contributions.CONTRIBUTIONS`);
+the invariants that read its observations name it.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from conformance.extensions.contributions import contributed_scenarios
 from conformance.generate.engine_paths import EnginePath
 from conformance.generate.limits import NO_LIMITS, Limits
 from conformance.generate.records import Model
 from conformance.harness.hooks import Context, observe
 from conformance.scenarios.base import Draw, Scenario
 from conformance.scenarios.core import CORE
-from conformance.scenarios.device import DEVICE
 from conformance.scenarios.grouping import GROUPING
 from conformance.scenarios.host import HOST
 from conformance.scenarios.placement import PLACEMENT
@@ -27,16 +28,10 @@ from conformance.scenarios.serve import SERVE_SCENARIO
 
 __all__ = ["SCENARIOS", "examples", "get", "names", "observe_in", "scenarios"]
 
-#: Every scenario, in the order a run judges them.
-SCENARIOS: tuple[Scenario, ...] = (
-    GROUPING,
-    PLACEMENT,
-    HOST,
-    CORE,
-    PROFILING,
-    DEVICE,
-    SERVE_SCENARIO,
-    PROCESSES,
+#: Every scenario, in the order a run judges them: the core's, with the
+#: extensions' in the places they name (device before serve).
+SCENARIOS: tuple[Scenario, ...] = contributed_scenarios(
+    (GROUPING, PLACEMENT, HOST, CORE, PROFILING, SERVE_SCENARIO, PROCESSES)
 )
 
 

@@ -14,7 +14,7 @@ from conformance.run.runner import check_builder
 from kvref import ReferenceKVCacheConfigBuilder
 from kvref.versions import rules
 
-# Device checks are exercised on their own in tests/kit/check/test_device.py.
+# Device checks are exercised on their own in tests/extensions/device/test_device.py.
 _PAPER = ["KV-CALL", "KV-GROUP", "KV-PLACE", "KV-HOST", "KV-CORE"]
 
 
@@ -155,7 +155,7 @@ class TestEveryInvariantHasABrokenBuilder:
         covered = {b.CAUGHT_BY for b in broken_builders.ALL}
         # Core-flow invariants hold by construction under kvref's Core for any
         # honest builder; tests/kit/check/test_core_invariants.py breaks the flow itself.
-        # The device checks have their fault tests in tests/kit/check/test_device.py.
+        # The device checks have their fault tests in tests/extensions/device/test_device.py.
         # The serving invariants have theirs in tests/kit/serve/test_serve.py.
         # vLLM's worker rules are release-bound: tests/kit/check/test_worker_accept.py
         # breaks each under every release that has it (tests/worker_builders.py).

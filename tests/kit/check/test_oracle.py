@@ -33,8 +33,8 @@ import kvref.planning
 import kvref.views
 from conformance.check import geometry as geo
 from conformance.check.catalog import Unjudged, by_id
-from conformance.check.device import check_device_tags
 from conformance.check.memory import check_memory
+from conformance.extensions.device.checks import check_device_tags
 from conformance.generate import strategies as gen
 from conformance.harness.guard import Guard
 from conformance.harness.hooks import Context, make_factory

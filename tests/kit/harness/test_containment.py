@@ -26,8 +26,8 @@ import torch
 
 from conformance.check.bounds import MAX_BYTES, byte_count_problem, tensor_problems
 from conformance.check.catalog import by_id
-from conformance.check.device import check_device
 from conformance.cli import main
+from conformance.extensions.device.checks import check_device
 from conformance.harness.isolate import WorkerDiedError, isolated
 from conformance.run.options import OptionError
 from conformance.run.runner import check_builder

@@ -14,7 +14,7 @@ import legal_builders
 import pytest
 import torch
 
-import conformance.check.device_kernel as device_kernel
+import conformance.extensions.device.kernel as device_kernel
 from conformance import check_builder
 from conformance.check.catalog import Unjudged, by_id
 from conformance.check.observations import PlacementObservation

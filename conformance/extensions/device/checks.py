@@ -25,9 +25,9 @@ than passing.
 
 This module runs them (:func:`check_device`) and is where their public names
 are imported from; each is written in its own module:
-:mod:`~conformance.check.device_alloc` (ALLOC and HOST),
-:mod:`~conformance.check.device_views`, :mod:`~conformance.check.device_tags`,
-and :mod:`~conformance.check.device_memory` (the device's memory, the caps,
+:mod:`~conformance.extensions.device.alloc` (ALLOC and HOST),
+:mod:`~conformance.extensions.device.views`, :mod:`~conformance.extensions.device.tags`,
+and :mod:`~conformance.extensions.device.memory` (the device's memory, the caps,
 the result type).
 """
 
@@ -38,8 +38,10 @@ from collections.abc import Callable, Mapping
 import torch
 
 from conformance.check.bounds import tensor_problems
-from conformance.check.device_alloc import check_device_alloc, check_device_host
-from conformance.check.device_memory import (
+from conformance.check.violations import Violation
+from conformance.check.worker_model import resolve_layout
+from conformance.extensions.device.alloc import check_device_alloc, check_device_host
+from conformance.extensions.device.memory import (
     DEFAULT_CAP_BYTES,
     DEFAULT_COUNTER_TOLERANCE,
     KV_DEV_ALLOC,
@@ -56,10 +58,8 @@ from conformance.check.device_memory import (
     free_device_memory,
     release,
 )
-from conformance.check.device_tags import TagReadback, check_device_tags, verify_tags
-from conformance.check.device_views import check_device_views
-from conformance.check.violations import Violation
-from conformance.check.worker_model import resolve_layout
+from conformance.extensions.device.tags import TagReadback, check_device_tags, verify_tags
+from conformance.extensions.device.views import check_device_views
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig
 

@@ -19,7 +19,12 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from conformance.check.device_memory import (
+from conformance.check.tags import WIDTH_DTYPES, layer_tags, widest_width
+from conformance.check.violations import Violation
+from conformance.check.worker import WorkerAllocation as KVCacheAllocation
+from conformance.check.worker import allocate_kv_cache
+from conformance.check.worker_model import WorkerError, WorkerTensor, first_group_of
+from conformance.extensions.device.memory import (
     KV_DEV_TAGS,
     DeviceCheckResult,
     check_budget,
@@ -27,11 +32,6 @@ from conformance.check.device_memory import (
     ordered_copy,
     release,
 )
-from conformance.check.tags import WIDTH_DTYPES, layer_tags, widest_width
-from conformance.check.violations import Violation
-from conformance.check.worker import WorkerAllocation as KVCacheAllocation
-from conformance.check.worker import allocate_kv_cache
-from conformance.check.worker_model import WorkerError, WorkerTensor, first_group_of
 from kvref.errors import KVRefError
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig

@@ -1,4 +1,4 @@
-"""conformance.check.device: each device invariant passes sound configs and catches its own fault.
+"""The device checks: each device invariant passes sound configs and catches its own fault.
 
 Real allocations run on ``KVREF_TEST_DEVICE`` (default cpu); shape-only checks
 also run on meta.  The memory counter, which cpu lacks, is exercised with fake
@@ -22,7 +22,8 @@ from _devcases import (
     worked_example,
 )
 
-from conformance.check.device import (
+from conformance.check.worker import allocate_backings, drop_scratch
+from conformance.extensions.device.checks import (
     DEVICE_CHECKS,
     KV_DEV_ALLOC,
     KV_DEV_HOST,
@@ -39,8 +40,7 @@ from conformance.check.device import (
     device_memory_counter,
     verify_tags,
 )
-from conformance.check.device_memory import ordered_copy
-from conformance.check.worker import allocate_backings, drop_scratch
+from conformance.extensions.device.memory import ordered_copy
 from kvref.allocation import allocate_kv_cache
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor

@@ -17,7 +17,10 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from conformance.check.device_memory import (
+from conformance.check.violations import Violation
+from conformance.check.worker import allocate_backings
+from conformance.check.worker_model import WorkerError, planned_device_bytes
+from conformance.extensions.device.memory import (
     DEFAULT_COUNTER_TOLERANCE,
     KV_DEV_ALLOC,
     KV_DEV_HOST,
@@ -29,9 +32,6 @@ from conformance.check.device_memory import (
     release,
     same_device,
 )
-from conformance.check.violations import Violation
-from conformance.check.worker import allocate_backings
-from conformance.check.worker_model import WorkerError, planned_device_bytes
 from kvref.errors import KVRefError
 from kvref.records import KVCacheConfig
 

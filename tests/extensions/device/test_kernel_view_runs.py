@@ -14,7 +14,7 @@ import pytest
 import torch
 from kernel_builders import misstepped_geometries, reference_placement
 
-import conformance.check.device_kernel as device_kernel
+import conformance.extensions.device.kernel as device_kernel
 from conformance.check.observations import PlacementObservation
 from conformance.check.violations import Violation
 from kvref import PlanningConfig

@@ -1,4 +1,4 @@
-"""The device invariants: :mod:`conformance.check.device` checks as catalog members.
+"""The device invariants: :mod:`conformance.extensions.device.checks` checks as catalog members.
 
 They read the same observations as the other invariants: the placement of
 one generated example (``device`` scenario) and, for host residency, the
@@ -14,9 +14,9 @@ from typing import Any
 
 from conformance.check.bounds import tensor_problems
 from conformance.check.catalog import Invariant, Unjudged, register
-from conformance.check.device import DEVICE_CHECKS, KV_DEV_HOST, check_device
 from conformance.check.observations import HostObservation, PlacementObservation
 from conformance.check.violations import Violation
+from conformance.extensions.device.checks import DEVICE_CHECKS, KV_DEV_HOST, check_device
 from kvref.records import KVCacheConfig
 
 __all__: list[str] = []

@@ -12,17 +12,17 @@ from collections.abc import Iterator
 
 import torch
 
-from conformance.check.device_memory import (
+from conformance.check.violations import Violation
+from conformance.check.worker import WorkerAllocation as KVCacheAllocation
+from conformance.check.worker import allocate_kv_cache
+from conformance.check.worker_model import WorkerError, view_problems, worker_tensors
+from conformance.extensions.device.memory import (
     KV_DEV_VIEWS,
     DeviceCheckResult,
     check_budget,
     device_result,
     release,
 )
-from conformance.check.violations import Violation
-from conformance.check.worker import WorkerAllocation as KVCacheAllocation
-from conformance.check.worker import allocate_kv_cache
-from conformance.check.worker_model import WorkerError, view_problems, worker_tensors
 from kvref.errors import KVRefError
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig

@@ -34,12 +34,12 @@ import torch
 
 from conformance.check.bounds import tensor_problems
 from conformance.check.catalog import Unjudged, invariant
-from conformance.check.device_memory import check_budget, ordered_copy, release
 from conformance.check.observations import PlacementObservation
 from conformance.check.tags import WIDTH_DTYPES, layer_tags, movable, widest_width
 from conformance.check.violations import Violation
 from conformance.check.worker import WorkerAllocation, allocate_kv_cache
 from conformance.check.worker_model import WorkerError, WorkerTensor, resolve_layout
+from conformance.extensions.device.memory import check_budget, ordered_copy, release
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.errors import KVRefError, LayoutError, UnsupportedError
 from kvref.kernel_blocks import (
