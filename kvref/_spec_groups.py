@@ -45,22 +45,42 @@ class UniformTypeKVCacheSpecs:
 
     The specs share a type (see :meth:`is_uniform_type`), one block size and
     one ``dcp_sharded``; their pages may differ.  Not hashable, like vLLM's.
+
+    Attributes:
+        kv_cache_specs: ``{layer: spec}``, in the group's layer order.
+        declared_block_size: the block size the group's block table counts
+            tokens in, where the wrapper declares one of its own (vLLM's
+            wrapper carries a ``block_size`` field; every wrapper vLLM and
+            kvref build sets it to the layers' shared block size).  ``None``,
+            the default: the layers' block size.  A declared size other than
+            the layers' is recorded as it was, so a checker sees what the
+            block table would count (contract.md#grouping-group-specs).
     """
 
     kind: ClassVar[str] = "uniform_type"
 
     kv_cache_specs: Mapping[str, KVCacheSpec] = attrs.field(converter=_convert_layer_specs)
+    declared_block_size: int | None = attrs.field(default=None)
+
+    @declared_block_size.validator
+    def _check_declared(self, attribute: Any, value: int | None) -> None:
+        if value is not None and (type(value) is not int or value <= 0):
+            raise SpecError(
+                f"UniformTypeKVCacheSpecs.declared_block_size={value!r} must be a positive "
+                "int or None"
+            )
 
     def __deepcopy__(self, memo: dict[int, Any]) -> UniformTypeKVCacheSpecs:
         # The read-only mapping proxy cannot be pickled; copy through a dict.
         import copy
 
         return UniformTypeKVCacheSpecs(
-            kv_cache_specs=copy.deepcopy(dict(self.kv_cache_specs), memo)
+            kv_cache_specs=copy.deepcopy(dict(self.kv_cache_specs), memo),
+            declared_block_size=self.declared_block_size,
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_uniform_type, (dict(self.kv_cache_specs),))
+        return (_rebuild_uniform_type, (dict(self.kv_cache_specs), self.declared_block_size))
 
     @property
     def first(self) -> KVCacheSpec:
@@ -69,7 +89,13 @@ class UniformTypeKVCacheSpecs:
 
     @property
     def block_size(self) -> int:
-        """The first spec's block size (all are equal)."""
+        """The block size the group's block table counts in.
+
+        The declared one where the wrapper has one, else the first spec's
+        (the layers' sizes are equal in every wrapper vLLM builds).
+        """
+        if self.declared_block_size is not None:
+            return self.declared_block_size
         return self.first.block_size
 
     @property
@@ -124,8 +150,10 @@ class UniformTypeKVCacheSpecs:
 
 
 @homed
-def _rebuild_uniform_type(specs: dict[str, KVCacheSpec]) -> UniformTypeKVCacheSpecs:
-    return UniformTypeKVCacheSpecs(kv_cache_specs=specs)
+def _rebuild_uniform_type(
+    specs: dict[str, KVCacheSpec], declared_block_size: int | None = None
+) -> UniformTypeKVCacheSpecs:
+    return UniformTypeKVCacheSpecs(kv_cache_specs=specs, declared_block_size=declared_block_size)
 
 
 #: What a group carries: a merged per-layer spec or a uniform-type wrapper.

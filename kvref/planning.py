@@ -220,8 +220,10 @@ def project_kv_cache_groups_to_worker(
             continue
         spec = group.kv_cache_spec
         if isinstance(spec, UniformTypeKVCacheSpecs) and names:
+            # vLLM's projection keeps the wrapper's own block size.
             spec = UniformTypeKVCacheSpecs(
-                kv_cache_specs={n: spec.kv_cache_specs[n] for n in names}
+                kv_cache_specs={n: spec.kv_cache_specs[n] for n in names},
+                declared_block_size=spec.declared_block_size,
             )
         projected.append(attrs.evolve(group, layer_names=names, kv_cache_spec=spec))
     return projected

@@ -154,6 +154,19 @@ def _one_block_size(obs: GroupingObservation) -> list[Violation] | None:
                     f"group {i} mixes block sizes {sizes}; one block table has one block size",
                 )
             )
+            continue
+        # The group spec's own block size is what its block table counts in
+        # (a uniform-type wrapper may declare one); its layers' pages hold
+        # theirs, so block b's token slots would land in other blocks' pages.
+        counted = getattr(g.kv_cache_spec, "block_size", None)
+        if sizes and isinstance(counted, int) and counted != sizes[0]:
+            out.append(
+                flag(
+                    f"group {i}'s spec counts {counted} tokens per block, but its layers' pages "
+                    f"hold {sizes[0]}: for b >= 1, block b's slots b*{counted}..b*{counted}+"
+                    f"{counted - 1} land in pages of block IDs other than b",
+                )
+            )
     return out
 
 

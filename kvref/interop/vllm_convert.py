@@ -317,17 +317,12 @@ def spec_from_vllm(spec: Any) -> GroupKVCacheSpec:
     if isinstance(spec, kvi.UniformTypeKVCacheSpecs):
         layers = {name: spec_from_vllm(s) for name, s in spec.kv_cache_specs.items()}
         shared = {s.block_size for s in layers.values()}
-        if len(shared) == 1 and spec.block_size not in shared:
-            # kvref's wrapper takes its block size from its layers, as every
-            # wrapper vLLM builds does; one of another size would be read as
-            # theirs, while vLLM's block table counts tokens in its own.
-            raise VLLMOutputError(
-                f"UniformTypeKVCacheSpecs block_size={spec.block_size} is not the block size "
-                f"{shared.pop()} its layers share: the group's block table would count tokens "
-                "in blocks of another size than its pages"
-            )
+        # vLLM's wrapper carries its own block size, which its block table
+        # counts in; kvref's records one other than its layers' shared size
+        # as declared, for a checker to judge (vLLM itself checks nothing).
+        declared = spec.block_size if len(shared) == 1 and spec.block_size not in shared else None
         try:
-            return UniformTypeKVCacheSpecs(kv_cache_specs=layers)
+            return UniformTypeKVCacheSpecs(kv_cache_specs=layers, declared_block_size=declared)
         except KVRefError as exc:
             raise VLLMOutputError(f"cannot convert {spec!r}: {exc}") from exc
     try:

@@ -377,6 +377,35 @@ class MixedBlockSizes(_Base):
         return groups
 
 
+class DeclaresEngineBlockSize(_Base):
+    """Re-wraps each uniform-type group with the deployment's block size as its own.
+
+    The layers keep their pages; the wrapper declares ``config.block_size``
+    (twice the layers' where the two agree), so the group's block table counts
+    tokens in blocks its layers' pages do not hold.
+    """
+
+    CAUGHT_BY = "KV-GROUP-ONE-BLOCK-SIZE"
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
+        from kvref import UniformTypeKVCacheSpecs
+
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        for i, g in enumerate(groups):
+            spec = g.kv_cache_spec
+            if not isinstance(spec, UniformTypeKVCacheSpecs):
+                continue
+            engine = config.block_size
+            declared = engine if engine and engine != spec.block_size else 2 * spec.block_size
+            wrapper = UniformTypeKVCacheSpecs(
+                kv_cache_specs=dict(spec.kv_cache_specs), declared_block_size=declared
+            )
+            groups[i] = attrs.evolve(g, kv_cache_spec=wrapper)
+        return groups
+
+
 class GhostTensor(_Placement):
     """Emits an extra tensor for a layer no group has."""
 

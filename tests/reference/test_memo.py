@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from specs import compressed_mla
 
+from kvref.errors import SpecError
 from kvref.specs import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
@@ -170,6 +171,20 @@ def test_uniform_type_wrapper_page_is_memoised_and_copies_rebuild() -> None:
         assert clone.page_size_bytes == wrapper.page_size_bytes
     narrower = attrs.evolve(wrapper, kv_cache_specs={"a": full()})
     assert narrower.page_size_bytes == 65_536
+
+
+def test_a_wrapper_keeps_its_declared_block_size_through_copies() -> None:
+    """A declared block size is what the wrapper counts in, kept by copies; bad values refused."""
+    layers = {"a": full(), "b": full(head_size=64)}
+    plain = UniformTypeKVCacheSpecs(kv_cache_specs=layers)
+    declared = UniformTypeKVCacheSpecs(kv_cache_specs=layers, declared_block_size=64)
+    assert plain.block_size == full().block_size != 64 and declared.block_size == 64
+    assert declared != plain and declared.page_size_bytes == plain.page_size_bytes
+    for clone in (copy.deepcopy(declared), pickle.loads(pickle.dumps(declared))):
+        assert clone == declared and clone.block_size == 64
+    for bad in (0, -16, True, 16.0):
+        with pytest.raises(SpecError, match="declared_block_size"):
+            UniformTypeKVCacheSpecs(kv_cache_specs=layers, declared_block_size=bad)  # type: ignore[arg-type]
 
 
 @settings(max_examples=60, deadline=None)

@@ -60,12 +60,11 @@ PAIRS = (
         ("KV-PLACE-IN-BOUNDS", "KV-PLACE-NO-BLOCK-ALIAS", "KV-PLACE-NO-LAYER-OVERLAP"),
     ),
     # Uniform-type group specs re-created with cache_config.block_size: the
-    # adapter refuses the answer (a wrapper's block size that is not its
-    # layers' has no kvref record), as the grouping hook's finding.
+    # block table counts tokens in blocks the layers' pages do not hold.
     Pair(
         "field_gates:EngineBlockSizeGroupsBuilder",
         "field_gates:RebuildsUniformGroupsBuilder",
-        ("KV-CALL-RAISES",),
+        ("KV-GROUP-ONE-BLOCK-SIZE",),
     ),
     # HiSparse: every layer of a multi-layer tensor at the tensor's base offset,
     # overwriting each other on the device and in the host pool.
@@ -145,8 +144,13 @@ def test_legal_builder_behind_the_gate_passes(pair: Pair) -> None:
     assert all(r.examples > 0 for r in report.results if r.status == "pass")
 
 
-def test_a_wrapper_off_its_layers_block_size_does_not_convert() -> None:
-    """vLLM's own uniform-type wrapper converts; one re-made with another block size is refused."""
+def test_a_wrapper_off_its_layers_block_size_converts_as_declared() -> None:
+    """A wrapper re-made with another block size keeps it, both ways, for the kit to judge.
+
+    vLLM's own wrapper converts with no declared size (its layers' is its
+    own); one re-made with ``block_size=16`` over 64-token pages converts to a
+    kvref wrapper that declares 16, counts in 16 and converts back to 16.
+    """
     import torch
     from vllm.v1.kv_cache_interface import KVCacheSpec, MLAAttentionSpec, UniformTypeKVCacheSpecs
 
@@ -160,6 +164,10 @@ def test_a_wrapper_off_its_layers_block_size_does_not_convert() -> None:
     }
     theirs = UniformTypeKVCacheSpecs.from_specs(layers)
     assert theirs is not None and theirs.block_size == 64
-    assert iv.spec_from_vllm(theirs).block_size == 64
-    with pytest.raises(iv.VLLMOutputError, match="block_size=16 is not the block size 64"):
-        iv.spec_from_vllm(UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs=layers))
+    ours = iv.spec_from_vllm(theirs)
+    assert ours.block_size == 64 and ours.declared_block_size is None
+    remade = iv.spec_from_vllm(UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs=layers))
+    assert remade.declared_block_size == 16 and remade.block_size == 16
+    assert {s.block_size for s in remade.kv_cache_specs.values()} == {64}
+    back = iv.spec_to_vllm(remade)
+    assert type(back) is UniformTypeKVCacheSpecs and back.block_size == 16

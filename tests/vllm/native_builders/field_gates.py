@@ -22,11 +22,10 @@ writes it (a subclass of vLLM's ``DefaultKVCacheConfigBuilder``, one gate,
   The legal one keeps the block size its layers share; the broken one takes
   ``cache_config.block_size``.  Where they differ, the group's block table
   counts tokens in blocks of the wrong size and a token's slot lies in a page
-  another block ID owns.  The kit's vLLM adapter refuses the answer (a
-  wrapper whose block size is not its layers' has no kvref record, where vLLM
-  itself checks nothing), so it is the grouping hook's own ``KV-CALL-RAISES``,
-  naming both block sizes: caught, but not yet as the memory-safety finding it
-  is in vLLM.
+  another block ID owns (vLLM itself checks nothing there).  kvref records
+  the wrapper's block size as declared, and ``KV-GROUP-ONE-BLOCK-SIZE``
+  catches it, naming the slots that land in other blocks' pages; served as
+  they are, such groups fail ``KV-SERVE-POOL`` (tests/extensions/serve/test_serve.py).
 """
 
 from __future__ import annotations
