@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from conformance.serve.checks import ServeBounds
-from conformance.serve.machine import random_program
-from conformance.serve.sim import Simulation
+from conformance.extensions.serve.checks import ServeBounds
+from conformance.extensions.serve.machine import random_program
+from conformance.extensions.serve.sim import Simulation
 from kvref import (
     FullAttentionSpec,
     KVCacheLayout,

@@ -51,7 +51,7 @@ EOF
 
 step "tests on $DEVICE"
 KVREF_TEST_DEVICE="$DEVICE" timeout 600 "$PY" -m pytest -q \
-  tests/reference/test_allocation.py tests/extensions/device/test_device.py tests/kit/serve/test_serve.py
+  tests/reference/test_allocation.py tests/extensions/device/test_device.py tests/extensions/serve/test_serve.py
 
 step "KV-DEV-TAGS bandwidth on $DEVICE"
 timeout 300 "$PY" benchmarks/device.py --device "$DEVICE"

@@ -193,7 +193,7 @@ KIT_LAYERS = (
     ),
     ("conformance.check",),
     ("conformance.generate",),
-    ("conformance.report", "conformance.serve"),
+    ("conformance.report",),
     ("conformance.harness",),
     ("conformance.scenarios",),
     ("conformance.run",),

@@ -68,7 +68,6 @@ _MODULES = (
     "conformance.check.hisparse",
     "conformance.check.hisparse_groups",
     "conformance.check.hisparse_runs",
-    "conformance.check.serve",
 )
 
 

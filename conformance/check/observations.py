@@ -25,7 +25,6 @@ from kvref.specs import KVCacheSpec
 
 __all__ = [
     "ProcessObservation",
-    "ServeObservation",
     "CallResult",
     "ConstructFailure",
     "CoreObservation",
@@ -356,29 +355,6 @@ class ProcessObservation:
     unavailable: str | None = None
     hash_seed: str = ""
     skipped: str | None = None
-
-
-@attrs.frozen(kw_only=True)
-class ServeObservation:
-    """What serving one stream over the builder's configs showed.
-
-    Attributes:
-        example: the example served (a serving example: problem, pool, stream).
-        configs: the builder's config of each worker (empty when placement failed).
-        groups_source: ``builder`` or ``reference`` (the builder's groups broke a
-            grouping invariant, reported there).
-        violations: the violations of the step that broke an invariant (empty:
-            the stream ran clean), or ``None`` when nothing could be served.
-        reason: why nothing was served, when it was not.
-        calls: the guarded placement calls (the ``KV-CALL-*`` invariants read them).
-    """
-
-    example: Any
-    configs: tuple[KVCacheConfig, ...]
-    groups_source: str
-    violations: tuple[Violation, ...] | None
-    reason: str | None = None
-    calls: tuple[CallResult, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

@@ -51,17 +51,23 @@ class Contribution:
 
 
 #: Every extension that adds invariants; several placed before one core
-#: item keep this order.
+#: item keep this order (device's scenario is judged before serve's).
 CONTRIBUTIONS: tuple[Contribution, ...] = (
     Contribution(
         extension="device",
         scenarios=("conformance.extensions.device.scenario:DEVICE",),
-        scenarios_before="serve",
+        scenarios_before="processes",
         check_modules=(
             "conformance.extensions.device.rows",
             "conformance.extensions.device.kernel",
         ),
         checks_before="conformance.check.profiling",
+    ),
+    Contribution(
+        extension="serve",
+        scenarios=("conformance.extensions.serve.scenario:SERVE_SCENARIO",),
+        scenarios_before="processes",
+        check_modules=("conformance.extensions.serve.invariants",),
     ),
 )
 

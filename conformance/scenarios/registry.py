@@ -24,14 +24,13 @@ from conformance.scenarios.host import HOST
 from conformance.scenarios.placement import PLACEMENT
 from conformance.scenarios.processes import PROCESSES
 from conformance.scenarios.profiling import PROFILING
-from conformance.scenarios.serve import SERVE_SCENARIO
 
 __all__ = ["SCENARIOS", "examples", "get", "names", "observe_in", "scenarios"]
 
 #: Every scenario, in the order a run judges them: the core's, with the
-#: extensions' in the places they name (device before serve).
+#: extensions' in the places they name (device and serve before processes).
 SCENARIOS: tuple[Scenario, ...] = contributed_scenarios(
-    (GROUPING, PLACEMENT, HOST, CORE, PROFILING, SERVE_SCENARIO, PROCESSES)
+    (GROUPING, PLACEMENT, HOST, CORE, PROFILING, PROCESSES)
 )
 
 

@@ -156,7 +156,7 @@ class TestEveryInvariantHasABrokenBuilder:
         # Core-flow invariants hold by construction under kvref's Core for any
         # honest builder; tests/kit/check/test_core_invariants.py breaks the flow itself.
         # The device checks have their fault tests in tests/extensions/device/test_device.py.
-        # The serving invariants have theirs in tests/kit/serve/test_serve.py.
+        # The serving invariants have theirs in tests/extensions/serve/test_serve.py.
         # vLLM's worker rules are release-bound: tests/kit/check/test_worker_accept.py
         # breaks each under every release that has it (tests/worker_builders.py).
         dedicated = {

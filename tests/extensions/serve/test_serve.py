@@ -16,9 +16,8 @@ from hypothesis.errors import NoSuchExample
 from hypothesis.stateful import run_state_machine_as_test
 
 from conformance.check.violations import Violation
-from conformance.generate import strategies as kst
-from conformance.serve import programs, run_serving, serve_bounds, serve_machine
-from conformance.serve.machine import (
+from conformance.extensions.serve import programs, run_serving, serve_bounds, serve_machine
+from conformance.extensions.serve.machine import (
     AddRequest,
     Decode,
     Finish,
@@ -26,8 +25,9 @@ from conformance.serve.machine import (
     ServeProgram,
     simulation_factory,
 )
-from conformance.serve.pool import BlockPool, PoolExhaustedError, Retention
-from conformance.serve.sim import Simulation
+from conformance.extensions.serve.pool import BlockPool, PoolExhaustedError, Retention
+from conformance.extensions.serve.sim import Simulation
+from conformance.generate import strategies as kst
 from kvref import (
     CircularBufferSpec,
     CrossAttentionSpec,
@@ -387,6 +387,27 @@ class TestStaticFindingsAgree:
         _, found = minimal_failure(place(builder(), specs, layout), specs, layout)
         assert {v.invariant for v in found} <= {ISOLATION, POOL}
 
+    @pytest.mark.parametrize("layout", ["LBNHC", "BLHNC"])
+    def test_declared_block_size_breaks_serving(self, layout: str) -> None:
+        """A wrapper counting tokens in blocks its pages do not hold lets a kernel write astray.
+
+        ``KV-GROUP-ONE-BLOCK-SIZE`` judges the groups; served as they are, the
+        block table's blocks of 8 tokens over pages of 4 send a request's later
+        tokens into pages it does not hold (or past the view) on either layout.
+        """
+        kw: dict[str, Any] = {"block_size": 4, "num_kv_heads": 2, "dtype": BF16}
+        specs: dict[str, KVCacheSpec] = {
+            "l0": FullAttentionSpec(**kw, head_size=8),
+            "l1": FullAttentionSpec(**kw, head_size=16),
+        }
+        config = place(broken_builders.DeclaresEngineBlockSize(), specs, layout)
+        assert [g.kv_cache_spec.block_size for g in config.kv_cache_groups] == [8]
+        _, found = minimal_failure(config, specs, layout)
+        assert POOL in {v.invariant for v in found}
+        legal = place(ReferenceKVCacheConfigBuilder(), specs, layout)
+        assert [g.kv_cache_spec.block_size for g in legal.kv_cache_groups] == [4]
+        assert_clean(legal, specs, layout)
+
     @pytest.mark.parametrize(
         ("builder", "layout"),
         [(broken_builders.SwappedLayers, "LBNHC"), (broken_builders.HalfUsedBlocks, "BLHNC")],
@@ -406,8 +427,8 @@ def serve_wired(monkeypatch: pytest.MonkeyPatch) -> Any:
 
     Returns the function that sets the strategy (``None``: the kit's families).
     """
+    from conformance.extensions.serve import scenario
     from conformance.scenarios import registry
-    from conformance.scenarios import serve as scenario
 
     plain = registry.examples
     chosen: list[Any] = [None]

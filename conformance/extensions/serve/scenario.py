@@ -8,7 +8,7 @@ the stream over all workers' configs on the run's device.  The invariants
 read the violations of the first step that broke one.
 
 The two invariants that read the observation are declared in
-:mod:`conformance.check.serve`.
+:mod:`conformance.extensions.serve.invariants`.
 """
 
 from __future__ import annotations
@@ -20,14 +20,15 @@ import attrs
 from hypothesis import strategies as st
 
 from conformance.check.geometry import page_bytes
-from conformance.check.observations import CallResult, ServeObservation
+from conformance.check.observations import CallResult
+from conformance.extensions.serve.checks import MAX_BYTES, ServeBounds, bounds_for, run_serving
+from conformance.extensions.serve.invariants import ServeObservation
+from conformance.extensions.serve.machine import ServeProgram, programs
 from conformance.generate import strategies as kst
 from conformance.generate.limits import NO_LIMITS, Limits
 from conformance.harness.hooks import Context, builder_or_reference_groups, call_placement
 from conformance.scenarios.base import Scenario
 from conformance.scenarios.examples import Example, ProblemDraw
-from conformance.serve.checks import MAX_BYTES, ServeBounds, bounds_for, run_serving
-from conformance.serve.machine import ServeProgram, programs
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
 
@@ -164,7 +165,9 @@ def worker_groups(
         spec = group.kv_cache_spec
         if names and isinstance(spec, UniformTypeKVCacheSpecs):
             kept = {n: spec.kv_cache_specs[n] for n in names}
-            spec = UniformTypeKVCacheSpecs(kv_cache_specs=kept)
+            spec = UniformTypeKVCacheSpecs(
+                kv_cache_specs=kept, declared_block_size=spec.declared_block_size
+            )
         projected.append(attrs.evolve(group, layer_names=names, kv_cache_spec=spec))
     return projected
 

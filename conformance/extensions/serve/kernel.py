@@ -16,7 +16,7 @@ from fractions import Fraction
 import attrs
 import torch
 
-from conformance.serve.pool import Retention
+from conformance.extensions.serve.pool import Retention
 
 __all__ = ["LayerSlot"]
 

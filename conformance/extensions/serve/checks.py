@@ -19,8 +19,8 @@ import torch
 from conformance.check.geometry import page_bytes
 from conformance.check.violations import Violation
 from conformance.check.worker_model import planned_device_bytes, planned_host_bytes
-from conformance.serve.machine import ServeProgram, random_program
-from conformance.serve.sim import ISOLATION, POOL, Simulation
+from conformance.extensions.serve.machine import ServeProgram, random_program
+from conformance.extensions.serve.sim import ISOLATION, POOL, Simulation
 from kvref.errors import KVRefError
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig

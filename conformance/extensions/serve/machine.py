@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from conformance.check.violations import Violation
-from conformance.serve.pool import PoolExhaustedError
-from conformance.serve.sim import Simulation
-from conformance.serve.worker import POOL
+from conformance.extensions.serve.pool import PoolExhaustedError
+from conformance.extensions.serve.sim import Simulation
+from conformance.extensions.serve.worker import POOL
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig
 from kvref.specs import KVCacheSpec

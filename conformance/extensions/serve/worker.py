@@ -23,12 +23,18 @@ from typing import Protocol
 import attrs
 import torch
 
-from conformance.check.serve import ISOLATION, POOL
 from conformance.check.tags import mix64, observed_tag, read_states, wide_view, write_states
 from conformance.check.violations import Violation
 from conformance.check.worker import WorkerAllocation, allocate_kv_cache
-from conformance.serve.kernel import LayerSlot
-from conformance.serve.pool import NULL_BLOCK, GroupManager, Retention, retention_of, token_states
+from conformance.extensions.serve.invariants import ISOLATION, POOL
+from conformance.extensions.serve.kernel import LayerSlot
+from conformance.extensions.serve.pool import (
+    NULL_BLOCK,
+    GroupManager,
+    Retention,
+    retention_of,
+    token_states,
+)
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig
 from kvref.specs import KVCacheSpec

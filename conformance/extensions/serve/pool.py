@@ -151,9 +151,13 @@ def _first_spec(spec: KVCacheSpec | UniformTypeKVCacheSpecs) -> KVCacheSpec:
 
 
 def retention_of(spec: KVCacheSpec | UniformTypeKVCacheSpecs) -> Retention:
-    """The retention vLLM's manager for ``spec`` applies (a wrapper's first spec decides)."""
-    spec = _first_spec(spec)
+    """The retention vLLM's manager for ``spec`` applies (a wrapper's first spec decides).
+
+    The block size is the group spec's own: the one its block table counts
+    tokens in, which a wrapper may declare apart from its layers' pages.
+    """
     bs = spec.block_size
+    spec = _first_spec(spec)
     if isinstance(spec, SlidingWindowSpec):
         return Retention(
             kind="sliding",

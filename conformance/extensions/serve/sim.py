@@ -1,7 +1,7 @@
 """A serving simulation: one scheduler's pool and block tables over every worker's KV cache.
 
 The scheduler side (pool, managers, admission, growth, preemption) follows
-:mod:`conformance.serve.pool`; the worker side writes each computed state's
+:mod:`conformance.extensions.serve.pool`; the worker side writes each computed state's
 tag through every layer's view, addressed as an attention kernel addresses it:
 state ``s`` goes to block-table entry ``s // S_G`` of its group (``S_G`` the
 states one *group* block holds for this layer), slot ``s % S_G``, and lands at
@@ -30,13 +30,13 @@ import torch
 from conformance.check.tags import mix64
 from conformance.check.violations import Violation
 from conformance.check.worker import WorkerAllocation
-from conformance.serve.pool import (
+from conformance.extensions.serve.pool import (
     NULL_BLOCK,
     BlockPool,
     GroupManager,
     scheduler_block_size,
 )
-from conformance.serve.worker import ISOLATION, POOL, Layers
+from conformance.extensions.serve.worker import ISOLATION, POOL, Layers
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig
 from kvref.specs import KVCacheSpec

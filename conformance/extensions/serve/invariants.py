@@ -1,0 +1,78 @@
+"""The serving invariants: what a request stream over the builder's configs must never show.
+
+The ``serve`` scenario (:mod:`conformance.extensions.serve.scenario`) serves
+the stream and records the violations of the first step that broke a rule in
+a :class:`ServeObservation`; these invariants read them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from conformance.check.catalog import Invariant, Unjudged, register
+from conformance.check.observations import CallResult
+from conformance.check.violations import Violation
+from kvref.records import KVCacheConfig
+
+__all__ = ["INVARIANTS", "ISOLATION", "POOL", "ServeObservation"]
+
+#: A request reads back only its own KV.
+ISOLATION = "KV-SERVE-ISOLATION"
+#: A block ID has one holder; kernels write only blocks their request holds.
+POOL = "KV-SERVE-POOL"
+
+
+@attrs.frozen(kw_only=True)
+class ServeObservation:
+    """What serving one stream over the builder's configs showed.
+
+    Attributes:
+        example: the example served (a serving example: problem, pool, stream).
+        configs: the builder's config of each worker (empty when placement failed).
+        groups_source: ``builder`` or ``reference`` (the builder's groups broke a
+            grouping invariant, reported there).
+        violations: the violations of the step that broke an invariant (empty:
+            the stream ran clean), or ``None`` when nothing could be served.
+        reason: why nothing was served, when it was not.
+        calls: the guarded placement calls (the ``KV-CALL-*`` invariants read them).
+    """
+
+    example: Any
+    configs: tuple[KVCacheConfig, ...]
+    groups_source: str
+    violations: tuple[Violation, ...] | None
+    reason: str | None = None
+    calls: tuple[CallResult, ...] = ()
+
+
+def _judge(invariant_id: str) -> Any:
+    def check(obs: ServeObservation) -> list[Violation] | Unjudged:
+        if obs.violations is None:
+            return Unjudged(obs.reason or "nothing was served")
+        return [v for v in obs.violations if v.invariant == invariant_id]
+
+    return check
+
+
+INVARIANTS = (
+    register(
+        Invariant(
+            id=ISOLATION,
+            title="under a request stream, every request reads back only its own KV",
+            anchor="serving-isolation",
+            scenarios=("serve",),
+            check=_judge(ISOLATION),
+        )
+    ),
+    register(
+        Invariant(
+            id=POOL,
+            title="a block ID has one holder; kernels write only blocks their request holds",
+            anchor="serving-pool",
+            scenarios=("serve",),
+            check=_judge(POOL),
+        )
+    ),
+)
