@@ -15,7 +15,8 @@ def render() -> str:
     lines = [
         "# Invariant catalog",
         "",
-        "Generated from the kit's catalog (`conformance/check/`) by",
+        "Generated from the kit's catalog (`conformance/check/`, and the check modules",
+        "of the extensions that add invariants: `conformance/extensions/contributions.py`) by",
         "`python docs/gen_invariants.py`; do not edit by hand. Ids are stable: use them",
         "in `--select` and xfail files. Each links to the section of the",
         "[contract](contract.md) that states the promise.",

@@ -9,6 +9,11 @@ core calls at fixed points, in the order of
 extension (``tests/test_imports.py``), so an extension is one folder under
 ``conformance/extensions/`` that a maintainer can delete and a vendor can ignore.
 
+An extension may also add invariants the core judges (the device checks, the
+serving simulation): its scenarios and check modules, listed in
+:data:`conformance.extensions.contributions.CONTRIBUTIONS`, which the
+catalog and the scenarios' registry read.
+
 An extension's state for one run is whatever its :attr:`Extension.start`
 returns (``None``: it sits this run out); every later hook is given that
 state first.
