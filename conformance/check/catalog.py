@@ -65,9 +65,6 @@ _MODULES = (
     "conformance.check.pitch",
     "conformance.check.processes",
     "conformance.check.profiling",
-    "conformance.check.hisparse",
-    "conformance.check.hisparse_groups",
-    "conformance.check.hisparse_runs",
 )
 
 

@@ -51,7 +51,8 @@ class Contribution:
 
 
 #: Every extension that adds invariants; several placed before one core
-#: item keep this order (device's scenario is judged before serve's).
+#: item keep this order (device's scenario is judged before serve's, and
+#: hisparse's check modules come before serve's at the catalog's end).
 CONTRIBUTIONS: tuple[Contribution, ...] = (
     Contribution(
         extension="device",
@@ -62,6 +63,16 @@ CONTRIBUTIONS: tuple[Contribution, ...] = (
             "conformance.extensions.device.kernel",
         ),
         checks_before="conformance.check.profiling",
+    ),
+    # No scenario of its own: judged on the core's grouping and host scenarios.
+    # Listed before serve: both come after every core check module, in this order.
+    Contribution(
+        extension="hisparse",
+        check_modules=(
+            "conformance.extensions.hisparse.pool",
+            "conformance.extensions.hisparse.groups",
+            "conformance.extensions.hisparse.runs",
+        ),
     ),
     Contribution(
         extension="serve",

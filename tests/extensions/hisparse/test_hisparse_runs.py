@@ -12,7 +12,7 @@ import broken_builders
 import pytest
 import torch
 
-from conformance.check.hisparse_runs import host_run_findings
+from conformance.extensions.hisparse.runs import host_run_findings
 from kvref import ReferenceKVCacheConfigBuilder
 from kvref.config import HiSparseConfig, PlanningConfig
 from kvref.hisparse import resolve_hisparse_specs

@@ -22,11 +22,11 @@ from __future__ import annotations
 from conformance.check import memory
 from conformance.check.catalog import Unjudged, invariant
 from conformance.check.catalog import violation as _v
-from conformance.check.hisparse import sound_placement
 from conformance.check.memory import HOST_LAYOUT
 from conformance.check.observations import HostObservation
 from conformance.check.residency import hisparse_source_layers
 from conformance.check.violations import Violation
+from conformance.extensions.hisparse.pool import sound_placement
 from kvref.records import KVCacheConfig
 
 __all__ = ["host_run_findings"]
