@@ -8,6 +8,9 @@ loads them before the builder's worker starts:
 
 - :mod:`.models`: the forms a models spec takes, the variants drawn around
   each fixed model, and the ``kvref-models/1`` JSON reader;
+- :mod:`.deployment`: what a model is served with besides its layers
+  (speculative config, HiSparse, declared grouping, layout), from Python
+  or JSON;
 - :mod:`.data`: a model as ``kvref-models/1`` data, how models cross from
   the child below to the judge;
 - :mod:`.child`: the contained child that evaluates a ``module:attr`` spec,

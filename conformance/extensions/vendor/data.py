@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from conformance.generate.deployment import deployment_of
+from conformance.extensions.vendor.deployment import deployment_of
 from conformance.generate.families.extras import DeclaredGroups, RunsOfKindGrouping
 from conformance.generate.problems import model_config_fields
 from conformance.generate.records import Model

@@ -53,7 +53,7 @@ from conformance.extensions.vendor.data import (
     spec_classes,
     vendor_spec,
 )
-from conformance.generate.deployment import (
+from conformance.extensions.vendor.deployment import (
     DEPLOYMENT_FIELDS,
     DeploymentError,
     deployed,

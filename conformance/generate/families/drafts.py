@@ -95,7 +95,7 @@ def _declared(model: object) -> tuple[str, int] | None:
     """``(method, tokens)`` a model declares: a :class:`SpeculativeModel`, or any model with both.
 
     Vendor models that also bring planning settings declare theirs on
-    another class (``conformance.generate.deployment.DeployedModel``).
+    another class (``conformance.extensions.vendor.deployment.DeployedModel``).
     """
     if not isinstance(model, Model):
         return None

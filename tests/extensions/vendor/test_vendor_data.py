@@ -22,8 +22,8 @@ from hypothesis import assume, find, given, settings
 
 from conformance.extensions.vendor.child import evaluate, load_models
 from conformance.extensions.vendor.data import models_data
+from conformance.extensions.vendor.deployment import deployment_of
 from conformance.extensions.vendor.models import VendorModelError, read_data
-from conformance.generate.deployment import deployment_of
 from conformance.generate.families import FAMILIES
 from conformance.generate.families import models as family_models
 from conformance.generate.records import Model

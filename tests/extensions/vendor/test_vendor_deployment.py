@@ -1,4 +1,4 @@
-"""Vendor models carry their whole deployment (conformance.generate.deployment).
+"""Vendor models carry their whole deployment (conformance.extensions.vendor.deployment).
 
 A vendor model's HiSparse settings, declared grouping, speculative config
 and layout reach the builder as the model declares them, from a
@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 import pytest
 from hypothesis import Phase, given, settings
 
+from conformance.extensions.vendor.deployment import DeployedModel
 from conformance.extensions.vendor.models import VendorModelError, around, fixed_models, read_json
-from conformance.generate.deployment import DeployedModel
 from conformance.generate.families.drafts import speculation
 from conformance.generate.families.extras import DeclaredGroups, ExtendedModel, ModelExtras
 from conformance.run.runner import check_builder
