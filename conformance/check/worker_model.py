@@ -12,8 +12,9 @@ and pages that follow from them).  kvref computes the same addresses in
 ``kvref.views`` and the two are written twice on purpose: were the kit to
 use kvref's, a bug planted in kvref's addresses would move the kit's
 expectations with it and go unseen.  The plumbing, torch buffers and
-strided views over them, is :mod:`conformance.check.worker`; tags written
-and read through those views are :mod:`conformance.check.tags`.
+strided views over them, is :mod:`conformance.check.worker`; the tags the
+device and serve extensions write and read through those views are
+:mod:`conformance.extensions.tags`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ On the device, a distinct tag is written to every (layer, kernel block)
 through the kernel view and read back through the planning view, then the
 other way round, one tensor at a time (aliasing between tensors is
 KV-DEV-TAGS' concern); the tags and their element width come from the
-kit's tag engine (:mod:`conformance.check.tags`).  A plan the worker cannot
+kit's tag engine (:mod:`conformance.extensions.tags`).  A plan the worker cannot
 read (no kernel block size divides a group's block size, a split block that
 is not one dense page, a packed cache a layer's backend cannot bind) is a
 violation unless the worker cannot read the reference's plan of the same
@@ -35,11 +35,11 @@ import torch
 from conformance.check.bounds import tensor_problems
 from conformance.check.catalog import Unjudged, invariant
 from conformance.check.observations import PlacementObservation
-from conformance.check.tags import WIDTH_DTYPES, layer_tags, movable, widest_width
 from conformance.check.violations import Violation
 from conformance.check.worker import WorkerAllocation, allocate_kv_cache
 from conformance.check.worker_model import WorkerError, WorkerTensor, resolve_layout
 from conformance.extensions.device.memory import check_budget, ordered_copy, release
+from conformance.extensions.tags import WIDTH_DTYPES, layer_tags, movable, widest_width
 from kvref.builder import ReferenceKVCacheConfigBuilder
 from kvref.errors import KVRefError, LayoutError, UnsupportedError
 from kvref.kernel_blocks import (

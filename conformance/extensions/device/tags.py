@@ -6,7 +6,7 @@ written through one strided view per tensor, then all are read back, so a
 page that another page overwrote shows, with the page that wrote it
 (contract.md#memory-safety).  Which bytes a page occupies comes from the
 kit's worker model (:mod:`conformance.check.worker_model`); the tags and
-their element width from the kit's tag engine (:mod:`conformance.check.tags`).
+their element width from the kit's tag engine (:mod:`conformance.extensions.tags`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from conformance.check.tags import WIDTH_DTYPES, layer_tags, widest_width
 from conformance.check.violations import Violation
 from conformance.check.worker import WorkerAllocation as KVCacheAllocation
 from conformance.check.worker import allocate_kv_cache
@@ -32,6 +31,7 @@ from conformance.extensions.device.memory import (
     ordered_copy,
     release,
 )
+from conformance.extensions.tags import WIDTH_DTYPES, layer_tags, widest_width
 from kvref.errors import KVRefError
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig

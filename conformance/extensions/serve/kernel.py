@@ -6,7 +6,7 @@ salt of its tags.  Every state a kernel stores gets a 64-bit *tag*: the hash
 of the content it was computed from (the tokens up to it) mixed with the
 layer's salt.  Two requests only share tags where they share a prefix,
 which is exactly where vLLM lets them share blocks.  Tags are made, written
-and read back by the kit's one tag engine, :mod:`conformance.check.tags`.
+and read back by the kit's one tag engine, :mod:`conformance.extensions.tags`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class LayerSlot:
         salt: the layer's tag salt.
         tokens_per_state: tokens per kernel state (a ``Fraction`` below 1: states per token).
         declared: the layer's own retention (what it reads), from the model's spec.
-        wide: the int64 form of ``view`` (:func:`conformance.check.tags.wide_view`), if any.
+        wide: the int64 form of ``view`` (:func:`conformance.extensions.tags.wide_view`), if any.
     """
 
     name: str

@@ -27,7 +27,6 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
-from conformance.check.tags import mix64
 from conformance.check.violations import Violation
 from conformance.check.worker import WorkerAllocation
 from conformance.extensions.serve.pool import (
@@ -37,6 +36,7 @@ from conformance.extensions.serve.pool import (
     scheduler_block_size,
 )
 from conformance.extensions.serve.worker import ISOLATION, POOL, Layers
+from conformance.extensions.tags import mix64
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig
 from kvref.specs import KVCacheSpec

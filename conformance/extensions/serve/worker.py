@@ -23,7 +23,6 @@ from typing import Protocol
 import attrs
 import torch
 
-from conformance.check.tags import mix64, observed_tag, read_states, wide_view, write_states
 from conformance.check.violations import Violation
 from conformance.check.worker import WorkerAllocation, allocate_kv_cache
 from conformance.extensions.serve.invariants import ISOLATION, POOL
@@ -35,6 +34,7 @@ from conformance.extensions.serve.pool import (
     retention_of,
     token_states,
 )
+from conformance.extensions.tags import mix64, observed_tag, read_states, wide_view, write_states
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig
 from kvref.specs import KVCacheSpec

@@ -5,8 +5,11 @@ them back: the device extension's KV-DEV-TAGS (``extensions/device/tags.py``,
 one tag per (layer, block) page) and KV-DEV-KERNEL-VIEWS
 (``extensions/device/kernel.py``, one tag per kernel block, written through
 one view and read through the other), and the serve extension's simulation
-(``extensions/serve/``, one tag per kernel state).  Two extensions share it,
-so it stays in the core.  This module is their shared *plumbing*: how a tag is made,
+(``extensions/serve/``, one tag per kernel state).  It is not an extension
+itself: no entry in the registry or the contributions names it, and the core
+never imports it.  It sits beside the two extensions that share it, so that
+neither depends on the other's folder; deleting one of them leaves it to the
+other.  This module is their shared *plumbing*: how a tag is made,
 which element width a set of byte offsets and strides allows, and how tags
 are stored into and compared with views of a torch byte buffer.
 
