@@ -438,10 +438,25 @@ def spelled(spec: str) -> None:
         )
 
 
+#: Documented import paths of this extension's modules from before they moved
+#: here, still served to the vendor's models: a models file written against
+#: the old path keeps working (docs/vendors.md).
+MOVED_MODULES = {"conformance.generate.deployment": "conformance.extensions.vendor.deployment"}
+
+
+def _keep_moved_paths() -> None:
+    """Alias each old path to its module, for the vendor's imports only."""
+    import sys
+
+    for old, new in MOVED_MODULES.items():
+        sys.modules.setdefault(old, importlib.import_module(new))
+
+
 def _resolve(spec: str) -> object:
     """Import ``module:attr`` (in the models child: the vendor's code runs there)."""
     spelled(spec)
     module_name, _, attr = spec.partition(":")
+    _keep_moved_paths()
     try:
         value: object = importlib.import_module(module_name)
     except ImportError as exc:

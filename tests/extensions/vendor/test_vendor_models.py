@@ -129,6 +129,27 @@ class TestInputForms:
         assert isinstance(drawn, SpeculativeModel)
         assert speculation(drawn) == Speculation("mtp", 1, 2)
 
+    def test_a_models_module_may_import_the_deployment_from_its_old_path(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """``conformance.generate.deployment`` (documented before the move) still imports."""
+        import sys
+
+        from conformance.extensions.vendor import deployment
+
+        monkeypatch.delitem(sys.modules, "conformance.generate.deployment", raising=False)
+        (tmp_path / "acme_old_models.py").write_text(
+            "from conformance.generate.deployment import DeployedModel\n"
+            f"from {__name__} import HYBRID\n"
+            "MODELS = [HYBRID]\n"
+            "KIND = DeployedModel\n"
+        )
+        monkeypatch.syspath_prepend(str(tmp_path))
+        drawn = find(load_models("acme_old_models:MODELS"), lambda m: True, settings=OCCURS)
+        assert drawn.family == "vendor"
+        assert sys.modules["acme_old_models"].KIND is deployment.DeployedModel
+        monkeypatch.delitem(sys.modules, "acme_old_models")
+
     def test_json_path_as_str_and_path(self) -> None:
         """A path (str or Path) loads the file's models."""
         for spec in (str(DSV4), DSV4):
