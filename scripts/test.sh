@@ -50,7 +50,12 @@ run() {  # run VENV VLLM_VERSION PYTEST_ARGS...
   local venv=$1 version=$2
   shift 2
   echo "== pytest under vLLM $version ($venv): $*"
-  KVREF_REQUIRE_VLLM=$version "$venv/bin/python" -m pytest "$@"
+  # One vLLM cache per release: vLLM caches what it learns of a model class
+  # (kvref's VllmConfig has one) in one file for every release, keyed by the
+  # class's source hash, so two releases sharing a cache evict each other and
+  # every process that builds a VllmConfig pays a subprocess (8-9 CPU-s).
+  KVREF_REQUIRE_VLLM=$version VLLM_CACHE_ROOT="$PWD/build/vllm-cache/$version" \
+    "$venv/bin/python" -m pytest "$@"
   local rc=$?
   # pytest exits 5 when it collected no test: that is not a pass.
   if [ "$rc" -eq 5 ]; then
