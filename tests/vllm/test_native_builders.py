@@ -12,15 +12,16 @@ real ``VllmConfig``.  The kit loads them through its adapter and must:
   builder declares sees the same bug from another side, or inherits.
 
 Every verdict is checked twice: the fast tier (every submission; the legal
-builders' under the newest release, the broken ones' under each) at one seed with the paper invariants and half a default run's
-budget (:data:`FAST_EXAMPLES` per scenario), the ``slow`` tier with the whole
+builders' under the newest release, the broken ones' under each) at one seed
+with the paper invariants and half a default run's budget
+(:data:`FAST_EXAMPLES` per scenario), the ``slow`` tier with the whole
 catalog at the default 50 per scenario, two seeds and reach measured.  A
 planted bug must be caught with the fewer draws, a stricter claim.  The
 legal builders' proof of no false alarm at the default budget is the slow
 tier and ``benchmarks/native_sweep.py`` (seeds 1-5 under each release); at
 the default budget their fast runs were the suite's longest tests (60-180 s
-each on a loaded 2-core machine, about a third of CI's time), which is why
-the fast tier runs them at the broken builders' budget.
+each on a loaded 2-core machine), which is why the fast tier runs them at the
+broken builders' budget (docs/performance.md, sixth session).
 Each run must also have drawn the model family that opens the builder's
 gate, and a cheap check proves the gates open on the kit's own examples of
 that family, so that a pass is never a pass of ``super()`` alone.
