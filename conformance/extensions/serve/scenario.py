@@ -13,7 +13,7 @@ The two invariants that read the observation are declared in
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -29,8 +29,9 @@ from conformance.generate.limits import NO_LIMITS, Limits
 from conformance.harness.hooks import Context, builder_or_reference_groups, call_placement
 from conformance.scenarios.base import Scenario
 from conformance.scenarios.examples import Example, ProblemDraw
-from kvref.records import KVCacheConfig, KVCacheGroupSpec
-from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
+from kvref.planning import project_kv_cache_groups_to_worker
+from kvref.records import KVCacheConfig
+from kvref.specs import KVCacheSpec
 
 __all__ = [
     "OPS_BY_PROFILE",
@@ -146,32 +147,6 @@ def _serve_example(
     return ServeExample(example=example, program=program, bounds=bounds)
 
 
-def worker_groups(
-    groups: Sequence[KVCacheGroupSpec], worker: Mapping[str, KVCacheSpec]
-) -> list[KVCacheGroupSpec]:
-    """The groups Core hands one pipeline stage's builder (contract.md#core-flow).
-
-    Each group keeps the stage's layers, in order; a uniform-type wrapper keeps
-    the specs of those layers.  A wrapper none of whose layers is on the stage
-    stays whole but names no layer: block IDs are global, so the group still
-    counts, yet nothing of it is placed on this stage.
-    """
-    projected: list[KVCacheGroupSpec] = []
-    for group in groups:
-        names = [n for n in group.layer_names if n in worker]
-        if len(names) == len(group.layer_names):
-            projected.append(group)
-            continue
-        spec = group.kv_cache_spec
-        if names and isinstance(spec, UniformTypeKVCacheSpecs):
-            kept = {n: spec.kv_cache_specs[n] for n in names}
-            spec = UniformTypeKVCacheSpecs(
-                kv_cache_specs=kept, declared_block_size=spec.declared_block_size
-            )
-        projected.append(attrs.evolve(group, layer_names=names, kv_cache_spec=spec))
-    return projected
-
-
 def observe_serve(ctx: Context, ex: ServeExample) -> ServeObservation:
     """Place every worker's groups with the builder and serve the stream over them."""
     config = attrs.evolve(ex.config, num_gpu_blocks_override=None)
@@ -180,7 +155,12 @@ def observe_serve(ctx: Context, ex: ServeExample) -> ServeObservation:
     configs: list[KVCacheConfig] = []
     calls: list[CallResult] = []
     for w, worker in enumerate(ex.workers):
-        projected = worker_groups(groups, worker) if len(ex.workers) > 1 else list(groups)
+        # Core's projection onto the stage's layers, as the placement scenario feeds it.
+        projected = (
+            project_kv_cache_groups_to_worker(groups, worker)
+            if len(ex.workers) > 1
+            else list(groups)
+        )
         result, _ = call_placement(ctx.guard, builder, config, projected, ex.example.num_blocks)
         calls.append(result)
         if not result.ok:
