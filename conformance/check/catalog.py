@@ -39,6 +39,8 @@ __all__ = [
     "catalog",
     "flag",
     "invariant",
+    "invariant_on",
+    "judged_on",
     "register",
     "violation",
 ]
@@ -96,6 +98,7 @@ class Unjudged:
 Outcome = "list[Violation] | Unjudged | None"
 Check = Callable[[Any], Any]
 _F = TypeVar("_F", bound=Callable[..., Any])
+_S = TypeVar("_S")
 
 
 @attrs.frozen(kw_only=True)
@@ -191,6 +194,53 @@ def invariant(
             ),
         )
         return cast(_F, check)
+
+    return declare
+
+
+def judged_on(
+    subject: Callable[[Any], _S | None],
+    check: Callable[[Any, _S], Any],
+    *,
+    gate: Callable[[Any], Unjudged | None] | None = None,
+) -> Check:
+    """``check(obs, found)``, judging what ``subject`` finds in an observation.
+
+    Many checks read one thing out of their observation first (the groups a
+    call returned, the configs placed) and judge nothing where it is missing
+    (``subject`` answers ``None``: the call failed, ``KV-CALL-*`` reports
+    that).  ``gate``, asked before ``subject``, says why an example cannot
+    judge the invariant at all (``None``: it can).
+    """
+
+    @functools.wraps(check)
+    def judge(obs: Any) -> Any:
+        if gate is not None:
+            skip = gate(obs)
+            if skip is not None:
+                return skip
+        found = subject(obs)
+        return None if found is None else check(obs, found)
+
+    return judge
+
+
+def invariant_on(
+    subject: Callable[[Any], _S | None],
+    id: str,
+    title: str,
+    *,
+    gate: Callable[[Any], Unjudged | None] | None = None,
+    **declared: Any,
+) -> Callable[[Callable[[Any, _S], Any]], Check]:
+    """Declare the decorated ``fn(obs, found)`` as the check of ``id``, judged on ``subject``.
+
+    ``subject`` and ``gate`` are :func:`judged_on`'s; ``declared`` are
+    :func:`invariant`'s keyword arguments (``anchor``, ``scenario``...).
+    """
+
+    def declare(fn: Callable[[Any, _S], Any]) -> Check:
+        return invariant(id, title, **declared)(judged_on(subject, fn, gate=gate))
 
     return declare
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from conformance.check.bounds import named_layer_specs
-from conformance.check.catalog import flag, invariant
+from conformance.check.catalog import Check, Unjudged, flag, invariant, invariant_on
 from conformance.check.observations import CallResult, GroupingObservation
+from conformance.check.purity import changed_input, unstable
 from conformance.check.violations import Violation
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec, MambaSpec, UniformTypeKVCacheSpecs
@@ -17,20 +21,75 @@ def returned_groups(result: CallResult) -> list[KVCacheGroupSpec] | None:
     return list(result.value) if result.ok else None
 
 
-_groups = returned_groups
+#: The groups one grouping call returned.
+Groups = list[KVCacheGroupSpec]
 
 
-@invariant(
+def first_groups(obs: GroupingObservation) -> Groups | None:
+    """The groups the observation's first call returned, or ``None`` when it failed."""
+    return returned_groups(obs.first)
+
+
+def grouping_invariant(
+    id: str,
+    title: str,
+    *,
+    anchor: str,
+    gate: Callable[[GroupingObservation], Unjudged | None] | None = None,
+) -> Callable[[Callable[[GroupingObservation, Groups], Any]], Check]:
+    """Declare a check of the groups the first grouping call returned (:func:`first_groups`).
+
+    Core's flow and the profiling path judge their grouping answers by it too;
+    ``gate`` is :func:`~conformance.check.catalog.judged_on`'s.
+    """
+    return invariant_on(
+        first_groups, id, title, anchor=anchor, scenario="grouping", in_core=True, gate=gate
+    )
+
+
+def each_group(
+    id: str,
+    title: str,
+    *,
+    anchor: str,
+    gate: Callable[[GroupingObservation], Unjudged | None] | None = None,
+) -> Callable[[Callable[[GroupingObservation, int, KVCacheGroupSpec], Iterable[Violation]]], Check]:
+    """Declare a :func:`grouping_invariant` judged group by group.
+
+    The decorated ``fn(obs, index, group)`` gives one group's findings; the
+    check's are every group's, in the groups' order.
+    """
+
+    def declare(
+        fn: Callable[[GroupingObservation, int, KVCacheGroupSpec], Iterable[Violation]],
+    ) -> Check:
+        def check(obs: GroupingObservation, groups: Groups) -> list[Violation]:
+            return [v for i, g in enumerate(groups) for v in fn(obs, i, g)]
+
+        return grouping_invariant(id, title, anchor=anchor, gate=gate)(functools.wraps(fn)(check))
+
+    return declare
+
+
+def given_specs(
+    obs: GroupingObservation, group: KVCacheGroupSpec
+) -> Iterator[tuple[str, KVCacheSpec, KVCacheSpec]]:
+    """Each layer of ``group`` the input has: its name, its group spec and its own spec.
+
+    A name the input lacks is KV-GROUP-UNKNOWN-LAYER's finding.
+    """
+    for name, kept in named_layer_specs(group):
+        given = obs.specs.get(name)
+        if given is not None:
+            yield name, kept, given
+
+
+@grouping_invariant(
     "KV-GROUP-PARTITION",
     "every input layer is in exactly one group",
     anchor="grouping-partition",
-    scenario="grouping",
-    in_core=True,
 )
-def _partition(obs: GroupingObservation) -> list[Violation] | None:
-    groups = _groups(obs.first)
-    if groups is None:
-        return None
+def _partition(obs: GroupingObservation, groups: Groups) -> list[Violation]:
     where: dict[str, int] = {}
     out = []
     for index, group in enumerate(groups):
@@ -49,178 +108,131 @@ def _partition(obs: GroupingObservation) -> list[Violation] | None:
     return out
 
 
-@invariant(
+@each_group(
     "KV-GROUP-UNKNOWN-LAYER",
     "groups name only layers of the input",
     anchor="grouping-partition",
-    scenario="grouping",
-    in_core=True,
 )
-def _unknown_layer(obs: GroupingObservation) -> list[Violation] | None:
-    groups = _groups(obs.first)
-    if groups is None:
-        return None
+def _unknown_layer(obs: GroupingObservation, i: int, g: KVCacheGroupSpec) -> list[Violation]:
     return [
         flag(f"group {i} names a layer the input does not have", layer=n)
-        for i, g in enumerate(groups)
         for n in g.layer_names
         if n not in obs.specs
     ]
 
 
-@invariant(
+@each_group(
     "KV-GROUP-REPEATED-LAYER",
     "no group lists a layer twice",
     anchor="grouping-partition",
-    scenario="grouping",
-    in_core=True,
 )
-def _repeated_layer(obs: GroupingObservation) -> list[Violation] | None:
-    groups = _groups(obs.first)
-    if groups is None:
-        return None
+def _repeated_layer(obs: GroupingObservation, i: int, g: KVCacheGroupSpec) -> list[Violation]:
     return [
         flag(f"group {i} lists the layer {count} times", layer=name)
-        for i, g in enumerate(groups)
         for name, count in Counter(g.layer_names).items()
         if count > 1
     ]
 
 
-@invariant(
+@each_group(
     "KV-GROUP-NONEMPTY",
     "no global group is empty",
     anchor="grouping-partition",
-    scenario="grouping",
-    in_core=True,
 )
-def _nonempty(obs: GroupingObservation) -> list[Violation] | None:
-    groups = _groups(obs.first)
-    if groups is None:
-        return None
-    return [
-        flag(f"group {i} has no layer; global groups must hold layers")
-        for i, g in enumerate(groups)
-        if not g.layer_names
-    ]
+def _nonempty(obs: GroupingObservation, i: int, g: KVCacheGroupSpec) -> list[Violation]:
+    if g.layer_names:
+        return []
+    return [flag(f"group {i} has no layer; global groups must hold layers")]
 
 
-@invariant(
+@each_group(
     "KV-GROUP-WRAPPER",
     "a uniform-type group's wrapper covers exactly its layers",
     anchor="grouping-group-specs",
-    scenario="grouping",
-    in_core=True,
 )
-def _wrapper(obs: GroupingObservation) -> list[Violation] | None:
-    groups = _groups(obs.first)
-    if groups is None:
-        return None
-    out = []
-    for i, g in enumerate(groups):
-        spec = g.kv_cache_spec
-        if isinstance(spec, UniformTypeKVCacheSpecs) and g.layer_names:  # empty: KV-GROUP-NONEMPTY
-            extra = [n for n in spec.kv_cache_specs if n not in g.layer_names]
-            missing = [n for n in g.layer_names if n not in spec.kv_cache_specs]
-            if extra or missing:
-                out.append(
-                    flag(
-                        f"group {i}'s UniformTypeKVCacheSpecs covers "
-                        f"{sorted(spec.kv_cache_specs)[:4]}"
-                        f" but the group names {list(g.layer_names)[:4]} (extra {extra[:3]}, "
-                        f"missing {missing[:3]})",
-                    )
-                )
-    return out
+def _wrapper(obs: GroupingObservation, i: int, g: KVCacheGroupSpec) -> list[Violation]:
+    spec = g.kv_cache_spec
+    if not isinstance(spec, UniformTypeKVCacheSpecs) or not g.layer_names:
+        return []  # empty: KV-GROUP-NONEMPTY
+    extra = [n for n in spec.kv_cache_specs if n not in g.layer_names]
+    missing = [n for n in g.layer_names if n not in spec.kv_cache_specs]
+    if not (extra or missing):
+        return []
+    return [
+        flag(
+            f"group {i}'s UniformTypeKVCacheSpecs covers "
+            f"{sorted(spec.kv_cache_specs)[:4]}"
+            f" but the group names {list(g.layer_names)[:4]} (extra {extra[:3]}, "
+            f"missing {missing[:3]})",
+        )
+    ]
 
 
-@invariant(
+@each_group(
     "KV-GROUP-ONE-BLOCK-SIZE",
     "the layers of a group share one block size",
     anchor="grouping-group-specs",
-    scenario="grouping",
-    in_core=True,
 )
-def _one_block_size(obs: GroupingObservation) -> list[Violation] | None:
-    groups = _groups(obs.first)
-    if groups is None:
-        return None
-    out = []
-    for i, g in enumerate(groups):
-        sizes = sorted({s.block_size for _, s in named_layer_specs(g)})
-        if len(sizes) > 1:
-            out.append(
-                flag(
-                    f"group {i} mixes block sizes {sizes}; one block table has one block size",
-                )
-            )
-            continue
-        # The group spec's own block size is what its block table counts in
-        # (a uniform-type wrapper may declare one); its layers' pages hold
-        # theirs, so block b's token slots would land in other blocks' pages.
-        counted = getattr(g.kv_cache_spec, "block_size", None)
-        if sizes and isinstance(counted, int) and counted != sizes[0]:
-            out.append(
-                flag(
-                    f"group {i}'s spec counts {counted} tokens per block, but its layers' pages "
-                    f"hold {sizes[0]}: for b >= 1, block b's slots b*{counted}..b*{counted}+"
-                    f"{counted - 1} land in pages of block IDs other than b",
-                )
-            )
-    return out
+def _one_block_size(obs: GroupingObservation, i: int, g: KVCacheGroupSpec) -> list[Violation]:
+    sizes = sorted({s.block_size for _, s in named_layer_specs(g)})
+    if len(sizes) > 1:
+        return [flag(f"group {i} mixes block sizes {sizes}; one block table has one block size")]
+    # The group spec's own block size is what its block table counts in
+    # (a uniform-type wrapper may declare one); its layers' pages hold
+    # theirs, so block b's token slots would land in other blocks' pages.
+    counted = getattr(g.kv_cache_spec, "block_size", None)
+    if not (sizes and isinstance(counted, int) and counted != sizes[0]):
+        return []
+    return [
+        flag(
+            f"group {i}'s spec counts {counted} tokens per block, but its layers' pages "
+            f"hold {sizes[0]}: for b >= 1, block b's slots b*{counted}..b*{counted}+"
+            f"{counted - 1} land in pages of block IDs other than b",
+        )
+    ]
 
 
-@invariant(
+@each_group(
     "KV-GROUP-LAYER-SPEC",
     "a layer's group spec stores what the layer stores and never shrinks its page",
     anchor="grouping-group-specs",
-    scenario="grouping",
-    in_core=True,
 )
-def _layer_spec_kept(obs: GroupingObservation) -> list[Violation] | None:
-    groups = _groups(obs.first)
-    if groups is None:
-        return None
+def _layer_spec_kept(obs: GroupingObservation, i: int, g: KVCacheGroupSpec) -> list[Violation]:
     out = []
-    for i, g in enumerate(groups):
-        for name, spec in named_layer_specs(g):
-            given = obs.specs.get(name)
-            if given is None:
-                continue
-            problems = []
-            if isinstance(given, MambaSpec):
-                # One state per request: the block size says nothing about its bytes.
-                if spec.page_size_bytes < given.page_size_bytes:
-                    problems.append(
-                        f"page {spec.page_size_bytes} B is smaller than the layer's state page "
-                        f"of {given.page_size_bytes} B"
-                    )
-            elif _content_per_token_shrinks(given, spec):
-                # Block sizes may change (unification scales them, promotion takes the
-                # full layers'), but never the bytes each token keeps.  Padding is no
-                # content: promotion rescales the unpadded page (contract.md#grouping-group-specs).
+    for name, spec, given in given_specs(obs, g):
+        problems = []
+        if isinstance(given, MambaSpec):
+            # One state per request: the block size says nothing about its bytes.
+            if spec.page_size_bytes < given.page_size_bytes:
                 problems.append(
-                    f"page {spec.page_size_bytes} B for {spec.block_size} tokens keeps fewer "
-                    f"bytes per token than the layer's {given.page_size_bytes} B for "
-                    f"{given.block_size} tokens"
+                    f"page {spec.page_size_bytes} B is smaller than the layer's state page "
+                    f"of {given.page_size_bytes} B"
                 )
-            if spec.state_content_size_bytes != given.state_content_size_bytes or (
-                spec.num_page_heads != given.num_page_heads
-            ):
-                problems.append(
-                    f"stores (H={spec.num_page_heads}, C={spec.state_content_size_bytes}) per "
-                    "state "
-                    f"where the layer stores (H={given.num_page_heads}, "
-                    f"C={given.state_content_size_bytes})"
+        elif _content_per_token_shrinks(given, spec):
+            # Block sizes may change (unification scales them, promotion takes the
+            # full layers'), but never the bytes each token keeps.  Padding is no
+            # content: promotion rescales the unpadded page (contract.md#grouping-group-specs).
+            problems.append(
+                f"page {spec.page_size_bytes} B for {spec.block_size} tokens keeps fewer "
+                f"bytes per token than the layer's {given.page_size_bytes} B for "
+                f"{given.block_size} tokens"
+            )
+        if spec.state_content_size_bytes != given.state_content_size_bytes or (
+            spec.num_page_heads != given.num_page_heads
+        ):
+            problems.append(
+                f"stores (H={spec.num_page_heads}, C={spec.state_content_size_bytes}) per "
+                "state "
+                f"where the layer stores (H={given.num_page_heads}, "
+                f"C={given.state_content_size_bytes})"
+            )
+        if problems:
+            out.append(
+                flag(
+                    f"group {i}'s spec for the layer shrinks or changes it: " + "; ".join(problems),
+                    layer=name,
                 )
-            if problems:
-                out.append(
-                    flag(
-                        f"group {i}'s spec for the layer shrinks or changes it: "
-                        + "; ".join(problems),
-                        layer=name,
-                    )
-                )
+            )
     return out
 
 
@@ -245,19 +257,13 @@ def _content_per_token_shrinks(given: KVCacheSpec, kept: KVCacheSpec) -> bool:
     scenario="grouping",
 )
 def _grouping_input(obs: GroupingObservation) -> list[Violation] | None:
-    if obs.mutated:
-        # The observation names each change (layer, field, old -> new); the
-        # rule differs for the dict and for the spec objects in it.
-        changes = "; ".join(obs.mutations[:4])
-        more = f" (and {len(obs.mutations) - 4} more)" if len(obs.mutations) > 4 else ""
-        return [
-            flag(
-                f"get_kv_cache_groups changed its input: {changes}{more}. It may replace the "
-                "dict's values, but not add, remove or reorder its layers, nor change a spec "
-                "object or the config it was given",
-            )
-        ]
-    return []
+    # The rule differs for the dict and for the spec objects in it.
+    return changed_input(
+        obs.mutations,
+        "get_kv_cache_groups",
+        "It may replace the dict's values, but not add, remove or reorder its layers, nor change "
+        "a spec object or the config it was given",
+    )
 
 
 @invariant(
@@ -267,19 +273,11 @@ def _grouping_input(obs: GroupingObservation) -> list[Violation] | None:
     scenario="grouping",
 )
 def _grouping_deterministic(obs: GroupingObservation) -> list[Violation] | None:
-    if not (obs.first.ok and obs.second.ok and obs.fresh.ok):
-        return None
-    out = []
-    if list(obs.first.value) != list(obs.second.value):
-        out.append(
-            flag(
-                "a second call on the same instance returned different groups",
-            )
-        )
-    if list(obs.first.value) != list(obs.fresh.value):
-        out.append(
-            flag(
-                "a fresh instance returned different groups for the same input",
-            )
-        )
-    return out
+    return unstable(
+        obs.first,
+        obs.second,
+        obs.fresh,
+        again="a second call on the same instance returned different groups",
+        anew="a fresh instance returned different groups for the same input",
+        value=list,
+    )

@@ -29,10 +29,9 @@ from typing import Any
 
 import attrs
 
-from conformance.check.bounds import named_layer_specs
-from conformance.check.catalog import flag, invariant
+from conformance.check.catalog import flag
 from conformance.check.geometry import OracleError, block_stride_alignment
-from conformance.check.grouping import _layer_spec_kept, returned_groups
+from conformance.check.grouping import Groups, _layer_spec_kept, given_specs, grouping_invariant
 from conformance.check.observations import GroupingObservation
 from conformance.check.violations import Violation
 from kvref.specs import (
@@ -244,26 +243,20 @@ def meaning_changes(given: KVCacheSpec, kept: KVCacheSpec) -> list[str]:
     return changes
 
 
-@invariant(
+@grouping_invariant(
     "KV-GROUP-SPEC-MEANING",
     "a layer's group spec keeps its kind, window, retention, state format and draft flag",
     anchor="group-spec-meaning",
-    scenario="grouping",
-    in_core=True,
 )
-def _spec_meaning(obs: GroupingObservation) -> list[Violation] | None:
-    groups = returned_groups(obs.first)
-    if groups is None:
-        return None
+def _spec_meaning(obs: GroupingObservation, groups: Groups) -> list[Violation]:
     out = []
     # A layer whose page shrinks or whose stored (H, C) changes is
     # KV-GROUP-LAYER-SPEC's finding; its other meaning is judged with it fixed.
     shrunk = {v.layer for v in _layer_spec_kept(obs) or ()}
     for i, g in enumerate(groups):
-        for name, kept in named_layer_specs(g):
-            given = obs.specs.get(name)
-            if given is None or name in shrunk:
-                continue  # a foreign name is KV-GROUP-UNKNOWN-LAYER's finding
+        for name, kept, given in given_specs(obs, g):
+            if name in shrunk:
+                continue
             changes = meaning_changes(given, kept)
             if changes:
                 out.append(

@@ -20,12 +20,12 @@ grouping that rewrites it is wrong at every size a deployment may choose.
 
 from __future__ import annotations
 
-from conformance.check.bounds import named_layer_specs
-from conformance.check.catalog import Unjudged, invariant
+from conformance.check.catalog import Unjudged
 from conformance.check.catalog import violation as _v
-from conformance.check.grouping import returned_groups
+from conformance.check.grouping import each_group, given_specs
 from conformance.check.observations import GroupingObservation
 from conformance.check.violations import Violation
+from kvref.records import KVCacheGroupSpec
 from kvref.specs import AttentionSpec, KVCacheSpec
 
 __all__ = ["shard_claim"]
@@ -47,36 +47,32 @@ def _claims_more(layer: int | None, kept: int | None) -> bool:
     return kept is not None and kept != layer
 
 
-@invariant(
-    _ID,
-    "a layer's group spec keeps its TP shard count or drops it, never claims another",
-    anchor="grouping-tp-shards",
-    scenario="grouping",
-    in_core=True,
-)
-def _tp_shards(obs: GroupingObservation) -> list[Violation] | Unjudged | None:
+def _attention_free(obs: GroupingObservation) -> Unjudged | None:
     if not any(isinstance(s, AttentionSpec) for s in obs.specs.values()):
         # No attention layer: no group spec can carry a shard count the layers lack,
         # unless it changes a layer's kind (KV-GROUP-SPEC-MEANING's finding).
         return Unjudged("no attention layer", applicable=False)
-    groups = returned_groups(obs.first)
-    if groups is None:
-        return None
+    return None
+
+
+@each_group(
+    _ID,
+    "a layer's group spec keeps its TP shard count or drops it, never claims another",
+    anchor="grouping-tp-shards",
+    gate=_attention_free,
+)
+def _tp_shards(obs: GroupingObservation, index: int, group: KVCacheGroupSpec) -> list[Violation]:
     out = []
-    for index, group in enumerate(groups):
-        for name, kept in named_layer_specs(group):
-            given = obs.specs.get(name)
-            if given is None:
-                continue  # a layer of no input: KV-GROUP-UNKNOWN-LAYER's finding
-            layer, claimed = shard_claim(given), shard_claim(kept)
-            if _claims_more(layer, claimed):
-                out.append(
-                    _v(
-                        _ID,
-                        f"group {index} gives {name!r} max_tp_shards={claimed} where the layer "
-                        f"records {layer}: Core's kv_tp_replicas would name TP ranks holding "
-                        "different KV identical, and a KV connector would keep one rank's copy",
-                        layer=name,
-                    )
+    for name, kept, given in given_specs(obs, group):
+        layer, claimed = shard_claim(given), shard_claim(kept)
+        if _claims_more(layer, claimed):
+            out.append(
+                _v(
+                    _ID,
+                    f"group {index} gives {name!r} max_tp_shards={claimed} where the layer "
+                    f"records {layer}: Core's kv_tp_replicas would name TP ranks holding "
+                    "different KV identical, and a KV connector would keep one rank's copy",
+                    layer=name,
                 )
+            )
     return out

@@ -14,12 +14,13 @@ computes the rows from the settings and the source layers' fields.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from conformance.check.catalog import Unjudged, invariant
+from conformance.check.catalog import Check, Unjudged
 from conformance.check.catalog import violation as _v
 from conformance.check.geometry import cdiv
-from conformance.check.grouping import returned_groups
+from conformance.check.grouping import Groups, grouping_invariant
 from conformance.check.observations import GroupingObservation
 from conformance.check.residency import hisparse_source_layers
 from conformance.check.violations import Violation
@@ -60,18 +61,17 @@ def _hisparse_groups(obs: GroupingObservation) -> Unjudged | None:
     return None
 
 
-@invariant(
-    _HOT,
-    "HiSparse's hot groups hold the hot buffer the settings size, in blocks per request",
-    anchor="hisparse",
-    scenario="grouping",
-    in_core=True,
+def _hisparse_invariant(
+    id: str, title: str
+) -> Callable[[Callable[[GroupingObservation, Groups], Any]], Check]:
+    """Declare a check of HiSparse's groups (contract.md#hisparse), where the example has them."""
+    return grouping_invariant(id, title, anchor="hisparse", gate=_hisparse_groups)
+
+
+@_hisparse_invariant(
+    _HOT, "HiSparse's hot groups hold the hot buffer the settings size, in blocks per request"
 )
-def _hot_blocks(obs: GroupingObservation) -> list[Violation] | Unjudged | None:
-    skip = _hisparse_groups(obs)
-    groups = returned_groups(obs.first)
-    if skip is not None or groups is None:
-        return skip
+def _hot_blocks(obs: GroupingObservation, groups: Groups) -> list[Violation] | Unjudged | None:
     rows = hot_rows(obs.config, obs.specs)
     if rows is None:
         return Unjudged("no top-k for the source layers: the hot buffer has no size")
@@ -100,18 +100,8 @@ def _hot_blocks(obs: GroupingObservation) -> list[Violation] | Unjudged | None:
     return out[:3]
 
 
-@invariant(
-    _ROLES,
-    "HiSparse's source and indexer layers sit in groups with their roles",
-    anchor="hisparse",
-    scenario="grouping",
-    in_core=True,
-)
-def _roles(obs: GroupingObservation) -> list[Violation] | Unjudged | None:
-    skip = _hisparse_groups(obs)
-    groups = returned_groups(obs.first)
-    if skip is not None or groups is None:
-        return skip
+@_hisparse_invariant(_ROLES, "HiSparse's source and indexer layers sit in groups with their roles")
+def _roles(obs: GroupingObservation, groups: Groups) -> list[Violation] | Unjudged | None:
     grouped = [n for g in groups for n in g.layer_names]
     if len(grouped) != len(set(grouped)) or set(grouped) != set(obs.specs):
         return None  # a layer missing or repeated is KV-GROUP-PARTITION's finding
