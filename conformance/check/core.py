@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
-from conformance.check.catalog import flag, invariant
+from collections.abc import Callable
+from typing import Any
+
+from conformance.check.catalog import Check, flag, invariant, invariant_on
 from conformance.check.geometry import OracleError, request_need_bytes
 from conformance.check.need import request_need_from_layers
 from conformance.check.observations import CoreObservation
 from conformance.check.violations import Violation
 from kvref.errors import InsufficientMemoryError
+from kvref.planning import KVCachePlan
 from kvref.records import KVCacheConfig
 
 
-@invariant(
+def _plan(obs: CoreObservation) -> KVCachePlan | None:
+    return obs.plan
+
+
+def core_invariant(
+    id: str, title: str, *, anchor: str = "core-flow"
+) -> Callable[[Callable[[CoreObservation, KVCachePlan], Any]], Check]:
+    """Declare a check of the plan Core's flow returned (a failed flow is not judged)."""
+    return invariant_on(_plan, id, title, anchor=anchor, scenario="core")
+
+
+@core_invariant(
     "KV-CORE-WORKER-LAYERS",
     "each worker's config covers exactly its layers",
-    anchor="core-flow",
-    scenario="core",
 )
-def _worker_layers(obs: CoreObservation) -> list[Violation] | None:
-    plan = obs.plan
-    if plan is None:
-        return None
+def _worker_layers(obs: CoreObservation, plan: KVCachePlan) -> list[Violation]:
     out = []
     for w, (config, specs) in enumerate(zip(plan.configs, obs.workers, strict=False)):
         grouped = {n for g in config.kv_cache_groups for n in g.layer_names}
@@ -45,16 +55,11 @@ def _worker_layers(obs: CoreObservation) -> list[Violation] | None:
     return out
 
 
-@invariant(
+@core_invariant(
     "KV-CORE-SAME-BLOCKS",
     "all workers end with the same num_blocks",
-    anchor="core-flow",
-    scenario="core",
 )
-def _same_blocks(obs: CoreObservation) -> list[Violation] | None:
-    plan = obs.plan
-    if plan is None:
-        return None
+def _same_blocks(obs: CoreObservation, plan: KVCachePlan) -> list[Violation]:
     counts = [c.num_blocks for c in plan.configs]
     if len(set(counts)) > 1:
         return [
@@ -78,16 +83,13 @@ def _bpb(config: KVCacheConfig) -> int:
     return size // config.num_blocks if config.num_blocks else 0
 
 
-@invariant(
+@core_invariant(
     "KV-CORE-MEMORY",
     "device bytes never exceed the available memory",
-    anchor="core-flow",
-    scenario="core",
 )
-def _core_memory(obs: CoreObservation) -> list[Violation] | None:
-    plan = obs.plan
-    if plan is None or obs.config.num_gpu_blocks_override is not None:
-        return None if plan is None else []
+def _core_memory(obs: CoreObservation, plan: KVCachePlan) -> list[Violation]:
+    if obs.config.num_gpu_blocks_override is not None:
+        return []
     out = []
     for w, (config, available) in enumerate(zip(plan.configs, obs.available_memory, strict=False)):
         used = sum({t.size for t in config.device_tensors})
@@ -101,16 +103,13 @@ def _core_memory(obs: CoreObservation) -> list[Violation] | None:
     return out
 
 
-@invariant(
+@core_invariant(
     "KV-CORE-SLACK",
     "the limiting worker has less than one block of slack",
-    anchor="core-flow",
-    scenario="core",
 )
-def _core_slack(obs: CoreObservation) -> list[Violation] | None:
-    plan = obs.plan
-    if plan is None or obs.config.num_gpu_blocks_override is not None:
-        return None if plan is None else []
+def _core_slack(obs: CoreObservation, plan: KVCachePlan) -> list[Violation]:
+    if obs.config.num_gpu_blocks_override is not None:
+        return []
     bpbs = [_bpb(c) for c in plan.configs]
     active = [(w, b) for w, b in enumerate(bpbs) if b > 0]
     if not active:
@@ -150,16 +149,12 @@ def _core_override(obs: CoreObservation) -> list[Violation] | None:
     return []
 
 
-@invariant(
+@core_invariant(
     "KV-CORE-ADMISSION",
     "insufficient memory is an error, never a config",
     anchor="core-admission",
-    scenario="core",
 )
-def _core_admission(obs: CoreObservation) -> list[Violation] | None:
-    plan = obs.plan
-    if plan is None:
-        return None
+def _core_admission(obs: CoreObservation, plan: KVCachePlan) -> list[Violation] | None:
     if not plan.global_groups:
         return []
     out = []

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from conformance.check import memory
 from conformance.check.bounds import tensor_problems
-from conformance.check.catalog import Unjudged, flag, invariant
+from conformance.check.catalog import Check, Unjudged, flag, invariant, invariant_on
 from conformance.check.grouping import returned_groups as _groups
 from conformance.check.observations import HostObservation
+from conformance.check.placement_safety import distinct, page_flag
 from conformance.check.residency import host_layers as host_layers_of
 from conformance.check.violations import Violation
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 
+#: The groups of a host example and the config placed for them.
+HostConfig = tuple[list[KVCacheGroupSpec], KVCacheConfig]
 
-def _host_config(obs: HostObservation) -> tuple[list[KVCacheGroupSpec], KVCacheConfig] | None:
+
+def _host_config(obs: HostObservation) -> HostConfig | None:
     groups = _groups(obs.groups)
     if groups is None or obs.placed is None or not obs.placed.ok:
         return None
@@ -26,17 +31,30 @@ def _host_config(obs: HostObservation) -> tuple[list[KVCacheGroupSpec], KVCacheC
     return groups, obs.placed.value
 
 
-@invariant(
+def host_invariant(
+    id: str, title: str, *, gate: Callable[[HostObservation], Unjudged | None] | None = None
+) -> Callable[[Callable[[HostObservation, HostConfig], Any]], Check]:
+    """Declare a check of a host example's sound grouping and placement (host-resident builders).
+
+    An example whose grouping or placement failed or broke the grouping
+    invariants is not judged; ``gate`` is :func:`~conformance.check.catalog.judged_on`'s.
+    """
+    return invariant_on(
+        _host_config,
+        id,
+        title,
+        anchor="host-residency",
+        scenario="host",
+        requires=("host_resident",),
+        gate=gate,
+    )
+
+
+@host_invariant(
     "KV-HOST-TENSORS",
     "host-resident layers live in host tensors only",
-    anchor="host-residency",
-    scenario="host",
-    requires=("host_resident",),
 )
-def _host_tensors(obs: HostObservation) -> list[Violation] | None:
-    got = _host_config(obs)
-    if got is None:
-        return None
+def _host_tensors(obs: HostObservation, got: HostConfig) -> list[Violation]:
     groups, config = got
     host_layers = host_layers_of(obs.config, obs.specs)
     out = []
@@ -62,14 +80,7 @@ def _host_tensors(obs: HostObservation) -> list[Violation] | None:
     return out[:3]
 
 
-@invariant(
-    "KV-HOST-EXCLUDED",
-    "host tensors take no device memory",
-    anchor="host-residency",
-    scenario="host",
-    requires=("host_resident",),
-)
-def _host_excluded(obs: HostObservation) -> list[Violation] | Unjudged | None:
+def _hisparse(obs: HostObservation) -> Unjudged | None:
     if obs.config.hisparse is not None:
         # HiSparse's placement sizes its host pool from the source group: no
         # placement without it exists to compare the device backing with.
@@ -78,8 +89,16 @@ def _host_excluded(obs: HostObservation) -> list[Violation] | Unjudged | None:
             "(the host pool is sized from its source group)",
             applicable=False,
         )
-    got = _host_config(obs)
-    if got is None or obs.device_only is None or not obs.device_only.ok:
+    return None
+
+
+@host_invariant(
+    "KV-HOST-EXCLUDED",
+    "host tensors take no device memory",
+    gate=_hisparse,
+)
+def _host_excluded(obs: HostObservation, got: HostConfig) -> list[Violation] | None:
+    if obs.device_only is None or not obs.device_only.ok:
         return None
     if tensor_problems(obs.device_only.value):
         return None
@@ -100,17 +119,11 @@ def _host_excluded(obs: HostObservation) -> list[Violation] | Unjudged | None:
     return []
 
 
-@invariant(
+@host_invariant(
     "KV-HOST-SIZED",
     "host tensors are sized by their own block count",
-    anchor="host-residency",
-    scenario="host",
-    requires=("host_resident",),
 )
-def _host_sized(obs: HostObservation) -> list[Violation] | None:
-    got = _host_config(obs)
-    if got is None:
-        return None
+def _host_sized(obs: HostObservation, got: HostConfig) -> list[Violation]:
     _groups, config = got
     host = [t for t in config.kv_cache_tensors if t.host_resident]
     if not host:
@@ -130,12 +143,11 @@ def _host_sized(obs: HostObservation) -> list[Violation] | None:
                 )
             )
     out += [
-        flag(
+        page_flag(
             f"host tensor {o.page.tensor_index}'s page ends past its backing of {o.size} bytes at "
             f"{blocks} host blocks",
-            layer=o.page.layer,
-            block=o.page.block,
-            byte_range=o.byte_range,
+            o.page,
+            o.byte_range,
         )
         for o in memory.find_host_out_of_bounds(config, memory_host_layout(), limit=3)
     ]
@@ -147,11 +159,6 @@ def memory_host_layout() -> Any:
     from kvref import HOST_LAYOUT
 
     return HOST_LAYOUT
-
-
-def _distinct(found: list[memory.Overlap]) -> list[memory.Overlap]:
-    # A layer placed twice overlapping itself is a coverage finding, not an alias.
-    return [ov for ov in found if ov.a.layer != ov.b.layer or ov.a.block != ov.b.block]
 
 
 def _beside_host(obs: Any) -> list[KVCacheConfig] | Unjudged | None:
@@ -196,40 +203,32 @@ def _device_findings(config: KVCacheConfig, layout: Any) -> list[Violation]:
     # tensors (three separate finders analysed the same config three times).
     report = memory.check_memory(config, layout, limit=16)
     out = [
-        flag(
+        page_flag(
             f"with host-resident groups, device tensor {o.page.tensor_index}'s page ends past "
             f"its backing of {o.size} bytes",
-            layer=o.page.layer,
-            block=o.page.block,
-            byte_range=o.byte_range,
+            o.page,
+            o.byte_range,
         )
         for o in report.out_of_bounds[:2]
     ]
     for kind, found in (("block", report.block_overlaps), ("layer", report.layer_overlaps)):
         out += [
-            flag(
+            page_flag(
                 f"with host-resident groups, device page {ov.a.layer!r} block {ov.a.block} "
                 f"overlaps {ov.b.layer!r} block {ov.b.block} ({kind} overlap)",
-                layer=ov.a.layer,
-                block=ov.a.block,
-                byte_range=ov.byte_range,
+                ov.a,
+                ov.byte_range,
             )
-            for ov in _distinct(list(found))[:2]
+            for ov in distinct(found)[:2]
         ]
     return out
 
 
-@invariant(
+@host_invariant(
     "KV-HOST-NO-ALIAS",
     "host pages of different host blocks, or of one group's layers in a block, never overlap",
-    anchor="host-residency",
-    scenario="host",
-    requires=("host_resident",),
 )
-def _host_no_alias(obs: HostObservation) -> list[Violation] | None:
-    got = _host_config(obs)
-    if got is None:
-        return None
+def _host_no_alias(obs: HostObservation, got: HostConfig) -> list[Violation]:
     _, config = got
     if not any(t.host_resident for t in config.kv_cache_tensors):
         return []
@@ -239,14 +238,13 @@ def _host_no_alias(obs: HostObservation) -> list[Violation] | None:
         ("layer", memory.find_host_layer_overlaps),
     ):
         out += [
-            flag(
+            page_flag(
                 f"host page {ov.a.layer!r} block {ov.a.block} (tensor {ov.a.tensor_index}) "
                 f"overlaps {ov.b.layer!r} block {ov.b.block} (tensor {ov.b.tensor_index}) "
                 f"in the host pool ({kind} overlap)",
-                layer=ov.a.layer,
-                block=ov.a.block,
-                byte_range=ov.byte_range,
+                ov.a,
+                ov.byte_range,
             )
-            for ov in _distinct(finder(config, memory_host_layout(), limit=16))[:2]
+            for ov in distinct(finder(config, memory_host_layout(), limit=16))[:2]
         ]
     return out[:3]

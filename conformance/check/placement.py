@@ -11,7 +11,8 @@ plan and the hook's purity.  The same configs' memory safety is
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from conformance.check.bounds import (
     BLOCK_PADDING_ALLOWANCE,
@@ -25,11 +26,14 @@ from conformance.check.catalog import (
     Unjudged,
     flag,
     invariant,
+    invariant_on,
     judged_in_core,
+    judged_on,
     register,
+    stamped,
 )
-from conformance.check.catalog import violation as _v
 from conformance.check.observations import HostObservation, PlacementObservation
+from conformance.check.purity import changed_input, unstable
 from conformance.check.violations import Violation
 from kvref.records import KVCacheConfig, KVCacheGroupSpec
 from kvref.specs import UniformTypeKVCacheSpecs
@@ -57,17 +61,31 @@ def honest_configs(obs: PlacementObservation) -> dict[int, KVCacheConfig] | None
     return {n: c for n, c in configs.items() if c.num_blocks == n} or None
 
 
-@invariant(
+#: The configs a placement returned, by the block count asked for.
+Configs = dict[int, KVCacheConfig]
+
+
+def placement_invariant(
+    id: str,
+    title: str,
+    *,
+    anchor: str,
+    configs: Callable[[PlacementObservation], Configs | None] = placed_configs,
+) -> Callable[[Callable[[PlacementObservation, Configs], Any]], Check]:
+    """Declare a check of the configs a placement returned, judged in Core's flow too.
+
+    ``configs``: which of them it judges (:func:`placed_configs` or
+    :func:`honest_configs`); an example with none is not judged.
+    """
+    return invariant_on(configs, id, title, anchor=anchor, scenario="placement", in_core=True)
+
+
+@placement_invariant(
     "KV-PLACE-NUM-BLOCKS",
     "the config has exactly the requested num_blocks",
     anchor="placement-request",
-    scenario="placement",
-    in_core=True,
 )
-def _num_blocks(obs: PlacementObservation) -> list[Violation] | None:
-    configs = placed_configs(obs)
-    if configs is None:
-        return None
+def _num_blocks(obs: PlacementObservation, configs: Configs) -> list[Violation]:
     if not obs.groups:
         return []  # no groups always give the null block: KV-PLACE-ATTENTION-FREE
     return [
@@ -77,17 +95,12 @@ def _num_blocks(obs: PlacementObservation) -> list[Violation] | None:
     ]
 
 
-@invariant(
+@placement_invariant(
     "KV-PLACE-GROUPS-ECHOED",
     "the config's groups are the groups passed in, unchanged, in order",
     anchor="placement-request",
-    scenario="placement",
-    in_core=True,
 )
-def _groups_echoed(obs: PlacementObservation) -> list[Violation] | None:
-    configs = placed_configs(obs)
-    if configs is None:
-        return None
+def _groups_echoed(obs: PlacementObservation, configs: Configs) -> list[Violation]:
     out = []
     for n, c in configs.items():
         if list(c.kv_cache_groups) != list(obs.groups):
@@ -100,16 +113,13 @@ def _groups_echoed(obs: PlacementObservation) -> list[Violation] | None:
     return out[:1]
 
 
-@invariant(
+@placement_invariant(
     "KV-PLACE-RETENTION",
     "the config keeps the operator's prefix-cache retention interval",
     anchor="placement-request",
-    scenario="placement",
-    in_core=True,
 )
-def _retention(obs: PlacementObservation) -> list[Violation] | None:
-    configs = placed_configs(obs)
-    if configs is None or not obs.groups:
+def _retention(obs: PlacementObservation, configs: Configs) -> list[Violation] | None:
+    if not obs.groups:
         # An empty plan has no group whose checkpoints the interval would thin.
         return None
     want = obs.config.prefix_cache_retention_interval
@@ -135,6 +145,7 @@ def register_placement(id_: str, title: str, anchor: str, check: Check, *, modul
 
     ``module``: where it is written.  Both flows hand the builder groups it
     must place safely; the profiling path's placement is as real as Core's.
+    The check's :func:`~conformance.check.catalog.flag` violations are stamped with ``id_``.
     """
     register(
         Invariant(
@@ -142,24 +153,14 @@ def register_placement(id_: str, title: str, anchor: str, check: Check, *, modul
             title=title,
             anchor=anchor,
             scenarios=("placement", "core", "profiling"),
-            check=judged_in_core(id_, check),
+            check=judged_in_core(id_, stamped(id_, check)),
         ),
         module=module,
     )
 
 
 def _coverage(kind: str) -> Check:
-    invariant = {
-        "once": "KV-PLACE-LAYER-ONCE",
-        "missing": "KV-PLACE-LAYER-MISSING",
-        "unknown": "KV-PLACE-UNKNOWN-LAYER",
-        "one-spec": "KV-PLACE-TENSOR-ONE-SPEC",
-    }[kind]
-
-    def check(obs: PlacementObservation) -> list[Violation] | None:
-        configs = placed_configs(obs)
-        if configs is None:
-            return None
+    def check(obs: PlacementObservation, configs: Configs) -> list[Violation]:
         out: list[Violation] = []
         for n, c in configs.items():
             owner = group_index(obs.groups)
@@ -173,8 +174,7 @@ def _coverage(kind: str) -> Check:
                 counts.update(t.layers)
                 if kind == "unknown":
                     out += [
-                        _v(
-                            invariant,
+                        flag(
                             f"tensor {t_index} holds a layer that no device group has",
                             layer=name,
                         )
@@ -191,8 +191,7 @@ def _coverage(kind: str) -> Check:
                     }
                     if len(groups_here) > 1 or len(specs_here) > 1:
                         out.append(
-                            _v(
-                                invariant,
+                            flag(
                                 f"tensor {t_index} mixes layers of groups {sorted(groups_here)} "
                                 f"with {len(specs_here)} different specs; a worker views every "
                                 "layer with layers[0]'s spec",
@@ -201,14 +200,13 @@ def _coverage(kind: str) -> Check:
                         )
             if kind == "once":
                 out += [
-                    _v(invariant, f"at {n} blocks the layer is in {k} device tensors", layer=name)
+                    flag(f"at {n} blocks the layer is in {k} device tensors", layer=name)
                     for name, k in counts.items()
                     if k > 1
                 ]
             if kind == "missing":
                 out += [
-                    _v(
-                        invariant,
+                    flag(
                         f"at {n} blocks the layer of a device group is in no device tensor",
                         layer=name,
                     )
@@ -217,7 +215,7 @@ def _coverage(kind: str) -> Check:
                 ]
         return out[:5]
 
-    return check
+    return judged_on(placed_configs, check)
 
 
 register_placement(
@@ -298,16 +296,13 @@ def _absurd(obs: PlacementObservation, configs: dict[int, KVCacheConfig]) -> boo
     )
 
 
-@invariant(
+@placement_invariant(
     "KV-PLACE-BACKING-SIZE",
     "the device backing is bytes_per_block x num_blocks",
     anchor="placement-backing",
-    scenario="placement",
-    in_core=True,
 )
-def _backing_size(obs: PlacementObservation) -> list[Violation] | None:
-    configs = placed_configs(obs)
-    if configs is None or 1 not in configs or _absurd(obs, configs):
+def _backing_size(obs: PlacementObservation, configs: Configs) -> list[Violation] | None:
+    if 1 not in configs or _absurd(obs, configs):
         # An absurd size is KV-PLACE-SIZE-BOUND's finding.
         return None
     bpb = device_size(configs[1])
@@ -445,17 +440,12 @@ def _attention_free(obs: PlacementObservation) -> list[Violation] | None:
     in_core=True,
 )
 def _placement_input(obs: PlacementObservation) -> list[Violation] | None:
-    if obs.mutated:
-        changes = "; ".join(obs.mutations[:4])
-        more = f" (and {len(obs.mutations) - 4} more)" if len(obs.mutations) > 4 else ""
-        return [
-            flag(
-                f"get_kv_cache_config_from_groups changed its input: {changes}{more}. "
-                "Placement (and the pool-bytes hook it answers) changes nothing it is given: "
-                "not the group list, a group, its spec, nor the config",
-            )
-        ]
-    return []
+    return changed_input(
+        obs.mutations,
+        "get_kv_cache_config_from_groups",
+        "Placement (and the pool-bytes hook it answers) changes nothing it is given: not the "
+        "group list, a group, its spec, nor the config",
+    )
 
 
 @invariant(
@@ -465,20 +455,10 @@ def _placement_input(obs: PlacementObservation) -> list[Violation] | None:
     scenario="placement",
 )
 def _placement_deterministic(obs: PlacementObservation) -> list[Violation] | None:
-    base = obs.results.get(obs.num_blocks)
-    if base is None or not (base.ok and obs.repeat.ok and obs.fresh.ok):
-        return None
-    out = []
-    if base.value != obs.repeat.value:
-        out.append(
-            flag(
-                f"placing {obs.num_blocks} blocks twice on one instance gave different configs",
-            )
-        )
-    if base.value != obs.fresh.value:
-        out.append(
-            flag(
-                f"a fresh instance placed {obs.num_blocks} blocks differently",
-            )
-        )
-    return out
+    return unstable(
+        obs.results.get(obs.num_blocks),
+        obs.repeat,
+        obs.fresh,
+        again=f"placing {obs.num_blocks} blocks twice on one instance gave different configs",
+        anew=f"a fresh instance placed {obs.num_blocks} blocks differently",
+    )

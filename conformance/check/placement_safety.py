@@ -7,38 +7,40 @@ footprints are :mod:`conformance.check.memory`'s exact analysis.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from conformance.check import memory
-from conformance.check.catalog import Check
-from conformance.check.catalog import violation as _v
+from conformance.check.catalog import Check, flag, judged_on
 from conformance.check.observations import PlacementObservation
-from conformance.check.placement import honest_configs, register_placement
+from conformance.check.placement import Configs, honest_configs, register_placement
 from conformance.check.violations import Violation
+
+__all__ = ["distinct", "page_flag"]
+
+
+def page_flag(message: str, page: memory.PageRef, byte_range: tuple[int, int]) -> Violation:
+    """A :func:`~conformance.check.catalog.flag` at ``page`` (its layer and block) and its bytes."""
+    return flag(message, layer=page.layer, block=page.block, byte_range=byte_range)
+
+
+def distinct(found: Iterable[memory.Overlap]) -> list[memory.Overlap]:
+    """The overlaps of two pages: a layer placed twice overlapping itself is a coverage finding."""
+    return [ov for ov in found if ov.a.layer != ov.b.layer or ov.a.block != ov.b.block]
 
 
 def _memory_check(kind: str) -> Check:
-    invariant = {
-        "bounds": "KV-PLACE-IN-BOUNDS",
-        "blocks": "KV-PLACE-NO-BLOCK-ALIAS",
-        "layers": "KV-PLACE-NO-LAYER-OVERLAP",
-    }[kind]
-
-    def check(obs: PlacementObservation) -> list[Violation] | None:
-        configs = honest_configs(obs)
-        if configs is None:
-            return None
+    def check(obs: PlacementObservation, configs: Configs) -> list[Violation]:
         out: list[Violation] = []
         for n, c in sorted(configs.items()):
             if any(t.host_resident for t in c.kv_cache_tensors):
                 continue  # device pages beside host groups are KV-HOST-DEVICE-SAFE's
             if kind == "bounds":
                 out += [
-                    _v(
-                        invariant,
+                    page_flag(
                         f"at {n} blocks tensor {o.page.tensor_index}'s page ends past the backing "
                         f"of {o.size} bytes",
-                        layer=o.page.layer,
-                        block=o.page.block,
-                        byte_range=o.byte_range,
+                        o.page,
+                        o.byte_range,
                     )
                     for o in memory.find_out_of_bounds(c, obs.layout, limit=3)
                 ]
@@ -50,20 +52,14 @@ def _memory_check(kind: str) -> Check:
                 # Only a builder that declares its bytes per block may place
                 # several allocations (contract.md#pool-bytes-hook).
                 separate = obs.declared_pool_bytes is not None
-                found = [
-                    ov
-                    for ov in finder(c, obs.layout, limit=64, separate=separate)
-                    if ov.a.layer != ov.b.layer or ov.a.block != ov.b.block
-                ]
+                found = distinct(finder(c, obs.layout, limit=64, separate=separate))
                 out += [
-                    _v(
-                        invariant,
+                    page_flag(
                         f"at {n} blocks {ov.a.layer!r} block {ov.a.block} (tensor "
                         f"{ov.a.tensor_index}) overlaps {ov.b.layer!r} block {ov.b.block} (tensor "
                         f"{ov.b.tensor_index})",
-                        layer=ov.a.layer,
-                        block=ov.a.block,
-                        byte_range=ov.byte_range,
+                        ov.a,
+                        ov.byte_range,
                     )
                     for ov in found[:3]
                 ]
@@ -71,7 +67,7 @@ def _memory_check(kind: str) -> Check:
                 break
         return out
 
-    return check
+    return judged_on(honest_configs, check)
 
 
 register_placement(

@@ -8,7 +8,7 @@ layer's ``block_stride_alignment``; the geometry is the kit's own
 
 from __future__ import annotations
 
-from conformance.check.catalog import Unjudged, flag, invariant
+from conformance.check.catalog import Unjudged, flag
 from conformance.check.catalog import violation as _v
 from conformance.check.geometry import (
     OracleError,
@@ -20,27 +20,23 @@ from conformance.check.geometry import (
 )
 from conformance.check.observations import PlacementObservation
 from conformance.check.placement import (
+    Configs,
     device_size,
     group_index,
     has_spec,
     honest_configs,
-    placed_configs,
+    placement_invariant,
 )
 from conformance.check.violations import Violation
 from kvref.records import KVCacheConfig
 
 
-@invariant(
+@placement_invariant(
     "KV-PLACE-TYPED-VIEWS",
     "offsets and strides allow views in the spec's dtype",
     anchor="views-and-strides",
-    scenario="placement",
-    in_core=True,
 )
-def _typed_views(obs: PlacementObservation) -> list[Violation] | None:
-    configs = placed_configs(obs)
-    if configs is None:
-        return None
+def _typed_views(obs: PlacementObservation, configs: Configs) -> list[Violation]:
     out = []
     for n, c in configs.items():
         owner = group_index(c.kv_cache_groups)
@@ -79,17 +75,12 @@ def _typed_views(obs: PlacementObservation) -> list[Violation] | None:
     return out[:3]
 
 
-@invariant(
+@placement_invariant(
     "KV-PLACE-BLOCK-STRIDE",
     "block-outermost tensors step one whole block per block",
     anchor="views-and-strides",
-    scenario="placement",
-    in_core=True,
 )
-def _block_stride(obs: PlacementObservation) -> list[Violation] | Unjudged | None:
-    configs = placed_configs(obs)
-    if configs is None:
-        return None
+def _block_stride(obs: PlacementObservation, configs: Configs) -> list[Violation] | Unjudged | None:
     if not obs.layout.is_block_outermost:
         # Nothing to step over whole blocks: the rule cannot apply to this layout.
         return Unjudged("a layer-outer layout has no whole-block step", applicable=False)
@@ -154,17 +145,13 @@ def _own_backing_steps(
     return out[:3]
 
 
-@invariant(
+@placement_invariant(
     "KV-PLACE-ALIGNMENT",
     "block strides honour every layer's block_stride_alignment",
     anchor="views-and-strides",
-    scenario="placement",
-    in_core=True,
+    configs=honest_configs,
 )
-def _alignment(obs: PlacementObservation) -> list[Violation] | None:
-    configs = honest_configs(obs)
-    if configs is None:
-        return None
+def _alignment(obs: PlacementObservation, configs: Configs) -> list[Violation]:
     out: list[Violation] = []
     for n, c in sorted(configs.items()):
         owner = group_index(c.kv_cache_groups)

@@ -27,6 +27,7 @@ from conformance.check.catalog import (
     Invariant,
     Unjudged,
     judged_in_core,
+    judged_on,
     register,
     stamped,
 )
@@ -177,57 +178,52 @@ def _family(obs: PlacementObservation, outer: bool) -> Unjudged | None:
     )
 
 
-def _layer_regions(obs: PlacementObservation) -> list[Violation] | Unjudged | None:
-    skip = _family(obs, outer=True)
-    if skip is not None:
-        return skip
-    configs = honest_configs(obs)
-    if configs is None:
-        return None
-    out: list[Violation] = []
-    for n, c in capacity_first(obs, configs):
-        out += [_refused(obs, n, r) for r in refusals(c, obs.layout)[:3]]
-        segments = worker_segments(c, obs.layout)
-        if segments is not None:
-            geometries, _ = tensor_footprints(c, obs.layout, max_runs=MIN_PAGE_RUNS)
-            out += [
-                _v(
-                    "",
-                    f"at {n} blocks tensor {e.tensor_index}'s page of block {e.block} uses bytes "
-                    f"[{e.byte_range[0]}, {e.byte_range[1]}), "
-                    + (
-                        f"outside its layer region [{e.segment[0]}, {e.segment[1]})"
-                        if e.segment is not None
-                        else "before every layer region"
-                    )
-                    + f"; {_version(obs.config)}'s worker pads every layer region apart to its "
-                    "mapping granule and drops the bytes after the last region "
-                    "(pad_kv_cache_segments, vllm/v1/worker/extensible_kv_cache.py), so the "
-                    "page would read another region's padding or unmapped memory",
-                    layer=e.layer,
-                    block=e.block,
-                    byte_range=e.byte_range,
-                )
-                for e in region_escapes(geometries, segments)
-            ]
-        if out:
-            break
-    return out
+def _escapes(obs: PlacementObservation, n: int, c: KVCacheConfig) -> list[Violation]:
+    """Pages of ``c`` (at ``n`` blocks) outside the layer region vLLM's worker cuts for them."""
+    segments = worker_segments(c, obs.layout)
+    if segments is None:
+        return []
+    geometries, _ = tensor_footprints(c, obs.layout, max_runs=MIN_PAGE_RUNS)
+    return [
+        _v(
+            "",
+            f"at {n} blocks tensor {e.tensor_index}'s page of block {e.block} uses bytes "
+            f"[{e.byte_range[0]}, {e.byte_range[1]}), "
+            + (
+                f"outside its layer region [{e.segment[0]}, {e.segment[1]})"
+                if e.segment is not None
+                else "before every layer region"
+            )
+            + f"; {_version(obs.config)}'s worker pads every layer region apart to its "
+            "mapping granule and drops the bytes after the last region "
+            "(pad_kv_cache_segments, vllm/v1/worker/extensible_kv_cache.py), so the "
+            "page would read another region's padding or unmapped memory",
+            layer=e.layer,
+            block=e.block,
+            byte_range=e.byte_range,
+        )
+        for e in region_escapes(geometries, segments)
+    ]
 
 
-def _block_segments(obs: PlacementObservation) -> list[Violation] | Unjudged | None:
-    skip = _family(obs, outer=False)
-    if skip is not None:
-        return skip
-    configs = honest_configs(obs)
-    if configs is None:
-        return None
-    out: list[Violation] = []
-    for n, c in capacity_first(obs, configs):
-        out += [_refused(obs, n, r) for r in refusals(c, obs.layout)[:3]]
-        if out:
-            break
-    return out
+def _segments(outer: bool) -> Check:
+    """The check of the segment invariant of layer-outer layouts (``outer``) or the others.
+
+    Both report the worker's refusals of a placement; in layer-outer layouts
+    also pages that escape their layer region.
+    """
+
+    def check(obs: PlacementObservation, configs: dict[int, KVCacheConfig]) -> list[Violation]:
+        out: list[Violation] = []
+        for n, c in capacity_first(obs, configs):
+            out += [_refused(obs, n, r) for r in refusals(c, obs.layout)[:3]]
+            if outer:
+                out += _escapes(obs, n, c)
+            if out:
+                break
+        return out
+
+    return judged_on(honest_configs, check, gate=lambda obs: _family(obs, outer))
 
 
 register_extensible(
@@ -235,7 +231,7 @@ register_extensible(
     "vLLM's worker accepts the placement: layer regions of num_blocks blocks tile the backing "
     "(LBNHC, LBHNC)",
     "worker-acceptance",
-    _layer_regions,
+    _segments(outer=True),
     module=__name__,
 )
 register_extensible(
@@ -243,6 +239,6 @@ register_extensible(
     "vLLM's worker accepts the placement: one block stride, whole num_blocks-block segments "
     "(BLHNC, BLNHC, BHLNC, LHBNC)",
     "worker-acceptance",
-    _block_segments,
+    _segments(outer=False),
     module=__name__,
 )
