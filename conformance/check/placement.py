@@ -11,7 +11,7 @@ plan and the hook's purity.  The same configs' memory safety is
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from conformance.check.bounds import (
@@ -133,6 +133,22 @@ def _retention(obs: PlacementObservation, configs: Configs) -> list[Violation] |
         for n, c in configs.items()
         if c.prefix_cache_retention_interval != want
     ][:1]
+
+
+def first_findings(
+    configs: Iterable[tuple[int, KVCacheConfig]],
+    find: Callable[[int, KVCacheConfig], list[Violation]],
+) -> list[Violation]:
+    """What ``find(n, config)`` finds in the first of ``configs`` where it finds anything.
+
+    ``configs``: (block count, config) pairs, in the order to look in.  One
+    placement's findings read best; the other block counts mostly repeat them.
+    """
+    for n, c in configs:
+        found = find(n, c)
+        if found:
+            return found
+    return []
 
 
 def group_index(groups: Sequence[KVCacheGroupSpec]) -> dict[str, int]:

@@ -12,8 +12,14 @@ from collections.abc import Iterable
 from conformance.check import memory
 from conformance.check.catalog import Check, flag, judged_on
 from conformance.check.observations import PlacementObservation
-from conformance.check.placement import Configs, honest_configs, register_placement
+from conformance.check.placement import (
+    Configs,
+    first_findings,
+    honest_configs,
+    register_placement,
+)
 from conformance.check.violations import Violation
+from kvref.records import KVCacheConfig
 
 __all__ = ["distinct", "page_flag"]
 
@@ -30,44 +36,41 @@ def distinct(found: Iterable[memory.Overlap]) -> list[memory.Overlap]:
 
 def _memory_check(kind: str) -> Check:
     def check(obs: PlacementObservation, configs: Configs) -> list[Violation]:
-        out: list[Violation] = []
-        for n, c in sorted(configs.items()):
-            if any(t.host_resident for t in c.kv_cache_tensors):
-                continue  # device pages beside host groups are KV-HOST-DEVICE-SAFE's
-            if kind == "bounds":
-                out += [
-                    page_flag(
-                        f"at {n} blocks tensor {o.page.tensor_index}'s page ends past the backing "
-                        f"of {o.size} bytes",
-                        o.page,
-                        o.byte_range,
-                    )
-                    for o in memory.find_out_of_bounds(c, obs.layout, limit=3)
-                ]
-            else:
-                finder = (
-                    memory.find_block_overlaps if kind == "blocks" else memory.find_layer_overlaps
-                )
-                # A layer placed twice overlapping itself is KV-PLACE-LAYER-ONCE's finding.
-                # Only a builder that declares its bytes per block may place
-                # several allocations (contract.md#pool-bytes-hook).
-                separate = obs.declared_pool_bytes is not None
-                found = distinct(finder(c, obs.layout, limit=64, separate=separate))
-                out += [
-                    page_flag(
-                        f"at {n} blocks {ov.a.layer!r} block {ov.a.block} (tensor "
-                        f"{ov.a.tensor_index}) overlaps {ov.b.layer!r} block {ov.b.block} (tensor "
-                        f"{ov.b.tensor_index})",
-                        ov.a,
-                        ov.byte_range,
-                    )
-                    for ov in found[:3]
-                ]
-            if out:
-                break
-        return out
+        return first_findings(sorted(configs.items()), lambda n, c: _findings(kind, obs, n, c))
 
     return judged_on(honest_configs, check)
+
+
+def _findings(kind: str, obs: PlacementObservation, n: int, c: KVCacheConfig) -> list[Violation]:
+    """What the memory check of ``kind`` finds in ``c``, placed at ``n`` blocks."""
+    if any(t.host_resident for t in c.kv_cache_tensors):
+        return []  # device pages beside host groups are KV-HOST-DEVICE-SAFE's
+    if kind == "bounds":
+        return [
+            page_flag(
+                f"at {n} blocks tensor {o.page.tensor_index}'s page ends past the backing "
+                f"of {o.size} bytes",
+                o.page,
+                o.byte_range,
+            )
+            for o in memory.find_out_of_bounds(c, obs.layout, limit=3)
+        ]
+    finder = memory.find_block_overlaps if kind == "blocks" else memory.find_layer_overlaps
+    # A layer placed twice overlapping itself is KV-PLACE-LAYER-ONCE's finding.
+    # Only a builder that declares its bytes per block may place
+    # several allocations (contract.md#pool-bytes-hook).
+    separate = obs.declared_pool_bytes is not None
+    found = distinct(finder(c, obs.layout, limit=64, separate=separate))
+    return [
+        page_flag(
+            f"at {n} blocks {ov.a.layer!r} block {ov.a.block} (tensor "
+            f"{ov.a.tensor_index}) overlaps {ov.b.layer!r} block {ov.b.block} (tensor "
+            f"{ov.b.tensor_index})",
+            ov.a,
+            ov.byte_range,
+        )
+        for ov in found[:3]
+    ]
 
 
 register_placement(

@@ -22,6 +22,7 @@ from conformance.check.observations import PlacementObservation
 from conformance.check.placement import (
     Configs,
     device_size,
+    first_findings,
     group_index,
     has_spec,
     honest_configs,
@@ -37,42 +38,40 @@ from kvref.records import KVCacheConfig
     anchor="views-and-strides",
 )
 def _typed_views(obs: PlacementObservation, configs: Configs) -> list[Violation]:
+    return first_findings(configs.items(), lambda n, c: _misfits(obs, n, c))[:3]
+
+
+def _misfits(obs: PlacementObservation, n: int, c: KVCacheConfig) -> list[Violation]:
+    """Tensors of ``c`` (at ``n`` blocks) the worker cannot view in their first layer's dtype."""
     out = []
-    for n, c in configs.items():
-        owner = group_index(c.kv_cache_groups)
-        for t in c.device_tensors:
-            name = t.layers[0] if t.layers else None
-            if (
-                name is None
-                or name not in owner
-                or not has_spec(c.kv_cache_groups[owner[name]], name)
-            ):
-                continue
-            spec = c.kv_cache_groups[owner[name]].layer_spec(name)
-            try:
-                page = page_geometry(spec)
-                strides = layout_strides(
-                    spec,
-                    n,
-                    len(t.layers),
-                    obs.layout,
-                    pinned=(t.layer_stride, t.block_stride, None, None, None),
+    owner = group_index(c.kv_cache_groups)
+    for t in c.device_tensors:
+        name = t.layers[0] if t.layers else None
+        if name is None or name not in owner or not has_spec(c.kv_cache_groups[owner[name]], name):
+            continue
+        spec = c.kv_cache_groups[owner[name]].layer_spec(name)
+        try:
+            page = page_geometry(spec)
+            strides = layout_strides(
+                spec,
+                n,
+                len(t.layers),
+                obs.layout,
+                pinned=(t.layer_stride, t.block_stride, None, None, None),
+            )
+        except OracleError:
+            continue
+        bad = typed_view_misfits(t.offset, len(t.layers), strides, page)
+        if bad and page.dtype is not None:
+            dtype, size = page.dtype, dtype_bytes(page.dtype)
+            out.append(
+                flag(
+                    f"at {n} blocks {bad} are not multiples of sizeof({dtype}) = {size}, so "
+                    f"the worker cannot view the tensor as {dtype}",
+                    layer=name,
                 )
-            except OracleError:
-                continue
-            bad = typed_view_misfits(t.offset, len(t.layers), strides, page)
-            if bad and page.dtype is not None:
-                dtype, size = page.dtype, dtype_bytes(page.dtype)
-                out.append(
-                    flag(
-                        f"at {n} blocks {bad} are not multiples of sizeof({dtype}) = {size}, so "
-                        f"the worker cannot view the tensor as {dtype}",
-                        layer=name,
-                    )
-                )
-        if out:
-            break
-    return out[:3]
+            )
+    return out
 
 
 @placement_invariant(
@@ -152,32 +151,34 @@ def _own_backing_steps(
     configs=honest_configs,
 )
 def _alignment(obs: PlacementObservation, configs: Configs) -> list[Violation]:
+    return first_findings(sorted(configs.items()), _misaligned)[:3]
+
+
+def _misaligned(n: int, c: KVCacheConfig) -> list[Violation]:
+    """Tensors of ``c`` (at ``n`` blocks) whose block stride a layer's alignment does not divide."""
     out: list[Violation] = []
-    for n, c in sorted(configs.items()):
-        owner = group_index(c.kv_cache_groups)
-        for i, t in enumerate(c.device_tensors):
-            for name in t.layers:
-                group = owner.get(name)
-                if group is None or not has_spec(c.kv_cache_groups[group], name):
-                    continue
-                spec = c.kv_cache_groups[group].layer_spec(name)
-                try:
-                    alignment = block_stride_alignment(spec)
-                except OracleError:
-                    continue
-                # Backends ask for block strides in multiples of this
-                # (contract.md#views-and-strides); in block-outermost layouts only the
-                # block is aligned.
-                if alignment > 1 and t.block_stride % alignment:
-                    out.append(
-                        flag(
-                            f"at {n} blocks tensor {i} steps {t.block_stride} bytes per block, "
-                            f"not a multiple of the layer's block_stride_alignment of "
-                            f"{alignment} bytes",
-                            layer=name,
-                        )
+    owner = group_index(c.kv_cache_groups)
+    for i, t in enumerate(c.device_tensors):
+        for name in t.layers:
+            group = owner.get(name)
+            if group is None or not has_spec(c.kv_cache_groups[group], name):
+                continue
+            spec = c.kv_cache_groups[group].layer_spec(name)
+            try:
+                alignment = block_stride_alignment(spec)
+            except OracleError:
+                continue
+            # Backends ask for block strides in multiples of this
+            # (contract.md#views-and-strides); in block-outermost layouts only the
+            # block is aligned.
+            if alignment > 1 and t.block_stride % alignment:
+                out.append(
+                    flag(
+                        f"at {n} blocks tensor {i} steps {t.block_stride} bytes per block, "
+                        f"not a multiple of the layer's block_stride_alignment of "
+                        f"{alignment} bytes",
+                        layer=name,
                     )
-                    break
-        if out:
-            break
-    return out[:3]
+                )
+                break
+    return out

@@ -34,7 +34,7 @@ from conformance.check.catalog import (
 from conformance.check.catalog import violation as _v
 from conformance.check.footprint import MIN_PAGE_RUNS, tensor_footprints
 from conformance.check.observations import PlacementObservation
-from conformance.check.placement import honest_configs, register_placement
+from conformance.check.placement import first_findings, honest_configs, register_placement
 from conformance.check.segments import (
     Refusal,
     layer_outer,
@@ -115,41 +115,38 @@ def register_extensible(id_: str, title: str, anchor: str, check: Check, *, modu
     )
 
 
-def _one_backing(obs: PlacementObservation) -> list[Violation] | None:
-    configs = honest_configs(obs)
-    if configs is None:
-        return None
+def _one_backing(obs: PlacementObservation, configs: dict[int, KVCacheConfig]) -> list[Violation]:
+    return first_findings(capacity_first(obs, configs), lambda n, c: _backings(obs, n, c))
+
+
+def _backings(obs: PlacementObservation, n: int, c: KVCacheConfig) -> list[Violation]:
+    """The finding that ``c`` (at ``n`` blocks) names several backing sizes, if it does."""
+    sizes = sorted({t.size for t in c.device_tensors})
+    if len(sizes) < 2:
+        return []
     version = _version(obs.config)
-    declared = obs.declared_pool_bytes is not None
-    out: list[Violation] = []
-    for n, c in capacity_first(obs, configs):
-        sizes = sorted({t.size for t in c.device_tensors})
-        if len(sizes) < 2:
-            continue
-        why = (
-            f"; _get_pool_bytes_per_block lets Core plan several device allocations, but no "
-            f"{version} GPU worker allocates them"
-            if declared
-            else ""
+    why = (
+        f"; _get_pool_bytes_per_block lets Core plan several device allocations, but no "
+        f"{version} GPU worker allocates them"
+        if obs.declared_pool_bytes is not None
+        else ""
+    )
+    return [
+        _v(
+            "KV-WORKER-ONE-BACKING",
+            f"at {n} blocks the device tensors name {len(sizes)} backing sizes {sizes[:4]}; "
+            f"{version}'s GPU worker views every device tensor in one backing allocation and "
+            f"refuses this at startup (AssertionError in {_ALLOCATE}: 'KV cache tensors must "
+            f"share one backing allocation.'){why}",
         )
-        out.append(
-            _v(
-                "KV-WORKER-ONE-BACKING",
-                f"at {n} blocks the device tensors name {len(sizes)} backing sizes {sizes[:4]}; "
-                f"{version}'s GPU worker views every device tensor in one backing allocation and "
-                f"refuses this at startup (AssertionError in {_ALLOCATE}: 'KV cache tensors must "
-                f"share one backing allocation.'){why}",
-            )
-        )
-        break
-    return out
+    ]
 
 
 register_placement(
     "KV-WORKER-ONE-BACKING",
     "vLLM's GPU worker accepts the placement: one backing size for all device tensors",
     "worker-acceptance",
-    _one_backing,
+    judged_on(honest_configs, _one_backing),
     module=__name__,
 )
 
@@ -213,15 +210,12 @@ def _segments(outer: bool) -> Check:
     also pages that escape their layer region.
     """
 
+    def find(obs: PlacementObservation, n: int, c: KVCacheConfig) -> list[Violation]:
+        out = [_refused(obs, n, r) for r in refusals(c, obs.layout)[:3]]
+        return out + _escapes(obs, n, c) if outer else out
+
     def check(obs: PlacementObservation, configs: dict[int, KVCacheConfig]) -> list[Violation]:
-        out: list[Violation] = []
-        for n, c in capacity_first(obs, configs):
-            out += [_refused(obs, n, r) for r in refusals(c, obs.layout)[:3]]
-            if outer:
-                out += _escapes(obs, n, c)
-            if out:
-                break
-        return out
+        return first_findings(capacity_first(obs, configs), lambda n, c: find(obs, n, c))
 
     return judged_on(honest_configs, check, gate=lambda obs: _family(obs, outer))
 
