@@ -199,7 +199,7 @@ def invariant(
 
 
 def judged_on(
-    subject: Callable[[Any], _S | None],
+    subject: Callable[[Any], _S | Unjudged | None],
     check: Callable[[Any, _S], Any],
     *,
     gate: Callable[[Any], Unjudged | None] | None = None,
@@ -207,10 +207,11 @@ def judged_on(
     """``check(obs, found)``, judging what ``subject`` finds in an observation.
 
     Many checks read one thing out of their observation first (the groups a
-    call returned, the configs placed) and judge nothing where it is missing
-    (``subject`` answers ``None``: the call failed, ``KV-CALL-*`` reports
-    that).  ``gate``, asked before ``subject``, says why an example cannot
-    judge the invariant at all (``None``: it can).
+    call returned, the configs placed) and judge nothing where it is missing:
+    ``subject`` then answers ``None`` (the call failed, ``KV-CALL-*`` reports
+    that) or :class:`Unjudged` (why not), and that is the outcome.  ``gate``,
+    asked before ``subject``, says why an example cannot judge the invariant
+    at all (``None``: it can).
     """
 
     @functools.wraps(check)
@@ -220,13 +221,15 @@ def judged_on(
             if skip is not None:
                 return skip
         found = subject(obs)
-        return None if found is None else check(obs, found)
+        if found is None or isinstance(found, Unjudged):
+            return found
+        return check(obs, found)
 
     return judge
 
 
 def invariant_on(
-    subject: Callable[[Any], _S | None],
+    subject: Callable[[Any], _S | Unjudged | None],
     id: str,
     title: str,
     *,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -83,13 +84,27 @@ def _bpb(config: KVCacheConfig) -> int:
     return size // config.num_blocks if config.num_blocks else 0
 
 
+def _sized_by_memory(
+    check: Callable[[CoreObservation, KVCachePlan], list[Violation]],
+) -> Callable[[CoreObservation, KVCachePlan], list[Violation]]:
+    """``check``, holding where num_gpu_blocks_override, not memory, sizes the plan.
+
+    KV-CORE-OVERRIDE judges such plans.
+    """
+
+    @functools.wraps(check)
+    def judge(obs: CoreObservation, plan: KVCachePlan) -> list[Violation]:
+        return [] if obs.config.num_gpu_blocks_override is not None else check(obs, plan)
+
+    return judge
+
+
 @core_invariant(
     "KV-CORE-MEMORY",
     "device bytes never exceed the available memory",
 )
+@_sized_by_memory
 def _core_memory(obs: CoreObservation, plan: KVCachePlan) -> list[Violation]:
-    if obs.config.num_gpu_blocks_override is not None:
-        return []
     out = []
     for w, (config, available) in enumerate(zip(plan.configs, obs.available_memory, strict=False)):
         used = sum({t.size for t in config.device_tensors})
@@ -107,9 +122,8 @@ def _core_memory(obs: CoreObservation, plan: KVCachePlan) -> list[Violation]:
     "KV-CORE-SLACK",
     "the limiting worker has less than one block of slack",
 )
+@_sized_by_memory
 def _core_slack(obs: CoreObservation, plan: KVCachePlan) -> list[Violation]:
-    if obs.config.num_gpu_blocks_override is not None:
-        return []
     bpbs = [_bpb(c) for c in plan.configs]
     active = [(w, b) for w, b in enumerate(bpbs) if b > 0]
     if not active:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from conformance.check.catalog import flag, invariant
+from conformance.check.catalog import flag
 from conformance.check.footprint import tensor_footprints
 from conformance.check.geometry import (
     OracleError,
@@ -38,6 +38,12 @@ from conformance.check.geometry import (
     round_up,
 )
 from conformance.check.observations import PlacementObservation
+from conformance.check.placement import (
+    Configs,
+    first_findings,
+    honest_configs,
+    placement_invariant,
+)
 from conformance.check.violations import Violation
 from kvref.records import KVCacheConfig, KVCacheTensor
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
@@ -219,21 +225,15 @@ def pitch_findings(config: KVCacheConfig, layout: str, limit: int = 3) -> list[s
     return out
 
 
-@invariant(
+@placement_invariant(
     "KV-PLACE-PAGE-PITCH",
     "strides that address a layer's pages are the ones its layout and padded page fix",
     anchor="page-pitch",
-    scenario="placement",
-    in_core=True,
+    configs=honest_configs,
 )
-def _page_pitch(obs: PlacementObservation) -> list[Violation] | None:
-    configs = {n: obs.config_at(n) for n in obs.results}
-    honest = {n: c for n, c in configs.items() if c is not None and c.num_blocks == n}
-    if not honest:
-        return None
+def _page_pitch(obs: PlacementObservation, configs: Configs) -> list[Violation]:
     layout = obs.layout.name
-    for n, c in sorted(honest.items()):
-        found = pitch_findings(c, layout)
-        if found:
-            return [flag(f"at {n} blocks {line}") for line in found]
-    return []
+    return first_findings(
+        sorted(configs.items()),
+        lambda n, c: [flag(f"at {n} blocks {line}") for line in pitch_findings(c, layout)],
+    )

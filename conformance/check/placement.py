@@ -391,17 +391,13 @@ def _declared_matches(obs: PlacementObservation, declared: int) -> list[Violatio
     return out
 
 
-@invariant(
+@placement_invariant(
     "KV-PLACE-SIZE-BOUND",
     "the backing never exceeds every layer's own aligned pages",
     anchor="placement-backing",
-    scenario="placement",
-    in_core=True,
+    configs=lambda obs: _returned(obs) or None,  # sizes no allocator takes included
 )
-def _size_bound(obs: PlacementObservation) -> list[Violation] | None:
-    configs = _returned(obs)
-    if not configs:
-        return None
+def _size_bound(obs: PlacementObservation, configs: Configs) -> list[Violation]:
     bound = size_bound(obs.groups)
     out = []
     for n, c in configs.items():

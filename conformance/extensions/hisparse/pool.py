@@ -15,11 +15,13 @@ local ranks share one pool.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
+
 from conformance.check.bounds import tensor_problems
-from conformance.check.catalog import Unjudged, invariant
+from conformance.check.catalog import Check, Unjudged, invariant_on
 from conformance.check.catalog import violation as _v
 from conformance.check.observations import HostObservation
 from conformance.check.residency import hisparse_source_layers
@@ -52,6 +54,40 @@ def sound_placement(obs: HostObservation) -> KVCacheConfig | None:
     return value
 
 
+@attrs.frozen
+class HiSparsePlacement:
+    """A HiSparse host example's :func:`sound_placement` and its source layers."""
+
+    placed: KVCacheConfig
+    sources: frozenset[str]
+
+
+def _hisparse_placement(obs: Any) -> HiSparsePlacement | Unjudged | None:
+    if not isinstance(obs, HostObservation):
+        return None
+    if obs.config.hisparse is None:
+        return Unjudged("the example does not turn HiSparse on", applicable=False)
+    sources = hisparse_source_layers(obs.config, obs.specs)
+    placed = sound_placement(obs)
+    if placed is None or not sources:
+        return None
+    return HiSparsePlacement(placed, sources)
+
+
+def hisparse_host_invariant(
+    id: str, title: str, *, anchor: str
+) -> Callable[[Callable[[HostObservation, HiSparsePlacement], Any]], Check]:
+    """Declare a check of a HiSparse host example's sound placement (host-resident builders)."""
+    return invariant_on(
+        _hisparse_placement,
+        id,
+        title,
+        anchor=anchor,
+        scenario="host",
+        requires=("host_resident",),
+    )
+
+
 def _pool_findings(obs: HostObservation, placed: KVCacheConfig, sources: Any) -> list[str]:
     pool = obs.config.host_pool_bytes or 0
     blocks, stride = placed.host_num_blocks, placed.host_block_stride
@@ -82,20 +118,10 @@ def _pool_findings(obs: HostObservation, placed: KVCacheConfig, sources: Any) ->
     return out
 
 
-@invariant(
+@hisparse_host_invariant(
     _ID,
     "HiSparse's source layers fill a host pool sized by host_pool_bytes, in host blocks that fit",
     anchor="hisparse-host-pool",
-    scenario="host",
-    requires=("host_resident",),
 )
-def _hisparse_pool(obs: HostObservation) -> list[Violation] | Unjudged | None:
-    if not isinstance(obs, HostObservation):
-        return None
-    if obs.config.hisparse is None:
-        return Unjudged("the example does not turn HiSparse on", applicable=False)
-    sources = hisparse_source_layers(obs.config, obs.specs)
-    placed = sound_placement(obs)
-    if placed is None or not sources:
-        return None
-    return [_v(_ID, message) for message in _pool_findings(obs, placed, sources)][:3]
+def _hisparse_pool(obs: HostObservation, got: HiSparsePlacement) -> list[Violation]:
+    return [_v(_ID, message) for message in _pool_findings(obs, got.placed, got.sources)][:3]

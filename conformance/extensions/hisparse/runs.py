@@ -20,13 +20,12 @@ as LBNHC by the byte-overlap checks, and wrong for this runtime.
 from __future__ import annotations
 
 from conformance.check import memory
-from conformance.check.catalog import Unjudged, invariant
+from conformance.check.catalog import Unjudged
 from conformance.check.catalog import violation as _v
 from conformance.check.memory import HOST_LAYOUT
 from conformance.check.observations import HostObservation
-from conformance.check.residency import hisparse_source_layers
 from conformance.check.violations import Violation
-from conformance.extensions.hisparse.pool import sound_placement
+from conformance.extensions.hisparse.pool import HiSparsePlacement, hisparse_host_invariant
 from kvref.records import KVCacheConfig
 
 __all__ = ["host_run_findings"]
@@ -87,21 +86,13 @@ def host_run_findings(placed: KVCacheConfig) -> list[str]:
     return out
 
 
-@invariant(
+@hisparse_host_invariant(
     _ID,
     "HiSparse's source layers' host pages are one run per layer, tiling the pool from 0",
     anchor="hisparse-host-runs",
-    scenario="host",
-    requires=("host_resident",),
 )
-def _hisparse_runs(obs: HostObservation) -> list[Violation] | Unjudged | None:
-    if not isinstance(obs, HostObservation):
-        return None
-    if obs.config.hisparse is None:
-        return Unjudged("the example does not turn HiSparse on", applicable=False)
-    placed = sound_placement(obs)
-    if placed is None or not hisparse_source_layers(obs.config, obs.specs):
-        return None
+def _hisparse_runs(obs: HostObservation, got: HiSparsePlacement) -> list[Violation] | Unjudged:
+    placed = got.placed
     if _unsafe(placed):
         # Pages outside the pool, overlapping or placed twice: those invariants'
         # findings, and the builder's answer leaves no sound runs to judge.
