@@ -70,6 +70,16 @@ _ATTENTION_COMPARE_FIELDS = (
     "tokens_per_state",
 )
 
+#: What MLA specs compare besides :data:`_ATTENTION_COMPARE_FIELDS`, after them.
+_MLA_COMPARE_FIELDS = (
+    *_ATTENTION_COMPARE_FIELDS,
+    "cache_dtype_str",
+    "topk_buffer_width",
+    "model_version",
+    "cache_role",
+    "is_index_group_leader",
+)
+
 
 def _convert_dtype(value: object) -> torch.dtype:
     return to_dtype(value, "dtype")
@@ -168,11 +178,38 @@ class AttentionSpec(KVCacheSpec):
         """The attention dtype."""
         return self.dtype
 
-    def _attention_fields_equal(self, other: AttentionSpec) -> str | None:
-        for name in _ATTENTION_COMPARE_FIELDS:
-            if getattr(self, name) != getattr(other, name):
-                return name
-        return None
+
+def _specs_of(
+    specs: Sequence[KVCacheSpec], kind: type[_S], group: str, excluded: type | None = None
+) -> list[_S]:
+    """``specs`` as ``kind`` (none an ``excluded``); ``group`` names the group in the error.
+
+    Raises:
+        IncompatibleSpecsError: the first spec that is not a ``kind``, or is an ``excluded``.
+    """
+    of_kind: list[_S] = []
+    for spec in specs:
+        if not isinstance(spec, kind) or (excluded is not None and isinstance(spec, excluded)):
+            raise IncompatibleSpecsError(f"cannot merge {type(spec).__name__} into {group} group")
+        of_kind.append(spec)
+    return of_kind
+
+
+def _check_fields_equal(specs: Sequence[KVCacheSpec], fields: Sequence[str], what: str) -> None:
+    """Every spec agrees with the first on ``fields``; ``what`` names the specs in the error.
+
+    Raises:
+        IncompatibleSpecsError: the first spec that differs from the first one, naming
+            the first field (in ``fields`` order) that differs.
+    """
+    head = specs[0]
+    for spec in specs[1:]:
+        for name in fields:
+            if getattr(head, name) != getattr(spec, name):
+                raise IncompatibleSpecsError(
+                    f"cannot merge {what} specs: {name} differs "
+                    f"({getattr(head, name)!r} vs {getattr(spec, name)!r})"
+                )
 
 
 def _merge_single_value(specs: Sequence[Any], field: str) -> Any:
@@ -218,29 +255,15 @@ class FullAttentionSpec(AttentionSpec):
                 field differs, or both a window and a chunk size are present.
             ConflictingWindowError: two different windows or chunk sizes.
         """
-        first = specs[0]
-        full: list[FullAttentionSpec] = []
-        for spec in specs:
-            if not isinstance(spec, FullAttentionSpec) or isinstance(spec, MLAAttentionSpec):
-                raise IncompatibleSpecsError(
-                    f"cannot merge {type(spec).__name__} into a FullAttentionSpec group"
-                )
-            full.append(spec)
+        full = _specs_of(specs, FullAttentionSpec, "a FullAttentionSpec", MLAAttentionSpec)
+        _check_fields_equal(full, _ATTENTION_COMPARE_FIELDS, "full-attention")
         head = full[0]
-        for spec in full[1:]:
-            field = head._attention_fields_equal(spec)
-            if field is not None:
-                raise IncompatibleSpecsError(
-                    f"cannot merge full-attention specs: {field} differs "
-                    f"({getattr(head, field)!r} vs {getattr(spec, field)!r})"
-                )
         window = _merge_single_value(full, "sliding_window")
         chunk = _merge_single_value(full, "attention_chunk_size")
         if window is not None and chunk is not None:
             raise IncompatibleSpecsError(
                 f"cannot merge a sliding window ({window}) and a chunk size ({chunk}) in one group"
             )
-        del first
         return attrs.evolve(
             head,
             sliding_window=window,
@@ -330,32 +353,9 @@ class MLAAttentionSpec(FullAttentionSpec):
         Raises:
             IncompatibleSpecsError: a spec is not MLA or a compared field differs.
         """
-        mla: list[MLAAttentionSpec] = []
-        for spec in specs:
-            if not isinstance(spec, MLAAttentionSpec):
-                raise IncompatibleSpecsError(
-                    f"cannot merge {type(spec).__name__} into an MLAAttentionSpec group"
-                )
-            mla.append(spec)
+        mla = _specs_of(specs, MLAAttentionSpec, "an MLAAttentionSpec")
+        _check_fields_equal(mla, _MLA_COMPARE_FIELDS, "MLA")
         head = mla[0]
-        for spec in mla[1:]:
-            field = head._attention_fields_equal(spec)
-            if field is None:
-                for name in (
-                    "cache_dtype_str",
-                    "topk_buffer_width",
-                    "model_version",
-                    "cache_role",
-                    "is_index_group_leader",
-                ):
-                    if getattr(head, name) != getattr(spec, name):
-                        field = name
-                        break
-            if field is not None:
-                raise IncompatibleSpecsError(
-                    f"cannot merge MLA specs: {field} differs "
-                    f"({getattr(head, field)!r} vs {getattr(spec, field)!r})"
-                )
         # vLLM builds the merged spec from the MLA fields alone: a window or chunk
         # a promotion carried over and ``non_causal`` fall back to their defaults.
         return attrs.evolve(
@@ -450,32 +450,21 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
             IncompatibleSpecsError: a spec is not SW-MLA or a compared field differs.
         """
         keys = rules is None or rules.sliding_window_mla_merge_keys
-        swm: list[SlidingWindowMLASpec] = []
-        for spec in specs:
-            if not isinstance(spec, SlidingWindowMLASpec):
-                raise IncompatibleSpecsError(
-                    f"cannot merge {type(spec).__name__} into a SlidingWindowMLASpec group"
-                )
-            swm.append(spec)
+        swm = _specs_of(specs, SlidingWindowMLASpec, "a SlidingWindowMLASpec")
+        fields = (
+            "dcp_sharded",
+            "max_tp_shards",
+            "dtype",
+            "tokens_per_state",
+            "model_version",
+            "sliding_window",
+            "extra_retained_tokens",
+            "bounded_replay",
+            "block_stride_alignment",
+            *(("kv_quant_mode", "alignment") if keys else ()),
+        )
+        _check_fields_equal(swm, fields, "sliding-window MLA")
         head = swm[0]
-        for spec in swm[1:]:
-            for name in (
-                "dcp_sharded",
-                "max_tp_shards",
-                "dtype",
-                "tokens_per_state",
-                "model_version",
-                "sliding_window",
-                "extra_retained_tokens",
-                "bounded_replay",
-                "block_stride_alignment",
-                *(("kv_quant_mode", "alignment") if keys else ()),
-            ):
-                if getattr(head, name) != getattr(spec, name):
-                    raise IncompatibleSpecsError(
-                        f"cannot merge sliding-window MLA specs: {name} differs "
-                        f"({getattr(head, name)!r} vs {getattr(spec, name)!r})"
-                    )
         decode = any(s.non_causal_multi_token_decode for s in swm)
         if keys:
             return attrs.evolve(head, head_size_v=0, non_causal_multi_token_decode=decode)
