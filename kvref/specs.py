@@ -22,20 +22,11 @@ so pickles, reprs of types and printed counterexamples say
 
 from __future__ import annotations
 
-from kvref._spec_attention import (
-    AttentionSpec,
-    ChunkedLocalAttentionSpec,
-    CircularBufferSpec,
-    CrossAttentionSpec,
-    EncoderOnlyAttentionSpec,
-    FullAttentionSpec,
-    MLAAttentionSpec,
-    RSWASpec,
-    SinkFullAttentionSpec,
-    SlidingWindowMLASpec,
-    SlidingWindowSpec,
-    evolve_spec,
-)
+import kvref._spec_attention as _attention
+
+# Every attention kind (and evolve_spec): the names of _spec_attention.__all__,
+# listed there only, and added to this module's __all__ below.
+from kvref._spec_attention import *  # noqa: F403
 from kvref._spec_base import KVCacheSpec, MemoryInputs
 from kvref._spec_fields import MultipleOf, dtype_size, to_dtype
 from kvref._spec_groups import (
@@ -48,25 +39,14 @@ from kvref._spec_groups import (
 from kvref._spec_state import MambaSpec
 
 __all__ = [
-    "AttentionSpec",
-    "ChunkedLocalAttentionSpec",
-    "CircularBufferSpec",
-    "CrossAttentionSpec",
-    "EncoderOnlyAttentionSpec",
-    "FullAttentionSpec",
     "GroupKVCacheSpec",
     "KVCacheSpec",
-    "MLAAttentionSpec",
     "MambaSpec",
     "MemoryInputs",
     "MultipleOf",
-    "RSWASpec",
-    "SinkFullAttentionSpec",
-    "SlidingWindowMLASpec",
-    "SlidingWindowSpec",
     "UniformTypeKVCacheSpecs",
     "dtype_size",
-    "evolve_spec",
     "iter_layer_specs",
     "to_dtype",
 ]
+__all__ += _attention.__all__

@@ -12,55 +12,24 @@ A thin re-export, kept so that ``kvref.interop.vllm`` stays importable:
 
 from __future__ import annotations
 
+from kvref.interop import vllm_convert
 from kvref.interop.vllm_config import (
     hisparse_patches,
     is_pristine,
     pristine_pickle,
     to_vllm_config,
 )
-from kvref.interop.vllm_convert import (
-    INSTALL_HINT,
-    VLLM_VERSION,
-    VLLMOutputError,
-    VLLMUnavailableError,
-    config_from_vllm,
-    config_to_vllm,
-    group_from_vllm,
-    group_to_vllm,
-    groups_from_vllm,
-    groups_to_vllm,
-    is_vllm_available,
-    layer_spec_from_vllm,
-    quiet_vllm,
-    spec_from_vllm,
-    spec_to_vllm,
-    specs_to_vllm,
-    vllm_modules,
-)
+
+# Every name of vllm_convert.__all__, listed there only, and added to __all__ below.
+from kvref.interop.vllm_convert import *  # noqa: F403
 from kvref.interop.vllm_core import installed_builder, plan_with_vllm
 
 __all__ = [
-    "INSTALL_HINT",
-    "VLLM_VERSION",
-    "VLLMOutputError",
-    "VLLMUnavailableError",
-    "config_from_vllm",
-    "config_to_vllm",
-    "group_from_vllm",
-    "group_to_vllm",
-    "groups_from_vllm",
-    "groups_to_vllm",
     "hisparse_patches",
     "installed_builder",
     "is_pristine",
-    "is_vllm_available",
-    "layer_spec_from_vllm",
     "plan_with_vllm",
     "pristine_pickle",
-    "quiet_vllm",
-    "spec_from_vllm",
-    "spec_to_vllm",
-    "specs_to_vllm",
     "to_vllm_config",
-    "vllm_modules",
 ]
+__all__ += vllm_convert.__all__
