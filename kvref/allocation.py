@@ -12,8 +12,9 @@ not own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 import torch
@@ -36,8 +37,11 @@ from kvref.views import (
 
 __all__ = [
     "BACKING_DTYPE",
+    "DEVICE_BACKING",
     "HOST_LAYOUT",
     "KVCacheAllocation",
+    "KVCacheBackings",
+    "StridedGeometry",
     "TensorGeometry",
     "ViewProblem",
     "allocate_backings",
@@ -46,6 +50,7 @@ __all__ = [
     "planned_device_bytes",
     "planned_host_bytes",
     "resolve_layout",
+    "strided_view",
     "tensor_geometries",
     "view_problems",
 ]
@@ -108,12 +113,28 @@ def allocate_backings(
     pin_host: bool | None = None,
     host_device: str | torch.device = "cpu",
     include_host: bool = True,
+    zeroed: bool = True,
+    device_backing: Callable[[int], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...], bool]:
-    """Allocate the zeroed backings of a config, without any view.
+    """Allocate the backings of a config (zeroed by default), without any view.
 
     Returns ``(device_buffer, host_buffers, host_pinned)``: the device buffer
     (``None`` without device tensors), one host buffer per distinct host
     tensor size in order of first appearance, and whether they are pinned.
+
+    Args:
+        kv_cache_config: the plan.
+        device: where the device backing goes.
+        pin_host: pin host backings (``None``: when ``device`` is this
+            process's accelerator and pinning works).
+        host_device: where host backings go; ``"meta"`` only to check shapes.
+        include_host: allocate the host backings (``False``: none).
+        zeroed: zero the backings (``False`` leaves the bytes as the allocator
+            hands them out: only for a caller that reads nothing it did not
+            write first; zeroing is most of what a large CPU allocation costs).
+        device_backing: given the device backing's size in bytes, the
+            :data:`BACKING_DTYPE` buffer to use (``None``: a fresh one on
+            ``device``); for a caller that reuses one buffer from call to call.
 
     Raises:
         PlacementError: device tensors disagree on ``size`` (contract.md#placement-backing).
@@ -121,10 +142,15 @@ def allocate_backings(
 
     """
     target = torch.device(device)
+    make = torch.zeros if zeroed else torch.empty
     size = _single_size(kv_cache_config.device_tensors, "device")
-    # int8 as vLLM's worker allocates it: the views of specs without a dtype
-    # (Mamba states, HiSparse's raw pages) are these bytes, as a kernel sees them.
-    device_buffer = None if size is None else torch.zeros(size, dtype=BACKING_DTYPE, device=target)
+    device_buffer: torch.Tensor | None = None
+    if size is not None and device_backing is not None:
+        device_buffer = device_backing(size)
+    elif size is not None:
+        # int8 as vLLM's worker allocates it: the views of specs without a dtype
+        # (Mamba states, HiSparse's raw pages) are these bytes, as a kernel sees them.
+        device_buffer = make(size, dtype=BACKING_DTYPE, device=target)
     host_buffers: list[torch.Tensor] = []
     pinned = False
     if include_host:
@@ -135,20 +161,63 @@ def allocate_backings(
             buffer: torch.Tensor | None = None
             if pin:
                 try:
-                    buffer = torch.zeros(host_size, dtype=BACKING_DTYPE, pin_memory=True)
+                    buffer = make(host_size, dtype=BACKING_DTYPE, pin_memory=True)
                 except RuntimeError:
                     if pin_host:
                         raise
                     # Auto mode: an unpinned pool is slower, not wrong.
                     pin = False
             if buffer is None:
-                buffer = torch.zeros(host_size, dtype=BACKING_DTYPE, device=host)
+                buffer = make(host_size, dtype=BACKING_DTYPE, device=host)
             host_buffers.append(buffer)
         pinned = pin
     return device_buffer, tuple(host_buffers), pinned
 
 
-def _raw_view(buffer: torch.Tensor, geometry: TensorGeometry) -> torch.Tensor:
+class StridedGeometry(Protocol):
+    """What the view plumbing reads of a tensor's geometry.
+
+    kvref's :class:`TensorGeometry` is one; a caller with geometry of its own
+    (the conformance kit's worker model) views buffers through the same
+    plumbing with that.
+    """
+
+    @property
+    def index(self) -> int:
+        """Position of the tensor in ``kv_cache_config.kv_cache_tensors``."""
+
+    @property
+    def tensor(self) -> KVCacheTensor:
+        """The tensor record."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Extents ``(L, N, H, S, C)``; ``C`` in bytes."""
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Byte strides ``(L, B, H, S, C)``."""
+
+    @property
+    def offset(self) -> int:
+        """Byte of layer 0, block 0 in the backing."""
+
+    @property
+    def is_empty(self) -> bool:
+        """Whether the tensor addresses no byte."""
+
+
+_G = TypeVar("_G", bound=StridedGeometry)
+_B = TypeVar("_B", bound="KVCacheBackings[Any]")
+
+
+def strided_view(buffer: torch.Tensor, geometry: StridedGeometry) -> torch.Tensor:
+    """The raw ``int8`` view ``(L, N, H, S, C)`` of ``geometry`` over ``buffer``.
+
+    Unchecked: the caller checks the view against its backing first (with
+    exact integers, as :func:`view_problems` does), so that ``as_strided``
+    never addresses memory the buffer does not own.
+    """
     if geometry.is_empty:
         # Nothing is addressed; keep torch from range-checking a meaningless offset.
         return buffer.as_strided(geometry.shape, (0, 0, 0, 0, 1), 0)
@@ -156,38 +225,28 @@ def _raw_view(buffer: torch.Tensor, geometry: TensorGeometry) -> torch.Tensor:
 
 
 @attrs.define(kw_only=True, eq=False)
-class KVCacheAllocation:
-    """The tensors of one worker's KV cache: backings and per-layer views.
+class KVCacheBackings(Generic[_G]):
+    """A worker's backings and the views over them, for geometry of any make.
 
-    Use as a context manager, or call :meth:`close`, to drop this object's
-    references to the memory (views the caller still holds keep it alive).
+    The plumbing that :class:`KVCacheAllocation` (over kvref's geometry) and
+    the conformance kit's worker (over its own) share: :meth:`bind` views
+    every tensor and layer; :meth:`close` (or leaving a ``with`` block)
+    drops this object's references to the memory (views the caller still
+    holds keep it alive).
 
     Attributes:
         device: where ``device_buffer`` lives.
         layout: the layout of the device tensors' views.
-        device_buffer: the zeroed :data:`BACKING_DTYPE` (``int8``) backing of ``size``
+        device_buffer: the :data:`BACKING_DTYPE` (``int8``) backing of ``size``
             bytes (``None`` without device tensors).
         host_buffers: host backings, one per distinct host tensor size.
         host_pinned: whether the host backings are pinned.
-        views: layer name to its view, shape ``(N, H, S, C / sizeof(dtype))`` in the spec's
-            dtype (the backing's ``int8`` bytes for specs without one, such as Mamba);
-            a spec without layer views (HiSparse resident and hot) maps to the whole
-            backing.
+        views: layer name to its view (what ``views_of`` gave :meth:`bind`).
         geometries: the geometry of every config tensor, in config order.
         tensor_views: the raw 5-D ``int8`` view ``(L, N, H, S, C)`` of every config tensor.
         backing_of: for every config tensor, the index of its host buffer, or
             :data:`DEVICE_BACKING`.
-        kernel_block_sizes: the kernel block size of each group the views were
-            split with (``None``: not asked for).
-        kernel_geometries: with ``kernel_block_sizes``, every tensor's kernel
-            view geometry (``None`` where it has no per-layer view).
-        kernel_views: with ``kernel_block_sizes``, layer name to its kernel view,
-            shape ``(N * r, H, S_k, C / sizeof(dtype))`` (a re-strided packed cache:
-            ``(N - 1) * s + r`` kernel blocks, :mod:`kvref.kernel_blocks`): what the worker binds
-            to the layer and its attention kernels read (vLLM's views with
-            ``kernel_block_sizes``, as ``map_kv_caches_to_kernel_blocks`` binds
-            them); layers without layer views map to the whole backing, as in
-            :attr:`views`.
+        closed: whether :meth:`close` ran.
 
     """
 
@@ -197,13 +256,58 @@ class KVCacheAllocation:
     host_buffers: tuple[torch.Tensor, ...]
     host_pinned: bool
     views: dict[str, torch.Tensor]
-    geometries: tuple[TensorGeometry, ...]
+    geometries: tuple[_G, ...]
     tensor_views: tuple[torch.Tensor, ...]
     backing_of: tuple[int, ...]
-    kernel_block_sizes: tuple[int, ...] | None = None
-    kernel_geometries: tuple[TensorGeometry | None, ...] = ()
-    kernel_views: dict[str, torch.Tensor] = attrs.Factory(dict)
     closed: bool = False
+
+    @classmethod
+    def bind(
+        cls: type[_B],
+        *,
+        device: torch.device,
+        layout: KVCacheLayout,
+        geometries: Sequence[_G],
+        backings: tuple[torch.Tensor | None, tuple[torch.Tensor, ...], bool],
+        views_of: Callable[[_G, torch.Tensor, torch.Tensor], Mapping[str, torch.Tensor]],
+        **fields: Any,
+    ) -> _B:
+        """View ``geometries`` over ``backings`` (what :func:`allocate_backings` returns).
+
+        Each tensor gets its raw view (:func:`strided_view`) over its backing:
+        a host tensor the host buffer of its size, any other the device
+        buffer.  ``views_of(geometry, raw_view, backing)`` gives its layers'
+        views.  The geometries must be checked against their backings first.
+        ``fields``: a subclass's own fields.
+
+        Raises:
+            PlacementError: a device tensor without a device backing.
+        """
+        device_buffer, host_buffers, host_pinned = backings
+        host_index = {int(buffer.numel()): i for i, buffer in enumerate(host_buffers)}
+        backing_of: list[int] = []
+        tensor_views: list[torch.Tensor] = []
+        views: dict[str, torch.Tensor] = {}
+        for geometry in geometries:
+            tensor = geometry.tensor
+            where = host_index[tensor.size] if tensor.host_resident else DEVICE_BACKING
+            buffer = _buffer(where, device_buffer, host_buffers)
+            backing_of.append(where)
+            raw = strided_view(buffer, geometry)
+            tensor_views.append(raw)
+            views.update(views_of(geometry, raw, buffer))
+        return cls(
+            device=device,
+            layout=layout,
+            device_buffer=device_buffer,
+            host_buffers=host_buffers,
+            host_pinned=host_pinned,
+            views=views,
+            geometries=tuple(geometries),
+            tensor_views=tuple(tensor_views),
+            backing_of=tuple(backing_of),
+            **fields,
+        )
 
     def backing(self, index: int) -> torch.Tensor:
         """Return the backing buffer of config tensor ``index``."""
@@ -218,11 +322,10 @@ class KVCacheAllocation:
         self.device_buffer = None
         self.host_buffers = ()
         self.views = {}
-        self.kernel_views = {}
         self.tensor_views = ()
         self.closed = True
 
-    def __enter__(self) -> KVCacheAllocation:
+    def __enter__(self: _B) -> _B:
         return self
 
     def __exit__(
@@ -232,6 +335,41 @@ class KVCacheAllocation:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+@attrs.define(kw_only=True, eq=False)
+class KVCacheAllocation(KVCacheBackings[TensorGeometry]):
+    """The tensors of one worker's KV cache: backings and per-layer views.
+
+    :class:`KVCacheBackings` over kvref's geometry, with zeroed backings
+    (:func:`allocate_kv_cache`).  Its ``views`` map each layer to its view,
+    shape ``(N, H, S, C / sizeof(dtype))`` in the spec's dtype (the backing's
+    ``int8`` bytes for specs without one, such as Mamba); a spec without
+    layer views (HiSparse resident and hot) maps to the whole backing.
+
+    Attributes:
+        kernel_block_sizes: the kernel block size of each group the views were
+            split with (``None``: not asked for).
+        kernel_geometries: with ``kernel_block_sizes``, every tensor's kernel
+            view geometry (``None`` where it has no per-layer view).
+        kernel_views: with ``kernel_block_sizes``, layer name to its kernel view,
+            shape ``(N * r, H, S_k, C / sizeof(dtype))`` (a re-strided packed cache:
+            ``(N - 1) * s + r`` kernel blocks, :mod:`kvref.kernel_blocks`): what the worker binds
+            to the layer and its attention kernels read (vLLM's views with
+            ``kernel_block_sizes``, as ``map_kv_caches_to_kernel_blocks`` binds
+            them); layers without layer views map to the whole backing, as in
+            :attr:`views`.
+
+    """
+
+    kernel_block_sizes: tuple[int, ...] | None = None
+    kernel_geometries: tuple[TensorGeometry | None, ...] = ()
+    kernel_views: dict[str, torch.Tensor] = attrs.Factory(dict)
+
+    def close(self) -> None:
+        """Drop every reference this object holds to device and host memory."""
+        super().close()
+        self.kernel_views = {}
 
 
 def allocate_kv_cache(
@@ -283,32 +421,29 @@ def allocate_kv_cache(
     chosen = resolve_layout(kv_cache_config, layout)
     geometries = _checked_geometries(kv_cache_config, chosen)
     kernel = _checked_kernel_geometries(kv_cache_config, kernel_block_sizes, chosen, config)
-    device_buffer, host_buffers, pinned = allocate_backings(
-        kv_cache_config, target, pin_host=pin_host, host_device=host_device
+    allocation = KVCacheAllocation.bind(
+        device=target,
+        layout=chosen,
+        geometries=geometries,
+        backings=allocate_backings(
+            kv_cache_config, target, pin_host=pin_host, host_device=host_device
+        ),
+        views_of=_layer_views,
+        kernel_block_sizes=None if kernel_block_sizes is None else tuple(kernel_block_sizes),
+        kernel_geometries=kernel,
     )
-    backing_of, tensor_views, views = _layer_views(geometries, device_buffer, host_buffers)
-    kernel_views: dict[str, torch.Tensor] = {}
+    views = allocation.views
     for geometry, kernel_geometry in zip(geometries, kernel, strict=False):
         if kernel_geometry is None:
             # No kernel view: the worker binds what it allocated (HiSparse's raw backing).
-            kernel_views.update((n, views[n]) for n in geometry.tensor.layers if n in views)
+            allocation.kernel_views.update(
+                (n, views[n]) for n in geometry.tensor.layers if n in views
+            )
             continue
-        backing = _buffer(backing_of[kernel_geometry.index], device_buffer, host_buffers)
-        kernel_views.update(_views_of(kernel_geometry, _raw_view(backing, kernel_geometry)))
-    return KVCacheAllocation(
-        device=target,
-        layout=chosen,
-        device_buffer=device_buffer,
-        host_buffers=host_buffers,
-        host_pinned=pinned,
-        views=views,
-        geometries=geometries,
-        tensor_views=tuple(tensor_views),
-        backing_of=tuple(backing_of),
-        kernel_block_sizes=None if kernel_block_sizes is None else tuple(kernel_block_sizes),
-        kernel_geometries=kernel,
-        kernel_views=kernel_views,
-    )
+        backing = allocation.backing(kernel_geometry.index)
+        raw = strided_view(backing, kernel_geometry)
+        allocation.kernel_views.update(_views_of(kernel_geometry, raw))
+    return allocation
 
 
 def _buffer(
@@ -369,28 +504,10 @@ def _views_of(geometry: TensorGeometry, raw: torch.Tensor) -> dict[str, torch.Te
 
 
 def _layer_views(
-    geometries: Sequence[TensorGeometry],
-    device_buffer: torch.Tensor | None,
-    host_buffers: Sequence[torch.Tensor],
-) -> tuple[list[int], list[torch.Tensor], dict[str, torch.Tensor]]:
-    """Per tensor its backing and raw view; per layer its view.
-
-    A host tensor lives in the host buffer of its size (one buffer per distinct size).
-    """
-    host_index = {buf.numel(): i for i, buf in enumerate(host_buffers)}
-    backing_of: list[int] = []
-    tensor_views: list[torch.Tensor] = []
-    views: dict[str, torch.Tensor] = {}
-    for geometry in geometries:
-        tensor = geometry.tensor
-        where = host_index[tensor.size] if tensor.host_resident else DEVICE_BACKING
-        buffer = _buffer(where, device_buffer, host_buffers)
-        backing_of.append(where)
-        raw = _raw_view(buffer, geometry)
-        tensor_views.append(raw)
-        if geometry.spec is not None and not getattr(geometry.spec, "has_layer_views", True):
-            # HiSparse resident and hot layers address the backing themselves.
-            views.update(dict.fromkeys(geometry.tensor.layers, buffer))
-        else:
-            views.update(_views_of(geometry, raw))
-    return backing_of, tensor_views, views
+    geometry: TensorGeometry, raw: torch.Tensor, buffer: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The views of ``geometry``'s layers, given its raw view over ``buffer``."""
+    if geometry.spec is not None and not getattr(geometry.spec, "has_layer_views", True):
+        # HiSparse resident and hot layers address the backing themselves.
+        return dict.fromkeys(geometry.tensor.layers, buffer)
+    return _views_of(geometry, raw)

@@ -15,16 +15,17 @@ memory it does not own.
 
 This module is plumbing under the oracle of :mod:`conformance.check.worker_model`:
 it turns the kit's own geometry into buffers and ``as_strided`` views and
-decides nothing about where bytes belong.  ``kvref.allocation`` does the same
-for kvref's geometry; the kit keeps its own copy because its allocation must
-hold only views the kit's geometry built, and because it adds what only the
-checks need (unzeroed and reused scratch backings, :class:`WorkerError`).
+decides nothing about where bytes belong.  The buffers and views are made by
+``kvref.allocation``'s plumbing (:func:`kvref.allocation.allocate_backings`,
+:meth:`kvref.allocation.KVCacheBackings.bind`), which computes no geometry:
+every view it makes is one the kit's geometry built and checked.  What only
+the checks need stays here: the kit's own checks and errors
+(:class:`WorkerError`), and reused scratch backings.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from types import TracebackType
+from collections.abc import Sequence
 
 import attrs
 import torch
@@ -36,6 +37,8 @@ from conformance.check.worker_model import (
     view_problems,
     worker_tensors,
 )
+from kvref.allocation import BACKING_DTYPE, DEVICE_BACKING, KVCacheBackings
+from kvref.allocation import allocate_backings as _allocate_backings
 from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig, KVCacheTensor
 
@@ -48,12 +51,9 @@ __all__ = [
     "drop_scratch",
 ]
 
-#: Index in :attr:`WorkerAllocation.backing_of` meaning "the device buffer".
-DEVICE_BACKING = -1
-
-#: The element type of every backing: vLLM's worker allocates ``int8`` bytes, so
-#: a layer whose spec has no dtype (Mamba states, raw pages) is viewed as ``int8``.
-BYTES = torch.int8
+#: The element type of every backing (the plumbing's): vLLM's worker allocates ``int8``
+#: bytes, so a layer whose spec has no dtype (Mamba states, raw pages) is viewed as ``int8``.
+BYTES = BACKING_DTYPE
 
 
 def _single_size(tensors: Sequence[KVCacheTensor]) -> int | None:
@@ -64,31 +64,6 @@ def _single_size(tensors: Sequence[KVCacheTensor]) -> int | None:
             "(contract.md#placement-backing)"
         )
     return sizes[0] if sizes else None
-
-
-def _pinning_possible(device: torch.device) -> bool:
-    # Pinned memory belongs to an accelerator runtime: ask for it only next to this
-    # process's accelerator.
-    if device.type in ("cpu", "meta"):
-        return False
-    if device.type == "cuda":
-        return torch.cuda.is_available()
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is None or not accelerator.is_available():
-        return False
-    current = accelerator.current_accelerator()
-    return current is not None and current.type == device.type
-
-
-def _host_buffer(
-    size: int, host: torch.device, pin: bool, make: Callable[..., torch.Tensor]
-) -> tuple[torch.Tensor, bool]:
-    if pin:
-        try:
-            return make(size, dtype=BYTES, pin_memory=True), True
-        except RuntimeError:
-            pass  # an unpinned pool is slower, not wrong
-    return make(size, dtype=BYTES, device=host), False
 
 
 #: The reused CPU device backing of ``scratch`` allocations (at most one buffer).
@@ -138,64 +113,32 @@ def allocate_backings(
         RuntimeError: ``pin_host=True`` and this process cannot pin memory.
     """
     target = torch.device(device)
-    make = torch.zeros if zeroed else torch.empty
+    # The kit's own message first: its findings cite the contract.
     size = _single_size([t for t in config.kv_cache_tensors if not t.host_resident])
-    if size is None:
-        device_buffer = None
-    elif scratch and not zeroed and target.type == "cpu":
-        device_buffer = _scratch_backing(size)
-    else:
-        device_buffer = make(size, dtype=BYTES, device=target)
-    if not include_host:
-        return device_buffer, (), False
-    host = torch.device(host_device)
-    sizes = list(dict.fromkeys(t.size for t in config.kv_cache_tensors if t.host_resident))
-    want = _pinning_possible(target) if pin_host is None else pin_host
-    pin = bool(sizes) and host.type == "cpu" and want
-    buffers: list[torch.Tensor] = []
-    for host_size in sizes:
-        if pin and pin_host:
-            buffers.append(make(host_size, dtype=BYTES, pin_memory=True))
-            continue
-        buffer, pinned = _host_buffer(host_size, host, pin, make)
-        pin = pin and pinned
-        buffers.append(buffer)
-    return device_buffer, tuple(buffers), pin
+    reuse = size is not None and scratch and not zeroed and target.type == "cpu"
+    return _allocate_backings(
+        config,
+        target,
+        pin_host=pin_host,
+        host_device=host_device,
+        include_host=include_host,
+        zeroed=zeroed,
+        device_backing=_scratch_backing if reuse else None,
+    )
 
 
 @attrs.define(kw_only=True, eq=False)
-class WorkerAllocation:
-    """A worker's KV cache: backings and per-layer views.
+class WorkerAllocation(KVCacheBackings[WorkerTensor]):
+    """A worker's KV cache: backings and per-layer views over the kit's geometry.
 
-    Use as a context manager, or call :meth:`close`, to drop this object's
-    references to the memory.
-
-    Attributes:
-        device: where ``device_buffer`` lives.
-        layout: the layout of the device tensors.
-        device_buffer: the ``int8`` device backing (``None`` without device tensors);
-            zeroed unless allocated with ``zeroed=False``.
-        host_buffers: host backings, one per distinct host size.
-        host_pinned: whether the host backings are pinned.
-        views: layer name to its view ``(N, H, S, C / sizeof(dtype))`` in the layer's dtype
-            (``int8`` bytes without one); a layer without views maps to its whole backing.
-        geometries: the geometry of every tensor, in config order.
-        tensor_views: the raw ``int8`` view ``(L, N, H, S, C)`` of every tensor.
-        backing_of: per tensor, its host buffer's index or :data:`DEVICE_BACKING`.
-        closed: whether :meth:`close` ran.
-
+    A :class:`kvref.allocation.KVCacheBackings` (its attributes: the backings,
+    ``geometries``, ``tensor_views``, ``backing_of``, ``closed``) whose
+    ``views`` map each layer to its view ``(N, H, S, C / sizeof(dtype))`` in
+    the layer's dtype (``int8`` bytes without one); a layer without views
+    maps to its whole backing.  The backings are zeroed unless allocated with
+    ``zeroed=False``.  Use as a context manager, or call :meth:`close`, to
+    drop this object's references to the memory.
     """
-
-    device: torch.device
-    layout: KVCacheLayout
-    device_buffer: torch.Tensor | None
-    host_buffers: tuple[torch.Tensor, ...]
-    host_pinned: bool
-    views: dict[str, torch.Tensor]
-    geometries: tuple[WorkerTensor, ...]
-    tensor_views: tuple[torch.Tensor, ...]
-    backing_of: tuple[int, ...]
-    closed: bool = False
 
     def backing(self, index: int) -> torch.Tensor:
         """The backing buffer of tensor ``index``.
@@ -208,25 +151,6 @@ class WorkerAllocation:
         if buffer is None:
             raise WorkerError("the allocation is closed")
         return buffer
-
-    def close(self) -> None:
-        """Drop every reference this object holds to device and host memory."""
-        self.device_buffer = None
-        self.host_buffers = ()
-        self.views = {}
-        self.tensor_views = ()
-        self.closed = True
-
-    def __enter__(self) -> WorkerAllocation:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _validate(geometries: Sequence[WorkerTensor]) -> None:
@@ -244,11 +168,20 @@ def _validate(geometries: Sequence[WorkerTensor]) -> None:
             seen[name] = geometry.index
 
 
-def _raw_view(buffer: torch.Tensor, geometry: WorkerTensor) -> torch.Tensor:
-    if geometry.is_empty:
-        # Nothing is addressed; keep torch from range-checking a meaningless offset.
-        return buffer.as_strided(geometry.shape, (0, 0, 0, 0, 1), 0)
-    return buffer.as_strided(geometry.shape, geometry.strides, geometry.offset)
+def _layer_views(
+    geometry: WorkerTensor, raw: torch.Tensor, buffer: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The views of ``geometry``'s layers, given its raw view over ``buffer``."""
+    page = geometry.page
+    if page is None:
+        return {}
+    if not page.layer_views:
+        # Raw-page layers (HiSparse resident and hot) address the backing themselves.
+        return dict.fromkeys(geometry.tensor.layers, buffer)
+    return {
+        name: raw[layer] if page.dtype is None else raw[layer].view(page.dtype)
+        for layer, name in enumerate(geometry.tensor.layers)
+    }
 
 
 def allocate_kv_cache(
@@ -287,39 +220,17 @@ def allocate_kv_cache(
     _single_size([t for t in config.kv_cache_tensors if not t.host_resident])
     geometries = worker_tensors(config, chosen)
     _validate(geometries)
-    device_buffer, host_buffers, pinned = allocate_backings(
-        config, target, pin_host=pin_host, host_device=host_device, zeroed=zeroed, scratch=scratch
-    )
-    host_index = {int(buffer.numel()): i for i, buffer in enumerate(host_buffers)}
-    backing_of: list[int] = []
-    tensor_views: list[torch.Tensor] = []
-    views: dict[str, torch.Tensor] = {}
-    for geometry in geometries:
-        host = geometry.tensor.host_resident
-        where = host_index[geometry.tensor.size] if host else DEVICE_BACKING
-        buffer = device_buffer if where == DEVICE_BACKING else host_buffers[where]
-        if buffer is None:
-            raise WorkerError(f"kv_cache_tensors[{geometry.index}] has no backing")
-        backing_of.append(where)
-        raw = _raw_view(buffer, geometry)
-        tensor_views.append(raw)
-        page = geometry.page
-        if page is None:
-            continue
-        if not page.layer_views:
-            # Raw-page layers (HiSparse resident and hot) address the backing themselves.
-            views.update(dict.fromkeys(geometry.tensor.layers, buffer))
-            continue
-        for layer, name in enumerate(geometry.tensor.layers):
-            views[name] = raw[layer] if page.dtype is None else raw[layer].view(page.dtype)
-    return WorkerAllocation(
+    return WorkerAllocation.bind(
         device=target,
         layout=chosen,
-        device_buffer=device_buffer,
-        host_buffers=host_buffers,
-        host_pinned=pinned,
-        views=views,
         geometries=geometries,
-        tensor_views=tuple(tensor_views),
-        backing_of=tuple(backing_of),
+        backings=allocate_backings(
+            config,
+            target,
+            pin_host=pin_host,
+            host_device=host_device,
+            zeroed=zeroed,
+            scratch=scratch,
+        ),
+        views_of=_layer_views,
     )
