@@ -45,6 +45,10 @@ from typing import Any
 import attrs
 import numpy as np
 
+from conformance.check import footprint
+
+# This module's public face includes footprint's: its __all__, listed there only.
+from conformance.check.footprint import *  # noqa: F403
 from conformance.check.footprint import (
     DEFAULT_BUDGET,
     HOST_LAYOUT,
@@ -52,13 +56,9 @@ from conformance.check.footprint import (
     OutOfBounds,
     Overlap,
     PageRef,
-    PageRuns,
     Problem,
     TensorFootprint,
-    find_unusable_tensors,
-    host_tensor_end,
     out_of_bounds,
-    page_runs,
     tensor_footprints,
 )
 from conformance.check.footprint_families import large_config_overlaps, periodic_clean
@@ -74,16 +74,8 @@ from kvref.layout import KVCacheLayout
 from kvref.records import KVCacheConfig
 
 __all__ = [
-    "DEFAULT_BUDGET",
-    "HOST_LAYOUT",
     "PERIODIC_FROM",
     "MemoryReport",
-    "OutOfBounds",
-    "Overlap",
-    "PageRef",
-    "PageRuns",
-    "Problem",
-    "TensorFootprint",
     "check_memory",
     "find_block_overlaps",
     "find_host_block_overlaps",
@@ -91,11 +83,8 @@ __all__ = [
     "find_host_out_of_bounds",
     "find_layer_overlaps",
     "find_out_of_bounds",
-    "find_unusable_tensors",
-    "host_tensor_end",
-    "page_runs",
-    "tensor_footprints",
 ]
+__all__ += footprint.__all__
 
 
 @attrs.frozen
