@@ -7,7 +7,7 @@ A worker allocates one zeroed byte buffer of the device tensors' single
 record and the rest from the layout.  The device checks
 (the device extension, ``conformance/extensions/device/``) allocate plans through this module, whose
 strides come from :mod:`conformance.check.geometry`, so a plan is judged by
-the contract's geometry rather than by kvref's own allocation code.
+the contract's geometry rather than by kvref's own geometry.
 
 Every view is checked with exact integers before :func:`torch.as_strided`
 sees it, so a hostile plan raises :class:`WorkerError` instead of addressing
