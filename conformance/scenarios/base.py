@@ -19,7 +19,7 @@ from conformance.generate.limits import NO_LIMITS, Limits
 from conformance.generate.records import Model
 from conformance.harness.hooks import Context
 
-__all__ = ["Draw", "Scenario", "every_family", "undrawable_reason"]
+__all__ = ["Draw", "Scenario", "any_problem", "every_family", "undrawable_reason"]
 
 
 @attrs.frozen(kw_only=True)
@@ -84,6 +84,15 @@ class Scenario:
     leans: bool = True
     prepare: Callable[[Context, object, Sequence[Any]], Context] = _no_preparation
     undrawable: Callable[[Limits], str] | None = None
+
+
+def any_problem(
+    name: str,
+    examples: Callable[[Draw], st.SearchStrategy[Any]],
+    observe: Callable[[Context, Any], Any],
+) -> Scenario:
+    """A scenario that takes any planning problem as it is: ``focused`` and ``explored``."""
+    return Scenario(name=name, examples=examples, observe=observe, focused=True, explored=True)
 
 
 def undrawable_reason(scenario: Scenario, strata: Sequence[str], limits: Limits) -> str:

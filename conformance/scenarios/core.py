@@ -27,7 +27,7 @@ from conformance.harness.hooks import (
     groups_validator,
     pool_validator,
 )
-from conformance.scenarios.base import Scenario
+from conformance.scenarios.base import any_problem
 from conformance.scenarios.examples import ProblemDraw
 from kvref.builder import KVCacheConfigBuilder
 from kvref.config import PlanningConfig
@@ -305,10 +305,4 @@ def _keep_host(
 
 _DRAW = ProblemDraw(config=_keep_host)
 
-CORE = Scenario(
-    name="core",
-    examples=_DRAW.examples_for,
-    observe=_observe,
-    focused=True,
-    explored=True,
-)
+CORE = any_problem("core", _DRAW.examples_for, _observe)

@@ -7,7 +7,7 @@ from typing import Any
 
 from conformance.check.observations import GroupingObservation
 from conformance.harness.hooks import Context, call_grouping
-from conformance.scenarios.base import Scenario
+from conformance.scenarios.base import any_problem
 from conformance.scenarios.examples import PLAIN
 from kvref.config import PlanningConfig
 from kvref.specs import KVCacheSpec
@@ -37,10 +37,4 @@ def _observe(ctx: Context, ex: Any) -> GroupingObservation:
     return observe_grouping(ctx, ex.config, ex.merged)
 
 
-GROUPING = Scenario(
-    name="grouping",
-    examples=PLAIN.examples_for,
-    observe=_observe,
-    focused=True,
-    explored=True,
-)
+GROUPING = any_problem("grouping", PLAIN.examples_for, _observe)

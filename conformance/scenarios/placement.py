@@ -21,7 +21,7 @@ from conformance.harness.hooks import (
     call_placement,
     call_pool_bytes,
 )
-from conformance.scenarios.base import Scenario
+from conformance.scenarios.base import any_problem
 from conformance.scenarios.examples import PLAIN
 from kvref.config import PlanningConfig
 from kvref.planning import project_kv_cache_groups_to_worker
@@ -116,10 +116,4 @@ def observe_example(ctx: Context, ex: Any) -> PlacementObservation:
     return observe_placement(ctx, ex.config, ex.merged, ex.num_blocks, ex.workers)
 
 
-PLACEMENT = Scenario(
-    name="placement",
-    examples=PLAIN.examples_for,
-    observe=observe_example,
-    focused=True,
-    explored=True,
-)
+PLACEMENT = any_problem("placement", PLAIN.examples_for, observe_example)

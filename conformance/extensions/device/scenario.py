@@ -7,16 +7,11 @@ the calls are placement's own.
 
 from __future__ import annotations
 
-from conformance.scenarios.base import Scenario
-from conformance.scenarios.examples import PLAIN
-from conformance.scenarios.placement import observe_example
+import attrs
+
+from conformance.scenarios.placement import PLACEMENT
 
 __all__ = ["DEVICE"]
 
-DEVICE = Scenario(
-    name="device",
-    examples=PLAIN.examples_for,
-    observe=observe_example,
-    focused=True,
-    explored=True,
-)
+#: Placement's scenario (its examples, its calls) under the device checks' name.
+DEVICE = attrs.evolve(PLACEMENT, name="device")
