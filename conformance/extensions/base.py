@@ -289,39 +289,39 @@ def judges(active: Iterable[Active], run: RunView, stratum: Any, index: int) -> 
     )
 
 
+def _tell(
+    active: Iterable[Active], hook: Callable[[Extension], Callable[..., None] | None], *args: Any
+) -> None:
+    """Call ``hook`` of every active extension that has it, with its state and ``args``."""
+    for a in active:
+        call = hook(a.extension)
+        if call is not None:
+            call(a.state, *args)
+
+
 def before_deals(active: Iterable[Active], run: RunView) -> None:
     """Tell every active extension that the first deals start."""
-    for a in active:
-        if a.extension.before_deals is not None:
-            a.extension.before_deals(a.state, run)
+    _tell(active, lambda e: e.before_deals, run)
 
 
 def before_example(active: Iterable[Active], run: RunView, judged: Judged) -> None:
     """Tell every active extension of one example about to be observed."""
-    for a in active:
-        if a.extension.before_example is not None:
-            a.extension.before_example(a.state, run, judged)
+    _tell(active, lambda e: e.before_example, run, judged)
 
 
 def after_example(active: Iterable[Active], run: RunView, judged: Judged) -> None:
     """Tell every active extension of one judged example."""
-    for a in active:
-        if a.extension.after_example is not None:
-            a.extension.after_example(a.state, run, judged)
+    _tell(active, lambda e: e.after_example, run, judged)
 
 
 def after_phase(active: Iterable[Active], run: RunView, label: str) -> None:
     """Tell every active extension that the phase ``label`` of examples is judged."""
-    for a in active:
-        if a.extension.after_phase is not None:
-            a.extension.after_phase(a.state, run, label)
+    _tell(active, lambda e: e.after_phase, run, label)
 
 
 def after_deals(active: Iterable[Active], run: RunView) -> None:
     """Tell every active extension that every scenario's first deal is judged."""
-    for a in active:
-        if a.extension.after_deals is not None:
-            a.extension.after_deals(a.state, run)
+    _tell(active, lambda e: e.after_deals, run)
 
 
 def end(active: Iterable[Active], run: RunView, report: Any) -> Any:
