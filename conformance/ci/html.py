@@ -19,19 +19,12 @@ from typing import Any
 
 from conformance.ci.memory_map import COLOURS, memory_map_svg
 from conformance.report.model import STATUSES, Report
-from conformance.report.render import _clean
+
+# The text report's status marks and cleaning: both reports spell a status alike.
+from conformance.report.render import _MARK, _clean
 
 __all__ = ["format_html", "write_html"]
 
-_MARK = {
-    "pass": "PASS",
-    "fail": "FAIL",
-    "inconclusive": "INCONCLUSIVE",
-    "not-applicable": "N/A",
-    "skipped": "SKIP",
-    "xfail": "XFAIL",
-    "xpass": "XPASS",
-}
 _BADGE = {
     "pass": "#2ca02c",
     # Not the memory map's overlap red: a screenshot test looks for that colour.
