@@ -16,6 +16,7 @@ import attrs
 from hypothesis import strategies as st
 
 from conformance.generate.families import (
+    classic,
     declared,
     drafts,
     hidden_state,
@@ -25,16 +26,6 @@ from conformance.generate.families import (
     subclasses,
 )
 from conformance.generate.families.alias import vllm_p3_alias_models
-from conformance.generate.families.classic import (
-    attention_free_models,
-    circular_buffer_models,
-    cross_attention_models,
-    hybrid_models,
-    mamba_hybrid_models,
-    mixed_page_models,
-    mla_models,
-    uniform_models,
-)
 from conformance.generate.families.presets import realistic_models
 from conformance.generate.hf import draw_hf_description
 from conformance.generate.records import Model
@@ -50,14 +41,7 @@ __all__ = [
 
 #: Every family by name: ``name -> factory(max_layers=...)``.
 FAMILIES: dict[str, Callable[..., st.SearchStrategy[Model]]] = {
-    "uniform": uniform_models,
-    "hybrid": hybrid_models,
-    "mla": mla_models,
-    "mamba_hybrid": mamba_hybrid_models,
-    "cross_attention": cross_attention_models,
-    "attention_free": lambda max_layers=64: attention_free_models(),
-    "mixed_pages": mixed_page_models,
-    "circular_buffer": circular_buffer_models,
+    **classic.FAMILIES,
     "aligned_hybrid": lambda max_layers=64: vllm_p3_alias_models(),
     **sparse_mla.FAMILIES,
     **linear.FAMILIES,

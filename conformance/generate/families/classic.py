@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import attrs
 import torch
@@ -338,3 +338,16 @@ def circular_buffer_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
     Its backend only allows BLHNC (contract.md#layouts), which :func:`allowed_layouts` honours.
     """
     return _circular_buffer_models(max_layers)
+
+
+#: The generic families by name, first in :data:`conformance.generate.families.FAMILIES`.
+FAMILIES: dict[str, Callable[..., st.SearchStrategy[Model]]] = {
+    "uniform": uniform_models,
+    "hybrid": hybrid_models,
+    "mla": mla_models,
+    "mamba_hybrid": mamba_hybrid_models,
+    "cross_attention": cross_attention_models,
+    "attention_free": lambda max_layers=64: attention_free_models(),
+    "mixed_pages": mixed_page_models,
+    "circular_buffer": circular_buffer_models,
+}
