@@ -43,6 +43,7 @@ __all__ = [
     "mla_specs",
     "sliding_window_mla_specs",
     "sliding_window_specs",
+    "state_bytes",
 ]
 
 #: Largest page the spec strategies emit by default, so plans stay allocatable.
@@ -417,4 +418,11 @@ def _mamba_spec(
         mamba_type=mamba_type,
         mamba_cache_mode=mode,
         num_speculative_blocks=spec_blocks,
+    )
+
+
+def state_bytes(shapes: tuple[tuple[int, ...], ...], dtypes: tuple[torch.dtype, ...]) -> int:
+    """The bytes of a state held as tensors of ``shapes``, each in its dtype of ``dtypes``."""
+    return sum(
+        dtype_size(dtype) * math.prod(shape) for shape, dtype in zip(shapes, dtypes, strict=True)
     )

@@ -59,6 +59,25 @@ def _target_spec(kind: str, index: int, dtype: torch.dtype) -> KVCacheSpec:
     return FullAttentionSpec(block_size=block, num_kv_heads=heads, head_size=head_size, dtype=dtype)
 
 
+def _with_hidden_states(
+    specs: dict[str, KVCacheSpec], layers: int, target: str, block: int, aux: int, hidden: int
+) -> Model:
+    """``target``'s model (``specs``, ``layers`` decoder layers) plus one hidden-state cache layer.
+
+    The layer, after the target's last, stores ``aux`` auxiliary states of
+    the target's ``hidden`` size a token.
+    """
+    # Hidden states keep the model dtype even when the KV cache is quantized.
+    specs[f"cache_only_layers.{layers}"] = HiddenStateCacheSpec(
+        block_size=block, num_kv_heads=aux, head_size=hidden, dtype=torch.bfloat16
+    )
+    return Model(
+        specs,
+        f"{target} + extract_hidden_states ({aux} aux states of {hidden})",
+        num_hidden_layers=layers,
+    )
+
+
 @st.composite
 def _hidden_state_models(draw: st.DrawFn, max_layers: int) -> Model:
     kind = pick(draw, list(_TARGETS))
@@ -67,16 +86,8 @@ def _hidden_state_models(draw: st.DrawFn, max_layers: int) -> Model:
     specs = {ATTENTION.format(i): _target_spec(kind, i, dtype) for i in range(layers)}
     hidden_size, *_, block = _TARGETS[kind]
     aux = pick(draw, [3, 1, 4])
-    # Hidden states keep the model dtype even when the KV cache is quantized.
-    specs[f"cache_only_layers.{layers}"] = HiddenStateCacheSpec(
-        block_size=block, num_kv_heads=aux, head_size=hidden_size, dtype=torch.bfloat16
-    )
-    return Model(
-        specs,
-        f"{kind} target ({layers} layers) + extract_hidden_states ({aux} aux states of "
-        f"{hidden_size})",
-        num_hidden_layers=layers,
-    )
+    target = f"{kind} target ({layers} layers)"
+    return _with_hidden_states(specs, layers, target, block, aux, hidden_size)
 
 
 def hidden_state_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:
@@ -121,15 +132,8 @@ def _hidden_state_mla_models(draw: st.DrawFn, max_layers: int) -> Model:
     # EAGLE-3's three auxiliary layers, or another count a trainer asks for:
     # several states a token, so the hidden-state page is never one latent's.
     aux = pick(draw, [3, 2, 4])
-    specs[f"cache_only_layers.{layers}"] = HiddenStateCacheSpec(
-        block_size=block, num_kv_heads=aux, head_size=hidden_size, dtype=torch.bfloat16
-    )
-    return Model(
-        specs,
-        f"{kind} MLA target ({layers} layers, block {block}) + extract_hidden_states "
-        f"({aux} aux states of {hidden_size})",
-        num_hidden_layers=layers,
-    )
+    target = f"{kind} MLA target ({layers} layers, block {block})"
+    return _with_hidden_states(specs, layers, target, block, aux, hidden_size)
 
 
 def hidden_state_mla_models(*, max_layers: int = 64) -> st.SearchStrategy[Model]:

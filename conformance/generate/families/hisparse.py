@@ -13,56 +13,22 @@ too.  Only the layer count is small; the shapes are the published ones.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-import torch
 from hypothesis import strategies as st
 
 from conformance.check.geometry import round_up
 from conformance.generate.families.extras import ExtendedModel, ModelExtras
+from conformance.generate.families.sparse_mla import v32_attention, v32_indexer
 from conformance.generate.records import Model
 from conformance.generate.sampled_from_cache import pick
 from conformance.generate.specs import rarely
 from kvref.config import HiSparseConfig
-from kvref.specs import KVCacheSpec, MLAAttentionSpec
+from kvref.specs import KVCacheSpec
 
 __all__ = ["hisparse_models"]
 
 #: DeepSeek-V3.2's ``index_topk``.
 _INDEX_TOPK = 2048
-#: The indexer key: 128 fp8 values plus one fp32 scale per 128.
-_INDEX_HEAD = 128 + 4
-
-
-def _latent(fp8: bool, block: int, leader: bool, topk_width: int | None) -> MLAAttentionSpec:
-    common: dict[str, Any] = {
-        "block_size": block,
-        "num_kv_heads": 1,
-        "max_tp_shards": 1,
-        "is_index_group_leader": leader,
-        "topk_buffer_width": topk_width,
-    }
-    if fp8:
-        # fp8_ds_mla: 512 fp8 NoPE values, 16 fp32 scales and 64 bf16 RoPE values.
-        return MLAAttentionSpec(
-            head_size=576,
-            dtype=torch.uint8,
-            cache_dtype_str="fp8_ds_mla",
-            state_content_bytes=656,
-            **common,
-        )
-    return MLAAttentionSpec(head_size=576, dtype=torch.bfloat16, cache_dtype_str="auto", **common)
-
-
-def _indexer(block: int) -> MLAAttentionSpec:
-    return MLAAttentionSpec(
-        block_size=block,
-        num_kv_heads=1,
-        max_tp_shards=1,
-        head_size=_INDEX_HEAD,
-        dtype=torch.uint8,
-        cache_role="INDEXER",
-    )
 
 
 @st.composite
@@ -89,11 +55,15 @@ def _hisparse_models(draw: st.DrawFn, max_layers: int) -> Model:
     group = 1 if not rarely(draw) else 2
     width = round_up(_INDEX_TOPK + 16 - 1, 128) if rarely(draw) else None
     specs: dict[str, KVCacheSpec] = {}
+    # DeepSeek-V3.2's latent and indexer caches (sparse_mla), the latent with
+    # the top-k buffer width HiSparse may give it.
     for i in range(layers):
         leader = group > 1 and i % group == 0
-        specs[f"model.layers.{i}.self_attn.attn"] = _latent(fp8, block, leader, width)
+        specs[f"model.layers.{i}.self_attn.attn"] = v32_attention(
+            fp8, block, False, leader, topk_buffer_width=width
+        )
         if i % group == 0:
-            specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = _indexer(block)
+            specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = v32_indexer(block, 1, False)
     settings = draw(_settings())
     return ExtendedModel(
         specs,

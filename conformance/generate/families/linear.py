@@ -18,22 +18,12 @@ from hypothesis import strategies as st
 from conformance.check.geometry import cdiv
 from conformance.generate.records import Model
 from conformance.generate.sampled_from_cache import pick
-from conformance.generate.specs import rarely
-from kvref.specs import FullAttentionSpec, KVCacheSpec, MambaSpec, dtype_size
+from conformance.generate.specs import rarely, state_bytes
+from kvref.specs import FullAttentionSpec, KVCacheSpec, MambaSpec
 
 __all__ = ["jamba_models", "nemotron_h_models", "qwen3_next_models"]
 
 _Shapes = tuple[tuple[int, ...], ...]
-
-
-def _bytes(shapes: _Shapes, dtypes: tuple[torch.dtype, ...]) -> int:
-    total = 0
-    for shape, dtype in zip(shapes, dtypes, strict=True):
-        size = dtype_size(dtype)
-        for dim in shape:
-            size *= dim
-        total += size
-    return total
 
 
 @st.composite
@@ -48,7 +38,7 @@ def _pair(
 ) -> tuple[FullAttentionSpec, MambaSpec, str]:
     """An attention spec and a state spec, with pages pre-shaped by the platform or not."""
     token_bytes = 2 * kv_heads * head_size * 2  # bf16 K and V
-    state = _bytes(shapes, dtypes)
+    state = state_bytes(shapes, dtypes)
     shaped = not rarely(draw)
     if shaped:
         block = 16 * cdiv(state, 16 * token_bytes)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from conformance.check.geometry import cdiv, round_up
 from conformance.generate.records import Model
 from conformance.generate.sampled_from_cache import pick
-from conformance.generate.specs import kernel_block_alignments, rarely
+from conformance.generate.specs import kernel_block_alignments, rarely, state_bytes
 from kvref.specs import (
     CircularBufferSpec,
     KVCacheSpec,
@@ -28,7 +28,6 @@ from kvref.specs import (
     MLAAttentionSpec,
     MultipleOf,
     SlidingWindowMLASpec,
-    dtype_size,
 )
 
 __all__ = [
@@ -169,7 +168,9 @@ def _kernel_note(kernel: MultipleOf | None) -> str:
     return f", indexer kernel block {kernel.n}" if kernel is not None else ""
 
 
-def _v32_attention(fp8: bool, block: int, draft: bool, leader: bool) -> MLAAttentionSpec:
+def _v32_attention(
+    fp8: bool, block: int, draft: bool, leader: bool, **extra: Any
+) -> MLAAttentionSpec:
     # vLLM's MLA layer reports itself an index-group leader exactly when it
     # owns an indexer (mla_attention.py: ``is_index_group_leader=self.indexer is not None``).
     common: dict[str, Any] = {
@@ -179,6 +180,7 @@ def _v32_attention(fp8: bool, block: int, draft: bool, leader: bool) -> MLAAtten
         "head_size": 576,
         "is_draft": draft,
         "is_index_group_leader": leader,
+        **extra,
     }
     if fp8:
         return MLAAttentionSpec(
@@ -275,23 +277,13 @@ def _kda_state(tp: int) -> tuple[tuple[tuple[int, ...], ...], tuple[torch.dtype,
     return (conv, (heads, 128, 128)), (torch.bfloat16, torch.float32)
 
 
-def _state_bytes(shapes: tuple[tuple[int, ...], ...], dtypes: tuple[torch.dtype, ...]) -> int:
-    total = 0
-    for shape, dtype in zip(shapes, dtypes, strict=True):
-        size = dtype_size(dtype)
-        for dim in shape:
-            size *= dim
-        total += size
-    return total
-
-
 @st.composite
 def _glm5_models(draw: st.DrawFn, max_layers: int) -> Model:
     periods = draw(st.integers(1, max(1, min(2, max_layers // 4))))
     layers = 4 * periods
     tp = pick(draw, [8, 4, 16])
     shapes, dtypes = _kda_state(tp)
-    state = _state_bytes(shapes, dtypes)
+    state = state_bytes(shapes, dtypes)
     token_bytes = 512 * 2  # the 512-wide bf16 latent (kv_lora_rank 512, no RoPE part)
     kpool, spec_tokens = 16, pick(draw, [0, 1, 3])
     ring = kpool * (1 << max(0, cdiv(kpool + spec_tokens, kpool) - 1).bit_length())
