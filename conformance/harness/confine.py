@@ -400,9 +400,12 @@ def _init(status_w: int, go_r: int, mechanism: str, channel: tuple[int, ...]) ->
             os._exit(0)  # the kernel ends every process left in the namespace
 
 
-def _descendants(root: int) -> list[int]:
-    """Every process below ``root`` (read from /proc)."""
-    children: dict[int, list[int]] = {}
+def _processes() -> Iterator[tuple[int, int]]:
+    """Every process and its parent, as ``(pid, ppid)``, from /proc.
+
+    Its stat files are world-readable; a process that ends while /proc is
+    read is left out.
+    """
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -411,8 +414,14 @@ def _descendants(root: int) -> list[int]:
                 stat = f.read()
         except OSError:
             continue
-        ppid = int(stat.rpartition(b")")[2].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+        yield int(entry), int(stat.rpartition(b")")[2].split()[1])
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in _processes():
+        children.setdefault(ppid, []).append(pid)
     found, stack = [], [root]
     while stack:
         for child in children.get(stack.pop(), ()):
@@ -490,19 +499,8 @@ def end_chain(pid: int, alive: Callable[[], bool], facts: Mapping[str, Any]) -> 
 
 
 def _children(parent: int) -> list[int]:
-    """The processes whose parent is ``parent`` (from /proc: its stat files are world-readable)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if int(stat.rpartition(b")")[2].split()[1]) == parent:
-            found.append(int(entry))
-    return found
+    """The processes whose parent is ``parent`` (from /proc)."""
+    return [pid for pid, ppid in _processes() if ppid == parent]
 
 
 # -- what held ---------------------------------------------------------------------

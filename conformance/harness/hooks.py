@@ -231,15 +231,9 @@ def call_grouping(
     given = {name: pair[0] for name, pair in pairs.items()}
     objects = dict(given)
     pristine = {name: pair[1] for name, pair in pairs.items()}
-    handed_config = deep_copy(config)
-    result = guard.call(
-        "get_kv_cache_groups",
-        builder.get_kv_cache_groups,
-        handed_config,
-        given,
-        validate=groups_validator,
+    result, mutations = _call_on_config(
+        guard, builder, "get_kv_cache_groups", config, given, validate=groups_validator
     )
-    mutations = _config_changes(handed_config, config, result)
     if list(given) != list(pristine):
         mutations.append("the dict's layers were added, removed or reordered")
     for name, spec in objects.items():
@@ -255,20 +249,52 @@ def call_placement(
     num_blocks: int,
 ) -> tuple[CallResult, tuple[str, ...]]:
     """Place fresh copies of ``groups``; returns the call and how it mutated its input."""
-    given, pristine = fresh_lists(groups, 2)
-    objects = list(given)
-    handed_config = deep_copy(config)
-    result = guard.call(
+    result, mutations = _call_on_groups(
+        guard,
+        builder,
         "get_kv_cache_config_from_groups",
-        builder.get_kv_cache_config_from_groups,
-        handed_config,
-        given,
+        config,
+        groups,
         num_blocks,
         validate=config_validator,
     )
-    mutations = _config_changes(handed_config, config, result)
-    mutations += _group_changes(given, objects, pristine)
     return result, tuple(mutations)
+
+
+def _call_on_config(
+    guard: Guard,
+    builder: KVCacheConfigBuilder,
+    hook: str,
+    config: PlanningConfig,
+    *args: Any,
+    validate: Callable[[Any], str | None],
+) -> tuple[CallResult, list[str]]:
+    """Call the builder's ``hook`` on a copy of ``config``, then ``args``.
+
+    Returns the call and how it changed the config it was handed.
+    """
+    handed_config = deep_copy(config)
+    result = guard.call(hook, getattr(builder, hook), handed_config, *args, validate=validate)
+    return result, _config_changes(handed_config, config, result)
+
+
+def _call_on_groups(
+    guard: Guard,
+    builder: KVCacheConfigBuilder,
+    hook: str,
+    config: PlanningConfig,
+    groups: Sequence[KVCacheGroupSpec],
+    *args: Any,
+    validate: Callable[[Any], str | None],
+) -> tuple[CallResult, list[str]]:
+    """:func:`_call_on_config` with fresh copies of ``groups``, then ``args``.
+
+    Returns the call and how it changed its config and its group list.
+    """
+    given, pristine = fresh_lists(groups, 2)
+    objects = list(given)
+    result, changes = _call_on_config(guard, builder, hook, config, given, *args, validate=validate)
+    return result, changes + _group_changes(given, objects, pristine)
 
 
 def _group_changes(
@@ -304,18 +330,9 @@ def call_pool_bytes(
     placement (Core asks it before it places), and it too may change nothing
     it is given (contract.md#hook-purity).
     """
-    given, pristine = fresh_lists(groups, 2)
-    objects = list(given)
-    handed_config = deep_copy(config)
-    result = guard.call(
-        "_get_pool_bytes_per_block",
-        builder._get_pool_bytes_per_block,
-        handed_config,
-        given,
-        validate=pool_validator,
+    result, changes = _call_on_groups(
+        guard, builder, "_get_pool_bytes_per_block", config, groups, validate=pool_validator
     )
-    changes = _config_changes(handed_config, config, result)
-    changes += _group_changes(given, objects, pristine)
     return result, tuple(f"_get_pool_bytes_per_block changed {c}" for c in changes)
 
 
