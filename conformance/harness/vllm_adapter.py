@@ -128,14 +128,8 @@ class VLLMBuilderAdapter(KVCacheConfigBuilder):
             VLLMOutputError: the hook returned something that is not a vLLM
                 ``KVCacheConfig`` kvref can represent.
         """
-        with kit_side("vLLM adapter", "converting the placement input to vLLM"):
-            vcfg = iv.to_vllm_config(config)
-            groups = iv.groups_to_vllm(kv_cache_groups)
-        objects = list(groups)
-        pristine = [_group_state(g) for g in groups]
-        with _as_vllm_sees(config), _config_watched(config, vcfg), _native_scope():
-            result = self.native.get_kv_cache_config_from_groups(vcfg, groups, num_blocks)
-        _mirror_groups(kv_cache_groups, groups, objects, pristine)
+        native = self.native.get_kv_cache_config_from_groups
+        result = _on_vllm_groups("placement", native, config, kv_cache_groups, num_blocks)
         kvi = iv.vllm_modules().kvi
         try:
             placed: KVCacheConfig = _converted(iv.config_from_vllm, result, kvi.KVCacheConfig)
@@ -164,15 +158,32 @@ def _native_pool_bytes(
     groups are mirrored back, as placement's are: vLLM's Core hands the same
     list on to placement, so the kit's purity check must see them.
     """
-    with kit_side("vLLM adapter", "converting the pool-bytes input to vLLM"):
+    native = self.native._get_pool_bytes_per_block
+    value: Any = _on_vllm_groups("pool-bytes", native, config, kv_cache_groups)
+    return value  # type: ignore[no-any-return]
+
+
+def _on_vllm_groups(
+    what: str,
+    native: Callable[..., Any],
+    config: PlanningConfig,
+    kv_cache_groups: Sequence[KVCacheGroupSpec],
+    *args: Any,
+) -> Any:
+    """``native(vLLM config, vLLM groups, *args)``: the native hook on the groups' vLLM form.
+
+    ``what`` names the call in a kit-side error.  Changes to the vLLM
+    groups are mirrored back onto ``kv_cache_groups``.
+    """
+    with kit_side("vLLM adapter", f"converting the {what} input to vLLM"):
         vcfg = iv.to_vllm_config(config)
         groups = iv.groups_to_vllm(kv_cache_groups)
     objects = list(groups)
     pristine = [_group_state(g) for g in groups]
     with _as_vllm_sees(config), _config_watched(config, vcfg), _native_scope():
-        value: Any = self.native._get_pool_bytes_per_block(vcfg, groups)
+        result = native(vcfg, groups, *args)
     _mirror_groups(kv_cache_groups, groups, objects, pristine)
-    return value  # type: ignore[no-any-return]
+    return result
 
 
 #: Around each call of the native builder's own code.  A worker that measures
@@ -497,6 +508,22 @@ def resolve_vllm_class(qualname: str) -> type[Any]:
     return resolved
 
 
+def resolution_facts(made: object, named: type, base: type) -> tuple[int, str, bool, bool]:
+    """What the kit records of the object a resolution ``made`` of the ``named`` class.
+
+    ``(id, type name, is an instance of ``named``, is an instance of
+    ``base``)``; ``base`` is the builder class of the form resolved (kvref's
+    or vLLM's).
+    """
+    kind = type(made)
+    return (
+        id(made),
+        f"{kind.__module__}.{kind.__qualname__}",
+        isinstance(made, named),
+        isinstance(made, base),
+    )
+
+
 def resolve_as_vllm(qualname: str) -> tuple[KVCacheConfigBuilder, tuple[int, str, bool, bool]]:
     """Resolve ``qualname`` as vLLM's ``get_kv_cache_config_builder`` does, fresh each call.
 
@@ -511,12 +538,7 @@ def resolve_as_vllm(qualname: str) -> tuple[KVCacheConfigBuilder, tuple[int, str
     made = named()
     base = iv.vllm_modules().builder_module.KVCacheConfigBuilder
     kind = type(made)
-    facts = (
-        id(made),
-        f"{kind.__module__}.{kind.__qualname__}",
-        isinstance(made, named),
-        isinstance(made, base),
-    )
+    facts = resolution_facts(made, named, base)
     adapter_cls = wrap_vllm_builder(kind if isinstance(made, base) else named)
     adapter: Any = adapter_cls.__new__(adapter_cls)
     adapter.native = made

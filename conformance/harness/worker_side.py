@@ -242,7 +242,11 @@ def _resolve_named(
     Returns the object resolution made and what the kit records of it:
     ``(id, type name, is an instance of the named class, is a builder)``.
     """
-    from conformance.harness.vllm_adapter import VLLMBuilderAdapter, resolve_as_vllm
+    from conformance.harness.vllm_adapter import (
+        VLLMBuilderAdapter,
+        resolution_facts,
+        resolve_as_vllm,
+    )
     from kvref.resolution import get_kv_cache_config_builder, resolve_builder_class
 
     if isinstance(builder, type) and issubclass(builder, VLLMBuilderAdapter):
@@ -250,14 +254,7 @@ def _resolve_named(
         return resolve_as_vllm(qualname)
     made = get_kv_cache_config_builder(attrs.evolve(config, platform_builder_cls=qualname))
     named = resolve_builder_class(qualname, "builder")
-    kind = type(made)
-    facts = (
-        id(made),
-        f"{kind.__module__}.{kind.__qualname__}",
-        isinstance(made, named),
-        isinstance(made, KVCacheConfigBuilder),
-    )
-    return made, facts
+    return made, resolution_facts(made, named, KVCacheConfigBuilder)
 
 
 def encode_reply(
