@@ -41,6 +41,8 @@ from typing import Any
 
 import attrs
 
+from conformance.report.records import RECORD_MODULES
+
 __all__ = [
     "Opaque",
     "WireError",
@@ -51,18 +53,9 @@ __all__ = [
     "encode_exception",
 ]
 
-#: Modules whose attrs classes and enums may travel as records.
-_RECORD_MODULES = (
-    "kvref.specs",
-    "kvref.extra_specs",
-    "kvref.config",
-    "kvref.versions",
-    "kvref.axes",
-    "kvref._spec_fields",
-    "kvref.records",
-    "kvref.planning",
-    "conformance.generate.families.extras",
-)
+#: Modules whose attrs classes and enums may travel as records: those a
+#: counterexample's data may name, and the hooks' answers (groups, configs, plans).
+_RECORD_MODULES = (*RECORD_MODULES, "kvref.records", "kvref.planning")
 #: Modules whose exception classes the kit rebuilds as themselves.
 _ERROR_MODULES = ("kvref.errors", "kvref.interop.vllm_import", "conformance.errors")
 _MAX_DEPTH = 64

@@ -36,6 +36,7 @@ import attrs
 
 __all__ = [
     "EXAMPLE_FORMAT",
+    "RECORD_MODULES",
     "RecordError",
     "decode_example",
     "decode_value",
@@ -50,7 +51,7 @@ __all__ = [
 EXAMPLE_FORMAT = "kvref-example/1"
 
 #: Modules whose attrs classes and enums are the record types data may name.
-_RECORD_MODULES = (
+RECORD_MODULES = (
     "kvref.specs",
     "kvref.extra_specs",
     "kvref.config",
@@ -77,7 +78,7 @@ def record_types() -> Mapping[str, type]:
     import importlib
 
     found: dict[str, type] = {}
-    for module_name in _RECORD_MODULES:
+    for module_name in RECORD_MODULES:
         module = importlib.import_module(module_name)
         for value in vars(module).values():
             if not isinstance(value, type) or not (
