@@ -82,6 +82,19 @@ def _properties(suite: ET.Element, pairs: list[tuple[str, object]]) -> None:
         ET.SubElement(props, "property", name=key, value=_clean(str(value)))
 
 
+def _run_properties(run: RunStart | Report) -> list[tuple[str, object]]:
+    """The properties a suite starts with, whether its run completed or not: what ran, how."""
+    return [
+        ("builder", run.builder),
+        ("seed", run.seed),
+        ("device", run.device),
+        ("profile", run.profile),
+        ("max_examples", run.max_examples),
+        ("kit_version", _kit_version()),
+        ("contract", run.contract),
+    ]
+
+
 def _write(suites: ET.Element, path: Path) -> None:
     with path.open("wb") as out:
         ET.ElementTree(suites).write(out, encoding="utf-8", xml_declaration=True)
@@ -99,13 +112,7 @@ def write_incomplete_junit(start: RunStart, path: Path) -> None:
     _properties(
         suite,
         [
-            ("builder", start.builder),
-            ("seed", start.seed),
-            ("device", start.device),
-            ("profile", start.profile),
-            ("max_examples", start.max_examples),
-            ("kit_version", _kit_version()),
-            ("contract", start.contract),
+            *_run_properties(start),
             ("ok", False),
             ("complete", False),
             ("verdicts", "run=incomplete"),
@@ -163,13 +170,7 @@ def add_suite(
     _properties(
         suite,
         [
-            ("builder", report.builder),
-            ("seed", report.seed),
-            ("device", report.device),
-            ("profile", report.profile),
-            ("max_examples", report.max_examples),
-            ("kit_version", _kit_version()),
-            ("contract", report.contract),
+            *_run_properties(report),
             ("ok", report.ok),
             ("complete", True),
             ("interrupted", report.interrupted),
