@@ -47,32 +47,28 @@ class ServeObservation:
     calls: tuple[CallResult, ...] = ()
 
 
-def _judge(invariant_id: str) -> Any:
+def _serving(invariant_id: str, title: str, anchor: str) -> Invariant:
+    """Register a serving invariant: the serve scenario's violations of ``invariant_id``."""
+
     def check(obs: ServeObservation) -> list[Violation] | Unjudged:
         if obs.violations is None:
             return Unjudged(obs.reason or "nothing was served")
         return [v for v in obs.violations if v.invariant == invariant_id]
 
-    return check
+    return register(
+        Invariant(id=invariant_id, title=title, anchor=anchor, scenarios=("serve",), check=check)
+    )
 
 
 INVARIANTS = (
-    register(
-        Invariant(
-            id=ISOLATION,
-            title="under a request stream, every request reads back only its own KV",
-            anchor="serving-isolation",
-            scenarios=("serve",),
-            check=_judge(ISOLATION),
-        )
+    _serving(
+        ISOLATION,
+        "under a request stream, every request reads back only its own KV",
+        "serving-isolation",
     ),
-    register(
-        Invariant(
-            id=POOL,
-            title="a block ID has one holder; kernels write only blocks their request holds",
-            anchor="serving-pool",
-            scenarios=("serve",),
-            check=_judge(POOL),
-        )
+    _serving(
+        POOL,
+        "a block ID has one holder; kernels write only blocks their request holds",
+        "serving-pool",
     ),
 )

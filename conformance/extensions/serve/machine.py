@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar, cast
 
 import attrs
 import torch
@@ -61,46 +61,47 @@ class AddRequest:
         return f"state.add_request({', '.join(args)})"
 
 
-@attrs.frozen(kw_only=True)
-class Decode:
+class _SimCall:
+    """A rule that is one call of the simulation's method ``_method`` with the rule's one field."""
+
+    _method: ClassVar[str]
+
+    def _argument(self) -> tuple[str, int]:
+        (field,) = attrs.fields(cast(Any, type(self)))
+        return field.name, getattr(self, field.name)
+
+    def apply(self, sim: Simulation) -> list[Violation]:
+        """Run the rule on ``sim``."""
+        violations: list[Violation] = getattr(sim, self._method)(self._argument()[1])
+        return violations
+
+    def __repr__(self) -> str:
+        name, value = self._argument()
+        return f"state.{self._method}({name}={value})"
+
+
+@attrs.frozen(kw_only=True, repr=False)
+class Decode(_SimCall):
     """Every running request computes ``tokens`` more tokens."""
 
+    _method = "decode"
     tokens: int = 1
 
-    def apply(self, sim: Simulation) -> list[Violation]:
-        """Run the rule on ``sim``."""
-        return sim.decode(self.tokens)
 
-    def __repr__(self) -> str:
-        return f"state.decode(tokens={self.tokens})"
-
-
-@attrs.frozen(kw_only=True)
-class Finish:
+@attrs.frozen(kw_only=True, repr=False)
+class Finish(_SimCall):
     """The ``which``-th running request finishes."""
 
+    _method = "finish"
     which: int = 0
 
-    def apply(self, sim: Simulation) -> list[Violation]:
-        """Run the rule on ``sim``."""
-        return sim.finish(self.which)
 
-    def __repr__(self) -> str:
-        return f"state.finish(which={self.which})"
-
-
-@attrs.frozen(kw_only=True)
-class Preempt:
+@attrs.frozen(kw_only=True, repr=False)
+class Preempt(_SimCall):
     """The ``which``-th running request is preempted (and recomputed when it fits again)."""
 
+    _method = "preempt"
     which: int = 0
-
-    def apply(self, sim: Simulation) -> list[Violation]:
-        """Run the rule on ``sim``."""
-        return sim.preempt(self.which)
-
-    def __repr__(self) -> str:
-        return f"state.preempt(which={self.which})"
 
 
 Op = AddRequest | Decode | Finish | Preempt
