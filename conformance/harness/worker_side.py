@@ -166,16 +166,21 @@ DEFAULT_WORKER_MEMORY_GIB = 16.0
 WORKER_MEMORY_HEADROOM = int(DEFAULT_WORKER_MEMORY_GIB * (1 << 30))
 
 
-def _private_bytes() -> int | None:
-    """This process's private data size (Linux ``VmData``; ``None`` elsewhere)."""
+def proc_bytes(path: str, field: str) -> int | None:
+    """The bytes of ``field``'s line (``Field:  N kB``) of a /proc file (``None``: not there)."""
     try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmData:"):
+        with open(path, encoding="ascii") as lines:
+            for line in lines:
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def _private_bytes() -> int | None:
+    """This process's private data size (Linux ``VmData``; ``None`` elsewhere)."""
+    return proc_bytes("/proc/self/status", "VmData")
 
 
 def _limit_memory(headroom: int | None = None) -> int | None:

@@ -19,6 +19,7 @@ import torch
 
 from conformance.check.violations import Violation
 from conformance.check.worker_model import planned_device_bytes, planned_host_bytes
+from conformance.harness.worker_side import proc_bytes
 from kvref.records import KVCacheConfig
 
 __all__ = [
@@ -91,13 +92,9 @@ def available_host_memory() -> int | None:
 
     Reads ``MemAvailable`` from ``/proc/meminfo`` (Linux), else ``sysconf``.
     """
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    available = proc_bytes("/proc/meminfo", "MemAvailable")
+    if available is not None:
+        return available
     try:
         return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (AttributeError, OSError, ValueError):
