@@ -16,7 +16,7 @@ through the views the contract gives it (contract.md#views-and-strides).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from fractions import Fraction
 from typing import Protocol
 
@@ -100,10 +100,25 @@ class _Plan:
             self.states.append(states)
             self.rids.append(torch.full_like(pages, rid))
 
-    def tensors(self, device: torch.device) -> tuple[torch.Tensor, ...] | None:
+    @property
+    def size(self) -> int:
+        """How many states the plan addresses."""
+        return sum(int(p.numel()) for p in self.pages)
+
+    def per_slot(
+        self, slots: Sequence[LayerSlot], device: torch.device
+    ) -> Iterator[tuple[LayerSlot, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Each of ``slots`` with the plan's pages, offsets and tags salted by the slot's salt.
+
+        On ``device``; nothing for an empty plan.
+        """
         if not self.pages:
-            return None
-        return tuple(torch.cat(x).to(device) for x in (self.pages, self.offsets, self.tags))
+            return
+        pages, offsets, tags = (
+            torch.cat(x).to(device) for x in (self.pages, self.offsets, self.tags)
+        )
+        for slot in slots:
+            yield slot, pages, offsets, tags ^ slot.salt
 
 
 def _tps(spec: KVCacheSpec) -> Fraction:
@@ -261,13 +276,9 @@ class Layers:
                 found += self._foreign(geo, slots[0], req, table, pages[held])
                 keep = held & (pages < geo.num_blocks)
                 plan.add(req.rid, pages[keep], offsets[keep], keys[keep], states[keep])
-            tensors = plan.tensors(self.device)
-            if tensors is None:
-                continue
-            pages_d, offsets_d, keys_d = tensors
-            for slot in slots:
-                write_states(slot.view, pages_d, offsets_d, keys_d ^ slot.salt, slot.wide)
-            written += int(pages_d.numel()) * len(slots)
+            for slot, pages_d, offsets_d, keys_d in plan.per_slot(slots, self.device):
+                write_states(slot.view, pages_d, offsets_d, keys_d, slot.wide)
+            written += plan.size * len(slots)
         return found, written
 
     def _plan_state(
@@ -386,12 +397,8 @@ class Layers:
                     found.append(self._freed(slots[0], req, int(states[k]), int(entry[k])))
                 keep = (block > 0) & (pages < geo.num_blocks)
                 plan.add(req.rid, pages[keep], offsets[keep], keys[keep], states[keep])
-            tensors = plan.tensors(self.device)
-            if tensors is None:
-                continue
-            pages_d, offsets_d, keys_d = tensors
-            for slot in slots:
-                bad = read_states(slot.view, pages_d, offsets_d, keys_d ^ slot.salt, slot.wide)
+            for slot, pages_d, offsets_d, keys_d in plan.per_slot(slots, self.device):
+                bad = read_states(slot.view, pages_d, offsets_d, keys_d, slot.wide)
                 if bad.numel():
                     k = int(bad[0])
                     rid = int(torch.cat(plan.rids)[k])
@@ -402,7 +409,7 @@ class Layers:
                         )
                     )
                     break
-            verified += int(pages_d.numel()) * len(slots)
+            verified += plan.size * len(slots)
         return found, verified
 
     def _freed(self, slot: LayerSlot, req: RequestLike, state: int, index: int) -> Violation:
