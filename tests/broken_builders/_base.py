@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -10,6 +10,7 @@ import attrs
 from kvref import (
     KVCacheConfig,
     KVCacheGroupSpec,
+    KVCacheTensor,
     PlanningConfig,
     ReferenceKVCacheConfigBuilder,
 )
@@ -32,6 +33,46 @@ class _Base(ReferenceKVCacheConfigBuilder):
 
 def _with_tensors(config: KVCacheConfig, tensors: Sequence[Any], **changes: Any) -> KVCacheConfig:
     return attrs.evolve(config, kv_cache_tensors=list(tensors), **changes)
+
+
+def _on_host(tensor: KVCacheTensor) -> bool:
+    return tensor.host_resident
+
+
+def _on_device(tensor: KVCacheTensor) -> bool:
+    return not tensor.host_resident
+
+
+def _change_tensors(
+    config: KVCacheConfig,
+    change: Callable[[KVCacheTensor], KVCacheTensor],
+    only: Callable[[KVCacheTensor], bool] | None = None,
+) -> KVCacheConfig:
+    """``config`` with ``change(t)`` for every tensor ``only`` picks (every tensor without it).
+
+    Most placement bugs corrupt one field of some tensors and keep the others
+    as placed: the tensors not picked stay in place, in order.
+    """
+    return _with_tensors(
+        config,
+        [change(t) if only is None or only(t) else t for t in config.kv_cache_tensors],
+    )
+
+
+def _change_fields(config: KVCacheConfig, field: Callable[[int], int]) -> KVCacheConfig:
+    """``config`` with every tensor's offset and strides passed through ``field``.
+
+    How a descriptor that narrows its integers (32-bit, signed) writes a plan.
+    """
+    return _change_tensors(
+        config,
+        lambda t: attrs.evolve(
+            t,
+            offset=field(t.offset),
+            layer_stride=field(t.layer_stride),
+            block_stride=field(t.block_stride),
+        ),
+    )
 
 
 def assert_caught(report: Report, meant: str, also: frozenset[str]) -> None:
@@ -57,6 +98,50 @@ def meta_timeout(builder: type) -> float:
     tests/kit/test_meta.py and tests/kit/run/test_reproduce.py, whose runs must match.
     """
     return 0.5 if getattr(builder, "CAUGHT_BY", None) == "KV-CALL-TIMEOUT" else 5.0
+
+
+class _Grouping(_Base):
+    """A builder whose bug is in the groups: ``regroup`` changes the reference's."""
+
+    def regroup(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
+    ) -> Groups:
+        raise NotImplementedError
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> Groups:
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        return self.regroup(config, kv_cache_spec, groups)
+
+
+class _LayerSpecs(_Grouping):
+    """A builder whose bug is in every layer spec of its groups: ``respec`` changes each."""
+
+    def respec(self, spec: KVCacheSpec) -> KVCacheSpec:
+        raise NotImplementedError
+
+    def regroup(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
+    ) -> Groups:
+        return [_with_layer_specs(g, self.respec) for g in groups]
+
+
+class _Regiven(_Base):
+    """A builder that places other groups than it is given, and reports the given ones.
+
+    ``regive`` says what it places instead; the bug is in the placement only.
+    """
+
+    def regive(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]) -> Groups:
+        raise NotImplementedError
+
+    def get_kv_cache_config_from_groups(
+        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        given = self.regive(config, kv_cache_groups)
+        result = super().get_kv_cache_config_from_groups(config, given, num_blocks)
+        return attrs.evolve(result, kv_cache_groups=list(kv_cache_groups))
 
 
 class _Placement(_Base):
@@ -92,3 +177,27 @@ def _with_layer_specs(
         inner = {n: change(s) for n, s in spec.kv_cache_specs.items()}
         return attrs.evolve(group, kv_cache_spec=UniformTypeKVCacheSpecs(kv_cache_specs=inner))
     return attrs.evolve(group, kv_cache_spec=change(spec))
+
+
+class _LayerOuter(_Placement):
+    """A builder that misplaces device tensors in layer-outer layouts only.
+
+    ``restep`` changes each device tensor given the spec of its first layer;
+    tensors of no known layer, host tensors and block-outer plans stay as placed.
+    """
+
+    def restep(
+        self, result: KVCacheConfig, tensor: KVCacheTensor, spec: KVCacheSpec
+    ) -> KVCacheTensor:
+        raise NotImplementedError
+
+    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+        if config.kv_cache_layout.is_block_outermost:
+            return result
+        specs = result.layer_specs()
+
+        def change(t: KVCacheTensor) -> KVCacheTensor:
+            spec = specs.get(t.layers[0]) if t.layers else None
+            return t if spec is None else self.restep(result, t, spec)
+
+        return _change_tensors(result, change, _on_device)

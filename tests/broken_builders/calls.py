@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from broken_builders._base import Groups, _Base
+from broken_builders._base import Groups, _Base, _Grouping
 from kvref import (
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -17,15 +17,14 @@ from kvref import (
 from kvref.specs import KVCacheSpec
 
 
-class DroppedLayer(_Base):
+class DroppedLayer(_Grouping):
     """Forgets the last layer of the largest group."""
 
     CAUGHT_BY = "KV-GROUP-PARTITION"
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    def regroup(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
     ) -> Groups:
-        groups = super().get_kv_cache_groups(config, kv_cache_spec)
         if not groups:
             return groups
         i = max(range(len(groups)), key=lambda k: len(groups[k].layer_names))
@@ -44,15 +43,14 @@ class DroppedLayer(_Base):
         return groups
 
 
-class DuplicatedLayer(_Base):
+class DuplicatedLayer(_Grouping):
     """Puts the first layer into a second, extra group as well."""
 
     CAUGHT_BY = "KV-GROUP-PARTITION"
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    def regroup(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
     ) -> Groups:
-        groups = super().get_kv_cache_groups(config, kv_cache_spec)
         if not groups:
             return groups
         name = groups[0].layer_names[0]
@@ -62,46 +60,43 @@ class DuplicatedLayer(_Base):
         ]
 
 
-class RepeatedInGroup(_Base):
+class RepeatedInGroup(_Grouping):
     """Lists the first layer of the first group twice in that group."""
 
     CAUGHT_BY = "KV-GROUP-REPEATED-LAYER"
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    def regroup(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
     ) -> Groups:
-        groups = super().get_kv_cache_groups(config, kv_cache_spec)
         if groups:
             g = groups[0]
             groups[0] = attrs.evolve(g, layer_names=[*g.layer_names, g.layer_names[0]])
         return groups
 
 
-class EmptyGroup(_Base):
+class EmptyGroup(_Grouping):
     """Appends a group with no layers."""
 
     CAUGHT_BY = "KV-GROUP-NONEMPTY"
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    def regroup(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
     ) -> Groups:
-        groups = super().get_kv_cache_groups(config, kv_cache_spec)
         if groups:
             groups.append(attrs.evolve(groups[-1], layer_names=[]))
         return groups
 
 
-class DroppedHeads(_Base):
+class DroppedHeads(_Grouping):
     """Halves the KV heads of every plain attention group: the layers lose half their cache."""
 
     CAUGHT_BY = "KV-GROUP-LAYER-SPEC"
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    def regroup(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
     ) -> Groups:
         from kvref import AttentionSpec
 
-        groups = super().get_kv_cache_groups(config, kv_cache_spec)
         out = []
         for g in groups:
             spec = g.kv_cache_spec
@@ -133,15 +128,14 @@ class Stateful(_Base):
         return groups[::-1] if self.calls > 1 else groups
 
 
-class MutatesInput(_Base):
+class MutatesInput(_Grouping):
     """Empties the dict of layer specs it was given."""
 
     CAUGHT_BY = "KV-GROUP-INPUT-UNCHANGED"
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    def regroup(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
     ) -> Groups:
-        groups = super().get_kv_cache_groups(config, kv_cache_spec)
         if isinstance(kv_cache_spec, dict):
             kv_cache_spec.clear()
         return groups

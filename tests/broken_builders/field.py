@@ -8,14 +8,19 @@ import attrs
 
 from broken_builders._base import (
     Groups,
-    _Base,
+    _change_fields,
+    _Grouping,
+    _LayerOuter,
+    _LayerSpecs,
     _Placement,
+    _Regiven,
     _with_layer_specs,
     _with_tensors,
 )
 from kvref import (
     KVCacheConfig,
     KVCacheGroupSpec,
+    KVCacheTensor,
     PlanningConfig,
 )
 from kvref.specs import KVCacheSpec
@@ -23,7 +28,7 @@ from kvref.specs import KVCacheSpec
 # -- bugs seen in the field --------------------------------------------------------
 
 
-class ScatteredDrafts(_Base):
+class ScatteredDrafts(_Grouping):
     """Moves the last of a group's equal-spec draft layers into a group of its own.
 
     Every layer keeps its spec and stays in one group, but vLLM's drafter
@@ -37,12 +42,11 @@ class ScatteredDrafts(_Base):
     #: Two equal draft layers outside a model-declared grouping are rare at seed 11.
     EXAMPLES = 60
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    def regroup(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
     ) -> Groups:
         from kvref import UniformTypeKVCacheSpecs
 
-        groups = super().get_kv_cache_groups(config, kv_cache_spec)
         if getattr(config, "hisparse", None) is not None:
             return groups  # HiSparse's groups carry roles: one bug, elsewhere
         for i, g in enumerate(groups):
@@ -63,7 +67,7 @@ class ScatteredDrafts(_Base):
         return groups
 
 
-class HotIgnoresDecodeQuery(_Base):
+class HotIgnoresDecodeQuery(_Grouping):
     """Sizes HiSparse's hot groups for one top-k per request, whatever the settings say.
 
     A field bug: the hot buffer ignores speculative decoding's query length
@@ -73,13 +77,12 @@ class HotIgnoresDecodeQuery(_Base):
 
     CAUGHT_BY = "KV-GROUP-HISPARSE-HOT-BLOCKS"
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    def regroup(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
     ) -> Groups:
         from kvref.extra_specs import HiSparseHotSpec
         from kvref.specs import MLAAttentionSpec
 
-        groups = super().get_kv_cache_groups(config, kv_cache_spec)
         settings = getattr(config, "hisparse", None)
         widths = [
             s.topk_buffer_width or (settings.index_topk if settings else None)
@@ -99,15 +102,14 @@ class HotIgnoresDecodeQuery(_Base):
         return groups
 
 
-class RolelessSource(_Base):
+class RolelessSource(_Grouping):
     """Rebuilds HiSparse's source group without its role (vLLM then finds no host manager)."""
 
     CAUGHT_BY = "KV-GROUP-HISPARSE-ROLES"
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    def regroup(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
     ) -> Groups:
-        groups = super().get_kv_cache_groups(config, kv_cache_spec)
         return [
             attrs.evolve(g, role="DEFAULT") if g.role == "HISPARSE_SOURCE" else g for g in groups
         ]
@@ -155,18 +157,7 @@ class Wraps32(_Placement):
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         wrap = 0xFFFFFFFF
-        return _with_tensors(
-            result,
-            [
-                attrs.evolve(
-                    t,
-                    offset=t.offset & wrap,
-                    layer_stride=t.layer_stride & wrap,
-                    block_stride=t.block_stride & wrap,
-                )
-                for t in result.kv_cache_tensors
-            ],
-        )
+        return _change_fields(result, lambda x: x & wrap)
 
 
 class SignedWraps32(_Placement):
@@ -186,21 +177,10 @@ class SignedWraps32(_Placement):
         def field(x: int) -> int:
             return x & 0x7FFFFFFF if 1 << 31 <= x < 1 << 32 else x
 
-        return _with_tensors(
-            result,
-            [
-                attrs.evolve(
-                    t,
-                    offset=field(t.offset),
-                    layer_stride=field(t.layer_stride),
-                    block_stride=field(t.block_stride),
-                )
-                for t in result.kv_cache_tensors
-            ],
-        )
+        return _change_fields(result, field)
 
 
-class DensePadded(_Placement):
+class DensePadded(_LayerOuter):
     """Steps a padded page's blocks by its dense bytes, as if no backend padded pages.
 
     Layer-outer layouts only: there each layer's blocks step by its own
@@ -216,26 +196,21 @@ class DensePadded(_Placement):
     ALSO = frozenset({"KV-PLACE-NO-BLOCK-ALIAS", "KV-HOST-DEVICE-SAFE", "KV-PLACE-ALIGNMENT"})
     EXAMPLES = 50
 
-    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+    def restep(
+        self, result: KVCacheConfig, tensor: KVCacheTensor, spec: KVCacheSpec
+    ) -> KVCacheTensor:
         import math
 
         from kvref.layout import compute_layer_kv_cache_shape_bytes
 
-        if config.kv_cache_layout.is_block_outermost:
-            return result
-        specs = {n: g.layer_spec(n) for g in result.kv_cache_groups for n in g.layer_names}
-        tensors = []
-        for t in result.kv_cache_tensors:
-            spec = specs.get(t.layers[0]) if t.layers else None
-            if spec is not None and spec.padded_page_size is not None and not t.host_resident:
-                dense = math.prod(compute_layer_kv_cache_shape_bytes(spec, 1)[1:])
-                blocks = result.num_blocks_of(t)
-                t = attrs.evolve(t, block_stride=dense, layer_stride=dense * blocks)  # noqa: PLW2901
-            tensors.append(t)
-        return _with_tensors(result, tensors)
+        if spec.padded_page_size is None:
+            return tensor
+        dense = math.prod(compute_layer_kv_cache_shape_bytes(spec, 1)[1:])
+        blocks = result.num_blocks_of(tensor)
+        return attrs.evolve(tensor, block_stride=dense, layer_stride=dense * blocks)
 
 
-class LinearKernelPage(_Base):
+class LinearKernelPage(_Regiven):
     """Takes a kernel block's page as the cache block's page scaled down: ``page x k / block``.
 
     ``MultipleOf(b)`` asks the block stride to be a multiple of the layer's
@@ -253,9 +228,7 @@ class LinearKernelPage(_Base):
     ALSO = frozenset({"KV-PLACE-PAGE-PITCH", "KV-HOST-DEVICE-SAFE"})
     EXAMPLES = 50
 
-    def get_kv_cache_config_from_groups(
-        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
-    ) -> KVCacheConfig:
+    def regive(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]) -> Groups:
         import math
 
         from kvref.specs import MultipleOf
@@ -270,12 +243,10 @@ class LinearKernelPage(_Base):
             page = max(1, spec.page_size_bytes * kernel // spec.block_size)
             return attrs.evolve(spec, block_stride_alignment=page)
 
-        given = [_with_layer_specs(g, scaled) for g in kv_cache_groups]
-        result = super().get_kv_cache_config_from_groups(config, given, num_blocks)
-        return attrs.evolve(result, kv_cache_groups=list(kv_cache_groups))
+        return [_with_layer_specs(g, scaled) for g in kv_cache_groups]
 
 
-class InterleavedCompressed(_Placement):
+class InterleavedCompressed(_LayerOuter):
     """Lays compressed MLA caches out block-interleaved whatever the layout.
 
     A builder written for DeepSeek-V4's block-outer backends keeps a
@@ -293,29 +264,24 @@ class InterleavedCompressed(_Placement):
     ALSO = frozenset({"KV-PLACE-NO-BLOCK-ALIAS", "KV-HOST-DEVICE-SAFE"})
     EXAMPLES = 50
 
-    def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
+    def restep(
+        self, result: KVCacheConfig, tensor: KVCacheTensor, spec: KVCacheSpec
+    ) -> KVCacheTensor:
         from kvref.specs import MLAAttentionSpec
 
-        if config.kv_cache_layout.is_block_outermost:
-            return result
-        specs = {n: g.layer_spec(n) for g in result.kv_cache_groups for n in g.layer_names}
-        tensors = []
-        for t in result.kv_cache_tensors:
-            spec = specs.get(t.layers[0]) if t.layers else None
-            # One latent head: a block of every layer-outer layout is one run of the page.
-            compressed = (
-                isinstance(spec, MLAAttentionSpec)
-                and spec.tokens_per_state_value > 1
-                and spec.num_kv_heads == 1
-            )
-            if compressed and not t.host_resident and len(t.layers) > 1:
-                page = t.block_stride
-                t = attrs.evolve(t, layer_stride=page, block_stride=len(t.layers) * page)  # noqa: PLW2901
-            tensors.append(t)
-        return _with_tensors(result, tensors)
+        # One latent head: a block of every layer-outer layout is one run of the page.
+        compressed = (
+            isinstance(spec, MLAAttentionSpec)
+            and spec.tokens_per_state_value > 1
+            and spec.num_kv_heads == 1
+        )
+        if not compressed or len(tensor.layers) <= 1:
+            return tensor
+        page = tensor.block_stride
+        return attrs.evolve(tensor, layer_stride=page, block_stride=len(tensor.layers) * page)
 
 
-class PlacesAbsentLayers(_Base):
+class PlacesAbsentLayers(_Regiven):
     """Places the layers a projected uniform-type group names in its wrapper, on every worker.
 
     vLLM 0.33.0's own placement does this (contract.md#deliberate-differences,
@@ -330,22 +296,18 @@ class PlacesAbsentLayers(_Base):
     ALSO = frozenset({"KV-PLACE-SIZE-BOUND"})
     EXAMPLES = 50
 
-    def get_kv_cache_config_from_groups(
-        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
-    ) -> KVCacheConfig:
+    def regive(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]) -> Groups:
         from kvref import UniformTypeKVCacheSpecs
 
-        given = [
+        return [
             attrs.evolve(g, layer_names=list(g.kv_cache_spec.kv_cache_specs))
             if not g.layer_names and isinstance(g.kv_cache_spec, UniformTypeKVCacheSpecs)
             else g
             for g in kv_cache_groups
         ]
-        result = super().get_kv_cache_config_from_groups(config, given, num_blocks)
-        return attrs.evolve(result, kv_cache_groups=list(kv_cache_groups))
 
 
-class ClaimsReplicatedKV(_Base):
+class ClaimsReplicatedKV(_LayerSpecs):
     """Records ``max_tp_shards=1`` in every attention group spec, as MLA's are.
 
     A vendor who copies MLA's spec fields onto every attention kind claims
@@ -357,17 +319,9 @@ class ClaimsReplicatedKV(_Base):
 
     CAUGHT_BY = "KV-GROUP-TP-SHARDS"
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
-    ) -> Groups:
+    def respec(self, spec: KVCacheSpec) -> KVCacheSpec:
         from kvref.specs import AttentionSpec
 
-        def one_shard(spec: KVCacheSpec) -> KVCacheSpec:
-            if not isinstance(spec, AttentionSpec) or spec.max_tp_shards == 1:
-                return spec
-            return attrs.evolve(spec, max_tp_shards=1)
-
-        return [
-            _with_layer_specs(g, one_shard)
-            for g in super().get_kv_cache_groups(config, kv_cache_spec)
-        ]
+        if not isinstance(spec, AttentionSpec) or spec.max_tp_shards == 1:
+            return spec
+        return attrs.evolve(spec, max_tp_shards=1)

@@ -7,7 +7,18 @@ from typing import Any
 
 import attrs
 
-from broken_builders._base import Groups, _Base, _Placement, _with_tensors
+from broken_builders._base import (
+    Groups,
+    _Base,
+    _change_tensors,
+    _Grouping,
+    _on_device,
+    _on_host,
+    _Placement,
+    _Regiven,
+    _with_layer_specs,
+    _with_tensors,
+)
 from kvref import (
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -48,13 +59,7 @@ class SizeOneBlockTooBig(_Placement):
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         bpb = result.device_size // num_blocks
-        return _with_tensors(
-            result,
-            [
-                t if t.host_resident else attrs.evolve(t, size=t.size + bpb)
-                for t in result.kv_cache_tensors
-            ],
-        )
+        return _change_tensors(result, lambda t: attrs.evolve(t, size=t.size + bpb), _on_device)
 
 
 class ConstantHeader(_Placement):
@@ -63,12 +68,8 @@ class ConstantHeader(_Placement):
     CAUGHT_BY = "KV-PLACE-BACKING-SIZE"
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
-        return _with_tensors(
-            result,
-            [
-                t if t.host_resident else attrs.evolve(t, size=t.size + 256, offset=t.offset + 256)
-                for t in result.kv_cache_tensors
-            ],
+        return _change_tensors(
+            result, lambda t: attrs.evolve(t, size=t.size + 256, offset=t.offset + 256), _on_device
         )
 
 
@@ -78,13 +79,7 @@ class AbsurdSize(_Placement):
     CAUGHT_BY = "KV-PLACE-SIZE-BOUND"
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
-        return _with_tensors(
-            result,
-            [
-                t if t.host_resident else attrs.evolve(t, size=2**60)
-                for t in result.kv_cache_tensors
-            ],
-        )
+        return _change_tensors(result, lambda t: attrs.evolve(t, size=2**60), _on_device)
 
 
 class OverlappingBlocks(_Placement):
@@ -101,14 +96,10 @@ class OverlappingBlocks(_Placement):
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         if config.kv_cache_layout.is_block_outermost or num_blocks < 2:
             return result
-        return _with_tensors(
+        return _change_tensors(
             result,
-            [
-                attrs.evolve(t, block_stride=max(t.block_stride // 2 // 16 * 16, 16))
-                if t.block_stride >= 32
-                else t
-                for t in result.kv_cache_tensors
-            ],
+            lambda t: attrs.evolve(t, block_stride=max(t.block_stride // 2 // 16 * 16, 16)),
+            lambda t: t.block_stride >= 32,
         )
 
 
@@ -123,14 +114,10 @@ class OverlappingLayers(_Placement):
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         if not config.kv_cache_layout.is_block_outermost:
             return result
-        return _with_tensors(
+        return _change_tensors(
             result,
-            [
-                attrs.evolve(t, layer_stride=t.layer_stride // 2 // 16 * 16)
-                if len(t.layers) > 1 and t.layer_stride >= 32
-                else t
-                for t in result.kv_cache_tensors
-            ],
+            lambda t: attrs.evolve(t, layer_stride=t.layer_stride // 2 // 16 * 16),
+            lambda t: len(t.layers) > 1 and t.layer_stride >= 32,
         )
 
 
@@ -191,19 +178,15 @@ class MisalignedStride(_Placement):
             return result
         stride = block_stride + 1
         widest = max(len(t.layers) for t in device)
-        return _with_tensors(
+        return _change_tensors(
             result,
-            [
-                t
-                if t.host_resident
-                else attrs.evolve(
-                    t,
-                    block_stride=stride,
-                    layer_stride=stride * num_blocks,
-                    size=widest * stride * num_blocks,
-                )
-                for t in result.kv_cache_tensors
-            ],
+            lambda t: attrs.evolve(
+                t,
+                block_stride=stride,
+                layer_stride=stride * num_blocks,
+                size=widest * stride * num_blocks,
+            ),
+            _on_device,
         )
 
 
@@ -268,9 +251,7 @@ class HostTensorOnDevice(_Placement):
     )
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
-        return _with_tensors(
-            result, [attrs.evolve(t, host_resident=False) for t in result.kv_cache_tensors]
-        )
+        return _change_tensors(result, lambda t: attrs.evolve(t, host_resident=False))
 
 
 class HostCountedOnDevice(_Placement):
@@ -286,13 +267,7 @@ class HostCountedOnDevice(_Placement):
         if not host:
             return result
         extra = host[0].size
-        return _with_tensors(
-            result,
-            [
-                t if t.host_resident else attrs.evolve(t, size=t.size + extra)
-                for t in result.kv_cache_tensors
-            ],
-        )
+        return _change_tensors(result, lambda t: attrs.evolve(t, size=t.size + extra), _on_device)
 
 
 class HostSizedByDeviceBlocks(_Placement):
@@ -301,24 +276,17 @@ class HostSizedByDeviceBlocks(_Placement):
     CAUGHT_BY = "KV-HOST-SIZED"
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
-        return _with_tensors(
-            result,
-            [
-                attrs.evolve(t, size=t.size - 1) if t.host_resident else t
-                for t in result.kv_cache_tensors
-            ],
-        )
+        return _change_tensors(result, lambda t: attrs.evolve(t, size=t.size - 1), _on_host)
 
 
-class UnknownLayer(_Base):
+class UnknownLayer(_Grouping):
     """Adds a group for a layer the model does not have."""
 
     CAUGHT_BY = "KV-GROUP-UNKNOWN-LAYER"
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    def regroup(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
     ) -> Groups:
-        groups = super().get_kv_cache_groups(config, kv_cache_spec)
         if groups:
             first = groups[0]
             groups.append(
@@ -329,17 +297,16 @@ class UnknownLayer(_Base):
         return groups
 
 
-class WrapperMissesLayer(_Base):
+class WrapperMissesLayer(_Grouping):
     """Wraps the first group's spec over all but its last layer."""
 
     CAUGHT_BY = "KV-GROUP-WRAPPER"
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    def regroup(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
     ) -> Groups:
         from kvref import UniformTypeKVCacheSpecs
 
-        groups = super().get_kv_cache_groups(config, kv_cache_spec)
         if groups and len(groups[0].layer_names) >= 2:
             g = groups[0]
             wrapper = UniformTypeKVCacheSpecs(
@@ -349,17 +316,16 @@ class WrapperMissesLayer(_Base):
         return groups
 
 
-class MixedBlockSizes(_Base):
+class MixedBlockSizes(_Grouping):
     """Gives the last layer of the first group twice the block size of the others."""
 
     CAUGHT_BY = "KV-GROUP-ONE-BLOCK-SIZE"
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    def regroup(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
     ) -> Groups:
         from kvref import MambaSpec, UniformTypeKVCacheSpecs
 
-        groups = super().get_kv_cache_groups(config, kv_cache_spec)
         for i, g in enumerate(groups):
             last = g.layer_names[-1]
             spec = g.layer_spec(last)
@@ -377,7 +343,7 @@ class MixedBlockSizes(_Base):
         return groups
 
 
-class DeclaresEngineBlockSize(_Base):
+class DeclaresEngineBlockSize(_Grouping):
     """Re-wraps each uniform-type group with the deployment's block size as its own.
 
     The layers keep their pages; the wrapper declares ``config.block_size``
@@ -387,12 +353,11 @@ class DeclaresEngineBlockSize(_Base):
 
     CAUGHT_BY = "KV-GROUP-ONE-BLOCK-SIZE"
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    def regroup(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
     ) -> Groups:
         from kvref import UniformTypeKVCacheSpecs
 
-        groups = super().get_kv_cache_groups(config, kv_cache_spec)
         for i, g in enumerate(groups):
             spec = g.kv_cache_spec
             if not isinstance(spec, UniformTypeKVCacheSpecs):
@@ -442,13 +407,7 @@ class HalfUsedBlocks(_Placement):
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         if not config.kv_cache_layout.is_block_outermost:
             return result
-        return _with_tensors(
-            result,
-            [
-                t if t.host_resident else attrs.evolve(t, size=t.size * 2)
-                for t in result.kv_cache_tensors
-            ],
-        )
+        return _change_tensors(result, lambda t: attrs.evolve(t, size=t.size * 2), _on_device)
 
 
 class MutatesGroupList(_Base):
@@ -505,7 +464,7 @@ class SwappedLayers(_Placement):
         return result
 
 
-class IgnoresAlignment(_Base):
+class IgnoresAlignment(_Regiven):
     """Places every layer as if no backend asked for a block-stride alignment."""
 
     CAUGHT_BY = "KV-PLACE-ALIGNMENT"
@@ -514,26 +473,11 @@ class IgnoresAlignment(_Base):
     #: Aligned layers come from few families: 25 examples at seed 11 meet none.
     EXAMPLES = 50
 
-    def get_kv_cache_config_from_groups(
-        self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
-    ) -> KVCacheConfig:
-        from kvref import UniformTypeKVCacheSpecs
-
+    def regive(self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]) -> Groups:
         def strip(spec: KVCacheSpec) -> KVCacheSpec:
             return attrs.evolve(spec, block_stride_alignment=None)
 
-        plain = []
-        for g in kv_cache_groups:
-            spec = g.kv_cache_spec
-            if isinstance(spec, UniformTypeKVCacheSpecs):
-                spec = UniformTypeKVCacheSpecs(
-                    kv_cache_specs={n: strip(s) for n, s in spec.kv_cache_specs.items()}
-                )
-            else:
-                spec = strip(spec)
-            plain.append(attrs.evolve(g, kv_cache_spec=spec))
-        result = super().get_kv_cache_config_from_groups(config, plain, num_blocks)
-        return attrs.evolve(result, kv_cache_groups=list(kv_cache_groups))
+        return [_with_layer_specs(g, strip) for g in kv_cache_groups]
 
 
 class ConstructsOnce(_Base):

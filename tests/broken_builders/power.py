@@ -6,16 +6,19 @@ tests/kit/check/test_power.py measures each class.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import attrs
 
 from broken_builders._base import (
     Groups,
     _Base,
+    _change_tensors,
+    _Grouping,
     _layer_specs,
+    _LayerSpecs,
+    _on_device,
+    _on_host,
     _Placement,
-    _with_layer_specs,
     _with_tensors,
 )
 from kvref import (
@@ -57,12 +60,8 @@ class DeviceAfterHost(_Placement):
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         blocks = result.host_num_blocks or 1
         host = sum({t.size for t in result.kv_cache_tensors if t.host_resident}) // blocks
-        return _with_tensors(
-            result,
-            [
-                t if t.host_resident else attrs.evolve(t, offset=t.offset + host)
-                for t in result.kv_cache_tensors
-            ],
+        return _change_tensors(
+            result, lambda t: attrs.evolve(t, offset=t.offset + host), _on_device
         )
 
 
@@ -75,14 +74,10 @@ class HostBlocksAlias(_Placement):
     CAUGHT_BY = "KV-HOST-NO-ALIAS"
 
     def fix(self, config: PlanningConfig, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
-        return _with_tensors(
+        return _change_tensors(
             result,
-            [
-                attrs.evolve(t, block_stride=max(16, t.block_stride // 32 * 16))
-                if t.host_resident
-                else t
-                for t in result.kv_cache_tensors
-            ],
+            lambda t: attrs.evolve(t, block_stride=max(16, t.block_stride // 32 * 16)),
+            _on_host,
         )
 
 
@@ -105,7 +100,7 @@ class PoolBytesCountHost(_Base):
         return int(device + sum(host) // (probe.host_num_blocks or 1))
 
 
-class WindowlessPromotion(_Base):
+class WindowlessPromotion(_LayerSpecs):
     """Allocates sliding-window layers as full attention and forgets their window.
 
     Class 3: the pages are the same, but kernels now attend to every token.
@@ -113,8 +108,7 @@ class WindowlessPromotion(_Base):
 
     CAUGHT_BY = "KV-GROUP-SPEC-MEANING"
 
-    @staticmethod
-    def _full(spec: Any) -> Any:
+    def respec(self, spec: KVCacheSpec) -> KVCacheSpec:
         from kvref import FullAttentionSpec, SlidingWindowSpec
 
         if type(spec) is not SlidingWindowSpec:
@@ -137,25 +131,8 @@ class WindowlessPromotion(_Base):
         ]
         return FullAttentionSpec(**{k: getattr(spec, k) for k in keep})
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
-    ) -> Groups:
-        from kvref import UniformTypeKVCacheSpecs
 
-        out = []
-        for g in super().get_kv_cache_groups(config, kv_cache_spec):
-            spec = g.kv_cache_spec
-            if isinstance(spec, UniformTypeKVCacheSpecs):
-                spec = UniformTypeKVCacheSpecs(
-                    kv_cache_specs={n: self._full(s) for n, s in spec.kv_cache_specs.items()}
-                )
-            else:
-                spec = self._full(spec)
-            out.append(attrs.evolve(g, kv_cache_spec=spec))
-        return out
-
-
-class DropsGroupAlignment(_Base):
+class DropsGroupAlignment(_LayerSpecs):
     """Rebuilds its group specs without the layers' ``block_stride_alignment``.
 
     A port that copies the head geometry into fresh group specs and forgets
@@ -170,13 +147,8 @@ class DropsGroupAlignment(_Base):
     ALSO = frozenset({"KV-PLACE-PAGE-PITCH"})
     EXAMPLES = 50
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
-    ) -> Groups:
-        return [
-            _with_layer_specs(g, lambda s: attrs.evolve(s, block_stride_alignment=None))
-            for g in super().get_kv_cache_groups(config, kv_cache_spec)
-        ]
+    def respec(self, spec: KVCacheSpec) -> KVCacheSpec:
+        return attrs.evolve(spec, block_stride_alignment=None)
 
 
 class DropsRetention(_Base):
@@ -196,19 +168,13 @@ class DropsRetention(_Base):
         self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec], num_blocks: int
     ) -> KVCacheConfig:
         placed = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
-        return KVCacheConfig(
-            num_blocks=placed.num_blocks,
-            kv_cache_tensors=placed.kv_cache_tensors,
-            kv_cache_groups=placed.kv_cache_groups,
-            kv_cache_layout=placed.kv_cache_layout,
-            host_num_blocks=placed.host_num_blocks,
-            kv_tp_replicas=placed.kv_tp_replicas,
-            host_block_stride=placed.host_block_stride,
-            shared_host_pool=placed.shared_host_pool,
-        )
+        # Every field it knows is copied; the one it predates takes the record's default.
+        known = [f.name for f in attrs.fields(KVCacheConfig)]
+        known.remove("prefix_cache_retention_interval")
+        return KVCacheConfig(**{name: getattr(placed, name) for name in known})
 
 
-class SetOrderedGroups(_Base):
+class SetOrderedGroups(_Grouping):
     """Orders the groups by iterating a set of their first layer names.
 
     Class 4: the order is fixed within one process but follows the string hash
@@ -217,10 +183,9 @@ class SetOrderedGroups(_Base):
 
     CAUGHT_BY = "KV-GROUP-HASH-STABLE"
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    def regroup(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
     ) -> Groups:
-        groups = super().get_kv_cache_groups(config, kv_cache_spec)
         order = list({g.layer_names[0] for g in groups})
         return sorted(groups, key=lambda g: order.index(g.layer_names[0]))
 
