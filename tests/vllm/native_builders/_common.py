@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from vllm.config import VllmConfig
+from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 from vllm.v1.kv_cache_interface import (
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -28,6 +29,8 @@ from vllm.v1.kv_cache_interface import (
 
 __all__ = [
     "SlotPlan",
+    "SlotPlanBuilder",
+    "SlotPoolBuilder",
     "layer_spec",
     "layer_specs",
     "pack",
@@ -148,6 +151,47 @@ def slot_config(
         kv_cache_groups=list(groups),
         prefix_cache_retention_interval=vllm_config.cache_config.prefix_cache_retention_interval,
     )
+
+
+class SlotPlanBuilder(DefaultKVCacheConfigBuilder):
+    """The placement of a builder that lays the groups it owns out as a :class:`SlotPlan`.
+
+    A subclass says, in :meth:`_slot_plan`, where each cache sits in a block
+    of the groups it owns; other groups, and a block count that is not
+    :func:`usable_block_count`, go to vLLM's default.
+    """
+
+    def _slot_plan(
+        self, vllm_config: VllmConfig, groups: Sequence[KVCacheGroupSpec]
+    ) -> SlotPlan | None:
+        """Offsets of every cache, or ``None`` when the groups are not this platform's."""
+        raise NotImplementedError
+
+    def _tensors(self, plan: SlotPlan, num_blocks: int) -> list[KVCacheTensor]:
+        """The tensors of ``plan`` for ``num_blocks`` blocks."""
+        return plan.tensors(num_blocks)
+
+    def get_kv_cache_config_from_groups(
+        self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        """The platform's slot plan for the groups it owns; vLLM's default otherwise."""
+        plan = self._slot_plan(vllm_config, kv_cache_groups)
+        if plan is None or not usable_block_count(num_blocks):
+            return super().get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, num_blocks)
+        return slot_config(
+            vllm_config, kv_cache_groups, self._tensors(plan, num_blocks), num_blocks
+        )
+
+
+class SlotPoolBuilder(SlotPlanBuilder):
+    """A :class:`SlotPlanBuilder` that also answers ``_get_pool_bytes_per_block`` with its block."""
+
+    def _get_pool_bytes_per_block(
+        self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec]
+    ) -> int | None:
+        """The slot plan's block for groups it places; ``None`` (Core probes) otherwise."""
+        plan = self._slot_plan(vllm_config, kv_cache_groups)
+        return None if plan is None else plan.bytes_per_block
 
 
 def with_layer_specs(

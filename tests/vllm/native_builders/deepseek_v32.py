@@ -28,9 +28,7 @@ import re
 from collections.abc import Sequence
 
 from vllm.config import VllmConfig
-from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 from vllm.v1.kv_cache_interface import (
-    KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
     MLAAttentionSpec,
@@ -39,11 +37,10 @@ from vllm.v1.kv_cache_interface import (
 
 from tests.vllm.native_builders._common import (
     SlotPlan,
+    SlotPoolBuilder,
     layer_specs,
     pack,
     plain_engine,
-    slot_config,
-    usable_block_count,
 )
 
 __all__ = ["GRANULE", "DeepSeekV32TupleBuilder", "v32_key"]
@@ -71,7 +68,7 @@ def v32_key(name: str, spec: KVCacheSpec) -> tuple[str, bool, int, int] | None:
     return match["stem"], spec.is_draft, int(match["index"]), rank
 
 
-class DeepSeekV32TupleBuilder(DefaultKVCacheConfigBuilder):
+class DeepSeekV32TupleBuilder(SlotPoolBuilder):
     """Per-decoder-layer (latent, key) tuples on a 4 KiB granule; vLLM's default otherwise."""
 
     def _slot_plan(
@@ -104,19 +101,3 @@ class DeepSeekV32TupleBuilder(DefaultKVCacheConfigBuilder):
 
     def _granule(self) -> int:
         return GRANULE
-
-    def get_kv_cache_config_from_groups(
-        self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec], num_blocks: int
-    ) -> KVCacheConfig:
-        """The tuples of every group back to back in each block; vLLM's default otherwise."""
-        plan = self._slot_plan(vllm_config, kv_cache_groups)
-        if plan is None or not usable_block_count(num_blocks):
-            return super().get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, num_blocks)
-        return slot_config(vllm_config, kv_cache_groups, plan.tensors(num_blocks), num_blocks)
-
-    def _get_pool_bytes_per_block(
-        self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec]
-    ) -> int | None:
-        """The granule-rounded block for the models it places; ``None`` (Core probes) otherwise."""
-        plan = self._slot_plan(vllm_config, kv_cache_groups)
-        return None if plan is None else plan.bytes_per_block

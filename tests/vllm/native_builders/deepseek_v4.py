@@ -39,9 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vllm.config import VllmConfig
-from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 from vllm.v1.kv_cache_interface import (
-    KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
     MLAAttentionSpec,
@@ -52,11 +50,10 @@ from vllm.v1.kv_cache_interface import (
 
 from tests.vllm.native_builders._common import (
     SlotPlan,
+    SlotPoolBuilder,
     layer_specs,
     pack,
     plain_engine,
-    slot_config,
-    usable_block_count,
 )
 
 __all__ = ["GRANULE", "CacheTuple", "DeepSeekV4TupleBuilder", "V4Cache", "parse_v4"]
@@ -151,7 +148,7 @@ def _tuples(caches: Sequence[V4Cache]) -> list[CacheTuple]:
     return [CacheTuple(draft=c[0].draft, members=tuple(c)) for c in by_stem.values()]
 
 
-class DeepSeekV4TupleBuilder(DefaultKVCacheConfigBuilder):
+class DeepSeekV4TupleBuilder(SlotPoolBuilder):
     """Per-table groups and shared-tuple blocks for DeepSeek-V4 models; vLLM's default otherwise."""
 
     # -- grouping ------------------------------------------------------------
@@ -193,7 +190,7 @@ class DeepSeekV4TupleBuilder(DefaultKVCacheConfigBuilder):
             return None
         return caches
 
-    # -- placement -------------------------------------------------------------
+    # -- placement (the hooks are SlotPoolBuilder's) ----------------------------
     def _slot_plan(
         self, vllm_config: VllmConfig, groups: Sequence[KVCacheGroupSpec]
     ) -> SlotPlan | None:
@@ -224,22 +221,6 @@ class DeepSeekV4TupleBuilder(DefaultKVCacheConfigBuilder):
     def _draft_start(self, targets: Sequence[CacheTuple], starts: Sequence[int]) -> int:
         """Where the MTP tuples start: right after the last target tuple."""
         return starts[-1] + targets[-1].nbytes if targets else 0
-
-    def get_kv_cache_config_from_groups(
-        self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec], num_blocks: int
-    ) -> KVCacheConfig:
-        """Every group's tuples on one backing; vLLM's default for groups it does not own."""
-        plan = self._slot_plan(vllm_config, kv_cache_groups)
-        if plan is None or not usable_block_count(num_blocks):
-            return super().get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, num_blocks)
-        return slot_config(vllm_config, kv_cache_groups, plan.tensors(num_blocks), num_blocks)
-
-    def _get_pool_bytes_per_block(
-        self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec]
-    ) -> int | None:
-        """The slot plan's block for groups it places; ``None`` (Core probes) otherwise."""
-        plan = self._slot_plan(vllm_config, kv_cache_groups)
-        return None if plan is None else plan.bytes_per_block
 
 
 def _back_to_back(tuples: Sequence[CacheTuple], start: int) -> list[int]:

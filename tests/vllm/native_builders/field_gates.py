@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from vllm.config import VllmConfig
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 from vllm.v1.kv_cache_interface import (
-    KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
     MLAAttentionSpec,
@@ -46,11 +46,10 @@ from vllm.v1.kv_cache_interface import (
 
 from tests.vllm.native_builders._common import (
     SlotPlan,
+    SlotPlanBuilder,
     layer_specs,
     plain_engine,
     round_up,
-    slot_config,
-    usable_block_count,
 )
 
 __all__ = [
@@ -61,24 +60,15 @@ __all__ = [
 ]
 
 
-class PacksLatentsBuilder(DefaultKVCacheConfigBuilder):
+class PacksLatentsBuilder(SlotPlanBuilder):
     """MLA-only engines: every layer's page side by side in one block (legal)."""
 
     def page_bytes(self, spec: KVCacheSpec) -> int:
         """The bytes one layer's page takes in a block."""
         return int(spec.page_size_bytes)
 
-    def get_kv_cache_config_from_groups(
-        self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec], num_blocks: int
-    ) -> KVCacheConfig:
-        """The packed placement where the gate opens, vLLM's elsewhere."""
-        plan = self._slot_plan(vllm_config, kv_cache_groups)
-        if plan is None or not usable_block_count(num_blocks):
-            return super().get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, num_blocks)
-        return slot_config(vllm_config, kv_cache_groups, plan.tensors(num_blocks), num_blocks)
-
     def _slot_plan(
-        self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec]
+        self, vllm_config: VllmConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]
     ) -> SlotPlan | None:
         """Side-by-side pages of every layer (``None``: the gate is shut)."""
         if not plain_engine(vllm_config):

@@ -35,13 +35,10 @@ from collections.abc import Mapping, Sequence
 
 from vllm.config import VllmConfig
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
-from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 from vllm.v1.kv_cache_interface import (
     CircularBufferSpec,
-    KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
-    KVCacheTensor,
     MambaSpec,
     MLAAttentionSpec,
     SparseCacheRole,
@@ -49,12 +46,11 @@ from vllm.v1.kv_cache_interface import (
 
 from tests.vllm.native_builders._common import (
     SlotPlan,
+    SlotPlanBuilder,
     layer_specs,
     plain_engine,
     round_down,
     round_up,
-    slot_config,
-    usable_block_count,
 )
 
 __all__ = [
@@ -107,7 +103,7 @@ def is_glm5_model(specs: Mapping[str, KVCacheSpec]) -> bool:
     return bool(roles) and None not in roles and "key" in roles
 
 
-class GLM5TopDownBuilder(DefaultKVCacheConfigBuilder):
+class GLM5TopDownBuilder(SlotPlanBuilder):
     """States up from byte 0, sparse tables down from the top; vLLM's default otherwise."""
 
     def _slot_plan(
@@ -149,18 +145,4 @@ class GLM5TopDownBuilder(DefaultKVCacheConfigBuilder):
             offsets={n: offsets[n] for n in order},
             pages=pages,
             bytes_per_block=top,
-        )
-
-    def _tensors(self, plan: SlotPlan, num_blocks: int) -> list[KVCacheTensor]:
-        return plan.tensors(num_blocks)
-
-    def get_kv_cache_config_from_groups(
-        self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec], num_blocks: int
-    ) -> KVCacheConfig:
-        """The platform's top-down placement for GLM-5 groups; vLLM's default otherwise."""
-        plan = self._slot_plan(vllm_config, kv_cache_groups)
-        if plan is None or not usable_block_count(num_blocks):
-            return super().get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, num_blocks)
-        return slot_config(
-            vllm_config, kv_cache_groups, self._tensors(plan, num_blocks), num_blocks
         )
