@@ -30,9 +30,7 @@ reference's: the builder calls ``super()``.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from kvref import (
     KVCacheGroupSpec,
@@ -42,12 +40,12 @@ from kvref import (
     SlidingWindowMLASpec,
     UniformTypeKVCacheSpecs,
 )
+from vendor_builders.deepseek_v4_names import TABLES, CacheLayer, parse_cache
 from vendor_builders.slots import (
     GRANULE,
-    CacheTuple,
+    DraftsAfterTargets,
     SlotPlan,
-    SlotPlanBuilder,
-    lay_out,
+    SlotPoolBuilder,
     pack,
     side_by_side,
     specialised,
@@ -56,46 +54,9 @@ from vendor_builders.slots import (
 
 __all__ = ["DeepSeekV4Builder", "parse_layer"]
 
-_LAYER = re.compile(
-    r"^(?P<stem>.+?\.(?P<index>\d+)\.(?:mtp_block\.)?attn)"
-    r"(?:\.(?P<role>indexer\.k_cache|swa_cache|compressor\.state_cache"
-    r"|indexer\.compressor\.state_cache))?$"
-)
-#: Rank of each cache inside its decoder layer's tuple, and the table it lives in.
-_ROLES: dict[str, tuple[int, str]] = {
-    "latent": (0, "compressed"),
-    "indexer.k_cache": (1, "compressed"),
-    "swa_cache": (0, "window"),
-    "compressor.state_cache": (0, "state"),
-    "indexer.compressor.state_cache": (1, "state"),
-}
-_TABLES = ("compressed", "window", "state")
 
-
-@dataclass(frozen=True)
-class CacheLayer:
-    """One cache of a DeepSeek-V4 decoder layer, as this builder reads its name and spec."""
-
-    name: str
-    stem: str
-    index: int
-    draft: bool
-    role: str
-    spec: KVCacheSpec
-
-    @property
-    def table(self) -> str:
-        """The block table (group kind) the cache belongs to."""
-        return _ROLES[self.role][1]
-
-    @property
-    def key(self) -> tuple[str, int, bool, int]:
-        """``(stem, index, draft, rank)`` for :func:`~vendor_builders.slots.tuples_by_stem`."""
-        return self.stem, self.index, self.draft, _ROLES[self.role][0]
-
-
-def _fits(role: str, spec: KVCacheSpec) -> bool:
-    if _ROLES[role][1] == "compressed":
+def _fits(table: str, spec: KVCacheSpec) -> bool:
+    if table == "compressed":
         # V4 compresses both the latent and the indexer key; an uncompressed
         # MLA cache is a V3-style layer this builder leaves to the default.
         return isinstance(spec, MLAAttentionSpec) and spec.tokens_per_state_value > 1
@@ -104,21 +65,10 @@ def _fits(role: str, spec: KVCacheSpec) -> bool:
 
 def parse_layer(name: str, spec: KVCacheSpec) -> CacheLayer | None:
     """The DeepSeek-V4 cache ``name`` holds, or ``None`` when it is not one."""
-    match = _LAYER.match(name)
-    role = (match["role"] or "latent") if match is not None else ""
-    if match is None or not _fits(role, spec):
-        return None
-    return CacheLayer(
-        name=name,
-        stem=match["stem"],
-        index=int(match["index"]),
-        draft=spec.is_draft,
-        role=role,
-        spec=spec,
-    )
+    return parse_cache(name, spec, _fits)
 
 
-class DeepSeekV4Builder(SlotPlanBuilder):
+class DeepSeekV4Builder(DraftsAfterTargets, SlotPoolBuilder):
     """Shared-tuple grouping and placement for DeepSeek-V4-style models; the reference otherwise."""
 
     # -- grouping ------------------------------------------------------------
@@ -131,7 +81,7 @@ class DeepSeekV4Builder(SlotPlanBuilder):
             return super().get_kv_cache_groups(config, kv_cache_spec)
         tables: dict[tuple[int, int, bool], list[CacheLayer]] = {}
         for layer in layers:
-            kind = _TABLES.index(layer.table)
+            kind = TABLES.index(layer.table)
             tables.setdefault((kind, layer.spec.block_size, layer.spec.dcp_sharded), []).append(
                 layer
             )
@@ -162,7 +112,7 @@ class DeepSeekV4Builder(SlotPlanBuilder):
         # A window-only model has nothing compressed to pack.
         return found if any(layer.role == "latent" for layer in found) else None
 
-    # -- placement (the hooks are SlotPlanBuilder's) ---------------------------
+    # -- placement (the hooks are SlotPoolBuilder's, the tuple starts DraftsAfterTargets') --
     def _slot_plan(
         self, config: PlanningConfig, groups: Sequence[KVCacheGroupSpec]
     ) -> SlotPlan | None:
@@ -183,14 +133,3 @@ class DeepSeekV4Builder(SlotPlanBuilder):
             for t, start in zip(tuples, self._tuple_starts(tuples), strict=True):
                 placed += side_by_side(t.members, start)
         return pack(placed, granule=GRANULE)
-
-    def _tuple_starts(self, tuples: Sequence[CacheTuple]) -> list[int]:
-        """Target tuples back to back from byte 0, then the draft tuples after them."""
-        targets = [t for t in tuples if not t.draft]
-        drafts = [t for t in tuples if t.draft]
-        starts = lay_out(targets, 0)
-        return starts + lay_out(drafts, self._draft_start(targets, starts))
-
-    def _draft_start(self, targets: Sequence[CacheTuple], starts: Sequence[int]) -> int:
-        """Where the MTP tuples start: right after the last target tuple."""
-        return starts[-1] + targets[-1].nbytes if targets else 0

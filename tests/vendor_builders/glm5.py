@@ -42,7 +42,7 @@ from kvref import (
 from vendor_builders.slots import (
     GRANULE,
     SlotPlan,
-    SlotPlanBuilder,
+    SlotPoolBuilder,
     pack,
     round_up,
     side_by_side,
@@ -103,7 +103,7 @@ def _order(layer: GLMLayer) -> tuple[bool, int, int]:
     return layer.draft, layer.index, _ROLES[layer.role][1]
 
 
-class GLM5Builder(SlotPlanBuilder):
+class GLM5Builder(SlotPoolBuilder):
     """One slot grid for every table of a GLM-5-style model; the reference otherwise."""
 
     # -- grouping ------------------------------------------------------------

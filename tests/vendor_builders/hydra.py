@@ -23,17 +23,16 @@ import attrs
 
 from kvref import (
     FullAttentionSpec,
-    KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
     PlanningConfig,
-    ReferenceKVCacheConfigBuilder,
     SlidingWindowSpec,
     UniformTypeKVCacheSpecs,
 )
 from vendor_builders.slots import (
     GRANULE,
     SlotPlan,
+    SlotPlanBuilder,
     lay_out,
     pack,
     side_by_side,
@@ -67,7 +66,7 @@ def _promoted(spec: KVCacheSpec) -> KVCacheSpec:
     return FullAttentionSpec(**fields)
 
 
-class HydraBuilder(ReferenceKVCacheConfigBuilder):
+class HydraBuilder(SlotPlanBuilder):
     """One block table of ``(kv, local)`` tuples for Hydra models; the reference otherwise."""
 
     def get_kv_cache_groups(
@@ -87,30 +86,11 @@ class HydraBuilder(ReferenceKVCacheConfigBuilder):
             )
         ]
 
-    def get_kv_cache_config_from_groups(
-        self,
-        config: PlanningConfig,
-        kv_cache_groups: Sequence[KVCacheGroupSpec],
-        num_blocks: int,
-    ) -> KVCacheConfig:
-        """The tuples of the one Hydra table, back to back in every block.
-
-        The builder does not answer ``_get_pool_bytes_per_block``: Core
-        learns the block stride from a one-block placement.
-        """
-        plan = self._slot_plan(config, kv_cache_groups)
-        if plan is None or type(num_blocks) is not int or num_blocks < 1:
-            return super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
-        return KVCacheConfig(
-            num_blocks=num_blocks,
-            kv_cache_tensors=plan.tensors(num_blocks),
-            kv_cache_groups=list(kv_cache_groups),
-            prefix_cache_retention_interval=config.prefix_cache_retention_interval,
-        )
-
+    # -- placement (the hook is SlotPlanBuilder's; Core probes the block stride) --
     def _slot_plan(
         self, config: PlanningConfig, groups: Sequence[KVCacheGroupSpec]
     ) -> SlotPlan | None:
+        """The tuples of the one Hydra table, back to back in every block."""
         names = [n for g in groups for n in g.layer_names]
         if not specialised(config) or len(groups) != 1 or not names:
             return None

@@ -9,14 +9,20 @@ slot's offsets are all the builder has to choose.
 
 Every cache gets a tensor of its own: the offsets inside a slot are the
 builder's, not a uniform layer stride.
+
+Apart from :class:`SlotPlanBuilder`, nothing here is about kvref's form: the
+arithmetic works on plain ints and any spec with ``page_size_bytes`` and
+``get_block_stride_alignment()``, so the vLLM-native twins of these builders
+(tests/vllm/native_builders) use it too, with vLLM's tensor class.
 """
 
 from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kvref import (
     KVCacheConfig,
@@ -30,8 +36,10 @@ from kvref import (
 __all__ = [
     "GRANULE",
     "CacheTuple",
+    "DraftsAfterTargets",
     "SlotPlan",
     "SlotPlanBuilder",
+    "SlotPoolBuilder",
     "lay_out",
     "pack",
     "round_up",
@@ -110,13 +118,16 @@ class SlotPlan:
     pages: Mapping[str, int]
     bytes_per_block: int
 
-    def tensors(self, num_blocks: int) -> list[KVCacheTensor]:
-        """One single-layer tensor per cache, all on one backing of ``bpb * num_blocks`` bytes."""
+    def tensors(self, num_blocks: int, tensor: Callable[..., Any] = KVCacheTensor) -> list[Any]:
+        """One single-layer tensor per cache, all on one backing of ``bpb * num_blocks`` bytes.
+
+        ``tensor`` is the form's tensor class: kvref's, or vLLM's for a vLLM-native builder.
+        """
         size = self.bytes_per_block * num_blocks
         return [
-            KVCacheTensor(
+            tensor(
                 size=size,
-                layers=(name,),
+                layers=[name],
                 layer_stride=self.pages[name],
                 block_stride=self.bytes_per_block,
                 offset=offset,
@@ -148,8 +159,8 @@ def pack(
     return SlotPlan(offsets=offsets, pages=pages, bytes_per_block=round_up(end, alignment))
 
 
-def lay_out(tuples: Sequence[CacheTuple], start: int) -> list[int]:
-    """Start offsets of ``tuples`` laid back to back from ``start``."""
+def lay_out(tuples: Sequence[Any], start: int) -> list[int]:
+    """Start offsets of ``tuples`` (anything with ``nbytes``) laid back to back from ``start``."""
     starts = []
     offset = start
     for t in tuples:
@@ -169,6 +180,25 @@ def side_by_side(
     return out
 
 
+class DraftsAfterTargets:
+    """Where a slot's tuples start: the target tuples back to back from byte 0, then the drafts.
+
+    The target's offsets do not move when speculative decoding is switched on.
+    The tuples are anything with ``draft`` and ``nbytes``.
+    """
+
+    def _tuple_starts(self, tuples: Sequence[Any]) -> list[int]:
+        """Target tuples back to back from byte 0, then the draft tuples after them."""
+        targets = [t for t in tuples if not t.draft]
+        drafts = [t for t in tuples if t.draft]
+        starts = lay_out(targets, 0)
+        return starts + lay_out(drafts, self._draft_start(targets, starts))
+
+    def _draft_start(self, targets: Sequence[Any], starts: Sequence[int]) -> int:
+        """Where the MTP tuples start: right after the last target tuple."""
+        return starts[-1] + targets[-1].nbytes if targets else 0
+
+
 def specialised(config: PlanningConfig) -> bool:
     """Whether the platform's slot layouts apply to ``config`` at all.
 
@@ -186,11 +216,13 @@ def specialised(config: PlanningConfig) -> bool:
 
 
 class SlotPlanBuilder(ReferenceKVCacheConfigBuilder):
-    """The placement hooks of a builder that lays the groups it owns out as a :class:`SlotPlan`.
+    """The placement of a builder that lays the groups it owns out as a :class:`SlotPlan`.
 
     A subclass says, in :meth:`_slot_plan`, where each cache sits in a block
     of the groups it owns; everything else (and a block count the reference
-    refuses with a typed error) is the reference's.
+    refuses with a typed error) is the reference's.  It does not answer
+    ``_get_pool_bytes_per_block``: Core learns the block stride from a
+    one-block placement (:class:`SlotPoolBuilder` answers it).
     """
 
     @abstractmethod
@@ -216,6 +248,10 @@ class SlotPlanBuilder(ReferenceKVCacheConfigBuilder):
             kv_cache_groups=list(kv_cache_groups),
             prefix_cache_retention_interval=config.prefix_cache_retention_interval,
         )
+
+
+class SlotPoolBuilder(SlotPlanBuilder):
+    """A :class:`SlotPlanBuilder` that also answers ``_get_pool_bytes_per_block`` with its block."""
 
     def _get_pool_bytes_per_block(
         self, config: PlanningConfig, kv_cache_groups: Sequence[KVCacheGroupSpec]

@@ -8,14 +8,16 @@ promotes local layers to full attention and the per-kind tables are gone), no
 HiSparse (it owns grouping and a host pool) and no model-declared grouping
 (the model then owns its groups, ``SupportsKVCacheGrouping``).  Everything
 else goes to vLLM's default builder.
+
+The per-block arithmetic (:class:`SlotPlan`, :func:`pack`, :func:`round_up`)
+is not about the form: it is tests/vendor_builders/slots.py's, which the
+kvref-native builders use too; only the tensors and configs here are vLLM's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 from vllm.config import VllmConfig
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
@@ -26,6 +28,8 @@ from vllm.v1.kv_cache_interface import (
     KVCacheTensor,
     UniformTypeKVCacheSpecs,
 )
+
+from tests.vendor_builders.slots import SlotPlan, pack, round_up
 
 __all__ = [
     "SlotPlan",
@@ -41,11 +45,6 @@ __all__ = [
     "usable_block_count",
     "with_layer_specs",
 ]
-
-
-def round_up(value: int, multiple: int) -> int:
-    """The smallest multiple of ``multiple`` that is at least ``value``."""
-    return -(-value // multiple) * multiple
 
 
 def round_down(value: int, multiple: int) -> int:
@@ -90,54 +89,6 @@ def usable_block_count(num_blocks: object) -> bool:
     return type(num_blocks) is int and num_blocks >= 1
 
 
-@dataclass(frozen=True)
-class SlotPlan:
-    """Where every cache sits inside a block, and the bytes one block takes.
-
-    Attributes:
-        offsets: layer name to its byte offset inside a block.
-        pages: layer name to its page (the bytes it owns per block).
-        bytes_per_block: the block stride of every tensor.
-    """
-
-    offsets: Mapping[str, int]
-    pages: Mapping[str, int]
-    bytes_per_block: int
-
-    def tensors(self, num_blocks: int) -> list[KVCacheTensor]:
-        """One single-layer tensor per cache, all on one backing of ``num_blocks`` blocks."""
-        size = self.bytes_per_block * num_blocks
-        return [
-            KVCacheTensor(
-                size=size,
-                layers=[name],
-                layer_stride=self.pages[name],
-                block_stride=self.bytes_per_block,
-                offset=offset,
-            )
-            for name, offset in self.offsets.items()
-        ]
-
-
-def pack(placed: Iterable[tuple[str, int, KVCacheSpec]], *, granule: int) -> SlotPlan:
-    """A slot plan from ``(name, offset, spec)``: the block covers the farthest page.
-
-    The block stride is the farthest page end rounded up to ``granule`` and
-    to every layer's ``block_stride_alignment``, so every block of every
-    tensor starts where the platform's DMA engine and the kernels want it.
-    """
-    offsets: dict[str, int] = {}
-    pages: dict[str, int] = {}
-    end = 0
-    alignment = granule
-    for name, offset, spec in placed:
-        offsets[name] = offset
-        pages[name] = spec.page_size_bytes
-        end = max(end, offset + spec.page_size_bytes)
-        alignment = math.lcm(alignment, spec.get_block_stride_alignment())
-    return SlotPlan(offsets=offsets, pages=pages, bytes_per_block=round_up(end, alignment))
-
-
 def slot_config(
     vllm_config: VllmConfig,
     groups: Sequence[KVCacheGroupSpec],
@@ -168,8 +119,8 @@ class SlotPlanBuilder(DefaultKVCacheConfigBuilder):
         raise NotImplementedError
 
     def _tensors(self, plan: SlotPlan, num_blocks: int) -> list[KVCacheTensor]:
-        """The tensors of ``plan`` for ``num_blocks`` blocks."""
-        return plan.tensors(num_blocks)
+        """The tensors of ``plan`` for ``num_blocks`` blocks, as vLLM's tensors."""
+        return plan.tensors(num_blocks, KVCacheTensor)
 
     def get_kv_cache_config_from_groups(
         self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec], num_blocks: int

@@ -34,7 +34,6 @@ is vLLM's default builder.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -48,6 +47,8 @@ from vllm.v1.kv_cache_interface import (
     UniformTypeKVCacheSpecs,
 )
 
+from tests.vendor_builders.deepseek_v4_names import TABLES, CacheLayer, parse_cache
+from tests.vendor_builders.slots import DraftsAfterTargets, side_by_side
 from tests.vllm.native_builders._common import (
     SlotPlan,
     SlotPoolBuilder,
@@ -56,51 +57,14 @@ from tests.vllm.native_builders._common import (
     plain_engine,
 )
 
-__all__ = ["GRANULE", "CacheTuple", "DeepSeekV4TupleBuilder", "V4Cache", "parse_v4"]
+__all__ = ["GRANULE", "CacheTuple", "DeepSeekV4TupleBuilder", "parse_v4"]
 
 #: Every block is rounded up to this.
 GRANULE = 512
 
-_LAYER = re.compile(
-    r"^(?P<stem>.+?\.(?P<index>\d+)\.(?:mtp_block\.)?attn)"
-    r"(?:\.(?P<role>indexer\.k_cache|swa_cache|compressor\.state_cache"
-    r"|indexer\.compressor\.state_cache))?$"
-)
-#: Each role's table and its rank inside the decoder layer's tuple.
-_ROLES: dict[str, tuple[str, int]] = {
-    "latent": ("compressed", 0),
-    "indexer.k_cache": ("compressed", 1),
-    "swa_cache": ("window", 0),
-    "compressor.state_cache": ("state", 0),
-    "indexer.compressor.state_cache": ("state", 1),
-}
-_TABLES = ("compressed", "window", "state")
 
-
-@dataclass(frozen=True)
-class V4Cache:
-    """One cache of a DeepSeek-V4 decoder layer, as the builder reads its name and spec."""
-
-    name: str
-    stem: str
-    index: int
-    draft: bool
-    role: str
-    spec: KVCacheSpec
-
-    @property
-    def table(self) -> str:
-        """The block table (group kind) the cache belongs to."""
-        return _ROLES[self.role][0]
-
-    @property
-    def order(self) -> tuple[bool, int, int]:
-        """Target layers by index first, then drafts; the tuple rank last."""
-        return self.draft, self.index, _ROLES[self.role][1]
-
-
-def _fits(role: str, spec: KVCacheSpec) -> bool:
-    if _ROLES[role][0] == "compressed":
+def _fits(table: str, spec: KVCacheSpec) -> bool:
+    if table == "compressed":
         # An uncompressed latent is a V3-style layer, an INDEXER key a V3.2
         # or GLM-5 one: neither is read by V4's kernels.
         return (
@@ -112,20 +76,9 @@ def _fits(role: str, spec: KVCacheSpec) -> bool:
     return type(spec) is SlidingWindowMLASpec
 
 
-def parse_v4(name: str, spec: KVCacheSpec) -> V4Cache | None:
+def parse_v4(name: str, spec: KVCacheSpec) -> CacheLayer | None:
     """The DeepSeek-V4 cache ``name`` holds, or ``None`` when it is not one."""
-    match = _LAYER.match(name)
-    role = (match["role"] or "latent") if match is not None else ""
-    if match is None or not _fits(role, spec):
-        return None
-    return V4Cache(
-        name=name,
-        stem=match["stem"],
-        index=int(match["index"]),
-        draft=spec.is_draft,
-        role=role,
-        spec=spec,
-    )
+    return parse_cache(name, spec, _fits)
 
 
 @dataclass(frozen=True)
@@ -133,7 +86,7 @@ class CacheTuple:
     """The caches of one decoder layer in one group, in slot order."""
 
     draft: bool
-    members: tuple[V4Cache, ...]
+    members: tuple[CacheLayer, ...]
 
     @property
     def nbytes(self) -> int:
@@ -141,14 +94,14 @@ class CacheTuple:
         return sum(c.spec.page_size_bytes for c in self.members)
 
 
-def _tuples(caches: Sequence[V4Cache]) -> list[CacheTuple]:
-    by_stem: dict[str, list[V4Cache]] = {}
+def _tuples(caches: Sequence[CacheLayer]) -> list[CacheTuple]:
+    by_stem: dict[str, list[CacheLayer]] = {}
     for cache in sorted(caches, key=lambda c: c.order):
         by_stem.setdefault(cache.stem, []).append(cache)
     return [CacheTuple(draft=c[0].draft, members=tuple(c)) for c in by_stem.values()]
 
 
-class DeepSeekV4TupleBuilder(SlotPoolBuilder):
+class DeepSeekV4TupleBuilder(DraftsAfterTargets, SlotPoolBuilder):
     """Per-table groups and shared-tuple blocks for DeepSeek-V4 models; vLLM's default otherwise."""
 
     # -- grouping ------------------------------------------------------------
@@ -159,11 +112,11 @@ class DeepSeekV4TupleBuilder(SlotPoolBuilder):
         caches = self._model_caches(vllm_config, kv_cache_spec)
         if caches is None:
             return super().get_kv_cache_groups(vllm_config, kv_cache_spec)
-        tables: dict[tuple[int, int, bool, int], list[V4Cache]] = {}
+        tables: dict[tuple[int, int, bool, int], list[CacheLayer]] = {}
         for cache in caches:
             window = getattr(cache.spec, "sliding_window", 0) or 0
             key = (
-                _TABLES.index(cache.table),
+                TABLES.index(cache.table),
                 cache.spec.block_size,
                 cache.spec.dcp_sharded,
                 window,
@@ -181,7 +134,7 @@ class DeepSeekV4TupleBuilder(SlotPoolBuilder):
 
     def _model_caches(
         self, vllm_config: VllmConfig, specs: dict[str, KVCacheSpec]
-    ) -> list[V4Cache] | None:
+    ) -> list[CacheLayer] | None:
         if not specs or not plain_engine(vllm_config):
             return None
         parsed = [parse_v4(name, spec) for name, spec in specs.items()]
@@ -190,7 +143,7 @@ class DeepSeekV4TupleBuilder(SlotPoolBuilder):
             return None
         return caches
 
-    # -- placement (the hooks are SlotPoolBuilder's) ----------------------------
+    # -- placement (the hooks are SlotPoolBuilder's, the tuple starts DraftsAfterTargets') --
     def _slot_plan(
         self, vllm_config: VllmConfig, groups: Sequence[KVCacheGroupSpec]
     ) -> SlotPlan | None:
@@ -205,27 +158,5 @@ class DeepSeekV4TupleBuilder(SlotPoolBuilder):
                 return None
             tuples = _tuples(caches)
             for t, start in zip(tuples, self._tuple_starts(tuples), strict=True):
-                offset = start
-                for cache in t.members:
-                    placed.append((cache.name, offset, cache.spec))
-                    offset += cache.spec.page_size_bytes
+                placed += side_by_side([(c.name, c.spec) for c in t.members], start)
         return pack(placed, granule=GRANULE)
-
-    def _tuple_starts(self, tuples: Sequence[CacheTuple]) -> list[int]:
-        """Target tuples back to back from byte 0, then the draft tuples after them."""
-        targets = [t for t in tuples if not t.draft]
-        drafts = [t for t in tuples if t.draft]
-        starts = _back_to_back(targets, 0)
-        return starts + _back_to_back(drafts, self._draft_start(targets, starts))
-
-    def _draft_start(self, targets: Sequence[CacheTuple], starts: Sequence[int]) -> int:
-        """Where the MTP tuples start: right after the last target tuple."""
-        return starts[-1] + targets[-1].nbytes if targets else 0
-
-
-def _back_to_back(tuples: Sequence[CacheTuple], start: int) -> list[int]:
-    starts = []
-    for t in tuples:
-        starts.append(start)
-        start += t.nbytes
-    return starts

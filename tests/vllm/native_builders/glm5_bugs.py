@@ -43,7 +43,7 @@ class GLM5ShortBackingBuilder(GLM5TopDownBuilder):
 
     def _tensors(self, plan: SlotPlan, num_blocks: int) -> list[KVCacheTensor]:
         size = plan.bytes_per_block * max(num_blocks - 1, 1)  # the bug
-        return [dataclasses.replace(t, size=size) for t in plan.tensors(num_blocks)]
+        return [dataclasses.replace(t, size=size) for t in super()._tensors(plan, num_blocks)]
 
 
 class GLM5ReversingBuilder(GLM5TopDownBuilder):
