@@ -7,12 +7,18 @@ worker splits every cache block into kernel blocks (contract.md#kernel-views).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
 from conformance.check.observations import CallResult, PlacementObservation
-from kvref import KVCacheConfig, KVCacheGroupSpec, PlanningConfig, ReferenceKVCacheConfigBuilder
+from kvref import (
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheTensor,
+    PlanningConfig,
+    ReferenceKVCacheConfigBuilder,
+)
 from kvref.kernel_blocks import KernelTensorGeometry, kernel_tensor_geometries
 from kvref.layout import KVCacheLayout
 from kvref.specs import (
@@ -42,7 +48,49 @@ def _map_specs(
     return attrs.evolve(spec, **change)  # type: ignore[arg-type]
 
 
-class PaddedDenseRead(ReferenceKVCacheConfigBuilder):
+class _BackendGroups(ReferenceKVCacheConfigBuilder):
+    """Changes each of the reference's groups, only where the config describes backends."""
+
+    def change_group(self, group: KVCacheGroupSpec) -> KVCacheGroupSpec:
+        raise NotImplementedError
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> list[KVCacheGroupSpec]:
+        groups = super().get_kv_cache_groups(config, kv_cache_spec)
+        if not config.attention_backends:
+            return groups
+        return [self.change_group(group) for group in groups]
+
+
+def _single_layers(
+    result: KVCacheConfig,
+    layer_stride: Callable[[KVCacheTensor], int],
+    keep: Callable[[KVCacheTensor], bool],
+) -> KVCacheConfig:
+    """``result`` with each tensor ``keep`` does not keep split into one tensor per layer.
+
+    Each layer keeps its bytes (its offset is its place in the tensor); its
+    one-layer tensor records ``layer_stride(t)``, a stride it never steps.
+    """
+    tensors = []
+    for t in result.kv_cache_tensors:
+        if keep(t):
+            tensors.append(t)
+            continue
+        tensors += [
+            attrs.evolve(
+                t,
+                layers=[name],
+                offset=t.offset + i * t.layer_stride,
+                layer_stride=layer_stride(t),
+            )
+            for i, name in enumerate(t.layers)
+        ]
+    return attrs.evolve(result, kv_cache_tensors=tensors)
+
+
+class PaddedDenseRead(_BackendGroups):
     """Pads every attention group's page by 64 bytes when the backends split its blocks.
 
     On paper the pages only grow (a group spec may pad), and every stride
@@ -51,46 +99,27 @@ class PaddedDenseRead(ReferenceKVCacheConfigBuilder):
     straddle the padding: vLLM's worker refuses the plan.
     """
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
-    ) -> list[KVCacheGroupSpec]:
-        groups = super().get_kv_cache_groups(config, kv_cache_spec)
-        if not config.attention_backends:
-            return groups
-        out = []
-        for group in groups:
-            spec = group.kv_cache_spec
-            layer = spec if not isinstance(spec, UniformTypeKVCacheSpecs) else None
-            if layer is None or not _split_attention(layer):
-                out.append(group)
-                continue
-            padded = attrs.evolve(layer, page_size_padded=layer.page_size_bytes + 64)  # type: ignore[call-arg]
-            out.append(attrs.evolve(group, kv_cache_spec=padded))
-        return out
+    def change_group(self, group: KVCacheGroupSpec) -> KVCacheGroupSpec:
+        spec = group.kv_cache_spec
+        layer = spec if not isinstance(spec, UniformTypeKVCacheSpecs) else None
+        if layer is None or not _split_attention(layer):
+            return group
+        padded = attrs.evolve(layer, page_size_padded=layer.page_size_bytes + 64)  # type: ignore[call-arg]
+        return attrs.evolve(group, kv_cache_spec=padded)
 
 
-class KernelSizeMisfit(ReferenceKVCacheConfigBuilder):
+class KernelSizeMisfit(_BackendGroups):
     """Grows every attention group's block size by 8 tokens when backends are described.
 
     The kernel block sizes the backends take (16 tokens and up) then divide
     no group's block size, so the worker has no kernel block to read it in.
     """
 
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
-    ) -> list[KVCacheGroupSpec]:
-        groups = super().get_kv_cache_groups(config, kv_cache_spec)
-        if not config.attention_backends:
-            return groups
-        out = []
-        for group in groups:
-            block = group.kv_cache_spec.block_size
-            out.append(
-                attrs.evolve(
-                    group, kv_cache_spec=_map_specs(group.kv_cache_spec, {"block_size": block + 8})
-                )
-            )
-        return out
+    def change_group(self, group: KVCacheGroupSpec) -> KVCacheGroupSpec:
+        block = group.kv_cache_spec.block_size
+        return attrs.evolve(
+            group, kv_cache_spec=_map_specs(group.kv_cache_spec, {"block_size": block + 8})
+        )
 
 
 class UnpackedSingleLayers(ReferenceKVCacheConfigBuilder):
@@ -109,21 +138,7 @@ class UnpackedSingleLayers(ReferenceKVCacheConfigBuilder):
         result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
         if config.kv_cache_layout not in _BLOCK_OUTER - {KVCacheLayout.BHLNC}:
             return result
-        tensors = []
-        for t in result.kv_cache_tensors:
-            if t.host_resident:
-                tensors.append(t)
-                continue
-            tensors += [
-                attrs.evolve(
-                    t,
-                    layers=[name],
-                    offset=t.offset + i * t.layer_stride,
-                    layer_stride=t.block_stride,
-                )
-                for i, name in enumerate(t.layers)
-            ]
-        return attrs.evolve(result, kv_cache_tensors=tensors)
+        return _single_layers(result, lambda t: t.block_stride, lambda t: t.host_resident)
 
 
 class PackedSingleLayers(ReferenceKVCacheConfigBuilder):
@@ -143,21 +158,9 @@ class PackedSingleLayers(ReferenceKVCacheConfigBuilder):
         result = super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
         if config.kv_cache_layout.is_block_outermost or not config.attention_backends:
             return result
-        tensors = []
-        for t in result.kv_cache_tensors:
-            if t.host_resident or t.block_stride < 2:
-                tensors.append(t)
-                continue
-            tensors += [
-                attrs.evolve(
-                    t,
-                    layers=[name],
-                    offset=t.offset + i * t.layer_stride,
-                    layer_stride=t.block_stride // 2,
-                )
-                for i, name in enumerate(t.layers)
-            ]
-        return attrs.evolve(result, kv_cache_tensors=tensors)
+        return _single_layers(
+            result, lambda t: t.block_stride // 2, lambda t: t.host_resident or t.block_stride < 2
+        )
 
 
 # -- hand-made observations of the reference's plan (tests/extensions/device/test_kernel_view*.py)
