@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 import attrs
+from vendor_builders.slots import one_layer_tensors
 
 from conformance.check.observations import CallResult, PlacementObservation
 from kvref import (
@@ -70,23 +71,11 @@ def _single_layers(
 ) -> KVCacheConfig:
     """``result`` with each tensor ``keep`` does not keep split into one tensor per layer.
 
-    Each layer keeps its bytes (its offset is its place in the tensor); its
-    one-layer tensor records ``layer_stride(t)``, a stride it never steps.
+    Each one-layer tensor records ``layer_stride(t)``, a stride it never steps.
     """
-    tensors = []
-    for t in result.kv_cache_tensors:
-        if keep(t):
-            tensors.append(t)
-            continue
-        tensors += [
-            attrs.evolve(
-                t,
-                layers=[name],
-                offset=t.offset + i * t.layer_stride,
-                layer_stride=layer_stride(t),
-            )
-            for i, name in enumerate(t.layers)
-        ]
+    tensors = one_layer_tensors(
+        result.kv_cache_tensors, keep, attrs.evolve, layer_stride=layer_stride
+    )
     return attrs.evolve(result, kv_cache_tensors=tensors)
 
 

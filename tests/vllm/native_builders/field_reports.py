@@ -40,6 +40,7 @@ from vllm.v1.kv_cache_interface import (
     MambaSpec,
 )
 
+from tests.vendor_builders.slots import one_layer_tensors
 from tests.vllm.native_builders._common import layer_specs, plain_engine, with_layer_specs
 
 __all__ = [
@@ -50,6 +51,10 @@ __all__ = [
     "PackedStrideLayersBuilder",
     "PageStrideLayersBuilder",
 ]
+
+
+def _one_layer(tensor: KVCacheTensor) -> bool:
+    return len(tensor.layers) < 2
 
 
 class HiSparseSplitLayersBuilder(DefaultKVCacheConfigBuilder):
@@ -64,17 +69,7 @@ class HiSparseSplitLayersBuilder(DefaultKVCacheConfigBuilder):
         )
         if vllm_config.attention_config.hisparse_config is None:
             return config
-        tensors = []
-        for tensor in config.kv_cache_tensors:
-            if len(tensor.layers) < 2:
-                tensors.append(tensor)
-                continue
-            tensors.extend(
-                dataclasses.replace(
-                    tensor, layers=[name], offset=tensor.offset + i * tensor.layer_stride
-                )
-                for i, name in enumerate(tensor.layers)
-            )
+        tensors = one_layer_tensors(config.kv_cache_tensors, _one_layer, dataclasses.replace)
         return dataclasses.replace(config, kv_cache_tensors=tensors)
 
 
@@ -152,21 +147,12 @@ class PackedStrideLayersBuilder(DefaultKVCacheConfigBuilder):
             or not all(isinstance(spec, FullAttentionSpec) for spec in specs.values())
         ):
             return config
-        tensors = []
-        for tensor in config.kv_cache_tensors:
-            if len(tensor.layers) < 2:
-                tensors.append(tensor)
-                continue
-            page = int(specs[tensor.layers[0]].page_size_bytes)
-            tensors.extend(
-                dataclasses.replace(
-                    tensor,
-                    layers=[name],
-                    offset=tensor.offset + i * tensor.layer_stride,
-                    block_stride=self.block_stride(tensor, page),
-                )
-                for i, name in enumerate(tensor.layers)
-            )
+        tensors = one_layer_tensors(
+            config.kv_cache_tensors,
+            _one_layer,
+            dataclasses.replace,
+            block_stride=lambda t: self.block_stride(t, int(specs[t.layers[0]].page_size_bytes)),
+        )
         return dataclasses.replace(config, kv_cache_tensors=tensors)
 
 

@@ -30,6 +30,8 @@ from vllm.config import VllmConfig
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 
+from tests.vendor_builders.slots import one_layer_tensors
+
 __all__ = [
     "OneLayerTensorsBuilder",
     "SqueezedOneLayerTensorsBuilder",
@@ -55,20 +57,12 @@ class OneLayerTensorsBuilder(DefaultKVCacheConfigBuilder):
         layout = vllm_config.cache_config.get_resolved_kv_cache_layout()
         if layout.name not in self.layouts:
             return config
-        tensors: list[KVCacheTensor] = []
-        for t in config.kv_cache_tensors:
-            if getattr(t, "host_resident", False) or len(t.layers) < 2:
-                tensors.append(t)
-                continue
-            tensors += [
-                dataclasses.replace(
-                    t,
-                    layers=[name],
-                    offset=t.offset + i * t.layer_stride,
-                    layer_stride=self._layer_stride(t),
-                )
-                for i, name in enumerate(t.layers)
-            ]
+        tensors = one_layer_tensors(
+            config.kv_cache_tensors,
+            lambda t: getattr(t, "host_resident", False) or len(t.layers) < 2,
+            dataclasses.replace,
+            layer_stride=self._layer_stride,
+        )
         return dataclasses.replace(config, kv_cache_tensors=tensors)
 
 
