@@ -57,39 +57,42 @@ def _one_layer(tensor: KVCacheTensor) -> bool:
     return len(tensor.layers) < 2
 
 
-class HiSparseSplitLayersBuilder(DefaultKVCacheConfigBuilder):
+class _HiSparseRebinds(DefaultKVCacheConfigBuilder):
+    """vLLM's placement, its tensors bound otherwise (:meth:`rebind`) under HiSparse only."""
+
+    def rebind(self, tensors: list[KVCacheTensor]) -> list[KVCacheTensor]:
+        """The tensors the platform binds for vLLM's ``tensors``."""
+        raise NotImplementedError
+
+    def get_kv_cache_config_from_groups(
+        self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec], num_blocks: int
+    ) -> KVCacheConfig:
+        """vLLM's placement; under HiSparse its tensors as :meth:`rebind` binds them."""
+        config: KVCacheConfig = super().get_kv_cache_config_from_groups(
+            vllm_config, kv_cache_groups, num_blocks
+        )
+        if vllm_config.attention_config.hisparse_config is None:
+            return config
+        return dataclasses.replace(config, kv_cache_tensors=self.rebind(config.kv_cache_tensors))
+
+
+class HiSparseSplitLayersBuilder(_HiSparseRebinds):
     """Under HiSparse, vLLM's tensors one layer each, at the same bytes (legal)."""
 
-    def get_kv_cache_config_from_groups(
-        self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec], num_blocks: int
-    ) -> KVCacheConfig:
-        """vLLM's placement; under HiSparse each multi-layer tensor bound layer by layer."""
-        config: KVCacheConfig = super().get_kv_cache_config_from_groups(
-            vllm_config, kv_cache_groups, num_blocks
-        )
-        if vllm_config.attention_config.hisparse_config is None:
-            return config
-        tensors = one_layer_tensors(config.kv_cache_tensors, _one_layer, dataclasses.replace)
-        return dataclasses.replace(config, kv_cache_tensors=tensors)
+    def rebind(self, tensors: list[KVCacheTensor]) -> list[KVCacheTensor]:
+        """Each multi-layer tensor bound layer by layer."""
+        return one_layer_tensors(tensors, _one_layer, dataclasses.replace)
 
 
-class HiSparseBaseOffsetBuilder(DefaultKVCacheConfigBuilder):
+class HiSparseBaseOffsetBuilder(_HiSparseRebinds):
     """Every layer of a multi-layer tensor bound at the tensor's base offset (broken)."""
 
-    def get_kv_cache_config_from_groups(
-        self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec], num_blocks: int
-    ) -> KVCacheConfig:
-        """vLLM's placement; under HiSparse no layer of a tensor steps past its base offset."""
-        config: KVCacheConfig = super().get_kv_cache_config_from_groups(
-            vllm_config, kv_cache_groups, num_blocks
-        )
-        if vllm_config.attention_config.hisparse_config is None:
-            return config
-        tensors = [
+    def rebind(self, tensors: list[KVCacheTensor]) -> list[KVCacheTensor]:
+        """No layer of a tensor steps past its base offset."""
+        return [
             dataclasses.replace(tensor, layer_stride=0) if len(tensor.layers) > 1 else tensor
-            for tensor in config.kv_cache_tensors
+            for tensor in tensors
         ]
-        return dataclasses.replace(config, kv_cache_tensors=tensors)
 
 
 class MambaKeepsSpeculativeBlocksBuilder(DefaultKVCacheConfigBuilder):
