@@ -32,6 +32,7 @@ from vllm.v1.kv_cache_interface import (
 from tests.vendor_builders.slots import SlotPlan, pack, round_up
 
 __all__ = [
+    "PlainEngineGroups",
     "SlotPlan",
     "SlotPlanBuilder",
     "SlotPoolBuilder",
@@ -102,6 +103,28 @@ def slot_config(
         kv_cache_groups=list(groups),
         prefix_cache_retention_interval=vllm_config.cache_config.prefix_cache_retention_interval,
     )
+
+
+class PlainEngineGroups(DefaultKVCacheConfigBuilder):
+    """vLLM's groups, changed by :meth:`regroup` where :func:`plain_engine` says the platform's."""
+
+    def regroup(
+        self,
+        vllm_config: VllmConfig,
+        kv_cache_spec: dict[str, KVCacheSpec],
+        groups: list[KVCacheGroupSpec],
+    ) -> list[KVCacheGroupSpec]:
+        """The platform's groups for vLLM's ``groups``."""
+        raise NotImplementedError
+
+    def get_kv_cache_groups(
+        self, vllm_config: VllmConfig, kv_cache_spec: dict[str, KVCacheSpec]
+    ) -> list[KVCacheGroupSpec]:
+        """vLLM's grouping; on the platform's engines as :meth:`regroup` changes it."""
+        groups: list[KVCacheGroupSpec] = super().get_kv_cache_groups(vllm_config, kv_cache_spec)
+        if not plain_engine(vllm_config):
+            return groups
+        return self.regroup(vllm_config, kv_cache_spec, groups)
 
 
 class SlotPlanBuilder(DefaultKVCacheConfigBuilder):

@@ -31,7 +31,7 @@ from vllm.v1.kv_cache_interface import (
     UniformTypeKVCacheSpecs,
 )
 
-from tests.vllm.native_builders._common import plain_engine
+from tests.vllm.native_builders._common import PlainEngineGroups
 
 __all__ = ["ScattersDraftsBuilder", "ScattersTargetsBuilder"]
 
@@ -58,15 +58,15 @@ def _plain_attention(group: KVCacheGroupSpec) -> bool:
     return all(type(s) in (FullAttentionSpec, SlidingWindowSpec) for s in specs)
 
 
-class ScattersTargetsBuilder(DefaultKVCacheConfigBuilder):
+class ScattersTargetsBuilder(PlainEngineGroups):
     """Every target layer in a group of its own; a group's draft layers stay together."""
 
-    def get_kv_cache_groups(
-        self, vllm_config: VllmConfig, kv_cache_spec: dict[str, KVCacheSpec]
+    def regroup(
+        self,
+        vllm_config: VllmConfig,
+        kv_cache_spec: dict[str, KVCacheSpec],
+        groups: list[KVCacheGroupSpec],
     ) -> list[KVCacheGroupSpec]:
-        groups = super().get_kv_cache_groups(vllm_config, kv_cache_spec)
-        if not plain_engine(vllm_config):
-            return groups
         out: list[KVCacheGroupSpec] = []
         for group in groups:
             if not _plain_attention(group):

@@ -36,7 +36,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from vllm.config import VllmConfig
-from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 from vllm.v1.kv_cache_interface import (
     KVCacheGroupSpec,
     KVCacheSpec,
@@ -45,6 +44,7 @@ from vllm.v1.kv_cache_interface import (
 )
 
 from tests.vllm.native_builders._common import (
+    PlainEngineGroups,
     SlotPlan,
     SlotPlanBuilder,
     layer_specs,
@@ -95,20 +95,20 @@ class LatentHeadPageBuilder(PacksLatentsBuilder):
         return int(spec.page_size_bytes) // max(1, int(getattr(spec, "num_kv_heads", 1)))
 
 
-class RebuildsUniformGroupsBuilder(DefaultKVCacheConfigBuilder):
+class RebuildsUniformGroupsBuilder(PlainEngineGroups):
     """vLLM's groups, uniform-type group specs re-created from their layers (legal)."""
 
     def group_block_size(self, vllm_config: VllmConfig, spec: UniformTypeKVCacheSpecs) -> int:
         """The block size of the re-created group spec: the one its layers share."""
         return int(spec.block_size)
 
-    def get_kv_cache_groups(
-        self, vllm_config: VllmConfig, kv_cache_spec: dict[str, KVCacheSpec]
+    def regroup(
+        self,
+        vllm_config: VllmConfig,
+        kv_cache_spec: dict[str, KVCacheSpec],
+        groups: list[KVCacheGroupSpec],
     ) -> list[KVCacheGroupSpec]:
-        """vLLM's grouping; on block-outermost engines each uniform-type group spec rebuilt."""
-        groups: list[KVCacheGroupSpec] = super().get_kv_cache_groups(vllm_config, kv_cache_spec)
-        if not plain_engine(vllm_config):
-            return groups
+        """vLLM's groups, each uniform-type group spec rebuilt."""
         out = []
         for group in groups:
             spec = group.kv_cache_spec

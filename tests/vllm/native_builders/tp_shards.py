@@ -20,30 +20,29 @@ from __future__ import annotations
 import dataclasses
 
 from vllm.config import VllmConfig
-from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 from vllm.v1.kv_cache_interface import (
     AttentionSpec,
     KVCacheGroupSpec,
     KVCacheSpec,
 )
 
-from tests.vllm.native_builders._common import plain_engine, with_layer_specs
+from tests.vllm.native_builders._common import PlainEngineGroups, with_layer_specs
 
 __all__ = ["ClaimsReplicatedKVBuilder", "DropsTPShardsBuilder"]
 
 
-class _ShardsBuilder(DefaultKVCacheConfigBuilder):
+class _ShardsBuilder(PlainEngineGroups):
     """vLLM's groups; on the platform's layouts, every attention spec records ``SHARDS``."""
 
     SHARDS: int | None
 
-    def get_kv_cache_groups(
-        self, vllm_config: VllmConfig, kv_cache_spec: dict[str, KVCacheSpec]
+    def regroup(
+        self,
+        vllm_config: VllmConfig,
+        kv_cache_spec: dict[str, KVCacheSpec],
+        groups: list[KVCacheGroupSpec],
     ) -> list[KVCacheGroupSpec]:
-        """vLLM's grouping, with the shard count rewritten where the platform's layouts apply."""
-        groups = super().get_kv_cache_groups(vllm_config, kv_cache_spec)
-        if not plain_engine(vllm_config):
-            return groups
+        """vLLM's groups, with the shard count rewritten."""
         return [with_layer_specs(g, self._with_shards) for g in groups]
 
     def _with_shards(self, spec: KVCacheSpec) -> KVCacheSpec:
