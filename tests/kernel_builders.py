@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 import attrs
-from vendor_builders.slots import one_layer_tensors
+from vendor_builders.tensor_edits import one_layer_tensors
 
 from conformance.check.observations import CallResult, PlacementObservation
 from kvref import (

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import attrs
 from broken_builders._base import _with_layer_specs
+from vendor_builders.tensor_edits import first_slot_apart
 
 from kvref import (
     KVCacheConfig,
@@ -376,18 +377,7 @@ class SeparateAllocations(ReferenceKVCacheConfigBuilder):
         if total // slot < 3 or total % slot:
             return result
         tensors = [t for t in result.kv_cache_tensors if t.host_resident]
-        for t in device:
-            for i, name in enumerate(t.layers):
-                at = t.offset + i * t.layer_stride
-                first = at < slot
-                tensors.append(
-                    attrs.evolve(
-                        t,
-                        layers=[name],
-                        size=slot if first else total - slot,
-                        offset=at if first else at - slot,
-                    )
-                )
+        tensors += first_slot_apart(device, slot, total, attrs.evolve)
         return attrs.evolve(result, kv_cache_tensors=tensors)
 
     def _get_pool_bytes_per_block(

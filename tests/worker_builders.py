@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import attrs
+from vendor_builders.tensor_edits import grown, last_region_past_gap, pools_per_layer
 
 from kvref import KVCacheConfig, KVCacheGroupSpec, PlanningConfig, ReferenceKVCacheConfigBuilder
 from kvref.records import KVCacheTensor
@@ -65,13 +66,7 @@ class LeadingScratch(_Worker):
 
     def change(self, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         shift = num_blocks * result.device_tensors[0].block_stride
-        return _device_changed(
-            result,
-            [
-                attrs.evolve(t, size=t.size + shift, offset=t.offset + shift)
-                for t in result.device_tensors
-            ],
-        )
+        return _device_changed(result, grown(result.device_tensors, attrs.evolve, shift, shift))
 
 
 class ScratchGap(_Worker):
@@ -86,21 +81,7 @@ class ScratchGap(_Worker):
     LAYOUTS = _LAYER_OUTER
 
     def change(self, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
-        device = result.device_tensors
-        last = max(t.offset + i * t.layer_stride for t in device for i in range(len(t.layers)))
-        gap = num_blocks * device[0].block_stride
-        moved: list[KVCacheTensor] = []
-        for t in device:
-            starts = [t.offset + i * t.layer_stride for i in range(len(t.layers))]
-            kept = [n for n, at in zip(t.layers, starts, strict=True) if at != last]
-            if kept:
-                moved.append(attrs.evolve(t, size=t.size + gap, layers=kept))
-            # Layers at the last region become tensors of their own past the gap.
-            moved += [
-                attrs.evolve(t, size=t.size + gap, layers=[n], offset=last + gap)
-                for n, at in zip(t.layers, starts, strict=True)
-                if at == last
-            ]
+        moved = last_region_past_gap(result.device_tensors, num_blocks, attrs.evolve)
         return _device_changed(result, moved)
 
 
@@ -119,23 +100,8 @@ class PerLayerPools(_Worker):
     LAYOUTS = ("BLHNC", "BLNHC")
 
     def change(self, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
-        placed: list[tuple[tuple[str, ...], int, int]] = []
-        offset = 0
-        for t in result.device_tensors:
-            # In block-outermost layouts a tensor's layers are one page apart.
-            page = t.layer_stride
-            for name in t.layers:
-                placed.append(((name,), page, offset))
-                offset += num_blocks * page
-        return _device_changed(
-            result,
-            [
-                KVCacheTensor(
-                    size=offset, layers=n, layer_stride=num_blocks * p, block_stride=p, offset=o
-                )
-                for n, p, o in placed
-            ],
-        )
+        pools = pools_per_layer(result.device_tensors, num_blocks, KVCacheTensor)
+        return _device_changed(result, pools)
 
 
 class TrailingScratch(_Worker):
@@ -153,9 +119,7 @@ class TrailingScratch(_Worker):
     def change(self, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         block = result.device_tensors[0].block_stride
         extra = num_blocks * max(1, block // 2)
-        return _device_changed(
-            result, [attrs.evolve(t, size=t.size + extra) for t in result.device_tensors]
-        )
+        return _device_changed(result, grown(result.device_tensors, attrs.evolve, extra))
 
 
 class ShiftedHeads(_Worker):
@@ -173,13 +137,8 @@ class ShiftedHeads(_Worker):
 
     def change(self, result: KVCacheConfig, num_blocks: int) -> KVCacheConfig:
         stride = result.device_tensors[0].block_stride
-        return _device_changed(
-            result,
-            [
-                attrs.evolve(t, size=t.size + num_blocks * stride, offset=t.offset + stride)
-                for t in result.device_tensors
-            ],
-        )
+        shifted = grown(result.device_tensors, attrs.evolve, num_blocks * stride, stride)
+        return _device_changed(result, shifted)
 
 
 #: Every builder of this module.

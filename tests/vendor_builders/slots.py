@@ -22,7 +22,7 @@ import math
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from kvref import (
     KVCacheConfig,
@@ -41,15 +41,12 @@ __all__ = [
     "SlotPlanBuilder",
     "SlotPoolBuilder",
     "lay_out",
-    "one_layer_tensors",
     "pack",
     "round_up",
     "side_by_side",
     "specialised",
     "tuples_by_stem",
 ]
-
-_T = TypeVar("_T")
 
 #: The platform's DMA granule: every block starts on it.
 GRANULE = 512
@@ -170,37 +167,6 @@ def lay_out(tuples: Sequence[Any], start: int) -> list[int]:
         starts.append(offset)
         offset += t.nbytes
     return starts
-
-
-def one_layer_tensors(
-    tensors: Iterable[_T],
-    keep: Callable[[_T], bool],
-    replace: Callable[..., _T],
-    **changes: Callable[[_T], int],
-) -> list[_T]:
-    """``tensors``, each one ``keep`` does not keep split into one tensor per layer.
-
-    Each layer keeps its bytes: its tensor starts where its page did
-    (``offset + i * layer_stride``); ``changes`` compute, from the tensor
-    split, the other fields the one-layer tensors record.  ``replace`` is the
-    form's copy-with-changes (``attrs.evolve`` for kvref's tensors,
-    ``dataclasses.replace`` for vLLM's).
-    """
-    out: list[_T] = []
-    for t in tensors:
-        if keep(t):
-            out.append(t)
-            continue
-        out += [
-            replace(
-                t,
-                layers=[name],
-                offset=t.offset + i * t.layer_stride,  # type: ignore[attr-defined]
-                **{field: change(t) for field, change in changes.items()},
-            )
-            for i, name in enumerate(t.layers)  # type: ignore[attr-defined]
-        ]
-    return out
 
 
 def side_by_side(

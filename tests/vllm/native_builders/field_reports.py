@@ -40,7 +40,7 @@ from vllm.v1.kv_cache_interface import (
     MambaSpec,
 )
 
-from tests.vendor_builders.slots import one_layer_tensors
+from tests.vendor_builders.tensor_edits import one_layer_tensors
 from tests.vllm.native_builders._common import layer_specs, plain_engine, with_layer_specs
 
 __all__ = [

@@ -30,7 +30,7 @@ from vllm.config import VllmConfig
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 
-from tests.vendor_builders.slots import one_layer_tensors
+from tests.vendor_builders.tensor_edits import one_layer_tensors
 
 __all__ = [
     "OneLayerTensorsBuilder",

@@ -27,6 +27,13 @@ from vllm.config import VllmConfig
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 
+from tests.vendor_builders.tensor_edits import (
+    first_slot_apart,
+    grown,
+    last_region_past_gap,
+    pools_per_layer,
+)
+
 __all__ = [
     "ALL",
     "LeadingScratchBuilder",
@@ -80,20 +87,7 @@ class SeparateSizesBuilder(_Worker):
         if slot <= 0 or total % slot or total // slot < 3 or any(t.offset % slot for t in device):
             # Fewer than three slots give equal allocations, which no one tells apart.
             return list(device)
-        out: list[KVCacheTensor] = []
-        for t in device:
-            for i, name in enumerate(t.layers):
-                at = t.offset + i * t.layer_stride
-                first = at < slot
-                out.append(
-                    dataclasses.replace(
-                        t,
-                        layers=[name],
-                        size=slot if first else total - slot,
-                        offset=at if first else at - slot,
-                    )
-                )
-        return out
+        return first_slot_apart(device, slot, total, dataclasses.replace)
 
     def _get_pool_bytes_per_block(
         self, vllm_config: VllmConfig, kv_cache_groups: list[KVCacheGroupSpec]
@@ -111,9 +105,7 @@ class LeadingScratchBuilder(_Worker):
 
     def change(self, device: Sequence[KVCacheTensor], num_blocks: int) -> list[KVCacheTensor]:
         shift = num_blocks * device[0].block_stride
-        return [
-            dataclasses.replace(t, size=t.size + shift, offset=t.offset + shift) for t in device
-        ]
+        return grown(device, dataclasses.replace, shift, shift)
 
 
 class ScratchGapBuilder(_Worker):
@@ -123,20 +115,7 @@ class ScratchGapBuilder(_Worker):
     LAYOUTS = _LAYER_OUTER
 
     def change(self, device: Sequence[KVCacheTensor], num_blocks: int) -> list[KVCacheTensor]:
-        last = max(t.offset + i * t.layer_stride for t in device for i in range(len(t.layers)))
-        gap = num_blocks * device[0].block_stride
-        out: list[KVCacheTensor] = []
-        for t in device:
-            starts = [t.offset + i * t.layer_stride for i in range(len(t.layers))]
-            kept = [n for n, at in zip(t.layers, starts, strict=True) if at != last]
-            if kept:
-                out.append(dataclasses.replace(t, size=t.size + gap, layers=kept))
-            out += [
-                dataclasses.replace(t, size=t.size + gap, layers=[n], offset=last + gap)
-                for n, at in zip(t.layers, starts, strict=True)
-                if at == last
-            ]
-        return out
+        return last_region_past_gap(device, num_blocks, dataclasses.replace)
 
 
 class PerLayerPoolsBuilder(_Worker):
@@ -146,23 +125,7 @@ class PerLayerPoolsBuilder(_Worker):
     LAYOUTS = ("BLHNC", "BLNHC")
 
     def change(self, device: Sequence[KVCacheTensor], num_blocks: int) -> list[KVCacheTensor]:
-        placed: list[tuple[str, int, int]] = []
-        offset = 0
-        for t in device:
-            for name in t.layers:
-                # In block-outermost layouts a tensor's layers are one page apart.
-                placed.append((name, t.layer_stride, offset))
-                offset += num_blocks * t.layer_stride
-        return [
-            KVCacheTensor(
-                size=offset,
-                layers=[name],
-                layer_stride=num_blocks * page,
-                block_stride=page,
-                offset=at,
-            )
-            for name, page, at in placed
-        ]
+        return pools_per_layer(device, num_blocks, KVCacheTensor)
 
 
 class TrailingScratchBuilder(_Worker):
@@ -173,7 +136,7 @@ class TrailingScratchBuilder(_Worker):
 
     def change(self, device: Sequence[KVCacheTensor], num_blocks: int) -> list[KVCacheTensor]:
         extra = num_blocks * max(1, device[0].block_stride // 2)
-        return [dataclasses.replace(t, size=t.size + extra) for t in device]
+        return grown(device, dataclasses.replace, extra)
 
 
 class ShiftedHeadsBuilder(_Worker):
@@ -184,10 +147,7 @@ class ShiftedHeadsBuilder(_Worker):
 
     def change(self, device: Sequence[KVCacheTensor], num_blocks: int) -> list[KVCacheTensor]:
         stride = device[0].block_stride
-        return [
-            dataclasses.replace(t, size=t.size + num_blocks * stride, offset=t.offset + stride)
-            for t in device
-        ]
+        return grown(device, dataclasses.replace, num_blocks * stride, stride)
 
 
 #: Every builder of this module.
