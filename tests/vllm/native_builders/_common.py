@@ -31,11 +31,17 @@ from vllm.v1.kv_cache_interface import (
 
 from tests.vendor_builders.slots import SlotPlan, pack, round_up
 
+#: What a grouping hook takes and returns.
+Specs = dict[str, KVCacheSpec]
+Groups = list[KVCacheGroupSpec]
+
 __all__ = [
+    "Groups",
     "PlainEngineGroups",
     "SlotPlan",
     "SlotPlanBuilder",
     "SlotPoolBuilder",
+    "Specs",
     "layer_spec",
     "layer_specs",
     "pack",
@@ -108,12 +114,7 @@ def slot_config(
 class PlainEngineGroups(DefaultKVCacheConfigBuilder):
     """vLLM's groups, changed by :meth:`regroup` where :func:`plain_engine` says the platform's."""
 
-    def regroup(
-        self,
-        vllm_config: VllmConfig,
-        kv_cache_spec: dict[str, KVCacheSpec],
-        groups: list[KVCacheGroupSpec],
-    ) -> list[KVCacheGroupSpec]:
+    def regroup(self, vllm_config: VllmConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         """The platform's groups for vLLM's ``groups``."""
         raise NotImplementedError
 

@@ -31,7 +31,7 @@ from vllm.v1.kv_cache_interface import (
     UniformTypeKVCacheSpecs,
 )
 
-from tests.vllm.native_builders._common import PlainEngineGroups
+from tests.vllm.native_builders._common import Groups, PlainEngineGroups, Specs
 
 __all__ = ["ScattersDraftsBuilder", "ScattersTargetsBuilder"]
 
@@ -61,12 +61,7 @@ def _plain_attention(group: KVCacheGroupSpec) -> bool:
 class ScattersTargetsBuilder(PlainEngineGroups):
     """Every target layer in a group of its own; a group's draft layers stay together."""
 
-    def regroup(
-        self,
-        vllm_config: VllmConfig,
-        kv_cache_spec: dict[str, KVCacheSpec],
-        groups: list[KVCacheGroupSpec],
-    ) -> list[KVCacheGroupSpec]:
+    def regroup(self, vllm_config: VllmConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         out: list[KVCacheGroupSpec] = []
         for group in groups:
             if not _plain_attention(group):

@@ -44,9 +44,11 @@ from vllm.v1.kv_cache_interface import (
 )
 
 from tests.vllm.native_builders._common import (
+    Groups,
     PlainEngineGroups,
     SlotPlan,
     SlotPlanBuilder,
+    Specs,
     layer_specs,
     plain_engine,
     round_up,
@@ -102,12 +104,7 @@ class RebuildsUniformGroupsBuilder(PlainEngineGroups):
         """The block size of the re-created group spec: the one its layers share."""
         return int(spec.block_size)
 
-    def regroup(
-        self,
-        vllm_config: VllmConfig,
-        kv_cache_spec: dict[str, KVCacheSpec],
-        groups: list[KVCacheGroupSpec],
-    ) -> list[KVCacheGroupSpec]:
+    def regroup(self, vllm_config: VllmConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         """vLLM's groups, each uniform-type group spec rebuilt."""
         out = []
         for group in groups:

@@ -22,11 +22,10 @@ import dataclasses
 from vllm.config import VllmConfig
 from vllm.v1.kv_cache_interface import (
     AttentionSpec,
-    KVCacheGroupSpec,
     KVCacheSpec,
 )
 
-from tests.vllm.native_builders._common import PlainEngineGroups, with_layer_specs
+from tests.vllm.native_builders._common import Groups, PlainEngineGroups, Specs, with_layer_specs
 
 __all__ = ["ClaimsReplicatedKVBuilder", "DropsTPShardsBuilder"]
 
@@ -36,12 +35,7 @@ class _ShardsBuilder(PlainEngineGroups):
 
     SHARDS: int | None
 
-    def regroup(
-        self,
-        vllm_config: VllmConfig,
-        kv_cache_spec: dict[str, KVCacheSpec],
-        groups: list[KVCacheGroupSpec],
-    ) -> list[KVCacheGroupSpec]:
+    def regroup(self, vllm_config: VllmConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         """vLLM's groups, with the shard count rewritten."""
         return [with_layer_specs(g, self._with_shards) for g in groups]
 
