@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from conformance.report.model import Report
 
 Groups = list[KVCacheGroupSpec]
+#: The layer specs a grouping hook is given.
+Specs = Mapping[str, KVCacheSpec]
 
 
 class _Base(ReferenceKVCacheConfigBuilder):
@@ -103,9 +105,7 @@ def meta_timeout(builder: type) -> float:
 class _Grouping(_Base):
     """A builder whose bug is in the groups: ``regroup`` changes the reference's."""
 
-    def regroup(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
-    ) -> Groups:
+    def regroup(self, config: PlanningConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         raise NotImplementedError
 
     def get_kv_cache_groups(
@@ -121,9 +121,7 @@ class _LayerSpecs(_Grouping):
     def respec(self, spec: KVCacheSpec) -> KVCacheSpec:
         raise NotImplementedError
 
-    def regroup(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
-    ) -> Groups:
+    def regroup(self, config: PlanningConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         return [_with_layer_specs(g, self.respec) for g in groups]
 
 

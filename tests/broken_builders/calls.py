@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from broken_builders._base import Groups, _Base, _Grouping
+from broken_builders._base import Groups, Specs, _Base, _Grouping
 from kvref import (
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -22,9 +22,7 @@ class DroppedLayer(_Grouping):
 
     CAUGHT_BY = "KV-GROUP-PARTITION"
 
-    def regroup(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
-    ) -> Groups:
+    def regroup(self, config: PlanningConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         if not groups:
             return groups
         i = max(range(len(groups)), key=lambda k: len(groups[k].layer_names))
@@ -48,9 +46,7 @@ class DuplicatedLayer(_Grouping):
 
     CAUGHT_BY = "KV-GROUP-PARTITION"
 
-    def regroup(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
-    ) -> Groups:
+    def regroup(self, config: PlanningConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         if not groups:
             return groups
         name = groups[0].layer_names[0]
@@ -65,9 +61,7 @@ class RepeatedInGroup(_Grouping):
 
     CAUGHT_BY = "KV-GROUP-REPEATED-LAYER"
 
-    def regroup(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
-    ) -> Groups:
+    def regroup(self, config: PlanningConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         if groups:
             g = groups[0]
             groups[0] = attrs.evolve(g, layer_names=[*g.layer_names, g.layer_names[0]])
@@ -79,9 +73,7 @@ class EmptyGroup(_Grouping):
 
     CAUGHT_BY = "KV-GROUP-NONEMPTY"
 
-    def regroup(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
-    ) -> Groups:
+    def regroup(self, config: PlanningConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         if groups:
             groups.append(attrs.evolve(groups[-1], layer_names=[]))
         return groups
@@ -92,9 +84,7 @@ class DroppedHeads(_Grouping):
 
     CAUGHT_BY = "KV-GROUP-LAYER-SPEC"
 
-    def regroup(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
-    ) -> Groups:
+    def regroup(self, config: PlanningConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         from kvref import AttentionSpec
 
         out = []
@@ -133,9 +123,7 @@ class MutatesInput(_Grouping):
 
     CAUGHT_BY = "KV-GROUP-INPUT-UNCHANGED"
 
-    def regroup(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
-    ) -> Groups:
+    def regroup(self, config: PlanningConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         if isinstance(kv_cache_spec, dict):
             kv_cache_spec.clear()
         return groups

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import attrs
 
 from broken_builders._base import (
     Groups,
+    Specs,
     _change_fields,
     _Grouping,
     _LayerOuter,
@@ -42,9 +43,7 @@ class ScatteredDrafts(_Grouping):
     #: Two equal draft layers outside a model-declared grouping are rare at seed 11.
     EXAMPLES = 60
 
-    def regroup(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
-    ) -> Groups:
+    def regroup(self, config: PlanningConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         from kvref import UniformTypeKVCacheSpecs
 
         if getattr(config, "hisparse", None) is not None:
@@ -77,9 +76,7 @@ class HotIgnoresDecodeQuery(_Grouping):
 
     CAUGHT_BY = "KV-GROUP-HISPARSE-HOT-BLOCKS"
 
-    def regroup(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
-    ) -> Groups:
+    def regroup(self, config: PlanningConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         from kvref.extra_specs import HiSparseHotSpec
         from kvref.specs import MLAAttentionSpec
 
@@ -107,9 +104,7 @@ class RolelessSource(_Grouping):
 
     CAUGHT_BY = "KV-GROUP-HISPARSE-ROLES"
 
-    def regroup(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
-    ) -> Groups:
+    def regroup(self, config: PlanningConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         return [
             attrs.evolve(g, role="DEFAULT") if g.role == "HISPARSE_SOURCE" else g for g in groups
         ]

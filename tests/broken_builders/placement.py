@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 from broken_builders._base import (
     Groups,
+    Specs,
     _Base,
     _change_tensors,
     _Grouping,
@@ -284,9 +285,7 @@ class UnknownLayer(_Grouping):
 
     CAUGHT_BY = "KV-GROUP-UNKNOWN-LAYER"
 
-    def regroup(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
-    ) -> Groups:
+    def regroup(self, config: PlanningConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         if groups:
             first = groups[0]
             groups.append(
@@ -302,9 +301,7 @@ class WrapperMissesLayer(_Grouping):
 
     CAUGHT_BY = "KV-GROUP-WRAPPER"
 
-    def regroup(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
-    ) -> Groups:
+    def regroup(self, config: PlanningConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         from kvref import UniformTypeKVCacheSpecs
 
         if groups and len(groups[0].layer_names) >= 2:
@@ -321,9 +318,7 @@ class MixedBlockSizes(_Grouping):
 
     CAUGHT_BY = "KV-GROUP-ONE-BLOCK-SIZE"
 
-    def regroup(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
-    ) -> Groups:
+    def regroup(self, config: PlanningConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         from kvref import MambaSpec, UniformTypeKVCacheSpecs
 
         for i, g in enumerate(groups):
@@ -353,9 +348,7 @@ class DeclaresEngineBlockSize(_Grouping):
 
     CAUGHT_BY = "KV-GROUP-ONE-BLOCK-SIZE"
 
-    def regroup(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
-    ) -> Groups:
+    def regroup(self, config: PlanningConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         from kvref import UniformTypeKVCacheSpecs
 
         for i, g in enumerate(groups):

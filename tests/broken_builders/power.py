@@ -5,12 +5,13 @@ tests/kit/check/test_power.py measures each class.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import attrs
 
 from broken_builders._base import (
     Groups,
+    Specs,
     _Base,
     _change_tensors,
     _Grouping,
@@ -183,9 +184,7 @@ class SetOrderedGroups(_Grouping):
 
     CAUGHT_BY = "KV-GROUP-HASH-STABLE"
 
-    def regroup(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec], groups: Groups
-    ) -> Groups:
+    def regroup(self, config: PlanningConfig, kv_cache_spec: Specs, groups: Groups) -> Groups:
         order = list({g.layer_names[0] for g in groups})
         return sorted(groups, key=lambda g: order.index(g.layer_names[0]))
 
