@@ -30,7 +30,7 @@ reference's: the builder calls ``super()``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from kvref import (
     KVCacheGroupSpec,
@@ -44,6 +44,7 @@ from vendor_builders.deepseek_v4_names import TABLES, CacheLayer, parse_cache
 from vendor_builders.slots import (
     GRANULE,
     DraftsAfterTargets,
+    FamilyGroups,
     SlotPlan,
     SlotPoolBuilder,
     pack,
@@ -68,17 +69,19 @@ def parse_layer(name: str, spec: KVCacheSpec) -> CacheLayer | None:
     return parse_cache(name, spec, _fits)
 
 
-class DeepSeekV4Builder(DraftsAfterTargets, SlotPoolBuilder):
+class DeepSeekV4Builder(DraftsAfterTargets, FamilyGroups, SlotPoolBuilder):
     """Shared-tuple grouping and placement for DeepSeek-V4-style models; the reference otherwise."""
 
-    # -- grouping ------------------------------------------------------------
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
-    ) -> list[KVCacheGroupSpec]:
+    # -- grouping (the hook is FamilyGroups') ---------------------------------
+    def _parse(self, name: str, spec: KVCacheSpec) -> CacheLayer | None:
+        return parse_layer(name, spec)
+
+    def _is_model(self, layers: list[CacheLayer]) -> bool:
+        # A window-only model has nothing compressed to pack.
+        return any(layer.role == "latent" for layer in layers)
+
+    def _family_groups(self, layers: list[CacheLayer]) -> list[KVCacheGroupSpec]:
         """One group per (table, block size): compressed, window, compressor states."""
-        layers = self._model_layers(config, kv_cache_spec)
-        if layers is None:
-            return super().get_kv_cache_groups(config, kv_cache_spec)
         tables: dict[tuple[int, int, bool], list[CacheLayer]] = {}
         for layer in layers:
             kind = TABLES.index(layer.table)
@@ -99,18 +102,6 @@ class DeepSeekV4Builder(DraftsAfterTargets, SlotPoolBuilder):
                 )
             )
         return groups
-
-    def _model_layers(
-        self, config: PlanningConfig, specs: Mapping[str, KVCacheSpec]
-    ) -> list[CacheLayer] | None:
-        if not specialised(config) or not specs:
-            return None
-        layers = [parse_layer(name, spec) for name, spec in specs.items()]
-        if any(layer is None for layer in layers):
-            return None
-        found = [layer for layer in layers if layer is not None]
-        # A window-only model has nothing compressed to pack.
-        return found if any(layer.role == "latent" for layer in found) else None
 
     # -- placement (the hooks are SlotPoolBuilder's, the tuple starts DraftsAfterTargets') --
     def _slot_plan(

@@ -27,7 +27,7 @@ Everything else is the reference's (``super()``).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvref import (
@@ -41,6 +41,7 @@ from kvref import (
 )
 from vendor_builders.slots import (
     GRANULE,
+    FamilyGroups,
     SlotPlan,
     SlotPoolBuilder,
     pack,
@@ -103,17 +104,21 @@ def _order(layer: GLMLayer) -> tuple[bool, int, int]:
     return layer.draft, layer.index, _ROLES[layer.role][1]
 
 
-class GLM5Builder(SlotPoolBuilder):
+class GLM5Builder(FamilyGroups, SlotPoolBuilder):
     """One slot grid for every table of a GLM-5-style model; the reference otherwise."""
 
-    # -- grouping ------------------------------------------------------------
-    def get_kv_cache_groups(
-        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
-    ) -> list[KVCacheGroupSpec]:
+    # -- grouping (the hook is FamilyGroups') ---------------------------------
+    def _parse(self, name: str, spec: KVCacheSpec) -> GLMLayer | None:
+        return parse_layer(name, spec)
+
+    def _is_model(self, layers: list[GLMLayer]) -> bool:
+        kinds = {layer.kind for layer in layers}
+        blocks = {c.spec.block_size for c in layers if c.kind == "sparse"}
+        # Not a stage without both halves, nor a sparse table of two block sizes.
+        return {"kda", "sparse"} <= kinds and len(blocks) == 1
+
+    def _family_groups(self, layers: list[GLMLayer]) -> list[KVCacheGroupSpec]:
         """The sparse table, the ring table, then KDA groups as wide as the sparse table."""
-        layers = self._model_layers(config, kv_cache_spec)
-        if layers is None:
-            return super().get_kv_cache_groups(config, kv_cache_spec)
         by_kind: dict[str, list[GLMLayer]] = {"sparse": [], "ring": [], "kda": []}
         for layer in sorted(layers, key=_order):
             by_kind[layer.kind].append(layer)
@@ -136,21 +141,6 @@ class GLM5Builder(SlotPoolBuilder):
             layer_names=[c.name for c in layers],
             kv_cache_spec=UniformTypeKVCacheSpecs(kv_cache_specs={c.name: c.spec for c in layers}),
         )
-
-    def _model_layers(
-        self, config: PlanningConfig, specs: Mapping[str, KVCacheSpec]
-    ) -> list[GLMLayer] | None:
-        if not specialised(config) or not specs:
-            return None
-        layers = [parse_layer(name, spec) for name, spec in specs.items()]
-        found = [layer for layer in layers if layer is not None]
-        if len(found) < len(layers):
-            return None
-        kinds = {layer.kind for layer in found}
-        blocks = {c.spec.block_size for c in found if c.kind == "sparse"}
-        if not {"kda", "sparse"} <= kinds or len(blocks) != 1:
-            return None  # a stage without both halves, or a sparse table of two block sizes
-        return found
 
     # -- placement (the hooks are SlotPlanBuilder's) ---------------------------
     def _slot_plan(

@@ -37,6 +37,7 @@ __all__ = [
     "GRANULE",
     "CacheTuple",
     "DraftsAfterTargets",
+    "FamilyGroups",
     "SlotPlan",
     "SlotPlanBuilder",
     "SlotPoolBuilder",
@@ -213,6 +214,48 @@ def specialised(config: PlanningConfig) -> bool:
         and config.model_kv_cache_grouping is None
         and not config.disable_hybrid_kv_cache_manager
     )
+
+
+class FamilyGroups(ReferenceKVCacheConfigBuilder):
+    """The grouping of a builder for one model family: its own for the family's models.
+
+    A subclass parses each cache (:meth:`_parse`: ``None`` when it is not
+    the family's), says whether the parsed caches make one of its models
+    (:meth:`_is_model`) and groups them (:meth:`_family_groups`); any other
+    model, and every config not :func:`specialised`, the reference groups.
+    """
+
+    @abstractmethod
+    def _parse(self, name: str, spec: KVCacheSpec) -> Any | None:
+        """The family's cache ``name`` holds, or ``None`` when it is not one."""
+
+    @abstractmethod
+    def _is_model(self, layers: list[Any]) -> bool:
+        """Whether the parsed caches of every layer make one of the family's models."""
+
+    @abstractmethod
+    def _family_groups(self, layers: list[Any]) -> list[KVCacheGroupSpec]:
+        """The platform's groups of a family model's parsed caches."""
+
+    def _model_layers(
+        self, config: PlanningConfig, specs: Mapping[str, KVCacheSpec]
+    ) -> list[Any] | None:
+        if not specialised(config) or not specs:
+            return None
+        layers = [self._parse(name, spec) for name, spec in specs.items()]
+        found = [layer for layer in layers if layer is not None]
+        if len(found) < len(layers) or not self._is_model(found):
+            return None
+        return found
+
+    def get_kv_cache_groups(
+        self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
+    ) -> list[KVCacheGroupSpec]:
+        """The platform's groups for the family's models; the reference's otherwise."""
+        layers = self._model_layers(config, kv_cache_spec)
+        if layers is None:
+            return super().get_kv_cache_groups(config, kv_cache_spec)
+        return self._family_groups(layers)
 
 
 class SlotPlanBuilder(ReferenceKVCacheConfigBuilder):
