@@ -38,6 +38,7 @@ __all__ = [
     "CacheTuple",
     "DraftsAfterTargets",
     "FamilyGroups",
+    "family_layers",
     "SlotPlan",
     "SlotPlanBuilder",
     "SlotPoolBuilder",
@@ -216,6 +217,24 @@ def specialised(config: PlanningConfig) -> bool:
     )
 
 
+def family_layers(
+    specs: Mapping[str, Any],
+    parse: Callable[[str, Any], Any | None],
+    is_model: Callable[[list[Any]], bool],
+) -> list[Any] | None:
+    """Every cache of ``specs`` parsed as a family's, if they make one of its models.
+
+    ``parse(name, spec)`` is ``None`` for a cache that is not the family's;
+    ``is_model`` says whether the parsed caches are a whole model.  ``None``:
+    the model is not the family's (the builder's parent groups it).
+    """
+    layers = [parse(name, spec) for name, spec in specs.items()]
+    found = [layer for layer in layers if layer is not None]
+    if len(found) < len(layers) or not is_model(found):
+        return None
+    return found
+
+
 class FamilyGroups(ReferenceKVCacheConfigBuilder):
     """The grouping of a builder for one model family: its own for the family's models.
 
@@ -242,11 +261,7 @@ class FamilyGroups(ReferenceKVCacheConfigBuilder):
     ) -> list[Any] | None:
         if not specialised(config) or not specs:
             return None
-        layers = [self._parse(name, spec) for name, spec in specs.items()]
-        found = [layer for layer in layers if layer is not None]
-        if len(found) < len(layers) or not self._is_model(found):
-            return None
-        return found
+        return family_layers(specs, self._parse, self._is_model)
 
     def get_kv_cache_groups(
         self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]

@@ -48,7 +48,7 @@ from vllm.v1.kv_cache_interface import (
 )
 
 from tests.vendor_builders.deepseek_v4_names import TABLES, CacheLayer, parse_cache
-from tests.vendor_builders.slots import DraftsAfterTargets, side_by_side
+from tests.vendor_builders.slots import DraftsAfterTargets, family_layers, side_by_side
 from tests.vllm.native_builders._common import (
     SlotPlan,
     SlotPoolBuilder,
@@ -137,11 +137,9 @@ class DeepSeekV4TupleBuilder(DraftsAfterTargets, SlotPoolBuilder):
     ) -> list[CacheLayer] | None:
         if not specs or not plain_engine(vllm_config):
             return None
-        parsed = [parse_v4(name, spec) for name, spec in specs.items()]
-        caches = [c for c in parsed if c is not None]
-        if len(caches) < len(parsed) or not any(c.role == "latent" for c in caches):
-            return None
-        return caches
+        return family_layers(
+            specs, parse_v4, lambda caches: any(c.role == "latent" for c in caches)
+        )
 
     # -- placement (the hooks are SlotPoolBuilder's, the tuple starts DraftsAfterTargets') --
     def _slot_plan(
