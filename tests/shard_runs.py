@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from subprocesses import run_captured
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARDS = 3
@@ -26,15 +27,7 @@ def cli(builder: str, out: Path, *extra: str, select: str | None, examples: int)
         argv += ["--select", select]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HYPOTHESIS"))}
     env["PYTHONPATH"] = f"{ROOT / 'tests'}{os.pathsep}{ROOT}"
-    done = subprocess.run(
-        [*argv, *extra, "--json", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    done = run_captured([*argv, *extra, "--json", str(out)], cwd=ROOT, env=env, timeout=900)
     assert out.is_file(), done.stdout[-2000:] + done.stderr[-2000:]
     return done.returncode
 

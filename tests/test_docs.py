@@ -11,11 +11,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from subprocesses import run_captured
 
 from conformance.check.catalog import catalog
 
@@ -112,14 +112,7 @@ _HAS_MKDOCS = all(importlib.util.find_spec(m) is not None for m in ("mkdocs", "m
 def test_mkdocs_build_strict(tmp_path: Path) -> None:
     """``mkdocs build --strict`` passes: no broken link, anchor or nav entry."""
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    build = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)]
+    done = run_captured(build, cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "contract" / "index.html").is_file()

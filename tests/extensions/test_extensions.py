@@ -7,6 +7,7 @@ from typing import Any, cast
 
 import attrs
 import pytest
+from kit_runs import quick_check
 
 import conformance.run.runner as runner
 from conformance.extensions.base import (
@@ -94,15 +95,8 @@ def test_a_run_calls_the_hooks_at_their_phases(monkeypatch: pytest.MonkeyPatch) 
         end=record_end,
     )
     monkeypatch.setattr(runner, "extensions", lambda: (*extensions(), recorder))
-    report = check_builder(
-        ReferenceKVCacheConfigBuilder,
-        select=["KV-GROUP-NONEMPTY"],
-        max_examples=3,
-        seed=5,
-        isolate=False,
-        reach=False,
-        database=None,
-        focus="off",
+    report = quick_check(
+        ReferenceKVCacheConfigBuilder, "KV-GROUP-NONEMPTY", examples=3, seed=5, focus="off"
     )
     kinds = [kind for kind, _ in calls]
     assert kinds[:2] == ["start", "before deals"] and calls[0][1] == 5 and calls[1][1] == 0

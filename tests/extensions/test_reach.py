@@ -7,6 +7,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from kit_runs import quick_check
 
 from conformance.cli import main
 from conformance.extensions.reach.figures import format_ranges, summary
@@ -127,13 +128,12 @@ class TestWhereReachIsMeasured:
 
     @staticmethod
     def _planning_lines(isolate: bool) -> int:
-        report = check_builder(
+        report = quick_check(
             ReferenceKVCacheConfigBuilder,
-            select=["KV-CORE-SAME-BLOCKS"],
-            max_examples=4,
+            "KV-CORE-SAME-BLOCKS",
+            examples=4,
             seed=1,
             reach=True,
-            database=None,
             isolate=isolate,
         )
         assert report.reach is not None

@@ -17,9 +17,9 @@ import warnings
 from pathlib import Path
 
 import pytest
+from kit_runs import quick_check
 
 from conformance.report.model import Report
-from conformance.run.runner import check_builder
 
 pytest.importorskip("coverage")
 
@@ -31,14 +31,8 @@ class TestNothingReachedYet:
 
     @staticmethod
     def _run(isolate: bool) -> Report:
-        report = check_builder(
-            PLACEMENT_ONLY,
-            select=["KV-GROUP-PARTITION"],
-            max_examples=3,
-            seed=1,
-            reach=True,
-            database=None,
-            isolate=isolate,
+        report = quick_check(
+            PLACEMENT_ONLY, "KV-GROUP-PARTITION", examples=3, seed=1, reach=True, isolate=isolate
         )
         assert report.ok and report.reach is not None
         # Reach was read while nothing of the builder's own had run (its grouping is inherited).

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit_runs import quick_check
 
 from conformance import OptionError, check_builder
 from conformance.check.catalog import catalog
@@ -633,23 +634,12 @@ class TestDroppedCtrlC:
                     note_interrupt()  # the handler ran; Python dropped its exception
                 return super().get_kv_cache_groups(config, kv_cache_spec)
 
-        report = check_builder(
-            DropsCtrlC,
-            select=["KV-GROUP-PARTITION"],
-            max_examples=5,
-            seed=1,
-            database=None,
-            isolate=False,
-        )
+        report = quick_check(DropsCtrlC, "KV-GROUP-PARTITION", examples=5, seed=1)
         assert report.interrupted and not report.ok
         assert DropsCtrlC.calls == 3
         # Handled once: the next run is not interrupted by it.
-        again = check_builder(
-            ReferenceKVCacheConfigBuilder,
-            select=["KV-GROUP-PARTITION"],
-            max_examples=2,
-            seed=1,
-            database=None,
+        again = quick_check(
+            ReferenceKVCacheConfigBuilder, "KV-GROUP-PARTITION", examples=2, seed=1, isolate=True
         )
         assert not again.interrupted and again.ok
 

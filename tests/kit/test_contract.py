@@ -7,12 +7,13 @@ import warnings
 
 import jsonschema
 import pytest
+from kit_runs import quick_check
 
 import conformance.contract as contract
 import conformance.run.judging as judging
 from conformance.report.render import json_schema_path, report_to_dict
 from conformance.run.options import OptionError, RunOptions
-from conformance.run.runner import ContractVersionWarning, check_builder
+from conformance.run.runner import ContractVersionWarning
 from kvref import ReferenceKVCacheConfigBuilder
 from kvref.versions import NEWEST, V0_33, V0_34
 
@@ -44,14 +45,8 @@ def test_the_run_option_names_a_supported_release() -> None:
 
 
 def _run(vllm: str | None = None) -> object:
-    return check_builder(
-        ReferenceKVCacheConfigBuilder,
-        select=["KV-GROUP-PARTITION"],
-        max_examples=2,
-        seed=1,
-        isolate=False,
-        reach=False,
-        vllm=vllm,
+    return quick_check(
+        ReferenceKVCacheConfigBuilder, "KV-GROUP-PARTITION", examples=2, seed=1, vllm=vllm
     )
 
 

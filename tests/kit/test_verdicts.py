@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from kit_runs import quick_check
 from verdict_builders import GroupingRaisesOnHiSparse, PlacementAlwaysRaises
 
 from conformance import OptionError, check_builder
@@ -35,6 +36,8 @@ NEEDS_A_CONFIG = (
     "KV-PLACE-TYPED-VIEWS",
     "KV-PLACE-DETERMINISTIC",
 )
+#: A HiSparse invariant: what a builder that raises on HiSparse models leaves unjudged.
+ROLES = "KV-GROUP-HISPARSE-ROLES"
 
 
 class TestNothingCheckedIsNotOk:
@@ -162,26 +165,20 @@ class TestSpoiledIsInconclusive:
 
     def test_hisparse_invariants_the_builder_broke(self) -> None:
         """HiSparse invariants: N/A on the other examples, spoiled on HiSparse's: inconclusive."""
-        report = check_builder(
-            GroupingRaisesOnHiSparse,
-            select=["KV-GROUP-HISPARSE-ROLES", "KV-CALL-RAISES"],
-            max_examples=20,
-            seed=1,
+        report = quick_check(
+            GroupingRaisesOnHiSparse, ROLES, "KV-CALL-RAISES", examples=20, seed=1, isolate=True
         )
-        roles = report.result("KV-GROUP-HISPARSE-ROLES")
+        roles = report.result(ROLES)
         assert roles.status == "inconclusive", roles
         assert roles.reason is not None and "a call of the builder failed" in roles.reason
         assert report.result("KV-CALL-RAISES").status == "fail"
 
     def test_the_reference_keeps_its_verdicts(self) -> None:
         """The reference on the same examples: the HiSparse invariant is judged and passes."""
-        report = check_builder(
-            ReferenceKVCacheConfigBuilder,
-            select=["KV-GROUP-HISPARSE-ROLES"],
-            max_examples=20,
-            seed=1,
+        report = quick_check(
+            ReferenceKVCacheConfigBuilder, ROLES, examples=20, seed=1, isolate=True
         )
-        assert report.result("KV-GROUP-HISPARSE-ROLES").status == "pass"
+        assert report.result(ROLES).status == "pass"
 
 
 class TestXpassPolicy:

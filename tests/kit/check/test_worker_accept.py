@@ -18,6 +18,7 @@ import legal_builders
 import pytest
 import worker_builders
 from drawn import drawn_examples
+from kit_runs import quick_check
 from specs import MIXED_LAYERS as _MIXED
 from specs import UNIFORM_LAYERS as _UNIFORM
 from specs import WIDE as _WIDE
@@ -29,7 +30,6 @@ from conformance.check.extensible import committed_counts, shrunk
 from conformance.check.observations import PlacementObservation
 from conformance.harness.guard import Guard
 from conformance.harness.hooks import Context, make_factory
-from conformance.run.runner import check_builder
 from conformance.scenarios.examples import Example
 from conformance.scenarios.placement import observe_placement
 from conformance.scenarios.registry import observe_in
@@ -404,14 +404,14 @@ class TestWholeKit:
     @pytest.mark.parametrize(("release", "status"), [("0.34", "fail"), ("0.33", "not-applicable")])
     def test_leading_scratch(self, release: str, status: str) -> None:
         """LeadingScratch fails KV-WORKER-LAYER-REGIONS under 0.34 alone; 0.33 has no such rule."""
-        report = check_builder(
+        report = quick_check(
             worker_builders.LeadingScratch,
-            select=["KV-WORKER"],
-            max_examples=12,
+            "KV-WORKER",
+            examples=12,
             seed=3,
             vllm=release,
             shrink=False,
-            reach=False,
+            isolate=True,
         )
         statuses = {r.id: r.status for r in report.results}
         assert statuses["KV-WORKER-LAYER-REGIONS"] == status, statuses

@@ -23,6 +23,9 @@ import broken_builders
 import hostile_builders
 import pytest
 import torch
+from forged_runs import kit_command
+from kit_runs import quick_check
+from subprocesses import run_captured
 
 from conformance.check.bounds import MAX_BYTES, byte_count_problem, tensor_problems
 from conformance.check.catalog import by_id
@@ -58,18 +61,7 @@ _PAPER = ["KV-CALL", "KV-GROUP", "KV-PLACE", "KV-HOST", "KV-CORE"]
 
 def _cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``kvref-conformance`` in a fresh process (a crash there cannot end the tests)."""
-    script = Path(sys.executable).with_name("kvref-conformance")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "conformance.cli"]
-    env = _env()
-    return subprocess.run(
-        command + args,
-        check=False,
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_captured(kit_command() + args, cwd=cwd, env=_env(), timeout=timeout)
 
 
 def _specs(layers: int) -> dict[str, FullAttentionSpec]:
@@ -400,12 +392,13 @@ def test_a_hook_that_leaks_memory_meets_the_workers_limit() -> None:
     worker's start).  The run ends, and the builder is failed by
     KV-CALL-RAISES with the limit named, instead of growing until the machine swaps.
     """
-    report = check_builder(
+    report = quick_check(
         "hostile_builders:LeaksMemory",
-        select=["KV-CALL-RAISES"],
-        max_examples=10,
+        "KV-CALL-RAISES",
+        examples=10,
         seed=1,
         shrink=False,
+        isolate=True,  # the limit is the worker's
         worker_memory=0.25,
     )
     raised = report.result("KV-CALL-RAISES")
@@ -448,15 +441,7 @@ class TestHoldsTheGIL:
             f"'--seed', '1', '--select', 'KV-CALL-TIMEOUT', '--no-database', "
             f"'--json', {str(report)!r}])\n"
         )
-        done = subprocess.run(
-            [sys.executable, "-c", script],
-            cwd=work,
-            env=_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        done = run_captured([sys.executable, "-c", script], cwd=work, env=_env(), timeout=300)
         assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
         assert "Timeout" in done.stderr and "attack" in done.stderr, done.stderr[-2000:]
         assert json.loads(report.read_text())["complete"] is False

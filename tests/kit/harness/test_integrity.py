@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit_runs import quick_check
 
-from conformance import check_builder
 from conformance.harness import integrity
 from conformance.harness.integrity import ChangedCodeError, guarded, mark
 from conformance.run import runner
@@ -43,9 +43,9 @@ def _pyc(source: str, filename: str, mtime: float, size: int) -> bytes:
     return pyc
 
 
-def _small_run(builder: str, *select: str) -> Any:
-    """An isolated run of ``builder`` (``module:Class``) on a few examples, reach off."""
-    return check_builder(builder, select=list(select), max_examples=6, seed=1, reach=False)
+def _small_run(builder: str, *select: str, **options: Any) -> Any:
+    """A run of ``builder`` (``module:Class``) on six examples, isolated unless ``options`` say."""
+    return quick_check(builder, *select, examples=6, seed=1, **{"isolate": True, **options})
 
 
 def test_a_module_unchanged_since_the_mark_imports(module_dir: Path) -> None:
@@ -160,13 +160,8 @@ def test_a_models_module_that_rewrites_a_module_cannot_run_it_in_the_kit(
 ) -> None:
     """The models child runs vendor code before the worker starts: the check counts from it."""
     _, target, seen = _tampered_module(module_dir, monkeypatch)
-    result = check_builder(
-        "forgers:ShortBacking",
-        select=["KV-PLACE-BACKING-SIZE"],
-        max_examples=6,
-        seed=1,
-        reach=False,
-        models="forgers.tampers:MODELS",
+    result = _small_run(
+        "forgers:ShortBacking", "KV-PLACE-BACKING-SIZE", models="forgers.tampers:MODELS"
     )
     assert "forge('tampered module')" in target.read_text()  # the models child rewrote it
     assert len(seen) == 1 and isinstance(seen[0], ChangedCodeError), seen
@@ -198,12 +193,5 @@ def test_a_kit_error_raised_by_a_kvref_native_builder_is_its_own(
     assert raises.status == "fail", raises
     assert any("KitError" in str(v) for v in raises.violations), raises.violations
     # Run in this process (no worker), the guard tells its hook from the kit's code too.
-    here = check_builder(
-        "forgers.kit_errors:RaisesKitError",
-        select=["KV-CALL-RAISES"],
-        max_examples=6,
-        seed=1,
-        reach=False,
-        isolate=False,
-    )
+    here = _small_run("forgers.kit_errors:RaisesKitError", "KV-CALL-RAISES", isolate=False)
     assert here.result("KV-CALL-RAISES").status == "fail"

@@ -22,6 +22,7 @@ import attrs
 import broken_builders
 import pytest
 import reproduce_lines
+from subprocesses import run_captured
 
 import conformance
 from conformance.report.model import InvariantResult
@@ -178,15 +179,7 @@ def test_reproduce_line_names_a_main_builder_by_path(work: Path) -> None:
         "    print(next(x.reproduce for x in r.results if x.id == 'KV-GROUP-PARTITION'))\n"
     )
     env = _env()
-    made = subprocess.run(
-        [sys.executable, str(script)],
-        check=False,
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    made = run_captured([sys.executable, str(script)], cwd=work, env=env, timeout=300)
     assert made.returncode == 0, made.stderr[-2000:]
     line = made.stdout.strip().splitlines()[-1]
     assert f"{script.resolve()}:Mine" in line and "--timeout 2.5" in line and "--no-shrink" in line

@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kit_runs import quick_check
 
 from conformance.check import catalog as catalog_module
 from conformance.check.catalog import Invariant, Unjudged, catalog
 from conformance.check.violations import Violation
 from conformance.harness.hooks import Context, call_grouping
-from conformance.run.runner import check_builder
 from conformance.scenarios import registry
 from conformance.scenarios.base import Scenario
 from conformance.scenarios.examples import PLAIN
@@ -92,15 +92,8 @@ def toy_registered(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("toy_registered")
 def test_a_new_scenario_is_drawn_dealt_and_judged() -> None:
-    report = check_builder(
-        ReferenceKVCacheConfigBuilder,
-        select=["KV-TOY-NONEMPTY"],
-        max_examples=6,
-        seed=3,
-        isolate=False,
-        reach=False,
-        database=None,
-        focus="off",
+    report = quick_check(
+        ReferenceKVCacheConfigBuilder, "KV-TOY-NONEMPTY", examples=6, seed=3, focus="off"
     )
     (result,) = report.results
     assert result.status == "pass"
