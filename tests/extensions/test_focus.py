@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import attrs
@@ -9,6 +10,7 @@ import pytest
 from drawn import drawn_examples
 from hypothesis import given
 from hypothesis import strategies as st
+from kit_runs import quick_check
 
 from conformance.cli import main
 from conformance.extensions.focus.answers import FOCUS_SHARE, answers_differ
@@ -17,7 +19,6 @@ from conformance.generate.limits import HOST_OUTSIDE_HISPARSE, Limits
 from conformance.harness.guard import Guard
 from conformance.harness.hooks import Context, make_factory
 from conformance.run.options import OptionError, RunOptions
-from conformance.run.runner import check_builder
 from conformance.run.strata import Stratum, draw_pinned, run_strata
 from conformance.scenarios.examples import Example
 from conformance.scenarios.registry import observe_in
@@ -29,6 +30,10 @@ from kvref.specs import KVCacheSpec
 from tests import legal_builders
 
 FAMILIES = [s.name for s in run_strata(None, only=False)]
+#: A kvref-native DeepSeek-V4 builder: it acts on DeepSeek-V4 alone.
+DSV4 = "vendor_builders.deepseek_v4:DeepSeekV4Builder"
+#: Its twin with the MTP slot bug, failing KV-PLACE-NO-LAYER-OVERLAP on DeepSeek-V4.
+MTP_BUG = "vendor_builders.deepseek_v4_mtp_bug:DeepSeekV4MTPSlotBugBuilder"
 
 
 def _observe(builder: Any, scenario: str, example: Example) -> Any:
@@ -109,23 +114,19 @@ class TestFocusRuns:
     """Where the extra examples go, and that they keep the engine paths."""
 
     def test_the_reference_draws_no_focus(self) -> None:
-        report = check_builder(
+        report = quick_check(
             ReferenceKVCacheConfigBuilder,
-            select=["KV-PLACE-NUM-BLOCKS", "KV-CORE-MEMORY"],
+            "KV-PLACE-NUM-BLOCKS",
+            "KV-CORE-MEMORY",
             seed=3,
-            max_examples=20,
-            reach=False,
+            examples=20,
+            isolate=True,
         )
         assert not any("focus" in c for c in report.coverage.values()), report.coverage
 
     def test_a_family_builder_draws_its_family(self) -> None:
         """A kvref-native DeepSeek-V4 builder acts on DeepSeek-V4 alone, and gets the extras."""
-        report = check_builder(
-            "vendor_builders.deepseek_v4:DeepSeekV4Builder",
-            select=["KV-PLACE-NUM-BLOCKS"],
-            seed=1,
-            reach=False,
-        )
+        report = quick_check(DSV4, "KV-PLACE-NUM-BLOCKS", seed=1, isolate=True)
         extra = report.coverage["placement"]["focus"]
         assert set(extra) == {"deepseek_v4"}, report.coverage["placement"]
         assert sum(extra.values()) == int(50 * FOCUS_SHARE)
@@ -182,25 +183,15 @@ class TestFocusRuns:
 
     def test_the_reproduce_line_names_the_focus_and_replays_it(self) -> None:
         """A run of the failing invariant alone, with the line's --focus, fails it again."""
-        report = check_builder(
-            "vendor_builders.deepseek_v4_mtp_bug:DeepSeekV4MTPSlotBugBuilder",
-            select=["KV-PLACE-NO-LAYER-OVERLAP"],
-            seed=1,
-            reach=False,
-            shrink=False,
+        run = functools.partial(
+            quick_check, MTP_BUG, "KV-PLACE-NO-LAYER-OVERLAP", seed=1, shrink=False, isolate=True
         )
+        report = run()
         (result,) = report.results
         assert result.status == "fail", result
         assert "--focus deepseek_v4=" in (result.reproduce or ""), result.reproduce
         focus = result.reproduce.split("--focus ")[1].split(" ")[0].strip("'")
-        again = check_builder(
-            "vendor_builders.deepseek_v4_mtp_bug:DeepSeekV4MTPSlotBugBuilder",
-            select=["KV-PLACE-NO-LAYER-OVERLAP"],
-            seed=1,
-            reach=False,
-            shrink=False,
-            focus=focus,
-        )
+        again = run(focus=focus)
         assert again.results[0].status == "fail"
         assert again.coverage == report.coverage
 
@@ -253,13 +244,8 @@ class TestSpelling:
 
 def test_off_keeps_the_first_deal_alone() -> None:
     """``focus='off'``: the run draws exactly its examples per scenario."""
-    report = check_builder(
-        "vendor_builders.deepseek_v4:DeepSeekV4Builder",
-        select=["KV-PLACE-NUM-BLOCKS"],
-        seed=1,
-        max_examples=20,
-        reach=False,
-        focus="off",
+    report = quick_check(
+        DSV4, "KV-PLACE-NUM-BLOCKS", seed=1, examples=20, focus="off", isolate=True
     )
     placement = report.coverage["placement"]
     assert "focus" not in placement
