@@ -310,16 +310,33 @@ def ring_model() -> dict[str, KVCacheSpec]:
     }
 
 
-@pytest.mark.parametrize(
-    ("builder", "specs"),
+def _case_id(value: object) -> str:
+    """A case's name: its builder's, and its layout where it has one."""
+    if isinstance(value, type):
+        return value.__name__
+    return value if isinstance(value, str) else ""
+
+
+def each_builder(other: str, cases: list[tuple[type, Any]]) -> pytest.MarkDecorator:
+    """Parametrize over ``(builder, other)`` cases (``other``: the specs or the layout)."""
+    return pytest.mark.parametrize(("builder", other), cases, ids=_case_id)
+
+
+#: Broken builders that a stream of serving calls catches, on the models they break.
+STREAM_CAUGHT = [
+    (serve_builders.SlidingFirstWrapper, hybrid()),
+    (serve_builders.RingFirstWrapper, ring_model()),
+]
+
+
+@each_builder(
+    "specs",
     [
-        (serve_builders.SlidingFirstWrapper, hybrid()),
-        (serve_builders.RingFirstWrapper, ring_model()),
+        *STREAM_CAUGHT,
         (serve_builders.FullAsSlidingWindow, hybrid()),
         (serve_builders.FullAsRingBuffer, hybrid()),
         (serve_builders.DropsSpeculativeStates, mamba_hybrid()),
     ],
-    ids=lambda x: x.__name__ if isinstance(x, type) else "",
 )
 class TestBrokenBuildersAreCaught:
     """Each broken builder fails exactly the serving invariant meant for it."""
@@ -335,14 +352,7 @@ class TestBrokenBuildersAreCaught:
         assert repr(program).startswith("state = ServeMachine()\nstate.add_request(")
 
 
-@pytest.mark.parametrize(
-    ("builder", "specs"),
-    [
-        (serve_builders.SlidingFirstWrapper, hybrid()),
-        (serve_builders.RingFirstWrapper, ring_model()),
-    ],
-    ids=lambda x: x.__name__ if isinstance(x, type) else "",
-)
+@each_builder("specs", STREAM_CAUGHT)
 class TestStateMachine:
     """The RuleBasedStateMachine form of the simulation catches what the streams catch."""
 
@@ -370,14 +380,13 @@ class TestStateMachine:
 class TestStaticFindingsAgree:
     """Placement bugs the static invariants catch break serving too, or are shown harmless."""
 
-    @pytest.mark.parametrize(
-        ("builder", "layout"),
+    @each_builder(
+        "layout",
         [
             (broken_builders.OverlappingBlocks, "LBNHC"),
             (broken_builders.OverlappingLayers, "BLHNC"),
             (broken_builders.MixedBlockSizes, "BLHNC"),
         ],
-        ids=lambda x: x.__name__ if isinstance(x, type) else x,
     )
     def test_aliasing_breaks_serving(
         self, builder: type[KVCacheConfigBuilder], layout: str
@@ -408,10 +417,9 @@ class TestStaticFindingsAgree:
         assert [g.kv_cache_spec.block_size for g in legal.kv_cache_groups] == [4]
         assert_clean(legal, specs, layout)
 
-    @pytest.mark.parametrize(
-        ("builder", "layout"),
+    @each_builder(
+        "layout",
         [(broken_builders.SwappedLayers, "LBNHC"), (broken_builders.HalfUsedBlocks, "BLHNC")],
-        ids=lambda x: x.__name__ if isinstance(x, type) else x,
     )
     def test_bookkeeping_bugs_do_not_leak(
         self, builder: type[KVCacheConfigBuilder], layout: str
@@ -486,14 +494,7 @@ class TestKitScenario:
         assert calls and calls[0].startswith("state.add_request(") and len(calls) <= 3
         assert all(v.invariant == builder.CAUGHT_BY for v in failure.violations)
 
-    @pytest.mark.parametrize(
-        ("builder", "specs"),
-        [
-            (serve_builders.SlidingFirstWrapper, hybrid()),
-            (serve_builders.RingFirstWrapper, ring_model()),
-        ],
-        ids=lambda x: x.__name__ if isinstance(x, type) else "",
-    )
+    @each_builder("specs", STREAM_CAUGHT)
     def test_broken_builder_passes_static_checks(
         self, serve_wired: Any, builder: type, specs: dict[str, KVCacheSpec]
     ) -> None:
