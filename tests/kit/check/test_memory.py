@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -37,27 +38,27 @@ from kvref.specs import (
 LAYOUTS = list(KVCacheLayout)
 
 
-def full(heads: int = 1, content: int = 16, block: int = 2, **kw: object) -> FullAttentionSpec:
-    return FullAttentionSpec(
+_Spec = TypeVar("_Spec", bound=KVCacheSpec)
+
+
+def _int8(kind: type[_Spec], heads: int, content: int, block: int, **kw: Any) -> _Spec:
+    """A ``kind`` spec of one-byte heads, ``content`` bytes of state a token."""
+    return kind(
         block_size=block,
         num_kv_heads=heads,
         head_size=1,
         dtype="int8",
         state_content_bytes=content,
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
 
 
-def sliding(heads: int = 1, content: int = 16, block: int = 2, **kw: object) -> SlidingWindowSpec:
-    return SlidingWindowSpec(
-        block_size=block,
-        num_kv_heads=heads,
-        head_size=1,
-        dtype="int8",
-        state_content_bytes=content,
-        sliding_window=8,
-        **kw,  # type: ignore[arg-type]
-    )
+def full(heads: int = 1, content: int = 16, block: int = 2, **kw: Any) -> FullAttentionSpec:
+    return _int8(FullAttentionSpec, heads, content, block, **kw)
+
+
+def sliding(heads: int = 1, content: int = 16, block: int = 2, **kw: Any) -> SlidingWindowSpec:
+    return _int8(SlidingWindowSpec, heads, content, block, sliding_window=8, **kw)
 
 
 def group(names: Sequence[str], spec: KVCacheSpec, **kw: bool) -> KVCacheGroupSpec:

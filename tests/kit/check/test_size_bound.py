@@ -10,6 +10,8 @@ Found by the power sweep at seed 4 (contract.md#placement-backing).
 
 from __future__ import annotations
 
+from typing import Any
+
 import legal_builders
 import torch
 
@@ -37,26 +39,26 @@ _CONFIG = PlanningConfig(
     hf_config=_HF,
     cache_dtype="fp8_ds_mla",
 )
+
+
+def _mla(head_size: int, **kw: Any) -> MLAAttentionSpec:
+    """A byte-packed MLA spec of the layer's: one head, blocks of 16, never sharded."""
+    return MLAAttentionSpec(
+        block_size=16,
+        num_kv_heads=1,
+        head_size=head_size,
+        dtype=torch.uint8,
+        head_size_v=0,
+        max_tp_shards=1,
+        **kw,
+    )
+
+
 _SPECS: dict[str, KVCacheSpec] = {
-    "model.layers.0.self_attn.attn": MLAAttentionSpec(
-        block_size=16,
-        num_kv_heads=1,
-        head_size=576,
-        dtype=torch.uint8,
-        head_size_v=0,
-        max_tp_shards=1,
-        state_content_bytes=656,
-        cache_dtype_str="fp8_ds_mla",
+    "model.layers.0.self_attn.attn": _mla(
+        576, state_content_bytes=656, cache_dtype_str="fp8_ds_mla"
     ),
-    "model.layers.0.self_attn.indexer.k_cache": MLAAttentionSpec(
-        block_size=16,
-        num_kv_heads=1,
-        head_size=132,
-        dtype=torch.uint8,
-        head_size_v=0,
-        max_tp_shards=1,
-        cache_role="INDEXER",
-    ),
+    "model.layers.0.self_attn.indexer.k_cache": _mla(132, cache_role="INDEXER"),
     "model.layers.0.self_attn.attn.hisparse_resident": HiSparseResidentSpec(
         block_size=16, page_size=10496
     ),
