@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from forged_runs import TESTS, forger_env, kit_command, left_running, plugin_run
+from subprocesses import run_captured
 
 from conformance import check_builder
 from conformance.ci import certify
@@ -38,11 +39,18 @@ SELECT = "KV-PLACE-BACKING-SIZE,KV-PLACE-NUM-BLOCKS,KV-CALL"
 KEY = "kvref-test-key-8c1f"
 
 
-def _cli(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    command = kit_command()
-    return subprocess.run(
-        command + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False
-    )
+def _attack(
+    tmp_path: Path, builder: str, *args: str, select: str = SELECT, **env: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """The CLI on the attacker ``builder`` with ``env`` set: it fails on the bug; its report.
+
+    The report is ``tmp_path / "report.json"``; ``args`` are more of the CLI's options.
+    """
+    report = tmp_path / "report.json"
+    argv = [builder, *FAST, "--select", select, "--json", str(report), *args]
+    proc = run_captured(kit_command() + argv, cwd=tmp_path, env=forger_env(**env), timeout=600)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc, _failed_on_the_bug(report)
 
 
 def _left_alive(pids_file: Path, wait: float = 10.0) -> list[int]:
@@ -66,14 +74,8 @@ def _marks(marker: Path) -> list[str]:
 
 def test_cli_memory_write_is_refused(tmp_path: Path) -> None:
     """The worker finds the judge among its ancestors; every write to its memory is refused."""
-    marker, report = tmp_path / "marker.txt", tmp_path / "report.json"
-    proc = _cli(
-        ["forgers.escapes:WritesKitMemory", *FAST, "--select", SELECT, "--json", str(report)],
-        tmp_path,
-        forger_env(KVREF_FORGE_MARKER=str(marker)),
-    )
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    _failed_on_the_bug(report)
+    marker = tmp_path / "marker.txt"
+    _attack(tmp_path, "forgers.escapes:WritesKitMemory", KVREF_FORGE_MARKER=str(marker))
     marks = _marks(marker)
     assert marks and all(m.startswith("memory: refused") for m in marks), marks
 
@@ -81,16 +83,13 @@ def test_cli_memory_write_is_refused(tmp_path: Path) -> None:
 def test_cli_daemon_cannot_forge_after_the_judge_exits(tmp_path: Path) -> None:
     """The setsid() + double-fork daemon ends with the run: the report stays as written."""
     marker, report, pids = tmp_path / "marker.txt", tmp_path / "report.json", tmp_path / "pids"
-    proc = _cli(
-        ["forgers.escapes:Daemonizes", *FAST, "--select", SELECT, "--json", str(report)],
+    proc, _ = _attack(
         tmp_path,
-        forger_env(
-            KVREF_FORGE_MARKER=str(marker),
-            KVREF_CHILD_PIDS=str(pids),
-            KVREF_REPORT_PATH=str(report),
-        ),
+        "forgers.escapes:Daemonizes",
+        KVREF_FORGE_MARKER=str(marker),
+        KVREF_CHILD_PIDS=str(pids),
+        KVREF_REPORT_PATH=str(report),
     )
-    assert proc.returncode == 1
     written = report.read_text()
     assert pids.read_text().split(), "the daemon did not start"
     assert not _left_alive(pids)
@@ -103,14 +102,8 @@ def test_cli_daemon_cannot_forge_after_the_judge_exits(tmp_path: Path) -> None:
 
 def test_cli_leaves_no_process_of_the_builder(tmp_path: Path) -> None:
     """24 children, a third of them in sessions of their own: none outlives the run."""
-    pids, report = tmp_path / "pids", tmp_path / "report.json"
-    proc = _cli(
-        ["forgers.escapes:ForksMany", *FAST, "--select", SELECT, "--json", str(report)],
-        tmp_path,
-        forger_env(KVREF_CHILD_PIDS=str(pids)),
-    )
-    assert proc.returncode == 1
-    _failed_on_the_bug(report)
+    pids = tmp_path / "pids"
+    _attack(tmp_path, "forgers.escapes:ForksMany", KVREF_CHILD_PIDS=str(pids))
     assert len(pids.read_text().split()) == 24
     assert not _left_alive(pids)
 
@@ -119,21 +112,16 @@ def test_cli_key_reaches_no_builder_process(tmp_path: Path) -> None:
     """With the key set, the worker, the twin and the models child find it nowhere."""
     from forgers.escapes import masked
 
-    marker, report = tmp_path / "marker.txt", tmp_path / "report.json"
-    proc = _cli(
-        [
-            *("forgers.escapes:StealsKey", *FAST, "--json", str(report)),
-            *("--select", f"{SELECT},KV-GROUP-HASH-STABLE", "--models", "forgers.models:MODELS"),
-        ],
+    marker = tmp_path / "marker.txt"
+    _, data = _attack(
         tmp_path,
-        forger_env(
-            KVREF_FORGE_MARKER=str(marker),
-            KVREF_CERTIFY_KEY=KEY,
-            KVREF_KEY_TO_FIND=masked(KEY),
-        ),
+        "forgers.escapes:StealsKey",
+        *("--models", "forgers.models:MODELS"),
+        select=f"{SELECT},KV-GROUP-HASH-STABLE",
+        KVREF_FORGE_MARKER=str(marker),
+        KVREF_CERTIFY_KEY=KEY,
+        KVREF_KEY_TO_FIND=masked(KEY),
     )
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    data = _failed_on_the_bug(report)
     marks = _marks(marker)
     assert "key in models: nowhere" in marks
     assert marks.count("key in builder: nowhere") == 2, marks  # the worker and the twin
@@ -143,17 +131,13 @@ def test_cli_key_reaches_no_builder_process(tmp_path: Path) -> None:
 
 def test_cli_models_module_runs_outside_the_judge(tmp_path: Path) -> None:
     """A models module that patches the catalog at import: the run still fails on the bug."""
-    marker, report = tmp_path / "marker.txt", tmp_path / "report.json"
-    proc = _cli(
-        [
-            *("forgers:ShortBacking", *FAST, "--select", SELECT, "--json", str(report)),
-            *("--models", "forgers.models:MODELS", "--models-only"),
-        ],
+    marker = tmp_path / "marker.txt"
+    _, data = _attack(
         tmp_path,
-        forger_env(KVREF_FORGE_MARKER=str(marker)),
+        "forgers:ShortBacking",
+        *("--models", "forgers.models:MODELS", "--models-only"),
+        KVREF_FORGE_MARKER=str(marker),
     )
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    data = _failed_on_the_bug(report)
     assert _marks(marker) == ["models import"]
     assert "models" in data["containment"]["roles"]
 
