@@ -5,8 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+from forged_runs import plugin_run
 from hypothesis import HealthCheck, settings
 
 pytest_plugins = ["pytester"]
@@ -138,3 +141,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     # sorted() is stable: tests of one module, and the modules not listed, keep their order.
     items[:] = sorted(items, key=key)
+
+
+# --- the attackers of tests/forgers under the pytest plugin -------------------
+
+
+@pytest.fixture
+def plugin_attack(
+    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., tuple[pytest.RunResult, Path]]:
+    """Runs :func:`forged_runs.plugin_run` with the given options, its notes in ``tmp_path``.
+
+    What the run returns: pytest's result, and the file the attackers wrote their notes to.
+    """
+    marker = tmp_path / "marker.txt"
+
+    def run(*options: str) -> tuple[pytest.RunResult, Path]:
+        return plugin_run(pytester, monkeypatch, marker, *options), marker
+
+    return run

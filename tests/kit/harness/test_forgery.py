@@ -15,10 +15,11 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from forged_runs import TESTS, forger_env, kit_command, left_running, plugin_run
+from forged_runs import TESTS, forger_env, kit_command, left_running
 
 from conformance import check_builder
 
@@ -102,15 +103,11 @@ def test_check_builder_given_the_class_is_not_forged(
 
 
 def test_plugin_defaults_are_not_forged(
-    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    plugin_attack: Callable[..., tuple[pytest.RunResult, Path]],
 ) -> None:
     """The plugin isolates by default: the forger's item fails, pytest's process is untouched."""
-    marker = tmp_path / "forged.txt"
-    result = plugin_run(
-        pytester,
-        monkeypatch,
-        marker,
-        *("--kv-builder", "forgers.on_import:ImportForges", "--kv-max-examples", "6"),
+    result, marker = plugin_attack(
+        "--kv-builder", "forgers.on_import:ImportForges", "--kv-max-examples", "6"
     )
     # The import patched every check of the process it ran in: had that been
     # pytest's, the item would pass.  It ran, in the worker.

@@ -20,11 +20,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from forged_runs import TESTS, forger_env, kit_command, left_running, plugin_run
+from forged_runs import TESTS, forger_env, kit_command, left_running
 from subprocesses import run_captured
 
 from conformance import check_builder
@@ -190,14 +191,10 @@ def test_certify_with_a_forging_models_module(
 
 
 def test_plugin_models_module_runs_outside_the_judge(
-    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    plugin_attack: Callable[..., tuple[pytest.RunResult, Path]],
 ) -> None:
     """The plugin: had the module's patch reached pytest's process, the item would pass."""
-    marker = tmp_path / "marker.txt"
-    result = plugin_run(
-        pytester,
-        monkeypatch,
-        marker,
+    result, marker = plugin_attack(
         *("--kv-builder", "forgers:ShortBacking", "--kv-models", "forgers.models:MODELS"),
         *("--kv-max-examples", "4"),
     )
