@@ -15,6 +15,9 @@ from typing import Any
 
 from subprocesses import run_captured
 
+from conformance.ci.merge import merge_reports, read_shard_reports
+from conformance.report.render import report_to_dict
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARDS = 3
 
@@ -46,6 +49,13 @@ def whole_and_shards(
         shard = ("--shard", f"{i}/{SHARDS}")
         cli(builder, path, *extra, *shard, select=select, examples=examples)
     return json.loads((tmp / "whole.json").read_text()), paths
+
+
+def merged(paths: list[Path]) -> dict[str, Any]:
+    """The shard reports at ``paths`` merged (``kvref-conformance merge``), as their JSON reads."""
+    report = merge_reports(read_shard_reports(paths))
+    data: dict[str, Any] = json.loads(json.dumps(report_to_dict(report), default=str))
+    return data
 
 
 #: What of each result must be the same: the verdict, the counts and the finding.

@@ -18,25 +18,20 @@ from typing import Any
 import jsonschema
 import pytest
 
-from conformance.ci.merge import MergeError, merge_reports, read_shard_reports
+from conformance.ci.merge import MergeError, read_shard_reports
 from conformance.ci.shard_reports import SEAL, sealed
 from conformance.cli import main
 from conformance.harness.confine import KEY_ENV
-from conformance.report.render import json_schema_path, report_to_dict
+from conformance.report.render import json_schema_path
 from conformance.run.options import OptionError, RunOptions
 from conformance.run.shard import Shard
-from tests.shard_runs import differences, whole_and_shards
+from tests.shard_runs import differences, merged, whole_and_shards
 
 BROKEN = "broken_builders.placement:OverlappingBlocks"
 #: Invariants of five scenarios, the planted overlap's among them.
 SELECT = "KV-GROUP-PARTITION,KV-PLACE-NUM-BLOCKS,KV-PLACE-NO-BLOCK-ALIAS,KV-CORE-MEMORY,KV-DEV-TAGS"
 #: The planted overlap's invariant: it fails in more than one shard.
 ALIAS = "KV-PLACE-NO-BLOCK-ALIAS"
-
-
-def _plain(report: Any) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(json.dumps(report_to_dict(report), default=str))
-    return data
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +82,7 @@ class TestMergeEquality:
         self, broken_runs: tuple[dict[str, Any], list[Path]]
     ) -> None:
         whole, paths = broken_runs
-        merged = _plain(merge_reports(read_shard_reports(paths)))
-        assert differences(whole, merged) == []
+        assert differences(whole, merged(paths)) == []
         # Not vacuous: it failed, and its failures lay in more than one shard.
         assert not whole["ok"]
         failing = [
@@ -124,8 +118,7 @@ class TestMergeEquality:
         whole, paths = whole_and_shards(
             "kvref:ReferenceKVCacheConfigBuilder", tmp_path, select=None, examples=15
         )
-        merged = _plain(merge_reports(read_shard_reports(paths)))
-        assert differences(whole, merged) == []
+        assert differences(whole, merged(paths)) == []
         assert whole["ok"] and whole["reach"] is not None
 
 
@@ -150,8 +143,7 @@ class TestVendorStratum:
         self, vendor_runs: tuple[dict[str, Any], list[Path]]
     ) -> None:
         whole, paths = vendor_runs
-        merged = _plain(merge_reports(read_shard_reports(paths)))
-        assert differences(whole, merged) == []
+        assert differences(whole, merged(paths)) == []
         assert not whole["ok"]
 
     def test_every_shard_judges_part_of_the_vendors_models(
@@ -292,7 +284,7 @@ class TestSealedShards:
         monkeypatch.setenv(KEY_ENV, "the shards' key")
         copies = self._sealed_copies(paths, tmp_path)
         assert all(json.loads(c.read_text())["shard"][SEAL] for c in copies)
-        assert differences(whole, _plain(merge_reports(read_shard_reports(copies)))) == []
+        assert differences(whole, merged(copies)) == []
         # Unsealed shards (runs without the key) are refused while the key is held.
         with pytest.raises(MergeError, match=f"{paths[0].name}: shard.seal has no seal"):
             read_shard_reports(paths)
