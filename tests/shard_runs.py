@@ -58,6 +58,13 @@ def merged(paths: list[Path]) -> dict[str, Any]:
     return data
 
 
+def merge_is_whole(runs: tuple[dict[str, Any], list[Path]]) -> dict[str, Any]:
+    """The whole run's report of ``runs`` (:func:`whole_and_shards`), once its shards' merge is."""
+    whole, paths = runs
+    assert differences(whole, merged(paths)) == []
+    return whole
+
+
 #: What of each result must be the same: the verdict, the counts and the finding.
 RESULT_KEYS = ("id", "status", "examples", "inconclusive", "violations", "counterexample")
 
