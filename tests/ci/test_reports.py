@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,22 @@ def _junit(report: Report, tmp_path: Path) -> ET.Element:
     return ET.parse(path).getroot()
 
 
+def _edited_junit(tmp_path: Path, find: str, edit: Callable[[ET.Element], object]) -> Path:
+    """The JUnit file of :func:`every_status`, its element at ``find`` changed by ``edit``.
+
+    What an older or a broken writer would have written: a schema must refuse it.
+    ``find`` is an ElementTree path from the root (``"."``: the root itself).
+    """
+    path = tmp_path / "r.xml"
+    write_junit(every_status(), path)
+    tree = ET.parse(path)
+    element = tree.getroot().find(find)
+    assert element is not None
+    edit(element)
+    tree.write(path)
+    return path
+
+
 def _suite_of(path: Path) -> ET.Element:
     suite = ET.parse(path).getroot().find("testsuite")
     assert suite is not None
@@ -125,13 +142,7 @@ class TestJUnit:
 
     def test_schema_rejects_a_suite_without_errors(self, tmp_path: Path) -> None:
         # The validator is no rubber stamp: the old file's shape fails it.
-        path = tmp_path / "r.xml"
-        write_junit(every_status(), path)
-        tree = ET.parse(path)
-        suite = tree.getroot().find("testsuite")
-        assert suite is not None
-        del suite.attrib["errors"]
-        tree.write(path)
+        path = _edited_junit(tmp_path, "testsuite", lambda suite: suite.attrib.pop("errors"))
         assert not any(schema.is_valid(path) for schema in SCHEMAS.values())
 
     @pytest.mark.parametrize(
@@ -147,23 +158,15 @@ class TestJUnit:
         self, tmp_path: Path, schema: str, where: str, attribute: str
     ) -> None:
         """'testsuites skipped and testcase status, which junit-10.xsd rejects'."""
-        path = tmp_path / "r.xml"
-        write_junit(every_status(), path)
-        tree = ET.parse(path)
-        element = tree.getroot() if where == "testsuites" else tree.getroot().find(".//testcase")
-        assert element is not None
-        element.set(attribute, "1")
-        tree.write(path)
+        find = "." if where == "testsuites" else ".//testcase"
+        path = _edited_junit(tmp_path, find, lambda element: element.set(attribute, "1"))
         assert not SCHEMAS[schema].is_valid(path)
 
     def test_ant_refuses_a_case_with_two_outcomes(self, tmp_path: Path) -> None:
-        path = tmp_path / "r.xml"
-        write_junit(every_status(), path)
-        tree = ET.parse(path)
-        case = tree.getroot().find(".//testcase[failure]")
-        assert case is not None
-        ET.SubElement(case, "system-out").text = "x"
-        tree.write(path)
+        def add_output(case: ET.Element) -> None:
+            ET.SubElement(case, "system-out").text = "x"
+
+        path = _edited_junit(tmp_path, ".//testcase[failure]", add_output)
         assert JENKINS.is_valid(path) and not ANT.is_valid(path)
 
     def test_times_are_per_invariant(self, tmp_path: Path) -> None:
