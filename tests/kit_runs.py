@@ -39,3 +39,26 @@ def quick_check(
     return check_builder(
         builder, select=list(select) or None, max_examples=examples, seed=seed, **options
     )
+
+
+def cli_args(*select: str, examples: int, seed: int) -> list[str]:
+    """The CLI's options (``kvref-conformance``) of a run like :func:`quick_check`'s.
+
+    The invariants ``select``, the examples and the seed, and no example
+    database; the builder, and anything else, the test adds.
+    """
+    return [
+        *("--select", ",".join(select)),
+        *("--max-examples", str(examples), "--seed", str(seed), "--no-database"),
+    ]
+
+
+def plugin_args(builder: str, *, examples: int, seed: int) -> list[str]:
+    """``pytest``'s arguments that run the kit's plugin on ``builder``: its items, not the cache.
+
+    The test adds which items (``-k``, ``--kv-select``) and the rest.
+    """
+    return [
+        *("--pyargs", "conformance", "-p", "no:cacheprovider", "--kv-builder", builder),
+        *("--kv-max-examples", str(examples), "--kv-seed", str(seed)),
+    ]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+from kit_runs import plugin_args
 
 from conformance import check_builder
 from conformance.ci.baseline import BaselineError, compare, load_baseline
@@ -211,10 +212,10 @@ class TestPluginExpectations:
             ),
         )
         monkeypatch.setenv("PYTHONPATH", str(tests))
-        args = ["--pyargs", "conformance", "--kv-builder", "broken_builders:DroppedLayer"]
-        args += ["--kv-max-examples", "3", "--kv-seed", "1", "--kv-expectations", "exp.toml"]
-        args += ["-k", "KV-GROUP-PARTITION or KV-GROUP-NONEMPTY", "-p", "no:cacheprovider"]
-        result = pytester.runpytest_subprocess(*args)
+        result = pytester.runpytest_subprocess(
+            *plugin_args("broken_builders:DroppedLayer", examples=3, seed=1),
+            *("--kv-expectations", "exp.toml", "-k", "KV-GROUP-PARTITION or KV-GROUP-NONEMPTY"),
+        )
         result.assert_outcomes(xfailed=1, failed=1)
         result.stdout.fnmatch_lines(["*KV-GROUP-NONEMPTY held, yet a strict expectation*"])
 

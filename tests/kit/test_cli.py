@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kit_runs import quick_check
+from kit_runs import plugin_args, quick_check
 
 from conformance import OptionError, check_builder
 from conformance.check.catalog import catalog
@@ -189,18 +189,8 @@ class TestPlugin:
     def test_items_and_header(self, pytester: pytest.Pytester) -> None:
         """--pyargs conformance collects one item per invariant and prints the header."""
         result = pytester.runpytest_subprocess(
-            "--pyargs",
-            "conformance",
-            "--kv-builder",
-            "kvref:ReferenceKVCacheConfigBuilder",
-            "--kv-max-examples",
-            "2",
-            "--kv-seed",
-            "1",
-            "-k",
-            "KV-GROUP-PARTITION or KV-PLACE-NUM-BLOCKS",
-            "-p",
-            "no:cacheprovider",
+            *plugin_args("kvref:ReferenceKVCacheConfigBuilder", examples=2, seed=1),
+            *("-k", "KV-GROUP-PARTITION or KV-PLACE-NUM-BLOCKS"),
         )
         result.stdout.fnmatch_lines(
             ["*kvref-conformance: builder=kvref:ReferenceKVCacheConfigBuilder*"]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit_runs import cli_args, plugin_args
 
 from conformance.check.catalog import catalog
 from conformance.cli import _options, _parser, main
@@ -56,8 +57,7 @@ def _judgement(data: dict[str, Any]) -> dict[str, Any]:
 
 def _cli(builder: str, select: list[str], examples: int, tmp_path: Path) -> dict[str, Any]:
     path = tmp_path / "cli.json"
-    args = [builder, "--select", ",".join(select), "--max-examples", str(examples)]
-    main([*args, "--seed", str(SEED), "--no-database", "--json", str(path)])
+    main([builder, *cli_args(*select, examples=examples, seed=SEED), "--json", str(path)])
     data: dict[str, Any] = json.loads(path.read_text())
     return data
 
@@ -67,20 +67,8 @@ def _plugin(
 ) -> tuple[dict[str, Any], dict[str, int]]:
     path = pytester.path / "plugin.json"
     result = pytester.runpytest_subprocess(
-        "--pyargs",
-        "conformance",
-        "-p",
-        "no:cacheprovider",
-        "--kv-builder",
-        builder,
-        "--kv-select",
-        ",".join(select),
-        "--kv-max-examples",
-        str(examples),
-        "--kv-seed",
-        str(SEED),
-        "--kv-json",
-        str(path),
+        *plugin_args(builder, examples=examples, seed=SEED),
+        *("--kv-select", ",".join(select), "--kv-json", str(path)),
     )
     outcomes = result.parseoutcomes()
     outcomes.pop("deselected", None)
@@ -135,10 +123,8 @@ def test_the_plugin_judges_the_reach_minimum(
 ) -> None:
     """``--kv-min-reach`` fails the session as ``--min-reach`` fails the CLI (it was ignored)."""
     result = pytester.runpytest_subprocess(
-        *("--pyargs", "conformance", "-p", "no:cacheprovider"),
-        *("--kv-builder", "kvref:ReferenceKVCacheConfigBuilder", "--kv-select"),
-        *("KV-GROUP-PARTITION", "--kv-max-examples", "3", "--kv-seed", str(SEED)),
-        *("--kv-min-reach", minimum),
+        *plugin_args("kvref:ReferenceKVCacheConfigBuilder", examples=3, seed=SEED),
+        *("--kv-select", "KV-GROUP-PARTITION", "--kv-min-reach", minimum),
     )
     outcomes = result.parseoutcomes()
     assert (outcomes.get("passed"), outcomes.get("failed", 0)) == (2 - failed, failed), outcomes

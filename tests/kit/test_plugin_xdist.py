@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kit_runs import cli_args, plugin_args
 
 from conformance.cli import main
 from conformance.generate.engine_paths import EnginePath
@@ -107,15 +108,13 @@ def test_two_workers_judge_as_one_run(
     """``pytest -n 2``: the verdicts, counts, reproduce lines and coverage of the CLI's run."""
     monkeypatch.setenv("PYTHONPATH", str(TESTS))
     monkeypatch.syspath_prepend(str(TESTS))
-    common = ["--seed", "7", "--max-examples", "3", "--select", select]
-    main([builder, *common, "--no-database", "--json", str(tmp_path / "cli.json")])
+    main([builder, *cli_args(select, examples=3, seed=7), "--json", str(tmp_path / "cli.json")])
     capsys.readouterr()
     path = pytester.path / "plugin.json"
     result = pytester.runpytest_subprocess(
-        "-n", "2", "-p", "no:cacheprovider", "--pyargs", "conformance",
-        "--kv-builder", builder, "--kv-seed", "7", "--kv-max-examples", "3",
-        "--kv-select", select, "--kv-json", str(path),
-    )  # fmt: skip
+        *("-n", "2", *plugin_args(builder, examples=3, seed=7)),
+        *("--kv-select", select, "--kv-json", str(path)),
+    )
     cli = _judgement(json.loads((tmp_path / "cli.json").read_text()))
     plugin = _judgement(json.loads(path.read_text()))
     assert plugin == cli
@@ -132,15 +131,15 @@ def test_each_worker_makes_a_share_not_the_whole_run(
     """Both workers' builder processes answer, and together about as often as one run's."""
     monkeypatch.setenv("PYTHONPATH", str(TESTS))
     builder = "xdist_builders:NotesItsProcess"
-    args = ["--kv-builder", builder, "--kv-seed", "4", "--kv-max-examples", "4",
-            "--kv-select", "KV-PLACE-IN-BOUNDS,KV-PLACE-NUM-BLOCKS"]  # fmt: skip
+    args = [
+        *plugin_args(builder, examples=4, seed=4),
+        *("--kv-select", "KV-PLACE-IN-BOUNDS,KV-PLACE-NUM-BLOCKS"),
+    ]
     calls = {}
     for workers in ("0", "2"):
         log = tmp_path / f"calls-{workers}.txt"
         monkeypatch.setenv("KVREF_TEST_CALLS", str(log))
-        result = pytester.runpytest_subprocess(
-            "-n", workers, "-p", "no:cacheprovider", "--pyargs", "conformance", *args
-        )
+        result = pytester.runpytest_subprocess("-n", workers, *args)
         assert result.ret == 0, result.outlines[-20:]
         calls[workers] = log.read_text().split()
     assert len(set(calls["0"])) == 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kit_runs import quick_check
+from kit_runs import cli_args, plugin_args, quick_check
 from verdict_builders import GroupingRaisesOnHiSparse, PlacementAlwaysRaises
 
 from conformance import OptionError, check_builder
@@ -54,16 +54,7 @@ class TestNothingCheckedIsNotOk:
 
     def test_cli_exits_1_with_inconclusive_rows(self, capsys: pytest.CaptureFixture[str]) -> None:
         code = main(
-            [
-                "verdict_builders:PlacementAlwaysRaises",
-                "--select",
-                "KV-PLACE",
-                "--max-examples",
-                "3",
-                "--seed",
-                "1",
-                "--no-database",
-            ]
+            ["verdict_builders:PlacementAlwaysRaises", *cli_args("KV-PLACE", examples=3, seed=1)]
         )
         out = capsys.readouterr().out
         assert code == 1
@@ -77,18 +68,8 @@ class TestNothingCheckedIsNotOk:
     ) -> None:
         monkeypatch.setenv("PYTHONPATH", str(TESTS))
         result = pytester.runpytest_subprocess(
-            "--pyargs",
-            "conformance",
-            "--kv-builder",
-            "verdict_builders:PlacementAlwaysRaises",
-            "--kv-max-examples",
-            "2",
-            "--kv-seed",
-            "1",
-            "-p",
-            "no:cacheprovider",
-            "-k",
-            "KV-PLACE-NUM-BLOCKS or KV-PLACE-IN-BOUNDS",
+            *plugin_args("verdict_builders:PlacementAlwaysRaises", examples=2, seed=1),
+            *("-k", "KV-PLACE-NUM-BLOCKS or KV-PLACE-IN-BOUNDS"),
         )
         result.assert_outcomes(failed=2)
         assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -198,17 +179,7 @@ class TestXpassPolicy:
         xfail = tmp_path / "xfail.txt"
         xfail.write_text("KV-GROUP-PARTITION\n")
         code = main(
-            [
-                "--select",
-                "KV-GROUP-PARTITION",
-                "--xfail-file",
-                str(xfail),
-                "--max-examples",
-                "3",
-                "--seed",
-                "1",
-                "--no-database",
-            ]
+            [*cli_args("KV-GROUP-PARTITION", examples=3, seed=1), "--xfail-file", str(xfail)]
         )
         out = capsys.readouterr().out
         assert code == 0 and "XPASS" in out
@@ -221,20 +192,8 @@ class TestXpassPolicy:
         # A project that makes xfails strict must not turn the kit's XPASS into a failure.
         pytester.makeini("[pytest]\nxfail_strict = true\n")
         result = pytester.runpytest_subprocess(
-            "--pyargs",
-            "conformance",
-            "--kv-builder",
-            "kvref:ReferenceKVCacheConfigBuilder",
-            "--kv-max-examples",
-            "2",
-            "--kv-seed",
-            "1",
-            "--kv-xfail-file",
-            str(xfail),
-            "-k",
-            "KV-GROUP-PARTITION",
-            "-p",
-            "no:cacheprovider",
+            *plugin_args("kvref:ReferenceKVCacheConfigBuilder", examples=2, seed=1),
+            *("--kv-xfail-file", str(xfail), "-k", "KV-GROUP-PARTITION"),
         )
         result.assert_outcomes(xpassed=1)
         assert result.ret == pytest.ExitCode.OK
