@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from conformance import check_builder
+from kit_runs import quick_check
+
 from conformance.check.catalog import catalog
 from conformance.report.model import Report
 from kvref import (
@@ -58,16 +59,15 @@ def run_on_models(
 
     tests/vllm/test_undrawable_native.py runs its vLLM-native builders through it too.
     """
-    return check_builder(
+    return quick_check(
         builder,
-        select=list(select),
-        max_examples=6,
+        *select,
+        examples=6,
         seed=1,
         models=MODELS,
         models_only=models_only,
-        database=None,
         shrink=False,
-        reach=False,
+        isolate=True,
     )
 
 
