@@ -13,6 +13,7 @@ import os
 import broken_builders
 import legal_builders
 import pytest
+from specs import compressed_mla
 
 from conformance.check.catalog import catalog
 from conformance.check.need import layer_blocks, request_need_from_layers
@@ -22,7 +23,6 @@ from conformance.run.runner import check_builder
 from kvref import (
     FullAttentionSpec,
     KVCacheGroupSpec,
-    MLAAttentionSpec,
     PlanningConfig,
     SlidingWindowSpec,
 )
@@ -123,14 +123,8 @@ def test_layer_blocks_follow_lookahead_and_group_block_size() -> None:
 @pytest.mark.parametrize("layout", ["LBNHC", "BLHNC"])
 def test_pitch_catches_mla_padding_ignored(layout: str) -> None:
     """Placing an aligned MLA page at its unpadded size is caught; the contract's is not."""
-    mla = MLAAttentionSpec(
-        block_size=64,
-        num_kv_heads=1,
-        head_size=73,
-        dtype="uint8",
-        state_content_bytes=584,
-        alignment=576,
-    )
+    # A 584-byte state a token (not four), its page still padded to a multiple of 576.
+    mla = compressed_mla(block_size=64, head_size=73, tokens_per_state=1)
     assert mla.page_size_bytes > mla.real_page_size_bytes
     config = PlanningConfig(kv_cache_layout=layout)
     groups = [KVCacheGroupSpec(layer_names=["m0", "m1"], kv_cache_spec=mla)]
