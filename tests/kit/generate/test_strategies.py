@@ -98,13 +98,17 @@ class TestDtypes:
         assert find(cs.dtypes(), lambda d: True, settings=MINIMAL) == torch.bfloat16
 
 
-class TestBlockSizes:
-    @FAST
-    @given(cs.block_sizes(max_value=100))
-    def test_in_range(self, block_size: int) -> None:
-        """Block sizes stay within 1..max_value."""
-        assert 1 <= block_size <= 100
+@pytest.mark.parametrize("strategy", [cs.block_sizes, cs.num_blocks], ids=["sizes", "counts"])
+@FAST
+@given(data=st.data())
+def test_block_sizes_and_counts_stay_in_range(
+    strategy: Callable[..., st.SearchStrategy[int]], data: st.DataObject
+) -> None:
+    """Block sizes and block counts stay within 1..max_value."""
+    assert 1 <= data.draw(strategy(max_value=100)) <= 100
 
+
+class TestBlockSizes:
     def test_non_powers_of_two_occur(self) -> None:
         """Non-powers of two are generated."""
         assert find(cs.block_sizes(), lambda b: b & (b - 1) != 0, settings=OCCURS) > 2
@@ -468,12 +472,6 @@ class TestMemoryBudgets:
 
 
 class TestNumBlocks:
-    @FAST
-    @given(cs.num_blocks(max_value=100))
-    def test_range(self, n: int) -> None:
-        """Block counts lie in 1..max_value."""
-        assert 1 <= n <= 100
-
     def test_shrinks_to_one(self) -> None:
         """The minimal block count is 1."""
         assert find(cs.num_blocks(), lambda n: True, settings=MINIMAL) == 1
