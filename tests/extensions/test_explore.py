@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 import pytest
-from hypothesis import HealthCheck, given, settings
+from draws import draws
 
 import conformance
 from conformance.cli import main
@@ -39,15 +39,7 @@ def _run(builder: str, seed: int = 1, **kw: Any) -> Any:
 
 
 def _examples(n: int = 25) -> list[Example]:
-    drawn: list[Example] = []
-
-    @settings(max_examples=n, database=None, suppress_health_check=list(HealthCheck))
-    @given(examples("placement"))
-    def collect(ex: Example) -> None:
-        drawn.append(ex)
-
-    collect()
-    return drawn
+    return draws(examples("placement"), n)
 
 
 class TestMutations:

@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 import pytest
 import torch
-from hypothesis import HealthCheck, given, seed, settings
+from draws import draws
 
 from conformance.check.catalog import Unjudged, by_id
 from conformance.check.observations import HostObservation
@@ -93,16 +93,7 @@ def _observe(builder: Any, scenario: str, example: Example) -> Any:
 
 
 def _problems(strategy: Any, n: int = 15) -> list[PlanningProblem]:
-    drawn: list[PlanningProblem] = []
-
-    @seed(2)
-    @settings(max_examples=n, database=None, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(kst.planning_problems(models_strategy=strategy))
-    def run(problem: PlanningProblem) -> None:
-        drawn.append(problem)
-
-    run()
-    return drawn
+    return draws(kst.planning_problems(models_strategy=strategy), n, at=2)
 
 
 class TestFamilies:
