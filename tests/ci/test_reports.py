@@ -19,9 +19,10 @@ from typing import Any
 import jsonschema
 import pytest
 import xmlschema
+from kit_runs import quick_check
 from verdict_builders import ColourfulError
 
-from conformance import InvariantResult, Report, Violation, check_builder
+from conformance import InvariantResult, Report, Violation
 from conformance.ci.expectations.xfail import XfailFileError, read_xfail_file
 from conformance.ci.junit import write_incomplete_junit, write_junit
 from conformance.contract import CONTRACT
@@ -93,6 +94,13 @@ def every_status() -> Report:
         max_examples=3,
         results=results,
         seconds=0.5,
+    )
+
+
+def _real_run(builder: Any, *select: str, examples: int, **options: Any) -> Report:
+    """A real run's report at seed 1, run as the CLI runs it: isolated, reach measured."""
+    return quick_check(
+        builder, *select, examples=examples, seed=1, isolate=True, reach=None, **options
     )
 
 
@@ -171,11 +179,8 @@ class TestJUnit:
 
     def test_times_are_per_invariant(self, tmp_path: Path) -> None:
         """'every testcase has time="0"': each case carries the time spent on it alone."""
-        report = check_builder(
-            ReferenceKVCacheConfigBuilder,
-            max_examples=3,
-            seed=1,
-            select=["KV-GROUP-PARTITION", "KV-CORE-SLACK"],
+        report = _real_run(
+            ReferenceKVCacheConfigBuilder, "KV-GROUP-PARTITION", "KV-CORE-SLACK", examples=3
         )
         assert all(r.seconds > 0 for r in report.results)
         assert set(report.observe_seconds) >= {"grouping", "core"}
@@ -188,18 +193,18 @@ class TestJUnit:
         assert float(props["observe_seconds.core"] or "nan") > 0
 
     def test_real_run_validates(self, tmp_path: Path) -> None:
-        report = check_builder(
+        report = _real_run(
             ReferenceKVCacheConfigBuilder,
-            max_examples=2,
-            seed=1,
-            select=["KV-GROUP", "KV-DEV"],
+            "KV-GROUP",
+            "KV-DEV",
+            examples=2,
             xfail=["KV-GROUP-NONEMPTY"],
         )
         _junit(report, tmp_path)
 
     def test_control_characters_are_stripped(self, tmp_path: Path) -> None:
         """'becomes malformed XML when an error message contains control characters'."""
-        report = check_builder(ColourfulError, select=["KV-CALL-RAISES"], max_examples=2, seed=1)
+        report = _real_run(ColourfulError, "KV-CALL-RAISES", examples=2)
         message = " ".join(str(v) for v in report.result("KV-CALL-RAISES").violations)
         assert "\x1b[31m" in message and "\x00" in message  # the report keeps them; XML cannot
         root = _junit(report, tmp_path)
@@ -253,12 +258,7 @@ class TestJson:
         made = (
             every_status()
             if report == "every_status"
-            else check_builder(
-                ReferenceKVCacheConfigBuilder,
-                max_examples=2,
-                seed=1,
-                select=["KV-PLACE-NUM-BLOCKS"],
-            )
+            else _real_run(ReferenceKVCacheConfigBuilder, "KV-PLACE-NUM-BLOCKS", examples=2)
         )
         path = tmp_path / "r.json"
         write_json(made, path)
@@ -277,9 +277,7 @@ class TestJson:
             assert set(result) == set(result_props)
             for violation in result["violations"]:
                 assert set(violation) == set(schema["$defs"]["violation"]["properties"])
-        real = check_builder(
-            ReferenceKVCacheConfigBuilder, max_examples=1, seed=1, select=["KV-GROUP-PARTITION"]
-        )
+        real = _real_run(ReferenceKVCacheConfigBuilder, "KV-GROUP-PARTITION", examples=1)
         options = report_to_dict(real)["options"]
         assert options and set(options) <= set(schema["properties"]["options"]["properties"])
 
@@ -320,12 +318,11 @@ class TestXfailFiles:
 
     def test_unknown_device_id_warns_in_python(self) -> None:
         with pytest.warns(UnknownIdWarning, match="KV-DEV-NOPE"):
-            check_builder(
+            _real_run(
                 ReferenceKVCacheConfigBuilder,
-                select=["KV-GROUP-PARTITION"],
+                "KV-GROUP-PARTITION",
                 xfail=["KV-DEV-NOPE"],
-                max_examples=1,
-                seed=1,
+                examples=1,
             )
 
 
