@@ -25,10 +25,7 @@ FULL = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype="bfl
 DRAFT = attrs.evolve(FULL, is_draft=True)
 #: Two target layers, then an EAGLE-style drafter of two equal layers.
 SPECS: dict[str, KVCacheSpec] = {
-    "model.layers.0.self_attn.attn": FULL,
-    "model.layers.1.self_attn.attn": FULL,
-    "model.layers.2.self_attn.attn": DRAFT,
-    "model.layers.3.self_attn.attn": DRAFT,
+    f"model.layers.{i}.self_attn.attn": spec for i, spec in enumerate((FULL, FULL, DRAFT, DRAFT))
 }
 
 
