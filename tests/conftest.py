@@ -160,3 +160,14 @@ def plugin_attack(
         return plugin_run(pytester, monkeypatch, marker, *options), marker
 
     return run
+
+
+@pytest.fixture
+def tests_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test builders (``broken_builders:X``...) importable here and in the processes started.
+
+    A kit run's worker, the CLI's and pytester's subprocesses take ``PYTHONPATH``.
+    """
+    tests = str(Path(__file__).resolve().parent)
+    monkeypatch.setenv("PYTHONPATH", tests)
+    monkeypatch.syspath_prepend(tests)

@@ -25,7 +25,6 @@ from conformance.run.runner import check_builder
 # Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
 pytestmark = pytest.mark.slow
 
-TESTS = Path(__file__).resolve().parents[1]
 
 #: builder, selected invariants, examples: each run costs seconds.
 CASES = [
@@ -75,6 +74,7 @@ def _plugin(
     return json.loads(path.read_text()), outcomes
 
 
+@pytest.mark.usefixtures("tests_importable")
 @pytest.mark.parametrize(("builder", "select", "examples"), CASES, ids=[c[0] for c in CASES])
 def test_the_front_ends_judge_alike(
     builder: str,
@@ -82,12 +82,9 @@ def test_the_front_ends_judge_alike(
     examples: int,
     tmp_path: Path,
     pytester: pytest.Pytester,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Same verdicts, counts per invariant, reproduce lines and options on every front end."""
-    monkeypatch.setenv("PYTHONPATH", str(TESTS))
-    monkeypatch.syspath_prepend(str(TESTS))
     cli = _judgement(_cli(builder, select, examples, tmp_path))
     capsys.readouterr()
     report = check_builder(builder, select=select, max_examples=examples, seed=SEED)

@@ -97,17 +97,15 @@ def _judgement(data: dict[str, Any]) -> dict[str, Any]:
         ("broken_builders:DroppedLayer", "KV-GROUP-PARTITION,KV-GROUP-NONEMPTY,KV-PLACE-IN-BOUNDS"),
     ],
 )
+@pytest.mark.usefixtures("tests_importable")
 def test_two_workers_judge_as_one_run(
     builder: str,
     select: str,
     tmp_path: Path,
     pytester: pytest.Pytester,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """``pytest -n 2``: the verdicts, counts, reproduce lines and coverage of the CLI's run."""
-    monkeypatch.setenv("PYTHONPATH", str(TESTS))
-    monkeypatch.syspath_prepend(str(TESTS))
     main([builder, *cli_args(select, examples=3, seed=7), "--json", str(tmp_path / "cli.json")])
     capsys.readouterr()
     path = pytester.path / "plugin.json"
