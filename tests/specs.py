@@ -12,7 +12,12 @@ from typing import Any
 import torch
 
 from kvref import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec
-from kvref.specs import KVCacheSpec
+from kvref.specs import (
+    ChunkedLocalAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowMLASpec,
+)
 
 
 def full(
@@ -23,10 +28,37 @@ def full(
     return FullAttentionSpec(block_size=block_size, num_kv_heads=heads, head_size=head_size, **kw)
 
 
+def sw(
+    window: int = 1024, heads: int = 8, head_size: int = 128, block_size: int = 16, **kw: Any
+) -> SlidingWindowSpec:
+    """A sliding-window layer of ``window`` tokens, bf16 unless ``dtype`` is given."""
+    kw.setdefault("dtype", "bfloat16")
+    return SlidingWindowSpec(
+        block_size=block_size, num_kv_heads=heads, head_size=head_size, sliding_window=window, **kw
+    )
+
+
+def mamba(block_size: int = 80, **kw: Any) -> MambaSpec:
+    """A Mamba layer: a bf16 conv state (4, 1024) and an fp32 SSM state (8, 64, 64) by default."""
+    kw.setdefault("shapes", [[4, 1024], [8, 64, 64]])
+    kw.setdefault("dtypes", ["bfloat16", "float32"])
+    return MambaSpec(block_size=block_size, **kw)
+
+
 def mla(block_size: int = 64, head_size: int = 576, **kw: Any) -> MLAAttentionSpec:
     """A DeepSeek-V3 MLA layer (one head of 576), bf16 unless ``dtype`` is given."""
     kw.setdefault("dtype", "bfloat16")
     return MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=head_size, **kw)
+
+
+def window_mla(
+    window: int, block_size: int = 64, head_size: int = 576, **kw: Any
+) -> SlidingWindowMLASpec:
+    """:func:`mla`'s layer with a sliding window of ``window`` tokens."""
+    kw.setdefault("dtype", "bfloat16")
+    return SlidingWindowMLASpec(
+        block_size=block_size, num_kv_heads=1, head_size=head_size, sliding_window=window, **kw
+    )
 
 
 def sparse_mla_source(block_size: int = 64) -> MLAAttentionSpec:
@@ -35,10 +67,8 @@ def sparse_mla_source(block_size: int = 64) -> MLAAttentionSpec:
     512 fp8 NoPE bytes, 16 fp32 scales and 64 bf16 RoPE values per token; the
     leader of its index group.
     """
-    return MLAAttentionSpec(
-        block_size=block_size,
-        num_kv_heads=1,
-        head_size=576,
+    return mla(
+        block_size,
         dtype=torch.uint8,
         state_content_bytes=656,
         cache_dtype_str="fp8_ds_mla",
@@ -48,33 +78,35 @@ def sparse_mla_source(block_size: int = 64) -> MLAAttentionSpec:
 
 def sparse_mla_indexer(block_size: int = 64) -> MLAAttentionSpec:
     """DeepSeek-V3.2's indexer layer beside :func:`sparse_mla_source`: 132 B a token."""
-    return MLAAttentionSpec(
-        block_size=block_size,
-        num_kv_heads=1,
-        head_size=128,
-        dtype=torch.uint8,
-        state_content_bytes=132,
-        cache_role="INDEXER",
-    )
+    return mla(block_size, 128, dtype=torch.uint8, state_content_bytes=132, cache_role="INDEXER")
+
+
+#: A compressed MLA layer's fields (less its one head): four tokens a state of
+#: 584 B, pages padded to 576 B multiples.
+COMPRESSED_MLA: dict[str, Any] = {
+    "block_size": 256,
+    "head_size": 512,
+    "dtype": torch.uint8,
+    "state_content_bytes": 584,
+    "tokens_per_state": 4,
+    "alignment": 576,
+}
 
 
 def compressed_mla(**kw: Any) -> MLAAttentionSpec:
-    """A compressed MLA layer: four tokens a state of 584 B, pages padded to 576 B multiples.
+    """The :data:`COMPRESSED_MLA` layer: block 256 holds 64 states, 37,376 B padded to 37,440."""
+    return mla(**{**COMPRESSED_MLA, **kw})
 
-    Block 256 holds 64 states: 37,376 bytes, padded to 37,440.
+
+def mla_beside_chunked() -> dict[str, KVCacheSpec]:
+    """An MLA page (73,728 B) that does not divide the chunked-local one beside it (262,144 B).
+
+    No padding unifies them: without the full-attention fallback, grouping refuses.
     """
-    return MLAAttentionSpec(
-        **{
-            "block_size": 256,
-            "num_kv_heads": 1,
-            "head_size": 512,
-            "dtype": torch.uint8,
-            "state_content_bytes": 584,
-            "tokens_per_state": 4,
-            "alignment": 576,
-            **kw,
-        }
+    chunked = ChunkedLocalAttentionSpec(
+        block_size=64, num_kv_heads=8, head_size=128, dtype="bfloat16", attention_chunk_size=64
     )
+    return {"m": mla(), "c": chunked}
 
 
 #: Model (a) of contract.md#grouping-examples: 8 heads of 128, bf16, block 16,

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from specs import compressed_mla, full, mla
+from specs import compressed_mla, full, mamba, mla, mla_beside_chunked, sw
 
 from kvref._math import cdiv
 from kvref.config import PlanningConfig
@@ -46,27 +45,20 @@ BLHNC = PlanningConfig(kv_cache_layout="BLHNC")
 NO_HYBRID = PlanningConfig(disable_hybrid_kv_cache_manager=True)
 
 
-def sw(
-    window: int = 1024, heads: int = 8, head_size: int = 128, block_size: int = 16, **kw: Any
-) -> SlidingWindowSpec:
-    kw.setdefault("dtype", "bfloat16")
-    return SlidingWindowSpec(
-        block_size=block_size, num_kv_heads=heads, head_size=head_size, sliding_window=window, **kw
-    )
-
-
-def mamba(block_size: int = 80, **kw: Any) -> MambaSpec:
-    kw.setdefault("shapes", [[4, 1024], [8, 64, 64]])
-    kw.setdefault("dtypes", ["bfloat16", "float32"])
-    return MambaSpec(block_size=block_size, **kw)
-
-
 def names(groups: list[KVCacheGroupSpec]) -> list[list[str]]:
     return [list(g.layer_names) for g in groups]
 
 
 def layer_pages(group: KVCacheGroupSpec) -> list[int]:
     return [spec.page_size_bytes for _, spec in group.layer_specs()]
+
+
+def model_c(s_heads: int) -> dict[str, KVCacheSpec]:
+    """contract.md#grouping-examples, model (c): (F, S, S) x 4 with ``s_heads``-head S layers."""
+    specs: dict[str, KVCacheSpec] = {}
+    for i in range(4):
+        specs.update({f"f{i}": full(), f"s{i}a": sw(heads=s_heads), f"s{i}b": sw(heads=s_heads)})
+    return specs
 
 
 def pattern_fss(n: int, f: KVCacheSpec, s: KVCacheSpec) -> dict[str, KVCacheSpec]:
@@ -251,10 +243,7 @@ class TestMixedPages:
 
         See contract.md#grouping-examples, model (c).
         """
-        specs: dict[str, KVCacheSpec] = {}
-        for i in range(4):
-            specs.update({f"f{i}": full(), f"s{i}a": sw(heads=4), f"s{i}b": sw(heads=4)})
-        groups = get_kv_cache_groups(LAYER_OUTER, specs)
+        groups = get_kv_cache_groups(LAYER_OUTER, model_c(4))
         assert names(groups) == [
             ["f0", "f1", "f2", "f3"],
             ["s0a", "s1a", "s2a", "s3a"],
@@ -268,10 +257,7 @@ class TestMixedPages:
 
         See contract.md#grouping-examples, model (c).
         """
-        specs: dict[str, KVCacheSpec] = {}
-        for i in range(4):
-            specs.update({f"f{i}": full(), f"s{i}a": sw(heads=4), f"s{i}b": sw(heads=4)})
-        groups = get_kv_cache_groups(BLHNC, specs)
+        groups = get_kv_cache_groups(BLHNC, model_c(4))
         assert [len(n) for n in names(groups)] == [4, 8]
         assert [sum(layer_pages(g)) for g in groups] == [262_144, 262_144]
         assert all(isinstance(g.kv_cache_spec, UniformTypeKVCacheSpecs) for g in groups)
@@ -281,10 +267,7 @@ class TestMixedPages:
 
         See contract.md#grouping-examples, model (c).
         """
-        specs: dict[str, KVCacheSpec] = {}
-        for i in range(4):
-            specs.update({f"f{i}": full(), f"s{i}a": sw(heads=6), f"s{i}b": sw(heads=6)})
-        groups = get_kv_cache_groups(LAYER_OUTER, specs)
+        groups = get_kv_cache_groups(LAYER_OUTER, model_c(6))
         spec = groups[1].kv_cache_spec
         assert isinstance(spec, SlidingWindowSpec)
         assert (spec.block_size, spec.page_size_padded, spec.real_page_size_bytes) == (
@@ -295,10 +278,7 @@ class TestMixedPages:
 
     def test_3_8c_blhnc_state_split(self) -> None:
         """Under BLHNC the 6-head S bucket is a state bucket split into 2 groups of 4."""
-        specs: dict[str, KVCacheSpec] = {}
-        for i in range(4):
-            specs.update({f"f{i}": full(), f"s{i}a": sw(heads=6), f"s{i}b": sw(heads=6)})
-        groups = get_kv_cache_groups(BLHNC, specs)
+        groups = get_kv_cache_groups(BLHNC, model_c(6))
         assert names(groups) == [
             ["f0", "f1", "f2", "f3"],
             ["s0a", "s1a", "s2a", "s3a"],
@@ -375,18 +355,8 @@ class TestMixedPages:
 
     def test_unpaddable_mla_without_fallback(self) -> None:
         """MLA whose page does not divide the largest page, with no fallback, raises."""
-        specs: dict[str, KVCacheSpec] = {
-            "m": mla(),
-            "c": ChunkedLocalAttentionSpec(
-                block_size=64,
-                num_kv_heads=8,
-                head_size=128,
-                dtype="bf16",
-                attention_chunk_size=64,
-            ),
-        }
         with pytest.raises(PageSizeUnificationError, match="'m'"):
-            get_kv_cache_groups(LAYER_OUTER, specs)
+            get_kv_cache_groups(LAYER_OUTER, mla_beside_chunked())
 
 
 class TestUnifyPageSize:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from specs import MODEL_A_FULL as FULL
-from specs import model_a
+from specs import full, mla, model_a, sw
 
 from kvref import (
     FullAttentionSpec,
@@ -77,10 +77,8 @@ class TestAlignment:
 
         The hidden layer then takes 8,192 // 8,192 = 1 token per block.
         """
-        small_f = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype="float16")
-        small_s = SlidingWindowSpec(
-            block_size=16, num_kv_heads=1, head_size=64, dtype="float16", sliding_window=256
-        )
+        small_f = full(heads=1, head_size=64, dtype="float16")
+        small_s = sw(256, heads=1, head_size=64, dtype="float16")
         layers: dict[str, KVCacheSpec] = {"f": small_f, "s": small_s, "h": HIDDEN}
         groups = get_kv_cache_groups(PlanningConfig(), layers)
         assert [g.kv_cache_spec.block_size for g in groups] == [32, 32, 1]
@@ -93,15 +91,8 @@ class TestAlignment:
         page.  A 131,072-byte hidden token then forces s = 2: F block 64, S
         block 32 with padding 131,072, and the hidden layer 1 token per block.
         """
-        f4 = FullAttentionSpec(block_size=16, num_kv_heads=4, head_size=128, dtype="bfloat16")
-        s6 = SlidingWindowSpec(
-            block_size=16,
-            num_kv_heads=6,
-            head_size=128,
-            dtype="bfloat16",
-            sliding_window=1024,
-            page_size_padded=65_536,
-        )
+        f4 = full(heads=4)
+        s6 = sw(heads=6, page_size_padded=65_536)
         wide = HiddenStateCacheSpec(
             block_size=16, num_kv_heads=2, head_size=32_768, dtype="bfloat16"
         )
@@ -135,9 +126,7 @@ class TestOtherPaths:
 
     def test_packed_grouping_appends_raw_specs(self) -> None:
         """Under BLHNC with mixed pages the hidden layer keeps its raw spec and block size."""
-        s4 = SlidingWindowSpec(
-            block_size=16, num_kv_heads=4, head_size=128, dtype="bfloat16", sliding_window=1024
-        )
+        s4 = sw(heads=4)
         layers: dict[str, KVCacheSpec] = {"f0": FULL, "s0": s4, "s1": s4, "h0": HIDDEN}
         groups = get_kv_cache_groups(PlanningConfig(kv_cache_layout="BLHNC"), layers)
         assert [list(g.layer_names) for g in groups][-1] == ["h0"]
@@ -145,11 +134,8 @@ class TestOtherPaths:
 
     def test_no_fallback_with_hidden_layers(self) -> None:
         """MLA + SWA draft falls back to full allocation, but not with a hidden layer present."""
-        mla = MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=576, dtype="bfloat16")
-        draft = SlidingWindowSpec(
-            block_size=64, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=1024
-        )
-        layers: dict[str, KVCacheSpec] = {f"m{i}": mla for i in range(4)} | {"d": draft}
+        draft = sw(block_size=64)
+        layers: dict[str, KVCacheSpec] = {f"m{i}": mla() for i in range(4)} | {"d": draft}
         assert len(get_kv_cache_groups(PlanningConfig(), layers)) == 1
         hidden = HiddenStateCacheSpec(
             block_size=32, num_kv_heads=1, head_size=4096, dtype="bfloat16"

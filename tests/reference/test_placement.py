@@ -6,6 +6,7 @@ See contract.md#default-placement.
 from __future__ import annotations
 
 import pytest
+from specs import full, sw
 
 from kvref import (
     FullAttentionSpec,
@@ -140,17 +141,8 @@ class TestDeliberateDifferences:
         """
         from conformance.check.memory import find_block_overlaps
 
-        f = FullAttentionSpec(
-            block_size=2, num_kv_heads=1, head_size=12, dtype="float16", block_stride_alignment=24
-        )
-        s = SlidingWindowSpec(
-            block_size=2,
-            num_kv_heads=1,
-            head_size=12,
-            dtype="float16",
-            sliding_window=8,
-            block_stride_alignment=64,
-        )
+        f = full(heads=1, head_size=12, block_size=2, dtype="float16", block_stride_alignment=24)
+        s = sw(8, heads=1, head_size=12, block_size=2, dtype="float16", block_stride_alignment=64)
         assert f.page_size_bytes == s.page_size_bytes == 96
         groups = [
             KVCacheGroupSpec(layer_names=["L0", "L3"], kv_cache_spec=f),
