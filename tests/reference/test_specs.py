@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 import pytest
 import torch
-from specs import compressed_mla, full, mla
+from specs import COMPRESSED_MLA, compressed_mla, full, mla, window_mla
 
 from kvref.config import PlanningConfig
 from kvref.errors import ConflictingWindowError, IncompatibleSpecsError, SpecError
@@ -129,16 +129,7 @@ class TestMLAAlignment:
 
     def test_sliding_window_mla_alignment(self) -> None:
         """SW-MLA pads by alignment like MLA."""
-        spec = SlidingWindowMLASpec(
-            block_size=256,
-            num_kv_heads=1,
-            head_size=512,
-            dtype="uint8",
-            state_content_bytes=584,
-            tokens_per_state=4,
-            alignment=576,
-            sliding_window=128,
-        )
+        spec = window_mla(128, **COMPRESSED_MLA)
         assert spec.page_size_bytes == 37_440
 
 
@@ -293,19 +284,18 @@ class TestMaxMemoryUsage:
         assert spec.page_size_bytes == 98_304
         assert spec.max_memory_usage_bytes(CFG_B) == 0
 
-    def test_mamba_default_mode(self) -> None:
-        """Mamba outside align mode needs page * (1 + speculative blocks)."""
-        spec = MambaSpec(
-            block_size=80,
-            shapes=[[4, 1024]],
-            dtypes=["bf16"],
-            num_speculative_blocks=2,
-            num_prefill_checkpoint_blocks=3,
-        )
-        assert spec.max_memory_usage_bytes(CFG_B) == 3 * 8192
+    @pytest.mark.parametrize(
+        ("cfg", "pages"),
+        [
+            pytest.param(CFG_B, 1 + 2, id="default-mode"),
+            pytest.param(PlanningConfig(mamba_cache_mode="align"), 2 + 2 + 3, id="align-mode"),
+        ],
+    )
+    def test_mamba_modes(self, cfg: PlanningConfig, pages: int) -> None:
+        """Mamba needs page * (1 + speculative blocks) outside align mode.
 
-    def test_mamba_align_mode(self) -> None:
-        """The config's align mode needs page * (2 + speculative + checkpoint blocks)."""
+        The config's align mode needs page * (2 + speculative + checkpoint blocks).
+        """
         spec = MambaSpec(
             block_size=80,
             shapes=[[4, 1024]],
@@ -313,8 +303,7 @@ class TestMaxMemoryUsage:
             num_speculative_blocks=2,
             num_prefill_checkpoint_blocks=3,
         )
-        cfg = PlanningConfig(mamba_cache_mode="align")
-        assert spec.max_memory_usage_bytes(cfg) == 7 * 8192
+        assert spec.max_memory_usage_bytes(cfg) == pages * 8192
 
     def test_uniform_type_wrapper(self) -> None:
         """A wrapper needs max pages over layers times the summed page."""
@@ -392,9 +381,7 @@ class TestUniformType:
 
         See contract.md#uniform-type-groups.
         """
-        swm = SlidingWindowMLASpec(
-            block_size=16, num_kv_heads=1, head_size=576, dtype="bf16", sliding_window=128
-        )
+        swm = window_mla(128, block_size=16)
         assert UniformTypeKVCacheSpecs.is_uniform_type([sw(), swm])
         assert not UniformTypeKVCacheSpecs.is_uniform_type([swm, sw()])
 
@@ -483,12 +470,6 @@ class TestFieldsOf034:
             block_size=16, shapes=((4, 1000), (8, 64, 64)), dtypes=("bfloat16", "float32"), **kw
         )
 
-    @staticmethod
-    def swmla(**kw: Any) -> SlidingWindowMLASpec:
-        return SlidingWindowMLASpec(
-            block_size=64, num_kv_heads=1, head_size=576, dtype="bfloat16", sliding_window=128, **kw
-        )
-
     def test_state_alignment_rounds_every_state(self) -> None:
         """Each state is rounded up on its own: 8,192 + 131,072 at 256 bytes, 139,072 at 1."""
         assert self.mamba().page_size_bytes == 139_072
@@ -528,7 +509,7 @@ class TestFieldsOf034:
         [
             (lambda: full(kv_head_major_slots=1), "FullAttentionSpec.kv_head_major_slots=1"),
             (
-                lambda: TestFieldsOf034.swmla(non_causal_multi_token_decode="yes"),
+                lambda: window_mla(128, non_causal_multi_token_decode="yes"),
                 "SlidingWindowMLASpec.non_causal_multi_token_decode='yes'",
             ),
         ],
@@ -542,8 +523,8 @@ class TestFieldsOf034:
         """0.33.0 drops quant mode and alignment to their defaults; 0.34.0 needs them equal."""
         from kvref.versions import V0_33, V0_34, rules
 
-        fp8 = self.swmla(kv_quant_mode="FP8_PER_TENSOR", alignment=576)
-        plain = self.swmla()
+        fp8 = window_mla(128, kv_quant_mode="FP8_PER_TENSOR", alignment=576)
+        plain = window_mla(128)
         old = SlidingWindowMLASpec.merge([fp8, fp8], rules(V0_33))
         assert (old.kv_quant_mode, old.alignment) == ("NONE", None)  # type: ignore[attr-defined]
         new = SlidingWindowMLASpec.merge([fp8, fp8], rules(V0_34))
@@ -557,6 +538,6 @@ class TestFieldsOf034:
     def test_non_causal_multi_token_decode_is_or_ed(self) -> None:
         """One SW-MLA layer with the flag gives its merged spec the flag."""
         merged = SlidingWindowMLASpec.merge(
-            [self.swmla(), self.swmla(non_causal_multi_token_decode=True)]
+            [window_mla(128), window_mla(128, non_causal_multi_token_decode=True)]
         )
         assert merged.non_causal_multi_token_decode  # type: ignore[attr-defined]
