@@ -19,8 +19,10 @@ of the project's shared golden files in ``tests/data/golden``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -65,6 +67,7 @@ __all__ = [
     "load_expected",
     "load_problem",
     "load_problems",
+    "load_script",
     "problem_from_dict",
     "version_dir",
 ]
@@ -72,8 +75,8 @@ __all__ = [
 #: The release whose outputs the top-level ``NAME.out.json`` files are.
 BASE_VERSION = V0_33
 
-#: kvref's spec class for each golden ``kind`` (and for each vLLM class name).
-SPEC_KINDS: Mapping[str, type[KVCacheSpec]] = {
+#: kvref's spec class for each golden ``kind``.
+_KIND_CLASSES: Mapping[str, type[KVCacheSpec]] = {
     "full_attention": FullAttentionSpec,
     "sliding_window": SlidingWindowSpec,
     "chunked_local": ChunkedLocalAttentionSpec,
@@ -85,23 +88,16 @@ SPEC_KINDS: Mapping[str, type[KVCacheSpec]] = {
     "circular_buffer": CircularBufferSpec,
     "sink_full_attention": SinkFullAttentionSpec,
     "rswa": RSWASpec,
-    "SinkFullAttentionSpec": SinkFullAttentionSpec,
-    "RSWASpec": RSWASpec,
-    "FullAttentionSpec": FullAttentionSpec,
-    "SlidingWindowSpec": SlidingWindowSpec,
-    "ChunkedLocalAttentionSpec": ChunkedLocalAttentionSpec,
-    "MLAAttentionSpec": MLAAttentionSpec,
-    "SlidingWindowMLASpec": SlidingWindowMLASpec,
-    "MambaSpec": MambaSpec,
-    "CrossAttentionSpec": CrossAttentionSpec,
-    "EncoderOnlyAttentionSpec": EncoderOnlyAttentionSpec,
-    "CircularBufferSpec": CircularBufferSpec,
     "hidden_state": HiddenStateCacheSpec,
-    "HiddenStateCacheSpec": HiddenStateCacheSpec,
     "hisparse_hot": HiSparseHotSpec,
-    "HiSparseHotSpec": HiSparseHotSpec,
     "hisparse_resident": HiSparseResidentSpec,
-    "HiSparseResidentSpec": HiSparseResidentSpec,
+}
+
+#: kvref's spec class for each golden ``kind`` and for each vLLM class name
+#: (kvref's classes bear vLLM's names).
+SPEC_KINDS: Mapping[str, type[KVCacheSpec]] = {
+    **_KIND_CLASSES,
+    **{cls.__name__: cls for cls in _KIND_CLASSES.values()},
 }
 
 #: Golden kinds kvref deliberately does not implement (none since hidden-state
@@ -194,6 +190,20 @@ def find_golden_dir() -> Path | None:
         return path if path.is_dir() else None
     copy = Path(__file__).resolve().parent / "data" / "golden"
     return copy if copy.is_dir() else None
+
+
+def load_script(name: str) -> Any:
+    """The golden files' generator ``scripts/NAME.py``, imported as the module ``NAME``.
+
+    The module is registered in ``sys.modules`` before it runs, as an import would.
+    """
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def version_dir(directory: Path, version: VllmVersion) -> Path:

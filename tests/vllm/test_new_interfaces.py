@@ -12,8 +12,6 @@ Run: ``/work/vllm-venv/bin/python -m pytest -m vllm tests/vllm`` (or ``tox -e vl
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +28,7 @@ from kvref.profiling import plan_profiling_kv_cache
 
 pytestmark = pytest.mark.vllm
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _make_golden() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "make_golden", REPO / "scripts" / "make_golden.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["make_golden"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-MG = _make_golden()
+MG = golden.load_script("make_golden")
 PROBLEMS = [pytest.param(raw, id=raw["name"]) for make in MG.FILES.values() for raw in make()]
 
 

@@ -14,8 +14,6 @@ spec, and kvref refuses the field when planning as 0.33.0.
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
 import golden
 from _vllm_diff import INSTALLED, assert_agree, run_kvref, run_vllm
+from specs import full, window_mla
 
 from kvref import (
     FullAttentionSpec,
@@ -33,7 +32,6 @@ from kvref import (
     KVCacheGroupSpec,
     KVCacheLayout,
     MambaSpec,
-    SlidingWindowMLASpec,
     SpecError,
     UnsupportedError,
 )
@@ -43,7 +41,6 @@ from kvref.versions import V0_34, rules
 
 pytestmark = pytest.mark.vllm
 
-REPO = Path(__file__).resolve().parents[2]
 GOLDEN = golden.find_golden_dir()
 assert GOLDEN is not None, "tests/data/golden is part of the repository"
 SHARED = GOLDEN / "versions.json"
@@ -101,30 +98,14 @@ def test_new_fields_agree_or_are_refused(raw: dict[str, Any]) -> None:
 
 def test_stored_outputs_are_the_installed_vllms() -> None:
     """Regenerating the installed release's golden files reproduces the committed ones."""
-    spec = importlib.util.spec_from_file_location(
-        "golden_versions", REPO / "scripts" / "golden_versions.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["golden_versions"] = module
-    spec.loader.exec_module(module)
-    assert module.main(["--check"]) == 0
+    assert golden.load_script("golden_versions").main(["--check"]) == 0
 
 
 def test_new_fields_convert_both_ways() -> None:
     """0.34.0's fields reach vLLM and come back; vLLM 0.33.0 takes them only at their defaults."""
     mamba = MambaSpec(block_size=16, shapes=((4, 1000),), dtypes=("bfloat16",), state_alignment=256)
-    major = FullAttentionSpec(
-        block_size=16, num_kv_heads=8, head_size=64, dtype="bf16", kv_head_major_slots=True
-    )
-    window = SlidingWindowMLASpec(
-        block_size=64,
-        num_kv_heads=1,
-        head_size=576,
-        dtype="bf16",
-        sliding_window=128,
-        non_causal_multi_token_decode=True,
-    )
+    major = full(head_size=64, kv_head_major_slots=True)
+    window = window_mla(128, non_causal_multi_token_decode=True)
     for spec, field in (
         (mamba, "state_alignment"),
         (major, "kv_head_major_slots"),
