@@ -168,25 +168,26 @@ class TestAllocateKVCache:
             assert tuple(view.shape) == (3, 1, 1, 44)
             assert view.stride() == (44, 44, 44, 1)
 
-    def test_lhbnc_pages_split_per_head(self, device: str) -> None:
-        """LHBNC keeps the contract's strides (B 32, H 96, S 16) and layer b starts at 192.
+    @pytest.mark.parametrize(
+        ("layout", "strides", "b_start"),
+        [
+            pytest.param(KVCacheLayout.LHBNC, (32, 96, 16, 2), 192, id="lhbnc-split-per-head"),
+            pytest.param(KVCacheLayout.BHLNC, (128, 64, 16, 2), 32, id="bhlnc-interleaves-layers"),
+        ],
+    )
+    def test_head_outer_layouts(
+        self, device: str, layout: KVCacheLayout, strides: tuple[int, ...], b_start: int
+    ) -> None:
+        """Each keeps the contract's strides and layer b's start.
 
+        LHBNC splits pages per head: B 32, H 96, S 16, and b starts at 192.
+        BHLNC interleaves layers: B 128, H 64, S 16, and b starts at 32.
         See contract.md#layouts.
         """
-        with allocate_kv_cache(interleaved(KVCacheLayout.LHBNC), device) as allocation:
+        with allocate_kv_cache(interleaved(layout), device) as allocation:
             a, b = allocation.views["a"], allocation.views["b"]
-            assert byte_strides(a) == (32, 96, 16, 2)
-            assert byte_address(b, 0) == 192
-
-    def test_bhlnc_interleaves_layers(self, device: str) -> None:
-        """BHLNC keeps the contract's strides (B 128, H 64, S 16) and layer b starts at 32.
-
-        See contract.md#layouts.
-        """
-        with allocate_kv_cache(interleaved(KVCacheLayout.BHLNC), device) as allocation:
-            a, b = allocation.views["a"], allocation.views["b"]
-            assert byte_strides(a) == (128, 64, 16, 2)
-            assert byte_address(b, 0) == 32
+            assert byte_strides(a) == strides
+            assert byte_address(b, 0) == b_start
 
     def test_host_tensors_on_cpu(self, device: str) -> None:
         """Host-resident layers get views of a CPU pool sized by host_num_blocks."""
