@@ -23,26 +23,30 @@ from kvref import (
 from kvref.errors import ConfigError, SpecError
 
 
+def bad_values(table: dict[str, tuple[object, ...]]) -> list[tuple[str, object]]:
+    """``(field, value)`` for each of the table's invalid values of each field."""
+    return [(field, value) for field, values in table.items() for value in values]
+
+
 class TestSpecErrors:
     """Spec fields are validated at construction."""
 
     @pytest.mark.parametrize(
-        ("kwargs", "field"),
-        [
-            ({"block_size": 0}, "block_size"),
-            ({"block_size": -16}, "block_size"),
-            ({"num_kv_heads": 0}, "num_kv_heads"),
-            ({"head_size": -1}, "head_size"),
-            ({"dtype": "bfloat17"}, "dtype"),
-            ({"dtype": 3}, "dtype"),
-            ({"page_size_padded": 100}, "page_size_padded"),
-            ({"block_stride_alignment": 0}, "block_stride_alignment"),
-            ({"block_stride_alignment": -64}, "block_stride_alignment"),
-            ({"head_size_v": -1}, "head_size_v"),
-            ({"tokens_per_state": 0}, "tokens_per_state"),
-        ],
+        ("field", "value"),
+        bad_values(
+            {
+                "block_size": (0, -16),
+                "num_kv_heads": (0,),
+                "head_size": (-1,),
+                "dtype": ("bfloat17", 3),
+                "page_size_padded": (100,),
+                "block_stride_alignment": (0, -64),
+                "head_size_v": (-1,),
+                "tokens_per_state": (0,),
+            }
+        ),
     )
-    def test_field_named(self, kwargs: dict[str, object], field: str) -> None:
+    def test_field_named(self, field: str, value: object) -> None:
         """Each invalid field raises SpecError whose message names the field and the value."""
         base: dict[str, object] = {
             "block_size": 16,
@@ -50,11 +54,10 @@ class TestSpecErrors:
             "head_size": 128,
             "dtype": "bfloat16",
         }
-        base.update(kwargs)
         with pytest.raises(SpecError) as info:
-            FullAttentionSpec(**base)  # type: ignore[arg-type]
+            FullAttentionSpec(**{**base, field: value})  # type: ignore[arg-type]
         assert field in str(info.value)
-        assert repr(kwargs[field]) in str(info.value) or str(kwargs[field]) in str(info.value)
+        assert repr(value) in str(info.value) or str(value) in str(info.value)
 
     def test_multiple_of_zero(self) -> None:
         """MultipleOf(0) is a SpecError naming n."""
@@ -77,21 +80,23 @@ class TestConfigErrors:
     """PlanningConfig fields are validated at construction."""
 
     @pytest.mark.parametrize(
-        ("kwargs", "field"),
-        [
-            ({"max_model_len": 0}, "max_model_len"),
-            ({"max_num_batched_tokens": -1}, "max_num_batched_tokens"),
-            ({"num_gpu_blocks_override": 0}, "num_gpu_blocks_override"),
-            ({"kv_cache_layout": "XYZ"}, "kv_cache_layout"),
-            ({"mamba_cache_mode": "sometimes"}, "mamba_cache_mode"),
-            ({"pipeline_parallel_size": 0}, "pipeline_parallel_size"),
-            ({"host_resident_layers": "l0"}, "host_resident_layers"),
-        ],
+        ("field", "value"),
+        bad_values(
+            {
+                "max_model_len": (0,),
+                "max_num_batched_tokens": (-1,),
+                "num_gpu_blocks_override": (0,),
+                "kv_cache_layout": ("XYZ",),
+                "mamba_cache_mode": ("sometimes",),
+                "pipeline_parallel_size": (0,),
+                "host_resident_layers": ("l0",),
+            }
+        ),
     )
-    def test_field_named(self, kwargs: dict[str, object], field: str) -> None:
+    def test_field_named(self, field: str, value: object) -> None:
         """Each invalid field raises a kvref error naming the field."""
         with pytest.raises(KVRefError, match=field):
-            PlanningConfig(**kwargs)  # type: ignore[arg-type]
+            PlanningConfig(**{field: value})  # type: ignore[arg-type]
 
     def test_unknown_host_layer(self) -> None:
         """A host-resident layer the model does not have is a ConfigError naming it."""
