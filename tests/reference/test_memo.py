@@ -37,14 +37,8 @@ from kvref.specs import (
     evolve_spec,
 )
 
-CACHED = (
-    "real_page_size_bytes",
-    "page_size_bytes",
-    "block_stride_alignment_bytes",
-    "block_stride",
-    "_eq_key",
-    "_hash",
-)
+#: What each spec memoises per instance, as kvref lists it for ``_forget_memoised``.
+CACHED = KVCacheSpec._MEMOISED
 
 
 def full(**kw: Any) -> FullAttentionSpec:
