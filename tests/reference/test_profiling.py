@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import pytest
+from _hooked import hooked
 from specs import MODEL_A_FULL as FULL
 from specs import MODEL_A_PP0 as W0
 from specs import MODEL_A_PP1 as W1
 from specs import MODEL_A_SWA as SWA
+from specs import full
 
 from kvref import (
     EncoderOnlyAttentionSpec,
-    FullAttentionSpec,
     PlanningConfig,
     ReferenceKVCacheConfigBuilder,
     SlidingWindowSpec,
@@ -25,6 +26,17 @@ from kvref.specs import KVCacheSpec
 
 CONFIG = PlanningConfig(max_model_len=32768, max_num_batched_tokens=1024)
 B = ReferenceKVCacheConfigBuilder
+Groups = list[KVCacheGroupSpec]
+
+
+def retained_by_windows(groups: Sequence[KVCacheGroupSpec]) -> list[int]:
+    """``extra_retained_tokens`` of every sliding-window layer of ``groups``, in order."""
+    return [
+        s.extra_retained_tokens
+        for g in groups
+        for _, s in g.layer_specs()
+        if isinstance(s, SlidingWindowSpec)
+    ]
 
 
 class TestNumBlocks:
@@ -76,30 +88,16 @@ class TestOneWorker:
 
     def test_no_window_tagging_and_no_eagle_flag(self) -> None:
         """Lookahead 3 tags windows with 2 retained tokens in planning, not in profiling."""
-        draft = FullAttentionSpec(
-            block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", is_draft=True
-        )
+        draft = full(is_draft=True)
         specs = {"s0": SWA, "f0": FULL, "d0": draft}
         config = PlanningConfig(num_prefill_lookahead_tokens=3, eagle_block_drop=True)
         plan = plan_profiling_kv_cache(
             B, config, specs, max_num_reqs=4, max_cudagraph_capture_size=8
         )
-        windows = [
-            s.extra_retained_tokens
-            for g in plan.groups
-            for _, s in g.layer_specs()
-            if isinstance(s, SlidingWindowSpec)
-        ]
-        assert windows == [0]
+        assert retained_by_windows(plan.groups) == [0]
         assert not any(g.is_eagle_group for g in plan.groups)
         planned = plan_kv_cache(B, config, [specs], 1 << 30)
-        planned_windows = [
-            s.extra_retained_tokens
-            for g in planned.global_groups
-            for _, s in g.layer_specs()
-            if isinstance(s, SlidingWindowSpec)
-        ]
-        assert planned_windows == [2]
+        assert retained_by_windows(planned.global_groups) == [2]
         assert any(g.is_eagle_group for g in planned.global_groups)
 
     def test_exact_blocks_under_override(self) -> None:
@@ -139,52 +137,30 @@ class TestChecks:
 
     def test_partition_check(self) -> None:
         """A builder that drops a layer fails Core's partition check."""
-
-        class Drops(ReferenceKVCacheConfigBuilder):
-            def get_kv_cache_groups(
-                self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
-            ) -> list[KVCacheGroupSpec]:
-                return super().get_kv_cache_groups(config, kv_cache_spec)[1:]
-
+        drops = hooked(groups=lambda b, config, specs: B.get_kv_cache_groups(b, config, specs)[1:])
         with pytest.raises(PartitionError, match="miss layers"):
-            plan_profiling_kv_cache(Drops, CONFIG, W0, max_num_reqs=1, max_cudagraph_capture_size=1)
+            plan_profiling_kv_cache(drops, CONFIG, W0, max_num_reqs=1, max_cudagraph_capture_size=1)
 
     def test_placement_must_be_a_config(self) -> None:
         """A placement that is not a ``KVCacheConfig`` is a ``PlanningError``."""
-
-        class Bad(ReferenceKVCacheConfigBuilder):
-            def get_kv_cache_config_from_groups(
-                self,
-                config: PlanningConfig,
-                kv_cache_groups: Sequence[KVCacheGroupSpec],
-                num_blocks: int,
-            ) -> KVCacheConfig:
-                return None  # type: ignore[return-value]
-
+        bad = hooked(place=lambda *_: None)  # type: ignore[arg-type,return-value]
         with pytest.raises(PlanningError, match="not a KVCacheConfig"):
-            plan_profiling_kv_cache(Bad, CONFIG, W0, max_num_reqs=1, max_cudagraph_capture_size=1)
+            plan_profiling_kv_cache(bad, CONFIG, W0, max_num_reqs=1, max_cudagraph_capture_size=1)
 
     def test_same_builder_for_both_hooks(self) -> None:
         """One fresh builder groups and places (vLLM resolves once per profiling call)."""
         seen: list[int] = []
 
-        class Tracks(ReferenceKVCacheConfigBuilder):
-            def get_kv_cache_groups(
-                self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
-            ) -> list[KVCacheGroupSpec]:
-                seen.append(id(self))
-                return super().get_kv_cache_groups(config, kv_cache_spec)
+        def groups(b: B, config: PlanningConfig, specs: Mapping[str, KVCacheSpec]) -> Groups:
+            seen.append(id(b))
+            return B.get_kv_cache_groups(b, config, specs)
 
-            def get_kv_cache_config_from_groups(
-                self,
-                config: PlanningConfig,
-                kv_cache_groups: Sequence[KVCacheGroupSpec],
-                num_blocks: int,
-            ) -> KVCacheConfig:
-                seen.append(id(self))
-                return super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
+        def place(b: B, config: PlanningConfig, kv_groups: Groups, n: int) -> KVCacheConfig:
+            seen.append(id(b))
+            return B.get_kv_cache_config_from_groups(b, config, kv_groups, n)
 
-        plan_profiling_kv_cache(Tracks, CONFIG, W0, max_num_reqs=1, max_cudagraph_capture_size=1)
+        tracks = hooked(groups=groups, place=place)
+        plan_profiling_kv_cache(tracks, CONFIG, W0, max_num_reqs=1, max_cudagraph_capture_size=1)
         assert len(seen) == 2 and seen[0] == seen[1]
 
     def test_bad_worker_specs(self) -> None:

@@ -3,25 +3,25 @@ model-declared grouping (vLLM's ``SupportsKVCacheGrouping``) in the reference bu
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import ClassVar
 
 import pytest
+from _hooked import hooked
 from specs import MODEL_A as LAYERS
 from specs import MODEL_A_FULL as FULL
 from specs import MODEL_A_SWA as SWA
 
 from kvref import (
     FullAttentionSpec,
-    KVCacheConfigBuilder,
     PlanningConfig,
     ReferenceKVCacheConfigBuilder,
     plan_kv_cache,
 )
 from kvref.config import GroupingHook, HiSparseConfig
-from kvref.errors import ConfigError, GroupingError, KVRefError, PartitionError
+from kvref.errors import ConfigError, GroupingError, PartitionError
 from kvref.grouping import create_kv_cache_group_specs
-from kvref.records import KVCacheConfig, KVCacheGroupSpec
+from kvref.records import KVCacheGroupSpec
 from kvref.resolution import (
     DEFAULT_BUILDER_QUALNAME,
     BuilderResolutionError,
@@ -249,22 +249,15 @@ class TestModelDeclaredGrouping:
             PlanningConfig(model_kv_cache_grouping=3)  # type: ignore[arg-type]
 
     def test_subclass_that_overrides_grouping_bypasses_the_declaration(self) -> None:
-        """As in vLLM, a builder overriding ``get_kv_cache_groups`` owns grouping."""
+        """As in vLLM, a builder overriding ``get_kv_cache_groups`` owns grouping.
 
-        class OneGroup(KVCacheConfigBuilder):
-            def get_kv_cache_groups(
-                self, config: PlanningConfig, kv_cache_spec: Mapping[str, KVCacheSpec]
-            ) -> list[KVCacheGroupSpec]:
-                return [KVCacheGroupSpec(layer_names=tuple(kv_cache_spec), kv_cache_spec=FULL)]
-
-            def get_kv_cache_config_from_groups(
-                self,
-                config: PlanningConfig,
-                kv_cache_groups: Sequence[KVCacheGroupSpec],
-                num_blocks: int,
-            ) -> KVCacheConfig:
-                raise KVRefError("unused")
-
+        Even a subclass of the reference, whose own grouping honours the declaration.
+        """
+        one_group = hooked(
+            groups=lambda _, config, specs: [
+                KVCacheGroupSpec(layer_names=tuple(specs), kv_cache_spec=FULL)
+            ]
+        )
         config = PlanningConfig(model_kv_cache_grouping=DeclaringModel)
         specs = {n: FULL for n in ("a", "b")}
-        assert len(OneGroup().get_kv_cache_groups(config, specs)) == 1
+        assert len(one_group().get_kv_cache_groups(config, specs)) == 1
