@@ -30,6 +30,7 @@ from _vllm_diff import (
     split_stages,
 )
 from hypothesis import HealthCheck, assume, given, settings
+from specs import full, mamba, mla, sw
 
 from conformance.generate import strategies as kst
 from kvref import (
@@ -38,8 +39,6 @@ from kvref import (
     FullAttentionSpec,
     KVCacheLayout,
     KVCacheSpec,
-    MambaSpec,
-    MLAAttentionSpec,
     PlanningConfig,
     ReferenceKVCacheConfigBuilder,
     RSWASpec,
@@ -51,14 +50,6 @@ pytestmark = pytest.mark.vllm
 
 GIB = 2**30
 BF16 = {"head_size": 128, "dtype": "bfloat16", "block_size": 16}
-
-
-def _full(heads: int = 8, **kw: object) -> FullAttentionSpec:
-    return FullAttentionSpec(**{**BF16, "num_kv_heads": heads, **kw})
-
-
-def _swa(window: int = 1024, heads: int = 8, **kw: object) -> SlidingWindowSpec:
-    return SlidingWindowSpec(**{**BF16, "num_kv_heads": heads, "sliding_window": window, **kw})
 
 
 def _layers(pattern: str, specs: dict[str, KVCacheSpec], repeats: int) -> dict[str, KVCacheSpec]:
@@ -73,38 +64,24 @@ def _mamba_hybrid() -> dict[str, KVCacheSpec]:
     # contract.md#grouping-examples, model (d): attention every 4th layer, block 80 (page 163,840);
     # the
     # Mamba state (139,264 B) pre-padded by the platform to the same page.
-    attention = FullAttentionSpec(num_kv_heads=2, head_size=256, dtype="bfloat16", block_size=80)
-    mamba = MambaSpec(
-        block_size=80,
-        shapes=((4, 1024), (8, 64, 64)),
-        dtypes=("bfloat16", "float32"),
-        page_size_padded=163_840,
-        mamba_cache_mode="align",
-    )
-    return {f"model.layers.{i}.mixer": attention if i % 4 == 3 else mamba for i in range(16)}
+    attention = full(heads=2, head_size=256, block_size=80)
+    state = mamba(page_size_padded=163_840, mamba_cache_mode="align")
+    return {f"model.layers.{i}.mixer": attention if i % 4 == 3 else state for i in range(16)}
 
 
 def _mla(draft: bool) -> dict[str, KVCacheSpec]:
-    mla = MLAAttentionSpec(num_kv_heads=1, head_size=576, dtype="bfloat16", block_size=64)
-    model: dict[str, KVCacheSpec] = {f"model.layers.{i}.attn": mla for i in range(4)}
+    model: dict[str, KVCacheSpec] = {f"model.layers.{i}.attn": mla() for i in range(4)}
     if draft:
         # contract.md#grouping-examples, model (e): an SWA draft whose page does not divide the MLA
         # page.
-        model["drafter.attn"] = SlidingWindowSpec(
-            num_kv_heads=8,
-            head_size=128,
-            dtype="bfloat16",
-            block_size=64,
-            sliding_window=128,
-            is_draft=True,
-        )
+        model["drafter.attn"] = sw(128, block_size=64, is_draft=True)
     return model
 
 
 def _eagle() -> dict[str, KVCacheSpec]:
     # contract.md#grouping-examples, model (b): gpt-oss-like 12 S + 12 F alternating, plus a
     # full-attention draft.
-    spec = {"S": _swa(128, heads=8, head_size=64), "F": _full(8, head_size=64)}
+    spec = {"S": sw(128, heads=8, head_size=64), "F": full(8, head_size=64)}
     model = _layers("SF", spec, 12)
     model["drafter.attn"] = attrs.evolve(spec["F"], is_draft=True)
     return model
@@ -113,7 +90,7 @@ def _eagle() -> dict[str, KVCacheSpec]:
 def _cross() -> dict[str, KVCacheSpec]:
     model: dict[str, KVCacheSpec] = {}
     for i in range(4):
-        model[f"decoder.layers.{i}.self_attn"] = _full(4, head_size=64)
+        model[f"decoder.layers.{i}.self_attn"] = full(4, head_size=64)
         model[f"decoder.layers.{i}.encoder_attn"] = CrossAttentionSpec(
             num_kv_heads=4, head_size=64, dtype="bfloat16", block_size=16
         )
@@ -123,7 +100,7 @@ def _cross() -> dict[str, KVCacheSpec]:
 def _mixed(heads: int) -> dict[str, KVCacheSpec]:
     # contract.md#grouping-examples, model (c): (F 8 heads, S, S) x 4 with S of 4 heads (divides) or
     # 6 (pads / packs).
-    return _layers("FSS", {"F": _full(8), "S": _swa(1024, heads=heads)}, 4)
+    return _layers("FSS", {"F": full(8), "S": sw(1024, heads=heads)}, 4)
 
 
 #: name -> (model, workers, config changes, memory per worker)
@@ -134,11 +111,11 @@ Case = tuple[dict[str, KVCacheSpec], int | list[int], dict[str, object], list[in
 SPEC_54 = {"max_model_len": 32768, "async_scheduling": False, "max_num_batched_tokens": 1024}
 
 CATALOG: dict[str, Callable[[], Case]] = {
-    "uniform": lambda: (_layers("F", {"F": _full()}, 32), 1, {}, 8 * GIB),
-    "hybrid-5to1": lambda: (_layers("SSSSSF", {"S": _swa(), "F": _full()}, 4), 1, {}, 4 * GIB),
-    "hybrid-3to1": lambda: (_layers("SSSF", {"S": _swa(), "F": _full()}, 4), 1, {}, 4 * GIB),
-    "hybrid-1to1": lambda: (_layers("SF", {"S": _swa(), "F": _full()}, 6), 1, {}, 4 * GIB),
-    "fss-x10": lambda: (_layers("FSS", {"S": _swa(), "F": _full()}, 10), 1, {}, 4 * GIB),
+    "uniform": lambda: (_layers("F", {"F": full()}, 32), 1, {}, 8 * GIB),
+    "hybrid-5to1": lambda: (_layers("SSSSSF", {"S": sw(), "F": full()}, 4), 1, {}, 4 * GIB),
+    "hybrid-3to1": lambda: (_layers("SSSF", {"S": sw(), "F": full()}, 4), 1, {}, 4 * GIB),
+    "hybrid-1to1": lambda: (_layers("SF", {"S": sw(), "F": full()}, 6), 1, {}, 4 * GIB),
+    "fss-x10": lambda: (_layers("FSS", {"S": sw(), "F": full()}, 10), 1, {}, 4 * GIB),
     "12-vs-13-eagle": lambda: (
         _eagle(),
         1,
@@ -150,7 +127,7 @@ CATALOG: dict[str, Callable[[], Case]] = {
             "CCCF",
             {
                 "C": ChunkedLocalAttentionSpec(**BF16, num_kv_heads=8, attention_chunk_size=8192),
-                "F": _full(),
+                "F": full(),
             },
             4,
         ),
@@ -171,47 +148,47 @@ CATALOG: dict[str, Callable[[], Case]] = {
     "mixed-pages-6h": lambda: (_mixed(6), 1, {}, 4 * GIB),
     "pp2-unequal": lambda: (
         # contract.md#core-flow: 30 layers (F,S,S), 2 GiB / 1.5 GiB, max_model_len 32,768.
-        _layers("FSS", {"S": _swa(), "F": _full()}, 10),
+        _layers("FSS", {"S": sw(), "F": full()}, 10),
         [16, 14],
         SPEC_54,
         [2 * GIB, 3 * GIB // 2],
     ),
-    "pp4-uniform": lambda: (_layers("F", {"F": _full()}, 32), 4, {}, 2 * GIB),
-    "pp3-hybrid": lambda: (_layers("SSSF", {"S": _swa(), "F": _full()}, 6), 3, {}, 2 * GIB),
+    "pp4-uniform": lambda: (_layers("F", {"F": full()}, 32), 4, {}, 2 * GIB),
+    "pp3-hybrid": lambda: (_layers("SSSF", {"S": sw(), "F": full()}, 6), 3, {}, 2 * GIB),
     "override-fits": lambda: (
-        _layers("FSS", {"S": _swa(), "F": _full()}, 10),
+        _layers("FSS", {"S": sw(), "F": full()}, 10),
         [16, 14],
         {**SPEC_54, "num_gpu_blocks_override": 3000},
         [2 * GIB, 3 * GIB // 2],
     ),
     "override-too-small": lambda: (
-        _layers("FSS", {"S": _swa(), "F": _full()}, 10),
+        _layers("FSS", {"S": sw(), "F": full()}, 10),
         [16, 14],
         {**SPEC_54, "num_gpu_blocks_override": 2000},
         [2 * GIB, 3 * GIB // 2],
     ),
     "auto-fit": lambda: (
-        _layers("FSS", {"S": _swa(), "F": _full()}, 10),
+        _layers("FSS", {"S": sw(), "F": full()}, 10),
         [16, 14],
         {**SPEC_54, "max_model_len": 131072, "auto_fit_max_model_len": True},
         [2 * GIB, 3 * GIB // 2],
     ),
     "auto-fit-nothing-fits": lambda: (
-        _layers("F", {"F": _full()}, 4),
+        _layers("F", {"F": full()}, 4),
         1,
         {"max_model_len": 131072, "auto_fit_max_model_len": True},
         300_000,
     ),
-    "too-little-memory": lambda: (_layers("F", {"F": _full()}, 32), 1, {}, 64 * 2**20),
-    "no-memory": lambda: (_layers("F", {"F": _full()}, 4), 1, {}, 0),
+    "too-little-memory": lambda: (_layers("F", {"F": full()}, 32), 1, {}, 64 * 2**20),
+    "no-memory": lambda: (_layers("F", {"F": full()}, 4), 1, {}, 0),
     "hybrid-disabled": lambda: (
-        _layers("SSSF", {"S": _swa(), "F": _full()}, 4),
+        _layers("SSSF", {"S": sw(), "F": full()}, 4),
         1,
         {"disable_hybrid_kv_cache_manager": True},
         4 * GIB,
     ),
     "mtp-lookahead": lambda: (
-        _layers("SF", {"S": _swa(), "F": _full()}, 4),
+        _layers("SF", {"S": sw(), "F": full()}, 4),
         1,
         {"num_prefill_lookahead_tokens": 3},
         4 * GIB,
@@ -221,7 +198,7 @@ CATALOG: dict[str, Callable[[], Case]] = {
         _layers(
             "SK",
             {
-                "S": _swa(),
+                "S": sw(),
                 "K": SinkFullAttentionSpec(
                     block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sink_len=4
                 ),
@@ -239,7 +216,7 @@ CATALOG: dict[str, Callable[[], Case]] = {
                 "R": RSWASpec(
                     block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", rswa_window=512
                 ),
-                "F": _full(),
+                "F": full(),
             },
             4,
         ),

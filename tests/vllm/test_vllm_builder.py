@@ -30,6 +30,7 @@ pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
 import golden
 from _kvref_platform import DEFAULT, installed_config, platform_builder, run_core
+from specs import mla, mla_beside_chunked
 from vllm.utils.import_utils import resolve_obj_by_qualname
 from vllm.v1.core.kv_cache_config_builder import KVCacheConfigBuilder as VllmBuilder
 from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
@@ -38,7 +39,6 @@ from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 from kvref import (
     FullAttentionSpec,
     KVCacheGroupSpec,
-    MLAAttentionSpec,
     PlanningConfig,
     SlidingWindowSpec,
 )
@@ -58,10 +58,6 @@ from kvref.versions import installed_vllm_version
 pytestmark = pytest.mark.vllm
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _mla(block_size: int = 64) -> MLAAttentionSpec:
-    return MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=576, dtype="bfloat16")
 
 
 def _sw(block_size: int = 16, **kw: Any) -> SlidingWindowSpec:
@@ -303,20 +299,8 @@ class TestErrors:
 
     def test_unpaddable_pages_are_not_implemented(self) -> None:
         """MLA beside a chunked-local layer: vLLM's NotImplementedError, kvref's typed error."""
-        from kvref.specs import ChunkedLocalAttentionSpec
-
-        specs = {
-            "m": _mla(),
-            "c": ChunkedLocalAttentionSpec(
-                block_size=64,
-                num_kv_heads=8,
-                head_size=128,
-                dtype="bfloat16",
-                attention_chunk_size=64,
-            ),
-        }
         vcfg = iv.to_vllm_config(PlanningConfig())
-        vspecs = iv.specs_to_vllm(specs)
+        vspecs = iv.specs_to_vllm(mla_beside_chunked())
         with pytest.raises(NotImplementedError):
             DefaultKVCacheConfigBuilder().get_kv_cache_groups(vcfg, dict(vspecs))
         with pytest.raises(NotImplementedError) as caught:
@@ -373,7 +357,7 @@ class TestWarnings:
     """Grouping logs vLLM's warnings, in vLLM's words, through vLLM's planning logger."""
 
     def _specs(self) -> dict[str, Any]:
-        specs: dict[str, Any] = {f"m{i}": _mla() for i in range(4)}
+        specs: dict[str, Any] = {f"m{i}": mla() for i in range(4)}
         specs["draft"] = _sw(block_size=64, is_draft=True)
         return iv.specs_to_vllm(specs)
 
