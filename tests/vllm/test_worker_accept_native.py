@@ -40,13 +40,8 @@ from tests.vllm.native_builders import worker_rules
 
 pytestmark = pytest.mark.vllm
 
-WORKER = (
-    "KV-WORKER-ONE-BACKING",
-    "KV-WORKER-LAYER-REGIONS",
-    "KV-WORKER-BLOCK-SEGMENTS",
-    "KV-WORKER-COMMITTED",
-    "KV-WORKER-POOL-BYTES",
-)
+#: The catalog's KV-WORKER-* invariants, in catalog order.
+WORKER = tuple(i for i in by_id() if i.startswith("KV-WORKER-"))
 LAYOUTS = ("LBNHC", "LBHNC", "BLHNC", "BLNHC", "BHLNC", "LHBNC")
 DEFAULT = "vllm.v1.core.kv_cache_planning:DefaultKVCacheConfigBuilder"
 PKG = "tests.vllm.native_builders"
