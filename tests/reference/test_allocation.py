@@ -290,24 +290,25 @@ class TestAllocationErrors:
         with pytest.raises(PlacementError, match=r"'L2'.*offset=1"):
             allocate_kv_cache(with_tensors(config, tensors), "cpu")
 
-    def test_layer_without_group(self) -> None:
-        """A tensor whose layer no group holds has no spec to view it with."""
-        config = worked_example(KVCacheLayout.LBNHC)
-        tensors = [
-            *config.kv_cache_tensors,
-            KVCacheTensor(size=256, layers=["X"], layer_stride=128, block_stride=32),
-        ]
-        with pytest.raises(PlacementError, match="'X' belongs to no KV cache group"):
-            allocate_kv_cache(with_tensors(config, tensors), "cpu")
+    @pytest.mark.parametrize(
+        ("layer", "match"),
+        [
+            pytest.param("X", "'X' belongs to no KV cache group", id="layer-without-group"),
+            pytest.param("L0", "'L0' appears in", id="layer-in-two-tensors"),
+        ],
+    )
+    def test_extra_tensor_of_a_layer(self, layer: str, match: str) -> None:
+        """An extra tensor of one layer is refused.
 
-    def test_layer_in_two_tensors(self) -> None:
-        """A layer placed twice would get two views: refused."""
+        A layer no group holds has no spec to view it with; a layer placed
+        twice would get two views.
+        """
         config = worked_example(KVCacheLayout.LBNHC)
         tensors = [
             *config.kv_cache_tensors,
-            KVCacheTensor(size=256, layers=["L0"], layer_stride=128, block_stride=32),
+            KVCacheTensor(size=256, layers=[layer], layer_stride=128, block_stride=32),
         ]
-        with pytest.raises(PlacementError, match="'L0' appears in"):
+        with pytest.raises(PlacementError, match=match):
             allocate_kv_cache(with_tensors(config, tensors), "cpu")
 
     @pytest.mark.skipif(torch.cuda.is_available(), reason="pinning works here")

@@ -205,6 +205,14 @@ def _load(path: Source, name: str) -> GoldenProblem:
         pytest.skip(f"{name}: {exc}")
 
 
+def _load_refused(path: Source, name: str, stage: str) -> tuple[GoldenProblem, Mapping[str, Any]]:
+    """The problem and the error vLLM's ``stage`` raised on it (its params select such problems)."""
+    problem = _load(path, name)
+    error = _stage_error(problem.expected, stage)
+    assert error is not None
+    return problem, error
+
+
 @functools.cache
 def _builder_groups(path: Source, name: str) -> list[KVCacheGroupSpec]:
     problem = _problem(path, name)
@@ -732,9 +740,7 @@ class TestCoreErrors:
     @pytest.mark.parametrize(("path", "name"), _params("core_error"))
     def test_raises_the_matching_kvref_error(self, path: Source, name: str) -> None:
         """kvref raises the kvref error type that corresponds to vLLM's error."""
-        problem = _load(path, name)
-        error = _stage_error(problem.expected, "core")
-        assert error is not None
+        _, error = _load_refused(path, name, "core")
         with pytest.raises(expected_error_types(error)) as info:
             _plan(path, name)
         layer = _LAYER.search(error["message"])
@@ -744,9 +750,7 @@ class TestCoreErrors:
     @pytest.mark.parametrize(("path", "name"), _params("core_error"))
     def test_insufficient_memory_numbers_match_vllm(self, path: Source, name: str) -> None:
         """Needed and available GiB and the estimated length are vLLM's numbers."""
-        problem = _load(path, name)
-        error = _stage_error(problem.expected, "core")
-        assert error is not None
+        _, error = _load_refused(path, name, "core")
         match = _NEEDED.search(error["message"])
         if match is None:
             pytest.skip(f"{name}: vLLM's error is not an insufficient-memory error")
@@ -856,9 +860,7 @@ class TestBuilderErrors:
     @pytest.mark.parametrize(("path", "name"), _params("builder_error"))
     def test_raises_the_matching_kvref_error(self, path: Source, name: str) -> None:
         """kvref's builder raises the kvref error type matching vLLM's."""
-        problem = _load(path, name)
-        error = _stage_error(problem.expected, "builder")
-        assert error is not None
+        problem, error = _load_refused(path, name, "builder")
         with pytest.raises(expected_error_types(error)):
             ReferenceKVCacheConfigBuilder().get_kv_cache_groups(
                 problem.config, problem.merged_specs

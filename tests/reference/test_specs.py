@@ -134,21 +134,8 @@ class TestMLAAlignment:
 
 
 class TestValidation:
-    @pytest.mark.parametrize(
-        ("field", "value"),
-        [("block_size", 0), ("block_size", -16), ("num_kv_heads", 0), ("head_size", -1)],
-    )
-    def test_non_positive_sizes(self, field: str, value: int) -> None:
-        """Zero or negative sizes raise SpecError naming the field."""
-        kw: dict[str, object] = {
-            "block_size": 16,
-            "num_kv_heads": 8,
-            "head_size": 128,
-            "dtype": "bfloat16",
-        }
-        kw[field] = value
-        with pytest.raises(SpecError, match=field):
-            FullAttentionSpec(**kw)  # type: ignore[arg-type]
+    # Zero and negative sizes (block_size, num_kv_heads, head_size) are
+    # test_errors.py's TestSpecErrors.test_field_named.
 
     def test_unknown_dtype(self) -> None:
         """An unknown dtype name raises SpecError naming dtype."""
