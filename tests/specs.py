@@ -128,6 +128,18 @@ MODEL_A_PP0 = {k: v for k, v in MODEL_A.items() if int(k[1:]) < 16}
 MODEL_A_PP1 = {k: v for k, v in MODEL_A.items() if int(k[1:]) >= 16}
 
 
+def projection_repro() -> list[dict[str, KVCacheSpec]]:
+    """The PP-projection repro of contract.md#memory-safety, as two workers' layers.
+
+    w0 = {f0..f3 (8 heads), s0a..s3a (6 heads)}, w1 = {s0b..s3b}: under BLHNC
+    f0..f3 form a uniform-type group with no layer on w1.
+    """
+    f, s = full(), sw(heads=6)
+    w0 = {f"f{i}": f for i in range(4)} | {f"s{i}a": s for i in range(4)}
+    w1 = {f"s{i}b": s for i in range(4)}
+    return [w0, w1]
+
+
 def hydra_layers() -> dict[str, KVCacheSpec]:
     """tests/data/models/acme_hydra.json as the kit drew it (seed 8): 6 x (full + sw512)."""
     full = FullAttentionSpec(block_size=32, num_kv_heads=4, head_size=128, dtype="bfloat16")

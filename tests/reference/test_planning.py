@@ -14,10 +14,10 @@ from specs import MODEL_A_FULL as FULL
 from specs import MODEL_A_PP0 as W0
 from specs import MODEL_A_PP1 as W1
 from specs import MODEL_A_SWA as SWA
+from specs import projection_repro
 
 from kvref import (
     EncoderOnlyAttentionSpec,
-    FullAttentionSpec,
     InsufficientMemoryError,
     PlanningConfig,
     ReferenceKVCacheConfigBuilder,
@@ -96,12 +96,7 @@ class TestDeliberateDifferences:
 
         See contract.md#memory-safety.
         """
-        f = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
-        s = SlidingWindowSpec(
-            block_size=16, num_kv_heads=6, head_size=128, dtype="bfloat16", sliding_window=1024
-        )
-        w0 = {**{f"f{i}": f for i in range(4)}, **{f"s{i}a": s for i in range(4)}}
-        w1 = {f"s{i}b": s for i in range(4)}
+        w0, w1 = projection_repro()
         plan = plan_kv_cache(
             B, PlanningConfig(kv_cache_layout="BLHNC", max_model_len=4096), [w0, w1], 2**30
         )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import pytest
 from _vllm_diff import INSTALLED, VLLMDefault, describe_tensors, group_names, run_kvref, run_vllm
+from specs import projection_repro
 
 from conformance.check.memory import check_memory
 from kvref import (
@@ -75,18 +76,13 @@ class TestPPProjection:
     """
 
     def _problem(self) -> tuple[PlanningConfig, list[dict[str, object]]]:
-        kw = {"head_size": 128, "dtype": "bfloat16", "block_size": 16}
-        full = FullAttentionSpec(num_kv_heads=8, **kw)  # type: ignore[arg-type]
-        swa = SlidingWindowSpec(num_kv_heads=6, sliding_window=1024, **kw)  # type: ignore[arg-type]
-        w0 = {f"f{i}": full for i in range(4)} | {f"s{i}a": swa for i in range(4)}
-        w1 = {f"s{i}b": swa for i in range(4)}
         config = PlanningConfig(
             vllm_version=INSTALLED,
             max_model_len=8192,
             kv_cache_layout=KVCacheLayout.BLHNC,
             pipeline_parallel_size=2,
         )
-        return config, [w0, w1]
+        return config, projection_repro()
 
     def test_same_global_groups(self) -> None:
         """Both group f0..f3 into one uniform-type group that has no layer on w1."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 from _vllm_diff import INSTALLED, VLLMDefault
 from hypothesis import HealthCheck, given, settings
+from specs import projection_repro
 
 from conformance.check.catalog import by_id
 from conformance.generate import strategies as kst
@@ -22,11 +23,9 @@ from conformance.harness.hooks import Context, make_factory
 from conformance.scenarios.core import observe_core
 from conformance.scenarios.placement import observe_placement
 from kvref import (
-    FullAttentionSpec,
     KVCacheConfigBuilder,
     KVCacheLayout,
     PlanningConfig,
-    SlidingWindowSpec,
 )
 
 pytestmark = pytest.mark.vllm
@@ -66,11 +65,6 @@ class TestDefects:
         See contract.md#memory-safety.  vLLM 0.34.0 fixed the defect (issue
         54711): under it the same invariant finds nothing.
         """
-        kw = {"head_size": 128, "dtype": "bfloat16", "block_size": 16}
-        full = FullAttentionSpec(num_kv_heads=8, **kw)  # type: ignore[arg-type]
-        swa = SlidingWindowSpec(num_kv_heads=6, sliding_window=1024, **kw)  # type: ignore[arg-type]
-        w0 = {f"f{i}": full for i in range(4)} | {f"s{i}a": swa for i in range(4)}
-        w1 = {f"s{i}b": swa for i in range(4)}
         config = PlanningConfig(
             max_model_len=8192,
             kv_cache_layout=KVCacheLayout.BLHNC,
@@ -83,7 +77,7 @@ class TestDefects:
             guard=guard,
             core=VLLMDefault.kvref_core,  # type: ignore[attr-defined]
         )
-        obs = observe_core(ctx, config, [w0, w1], [GIB, GIB])
+        obs = observe_core(ctx, config, projection_repro(), [GIB, GIB])
         found = by_id()["KV-CORE-WORKER-LAYERS"].check(obs)
         if config.rules.placement_walks_layer_specs:
             assert found == []
