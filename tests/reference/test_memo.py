@@ -21,7 +21,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from specs import compressed_mla
+from specs import compressed_mla, full
 
 from kvref.errors import SpecError
 from kvref.specs import (
@@ -39,16 +39,6 @@ from kvref.specs import (
 
 #: What each spec memoises per instance, as kvref lists it for ``_forget_memoised``.
 CACHED = KVCacheSpec._MEMOISED
-
-
-def full(**kw: Any) -> FullAttentionSpec:
-    base: dict[str, Any] = {
-        "block_size": 16,
-        "num_kv_heads": 8,
-        "head_size": 128,
-        "dtype": torch.bfloat16,
-    }
-    return FullAttentionSpec(**{**base, **kw})
 
 
 def geometry(spec: KVCacheSpec) -> tuple[int, int, int, int]:
@@ -209,7 +199,7 @@ def test_memoised_geometry_matches_the_formula_through_evolve(
 
     spec = full(
         block_size=block_size,
-        num_kv_heads=heads,
+        heads=heads,
         head_size=head_size,
         head_size_v=head_size_v,
         dtype=dtype,
