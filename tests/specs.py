@@ -7,6 +7,7 @@ values the tests use most; keyword arguments reach the spec unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -83,7 +84,7 @@ def sparse_mla_indexer(block_size: int = 64) -> MLAAttentionSpec:
 
 #: A compressed MLA layer's fields (less its one head): four tokens a state of
 #: 584 B, pages padded to 576 B multiples.
-COMPRESSED_MLA: dict[str, Any] = {
+COMPRESSED_MLA: Mapping[str, Any] = {
     "block_size": 256,
     "head_size": 512,
     "dtype": torch.uint8,
@@ -111,10 +112,8 @@ def mla_beside_chunked() -> dict[str, KVCacheSpec]:
 
 #: Model (a) of contract.md#grouping-examples: 8 heads of 128, bf16, block 16,
 #: full attention and a 1,024-token window.
-MODEL_A_FULL = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
-MODEL_A_SWA = SlidingWindowSpec(
-    block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16", sliding_window=1024
-)
+MODEL_A_FULL = full()
+MODEL_A_SWA = sw()
 
 
 def model_a(n: int = 30) -> dict[str, KVCacheSpec]:
@@ -142,20 +141,17 @@ def projection_repro() -> list[dict[str, KVCacheSpec]]:
 
 def hydra_layers() -> dict[str, KVCacheSpec]:
     """tests/data/models/acme_hydra.json as the kit drew it (seed 8): 6 x (full + sw512)."""
-    full = FullAttentionSpec(block_size=32, num_kv_heads=4, head_size=128, dtype="bfloat16")
-    local = SlidingWindowSpec(
-        block_size=32, num_kv_heads=2, head_size=128, dtype="bfloat16", sliding_window=512
-    )
+    kv, local = full(4, block_size=32), sw(512, 2, block_size=32)
     layers: dict[str, KVCacheSpec] = {}
     for i in range(6):
-        layers[f"model.layers.{i}.hydra.kv"] = full
+        layers[f"model.layers.{i}.hydra.kv"] = kv
         layers[f"model.layers.{i}.hydra.local"] = local
     return layers
 
 
 #: Two full-attention layer kinds of different pages, for the worker-rule tests.
-WIDE = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype="bfloat16")
-NARROW = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=40, dtype="bfloat16")
+WIDE = full(2, 64)
+NARROW = full(1, 40)
 #: Three layers of one page.
 UNIFORM_LAYERS: dict[str, KVCacheSpec] = {
     f"model.layers.{i}.self_attn.attn": WIDE for i in range(3)
