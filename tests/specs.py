@@ -8,6 +8,7 @@ values the tests use most; keyword arguments reach the spec unchanged.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -84,14 +85,16 @@ def sparse_mla_indexer(block_size: int = 64) -> MLAAttentionSpec:
 
 #: A compressed MLA layer's fields (less its one head): four tokens a state of
 #: 584 B, pages padded to 576 B multiples.
-COMPRESSED_MLA: Mapping[str, Any] = {
-    "block_size": 256,
-    "head_size": 512,
-    "dtype": torch.uint8,
-    "state_content_bytes": 584,
-    "tokens_per_state": 4,
-    "alignment": 576,
-}
+COMPRESSED_MLA: Mapping[str, Any] = MappingProxyType(
+    {
+        "block_size": 256,
+        "head_size": 512,
+        "dtype": torch.uint8,
+        "state_content_bytes": 584,
+        "tokens_per_state": 4,
+        "alignment": 576,
+    }
+)
 
 
 def compressed_mla(**kw: Any) -> MLAAttentionSpec:
