@@ -16,9 +16,9 @@ import pytest
 
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
+from kit_runs import quick_check
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 
-from conformance import check_builder
 from conformance.report.model import Report
 from tests.kit.harness.test_worker_lifetime import children
 from tests.vllm.native_builders.alignment import DropsAlignmentBuilder
@@ -29,16 +29,7 @@ SELECT = ["KV-GROUP-PARTITION", "KV-PLACE-IN-BOUNDS", "KV-HOST-TENSORS"]
 
 
 def _run(builder: Any, *, isolate: bool, select: list[str] = SELECT) -> Report:
-    return check_builder(
-        builder,
-        select=select,
-        max_examples=8,
-        seed=1,
-        isolate=isolate,
-        database=None,
-        shrink=False,
-        reach=False,
-    )
+    return quick_check(builder, *select, examples=8, seed=1, isolate=isolate, shrink=False)
 
 
 def _verdicts(report: Report) -> dict[str, tuple[str, int]]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,8 @@ from typing import Any
 import pytest
 
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
+
+from subprocesses import run_captured
 
 from conformance.cli import main
 from conformance.upstream import DEFECTS
@@ -34,14 +35,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def _cli_report(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
     out = tmp_path / "report.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run(
+    done = run_captured(
         [sys.executable, "-m", "conformance.cli", DEFAULT, "--json", str(out), *args],
-        capture_output=True,
-        text=True,
-        env=env,
         cwd=tmp_path,
+        env=env,
         timeout=900,
-        check=False,
     )
     report = json.loads(out.read_text()) if out.exists() else {}
     return done.returncode, report, done.stdout + done.stderr

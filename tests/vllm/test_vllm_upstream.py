@@ -36,7 +36,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,8 @@ from typing import Any
 import pytest
 
 pytest.importorskip("vllm.v1.core.kv_cache_planning")
+
+from subprocesses import run_captured
 
 from kvref.interop.vllm_builder import QUALNAME
 
@@ -72,14 +73,11 @@ def _tests() -> Path:
     script finds them in place (its stamp) or fetches them where no setup did.
     A failed fetch fails the test: the run is never skipped for want of them.
     """
-    done = subprocess.run(
+    done = run_captured(
         ["bash", str(ROOT / "scripts" / "fetch-vllm-tests.sh")],
         cwd=ROOT,
         env={**os.environ, "PYTHON": sys.executable},
-        capture_output=True,
-        text=True,
         timeout=900,
-        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return ROOT / done.stdout.strip().splitlines()[-1]
@@ -130,15 +128,7 @@ def _run(tests: Path, tmp: Path, builder: str = QUALNAME) -> dict[str, Any]:
         "KVREF_UPSTREAM_RECORD": str(record),
         "KVREF_UPSTREAM_BUILDER": builder,
     }
-    done = subprocess.run(
-        command,
-        cwd=tests,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
-    )
+    done = run_captured(command, cwd=tests, env=environment, timeout=1200)
     assert record.exists(), done.stdout[-3000:] + done.stderr[-3000:]
     result: dict[str, Any] = json.loads(record.read_text())
     result["summary"] = done.stdout.strip().splitlines()[-1:]
