@@ -31,6 +31,10 @@ from kvref import (
 pytestmark = pytest.mark.vllm
 
 GIB = 2**30
+#: The guard's per-call deadline, for a hang only: a call of vLLM's builder may
+#: build a VllmConfig first (about 15 s wall on a cold vLLM cache, far more on a
+#: loaded machine), and an ordinary slow call must not read as a timeout here.
+HANG = 600.0
 
 
 class TestAdapter:
@@ -71,7 +75,7 @@ class TestDefects:
             pipeline_parallel_size=2,
             vllm_version=INSTALLED,
         )
-        guard = Guard(60.0)
+        guard = Guard(HANG)
         ctx = Context(
             factory=make_factory(VLLMDefault, guard),
             guard=guard,
@@ -94,7 +98,7 @@ class TestDefects:
 
         See contract.md#memory-safety.
         """
-        guard = Guard(60.0)
+        guard = Guard(HANG)
         ctx = Context(factory=make_factory(VLLMDefault, guard), guard=guard)
         obs = observe_placement(ctx, problem.config, problem.specs, num_blocks=4)
         assert by_id()["KV-PLACE-NO-BLOCK-ALIAS"].check(obs)
