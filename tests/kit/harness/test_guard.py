@@ -47,10 +47,12 @@ def test_a_hung_call_stops_the_guard() -> None:
 
 def test_the_threads_end_with_their_guard() -> None:
     """A guard nobody keeps leaves no idle thread behind."""
-    before = {t.ident for t in threading.enumerate()}
+    # Thread objects, not idents: an ident is reused once its thread has
+    # ended, so a thread that ends meanwhile could hide the guard's new one.
+    before = set(threading.enumerate())
     guard = Guard(timeout=60)
     guard.call("h", int)
-    started = [t for t in threading.enumerate() if t.ident not in before]
+    started = [t for t in threading.enumerate() if t not in before]
     assert [t.name for t in started] == ["kvref-guard"]
     del guard
     gc.collect()
