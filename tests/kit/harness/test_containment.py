@@ -23,7 +23,7 @@ import broken_builders
 import hostile_builders
 import pytest
 import torch
-from forged_runs import kit_command
+from forged_runs import forger_env, kit_command
 from kit_runs import quick_check
 from subprocesses import run_captured
 
@@ -40,8 +40,6 @@ from kvref.specs import FullAttentionSpec
 # Whole kit runs: too costly for every CI submission (tox -e slow, pytest -m slow).
 pytestmark = pytest.mark.slow
 
-_TESTS = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture
 def work() -> Iterator[Path]:
@@ -50,18 +48,12 @@ def work() -> Iterator[Path]:
         yield Path(name)
 
 
-def _env() -> dict[str, str]:
-    """This environment, with tests/ importable (``broken_builders:X``) ahead of the rest."""
-    path = [str(_TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(path))
-
-
 _PAPER = ["KV-CALL", "KV-GROUP", "KV-PLACE", "KV-HOST", "KV-CORE"]
 
 
 def _cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``kvref-conformance`` in a fresh process (a crash there cannot end the tests)."""
-    return run_captured(kit_command() + args, cwd=cwd, env=_env(), timeout=timeout)
+    return run_captured(kit_command() + args, cwd=cwd, env=forger_env(), timeout=timeout)
 
 
 def _specs(layers: int) -> dict[str, FullAttentionSpec]:
@@ -441,7 +433,7 @@ class TestHoldsTheGIL:
             f"'--seed', '1', '--select', 'KV-CALL-TIMEOUT', '--no-database', "
             f"'--json', {str(report)!r}])\n"
         )
-        done = run_captured([sys.executable, "-c", script], cwd=work, env=_env(), timeout=300)
+        done = run_captured([sys.executable, "-c", script], cwd=work, env=forger_env(), timeout=300)
         assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
         assert "Timeout" in done.stderr and "attack" in done.stderr, done.stderr[-2000:]
         assert json.loads(report.read_text())["complete"] is False
