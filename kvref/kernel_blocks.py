@@ -264,7 +264,8 @@ class KernelTensorGeometry:
         return self.tensor.offset + layer * self.strides[0] + kernel_block * self.strides[1]
 
 
-def _owner_groups(kv_cache_config: KVCacheConfig) -> dict[str, int]:
+def first_group_of(kv_cache_config: KVCacheConfig) -> dict[str, int]:
+    """Layer name -> the first group listing it (the group whose spec its tensor is viewed with)."""
     owner: dict[str, int] = {}
     for index, group in enumerate(kv_cache_config.kv_cache_groups):
         for name in group.layer_names:
@@ -311,7 +312,7 @@ def kernel_tensor_geometries(
             cannot be viewed as (vLLM's bind-time ``ValueError``).
         UnsupportedError: layers of one tensor bind different kernel blocks.
     """
-    owner = _owner_groups(kv_cache_config)
+    owner = first_group_of(kv_cache_config)
     by_group = _group_sizes(kv_cache_config, kernel_block_sizes)
     out: list[KernelTensorGeometry | None] = []
     for index, tensor in enumerate(kv_cache_config.kv_cache_tensors):
@@ -331,7 +332,7 @@ def kernel_tensor_geometries(
         split = KernelBlockSplit(
             block_size=spec.block_size, kernel_block_size=by_group.get(gid, spec.block_size)
         )
-        geometry = _kernel_geometry(kv_cache_config, index, tensor, spec, split, layout)
+        geometry = kernel_geometry(kv_cache_config, index, tensor, spec, split, layout)
         out.append(geometry if config is None else _bound(config, geometry))
     return tuple(out)
 
@@ -415,7 +416,7 @@ def _restrided(
     )
 
 
-def _kernel_geometry(
+def kernel_geometry(
     kv_cache_config: KVCacheConfig,
     index: int,
     tensor: KVCacheTensor,
@@ -423,6 +424,15 @@ def _kernel_geometry(
     split: KernelBlockSplit,
     device_layout: KVCacheLayout,
 ) -> KernelTensorGeometry:
+    """Tensor ``index``'s layers viewed with ``spec``, their blocks split as ``split``.
+
+    Host tensors use :data:`~kvref.axes.HOST_LAYOUT`, device ones ``device_layout``;
+    an unsplit ``split`` (``r == 1``) gives the manager blocks' own view.
+
+    Raises:
+        LayoutError: a split block is not one dense page, or the padded page
+            cannot be expressed in the layout.
+    """
     layout = HOST_LAYOUT if tensor.host_resident else device_layout
     num_blocks = kv_cache_config.num_blocks_of(tensor)
     r = split.kernel_blocks_per_block

@@ -14,13 +14,14 @@ import attrs
 from kvref.axes import HOST_LAYOUT
 from kvref.config import PlanningConfig
 from kvref.errors import PlacementError
-from kvref.kernel_blocks import kernel_tensor_geometries
-from kvref.layout import (
-    KVCacheLayout,
-    Strides,
-    compute_layer_kv_cache_shape_bytes,
-    compute_layout_strides,
+from kvref.kernel_blocks import (
+    KernelBlockSplit,
+    KernelTensorGeometry,
+    first_group_of,
+    kernel_geometry,
+    kernel_tensor_geometries,
 )
+from kvref.layout import KVCacheLayout, Strides
 from kvref.records import KVCacheConfig, KVCacheTensor
 from kvref.specs import KVCacheSpec
 
@@ -124,12 +125,15 @@ class ViewProblem:
     byte_range: tuple[int, int] | None = None
 
 
-def _first_group_of(kv_cache_config: KVCacheConfig) -> dict[str, int]:
-    owner: dict[str, int] = {}
-    for index, group in enumerate(kv_cache_config.kv_cache_groups):
-        for name in group.layer_names:
-            owner.setdefault(name, index)
-    return owner
+def _as_tensor_geometry(k: KernelTensorGeometry) -> TensorGeometry:
+    return TensorGeometry(
+        index=k.index,
+        tensor=k.tensor,
+        spec=k.spec,
+        layout=k.layout,
+        shape=k.shape,
+        strides=k.strides,
+    )
 
 
 def tensor_geometries(
@@ -148,7 +152,7 @@ def tensor_geometries(
 
     """
     device_layout = resolve_layout(kv_cache_config, layout)
-    owner = _first_group_of(kv_cache_config)
+    owner = first_group_of(kv_cache_config)
     out: list[TensorGeometry] = []
     for index, tensor in enumerate(kv_cache_config.kv_cache_tensors):
         this_layout = HOST_LAYOUT if tensor.host_resident else device_layout
@@ -173,23 +177,11 @@ def tensor_geometries(
         # The worker views every layer of a tensor with its first layer's spec
         # (contract.md#records).
         spec = kv_cache_config.kv_cache_groups[owner[first]].layer_spec(first)
-        num_blocks = kv_cache_config.num_blocks_of(tensor)
-        blocks, heads, states, content = compute_layer_kv_cache_shape_bytes(spec, num_blocks)
-        strides = compute_layout_strides(
-            spec,
-            num_blocks,
-            len(tensor.layers),
-            this_layout,
-            fixed=(tensor.layer_stride, tensor.block_stride, None, None, None),
-        )
+        # The manager blocks' view is the kernel view of blocks split into one.
+        unsplit = KernelBlockSplit(block_size=spec.block_size, kernel_block_size=spec.block_size)
         out.append(
-            TensorGeometry(
-                index=index,
-                tensor=tensor,
-                spec=spec,
-                layout=this_layout,
-                shape=(len(tensor.layers), blocks, heads, states, content),
-                strides=strides,
+            _as_tensor_geometry(
+                kernel_geometry(kv_cache_config, index, tensor, spec, unsplit, device_layout)
             )
         )
     return tuple(out)
@@ -278,15 +270,6 @@ def kernel_geometries(
     """
     chosen = resolve_layout(kv_cache_config, layout)
     return tuple(
-        None
-        if k is None
-        else TensorGeometry(
-            index=k.index,
-            tensor=k.tensor,
-            spec=k.spec,
-            layout=k.layout,
-            shape=k.shape,
-            strides=k.strides,
-        )
+        None if k is None else _as_tensor_geometry(k)
         for k in kernel_tensor_geometries(kv_cache_config, kernel_block_sizes, chosen, config)
     )

@@ -27,10 +27,10 @@ from hypothesis import strategies as st
 from specs import compressed_mla
 
 import kvref.allocation
+import kvref.kernel_blocks
 import kvref.layout
 import kvref.placement
 import kvref.planning
-import kvref.views
 from conformance.check import geometry as geo
 from conformance.check.catalog import Unjudged, by_id
 from conformance.check.memory import check_memory
@@ -222,9 +222,9 @@ def _buggy_strides(
 
 
 def _plant_strides(monkeypatch: pytest.MonkeyPatch) -> None:
-    # kvref's placement and views (allocation's geometry) imported the function by name:
-    # patch every copy.
-    for module in (kvref.layout, kvref.placement, kvref.views):
+    # kvref's placement and kernel views (allocation's geometry) imported the function by
+    # name: patch every copy.
+    for module in (kvref.layout, kvref.placement, kvref.kernel_blocks):
         monkeypatch.setattr(module, "compute_layout_strides", _buggy_strides)
 
 
