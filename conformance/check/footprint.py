@@ -29,7 +29,12 @@ from typing import cast
 
 import attrs
 
-from conformance.check.worker_model import WorkerError, WorkerTensor, worker_tensor
+from conformance.check.worker_model import (
+    WorkerError,
+    WorkerTensor,
+    first_group_of,
+    worker_tensor,
+)
 from kvref.axes import HOST_LAYOUT as _HOST_LAYOUT
 from kvref.errors import KVRefError
 from kvref.layout import KVCacheLayout
@@ -294,14 +299,6 @@ def _selected(config: KVCacheConfig, host: bool) -> list[tuple[int, KVCacheTenso
     return [(i, t) for i, t in enumerate(config.kv_cache_tensors) if t.host_resident == host]
 
 
-def _group_index(config: KVCacheConfig) -> dict[str, int]:
-    group_of: dict[str, int] = {}
-    for group_index, group in enumerate(config.kv_cache_groups):
-        for name in group.layer_names:
-            group_of.setdefault(name, group_index)
-    return group_of
-
-
 def _geometry(
     config: KVCacheConfig,
     layout: KVCacheLayout,
@@ -365,7 +362,7 @@ def tensor_footprints(
     Never raises for a well-typed config.
     """
     layout = KVCacheLayout.parse(layout)
-    group_of = _group_index(config)
+    group_of = first_group_of(config)
     geometries: list[TensorFootprint] = []
     problems: list[Problem] = []
     for index, tensor in _selected(config, host):
@@ -391,7 +388,7 @@ def host_tensor_end(
         KVCacheLayout.parse(layout),
         -1,
         tensor,
-        _group_index(config),
+        first_group_of(config),
         max_runs=MIN_PAGE_RUNS,
     )
     if not isinstance(got, TensorFootprint) or got.num_pages == 0 or not got.runs.starts:
