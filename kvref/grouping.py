@@ -41,7 +41,7 @@ from kvref.errors import (
 from kvref.extra_specs import HiddenStateCacheSpec
 from kvref.hisparse import get_hisparse_kv_cache_groups
 from kvref.packing import get_packed_kv_cache_groups
-from kvref.partition import check_spec_fields
+from kvref.partition import check_layer_spec, check_spec_fields
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
 from kvref.unification import (
@@ -103,14 +103,7 @@ def _validated(kv_cache_spec: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpe
         )
     specs: dict[str, KVCacheSpec] = {}
     for name, spec in kv_cache_spec.items():
-        if not isinstance(name, str):
-            raise SpecError(f"layer name {name!r} (spec {spec!r}) must be a str")
-        # A UniformTypeKVCacheSpecs is a group spec, never a layer's own.
-        if not isinstance(spec, KVCacheSpec):
-            raise SpecError(
-                f"layer {name!r}: {spec!r} is not a per-layer KVCacheSpec "
-                f"(got {type(spec).__name__})"
-            )
+        check_layer_spec("kv_cache_spec", name, spec)
         specs[name] = spec
     return specs
 

@@ -9,12 +9,12 @@ reference builder, on a model-declared grouping.  They live apart from
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import attrs
 
 import kvref.specs as _specs
-from kvref.errors import PartitionError, SpecError
+from kvref.errors import KVRefError, PartitionError, SpecError
 from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
 from kvref.versions import SUPPORTED, Rules, VllmVersion, rules
@@ -26,6 +26,30 @@ __all__ = [
     "check_spec_registry",
     "check_wrapped_layers",
 ]
+
+
+def disjoint_group_layers(
+    groups: Iterable[object], not_a_group: Callable[[int, object], KVRefError]
+) -> Iterator[tuple[int, str]]:
+    """Each ``(group index, layer name)`` of ``groups``, in order, checking the groups as it goes.
+
+    Raises:
+        KVRefError: ``not_a_group(index, group)`` for a group that is not a
+            ``KVCacheGroupSpec`` (each caller words and types its own).
+        PartitionError: a layer is in two groups.
+    """
+    seen: dict[str, int] = {}
+    for index, group in enumerate(groups):
+        if not isinstance(group, KVCacheGroupSpec):
+            raise not_a_group(index, group)
+        for name in group.layer_names:
+            if name in seen:
+                raise PartitionError(
+                    f"layer {name!r} is in group {seen[name]} and group {index}; "
+                    "each layer belongs to exactly one group"
+                )
+            seen[name] = index
+            yield index, name
 
 
 def check_exact_partition(
@@ -42,18 +66,32 @@ def check_exact_partition(
     """
     expected = set(layer_names)
     seen: dict[str, int] = {}
-    for index, group in enumerate(groups):
-        if not isinstance(group, KVCacheGroupSpec):
-            raise PartitionError(f"group {index} is {group!r}, not a KVCacheGroupSpec")
-        for name in group.layer_names:
-            if name in seen:
-                raise PartitionError(f"layer {name!r} is in group {seen[name]} and group {index}")
-            if name not in expected:
-                raise PartitionError(f"group {index} names layer {name!r}, which no worker has")
-            seen[name] = index
+    for index, name in disjoint_group_layers(
+        groups, lambda i, group: PartitionError(f"group {i} is {group!r}, not a KVCacheGroupSpec")
+    ):
+        if name not in expected:
+            raise PartitionError(f"group {index} names layer {name!r}, which no worker has")
+        seen[name] = index
     missing = [n for n in layer_names if n not in seen]
     if missing:
         raise PartitionError(f"groups miss layers {missing[:8]} ({len(missing)} in all)")
+
+
+def check_layer_spec(where: str, name: object, spec: object) -> None:
+    """Check one ``layer name -> spec`` entry of the mapping ``where`` names.
+
+    Raises:
+        SpecError: the name is not a str, or the spec is not a per-layer
+            ``KVCacheSpec``; the message names ``where``, the name and the spec.
+    """
+    if not isinstance(name, str):
+        raise SpecError(f"{where}: layer name {name!r} (spec {spec!r}) must be a str")
+    # A UniformTypeKVCacheSpecs is a group spec, never a layer's own.
+    if not isinstance(spec, KVCacheSpec):
+        raise SpecError(
+            f"{where}: layer {name!r}: {spec!r} is not a per-layer KVCacheSpec "
+            f"(got {type(spec).__name__})"
+        )
 
 
 def check_wrapped_layers(groups: Sequence[KVCacheGroupSpec]) -> None:

@@ -34,13 +34,12 @@ from kvref.errors import (
     ConfigError,
     HiSparseError,
     LayoutError,
-    PartitionError,
     PlacementError,
 )
 from kvref.extra_specs import HiSparseHotSpec, HiSparseResidentSpec
 from kvref.hisparse import host_pool_layout
 from kvref.layout import KVCacheLayout, compute_layout_strides
-from kvref.partition import check_group_spec_fields
+from kvref.partition import check_group_spec_fields, disjoint_group_layers
 from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from kvref.specs import KVCacheSpec, UniformTypeKVCacheSpecs
 from kvref.versions import Rules
@@ -183,17 +182,14 @@ def validate_kv_cache_layout(groups: Sequence[KVCacheGroupSpec], layout: KVCache
 def _check_groups(groups: object) -> list[KVCacheGroupSpec]:
     if not isinstance(groups, (list, tuple)):
         raise PlacementError(f"kv_cache_groups={groups!r} must be a list of KVCacheGroupSpec")
-    seen: dict[str, int] = {}
-    for index, group in enumerate(groups):
-        if not isinstance(group, KVCacheGroupSpec):
-            raise PlacementError(f"kv_cache_groups[{index}]={group!r} is not a KVCacheGroupSpec")
-        for name in group.layer_names:
-            if name in seen:
-                raise PartitionError(
-                    f"layer {name!r} is in group {seen[name]} and group {index}; "
-                    "each layer belongs to exactly one group"
-                )
-            seen[name] = index
+    # Walking the layers is the check; this caller needs no names from it.
+    for _ in disjoint_group_layers(
+        groups,
+        lambda i, group: PlacementError(
+            f"kv_cache_groups[{i}]={group!r} is not a KVCacheGroupSpec"
+        ),
+    ):
+        pass
     return list(groups)
 
 

@@ -33,11 +33,11 @@ from kvref.errors import (
     KVRefError,
     PartitionError,
     PlanningError,
-    SpecError,
     WorkerSpecMismatchError,
 )
 from kvref.partition import (
     check_exact_partition,
+    check_layer_spec,
     check_spec_fields,
     check_spec_registry,
     check_wrapped_layers,
@@ -143,13 +143,7 @@ def _merge_workers(
         if not isinstance(specs, Mapping):
             raise ConfigError(f"kv_cache_specs[{worker}]={specs!r} must be a dict of layer specs")
         for name, spec in specs.items():
-            if not isinstance(name, str):
-                raise SpecError(f"kv_cache_specs[{worker}] has a non-str layer name {name!r}")
-            if not isinstance(spec, KVCacheSpec):
-                raise SpecError(
-                    f"layer {name!r} on worker {worker} has spec {spec!r}, not a per-layer "
-                    "KVCacheSpec"
-                )
+            check_layer_spec(f"kv_cache_specs[{worker}]", name, spec)
             if name in merged and merged[name] != spec:
                 raise WorkerSpecMismatchError(
                     f"layer {name!r} has different specs on worker {owner[name]} "

@@ -137,6 +137,18 @@ class TestInputs:
         with pytest.raises(SpecError, match=r"encoder\.0"):
             plan_kv_cache(B, CONFIG, [{"encoder.0": enc}], 2**30)
 
+    @pytest.mark.parametrize(
+        ("entry", "message"),
+        [
+            ({3: FULL}, r"kv_cache_specs\[1\]: layer name 3"),
+            ({"a": 42}, r"kv_cache_specs\[1\]: layer 'a': 42"),
+        ],
+    )
+    def test_bad_layer_entry(self, entry: dict[object, object], message: str) -> None:
+        """A non-str layer name or a non-spec is a SpecError naming the worker, layer and value."""
+        with pytest.raises(SpecError, match=message):
+            plan_kv_cache(B, CONFIG, [{"l0": FULL}, entry], 2**30)  # type: ignore[list-item]
+
     @pytest.mark.parametrize("memory", [-1, [2**30], "lots", [2**30, -5]])
     def test_bad_memory(self, memory: object) -> None:
         """A negative, missing or non-int memory figure is a ConfigError."""
