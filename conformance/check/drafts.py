@@ -28,8 +28,8 @@ from conformance.check.catalog import violation as _v
 from conformance.check.grouping import returned_groups
 from conformance.check.observations import GroupingObservation
 from conformance.check.violations import Violation
+from conformance.check.worker_model import first_group_of
 from kvref.config import PlanningConfig
-from kvref.records import KVCacheGroupSpec
 from kvref.specs import KVCacheSpec
 
 __all__ = ["draft_kinds", "drafter_accepts_several_groups"]
@@ -79,16 +79,6 @@ def drafter_accepts_several_groups(config: PlanningConfig) -> bool:
     )
 
 
-def _first_group(groups: list[KVCacheGroupSpec]) -> dict[str, int]:
-    # A layer in no group, or in two, is KV-GROUP-PARTITION's finding: each
-    # layer counts in the first group that names it.
-    where: dict[str, int] = {}
-    for index, group in enumerate(groups):
-        for name in group.layer_names:
-            where.setdefault(name, index)
-    return where
-
-
 @invariant(
     _ID,
     "a drafter's layers of one spec all sit in one group",
@@ -121,7 +111,9 @@ def _drafts_together(obs: GroupingObservation) -> list[Violation] | Unjudged | N
     groups = returned_groups(obs.first)
     if groups is None:
         return None
-    where = _first_group(groups)
+    # A layer in no group, or in two, is KV-GROUP-PARTITION's finding: each
+    # layer counts in the first group that names it.
+    where = first_group_of(groups)
     out = []
     for kind, names in sorted(kinds.items()):
         placed = {n: where[n] for n in names if n in where}

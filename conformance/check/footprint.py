@@ -362,7 +362,7 @@ def tensor_footprints(
     Never raises for a well-typed config.
     """
     layout = KVCacheLayout.parse(layout)
-    group_of = first_group_of(config)
+    group_of = first_group_of(config.kv_cache_groups)
     geometries: list[TensorFootprint] = []
     problems: list[Problem] = []
     for index, tensor in _selected(config, host):
@@ -388,7 +388,7 @@ def host_tensor_end(
         KVCacheLayout.parse(layout),
         -1,
         tensor,
-        first_group_of(config),
+        first_group_of(config.kv_cache_groups),
         max_runs=MIN_PAGE_RUNS,
     )
     if not isinstance(got, TensorFootprint) or got.num_pages == 0 or not got.runs.starts:

@@ -19,6 +19,8 @@ device and serve extensions write and read through those views are
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 from conformance.check.geometry import (
@@ -32,7 +34,7 @@ from conformance.check.geometry import (
 )
 from kvref.axes import HOST_LAYOUT
 from kvref.layout import KVCacheLayout
-from kvref.records import KVCacheConfig, KVCacheTensor
+from kvref.records import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
 from kvref.specs import KVCacheSpec
 
 __all__ = [
@@ -153,10 +155,10 @@ class ViewProblem:
     byte_range: tuple[int, int] | None = None
 
 
-def first_group_of(config: KVCacheConfig) -> dict[str, int]:
-    """Layer name -> the first group listing it (a broken plan may list a layer twice)."""
+def first_group_of(groups: Sequence[KVCacheGroupSpec]) -> dict[str, int]:
+    """Layer name -> the first of ``groups`` listing it (a broken plan may list a layer twice)."""
     owner: dict[str, int] = {}
-    for index, group in enumerate(config.kv_cache_groups):
+    for index, group in enumerate(groups):
         for name in group.layer_names:
             owner.setdefault(name, index)
     return owner
@@ -212,7 +214,7 @@ def worker_tensors(
             geometry in the layout (a padded page the layout cannot hold).
     """
     device_layout = resolve_layout(config, layout)
-    owner = first_group_of(config)
+    owner = first_group_of(config.kv_cache_groups)
     out: list[WorkerTensor] = []
     for index, tensor in enumerate(config.kv_cache_tensors):
         this_layout = HOST_LAYOUT if tensor.host_resident else device_layout

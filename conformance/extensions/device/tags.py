@@ -52,7 +52,7 @@ def _tag_width(geometries: list[WorkerTensor]) -> int:
 def _block_owners(config: KVCacheConfig, host: bool) -> dict[int, int]:
     # The block pool hands each block ID to one group at a time: give block b to the
     # ((b - 1) mod G)-th group holding tensors of this kind; block 0 is the null block.
-    owner_of_layer = first_group_of(config)
+    owner_of_layer = first_group_of(config.kv_cache_groups)
     order: dict[int, int] = {}
     for tensor in config.kv_cache_tensors:
         if tensor.host_resident == host and tensor.layers:
@@ -97,7 +97,7 @@ def _prepare_writers(
     allocation: KVCacheAllocation, config: KVCacheConfig, seed: int
 ) -> list[_Writer]:
     owners = {False: _block_owners(config, False), True: _block_owners(config, True)}
-    owner_of_layer = first_group_of(config)
+    owner_of_layer = first_group_of(config.kv_cache_groups)
     by_backing: dict[int, list[WorkerTensor]] = {}
     for geometry in allocation.geometries:
         by_backing.setdefault(allocation.backing_of[geometry.index], []).append(geometry)
