@@ -5,12 +5,13 @@ start from the reference and break one promise, so any other failure the kit
 reports for them is noise to be fixed in the kit.  The classes live by where
 their bug is (``calls``, ``placement``) and by the issue that added them
 (``power``, ``field``); every one is importable from here as
-``broken_builders:Name``.
+``broken_builders:Name``, and joins the collections the meta-tests draw from
+(``ALL``, ``POWER``...) where it is defined (``@member_of``).
 """
 
 from __future__ import annotations
 
-from broken_builders._base import _Base, assert_caught, meta_timeout
+from broken_builders._base import COLLECTIONS, _Base, assert_caught, meta_timeout
 from broken_builders.calls import (
     DroppedHeads,
     DroppedLayer,
@@ -81,111 +82,13 @@ from broken_builders.power import (
     WindowlessPromotion,
 )
 
-ALL: tuple[type[_Base], ...] = (
-    DroppedLayer,
-    DuplicatedLayer,
-    RepeatedInGroup,
-    EmptyGroup,
-    DroppedHeads,
-    Stateful,
-    MutatesInput,
-    RaisesOnValidInput,
-    WrongReturnType,
-    Hangs,
-    WrongNumBlocks,
-    GroupsNotEchoed,
-    SizeOneBlockTooBig,
-    ConstantHeader,
-    AbsurdSize,
-    OverlappingBlocks,
-    OverlappingLayers,
-    OutOfBoundsOffset,
-    LayerInTwoTensors,
-    MissingTensor,
-    MisalignedStride,
-    AttentionFreeZeroBlocks,
-    LyingPoolBytes,
-    HostTensorOnDevice,
-    HostCountedOnDevice,
-    HostSizedByDeviceBlocks,
-    UnknownLayer,
-    WrapperMissesLayer,
-    MixedBlockSizes,
-    DeclaresEngineBlockSize,
-    GhostTensor,
-    TwoBackingSizes,
-    HalfUsedBlocks,
-    MutatesGroupList,
-    StatefulPlacement,
-    SwappedLayers,
-    IgnoresAlignment,
-    ConstructsOnce,
-    SharedInstance,
-    HiSparsePoolShort,
-    PoolBytesClearsGroups,
-)
-
-#: One broken builder per class of once-invisible bug
-#: (tests/kit/check/test_power.py: caught at 50 examples).
-POWER: tuple[type[_Base], ...] = (
-    RaisesOnEmptyGroup,
-    DeviceAfterHost,
-    HostBlocksAlias,
-    PoolBytesCountHost,
-    WindowlessPromotion,
-    SetOrderedGroups,
-    GuardedBlocks,
-    DropsGroupAlignment,
-    DropsRetention,
-)
-
-# Caught at the meta-tests' 25 examples (seed 11) by exactly their invariant;
-# RaisesOnEmptyGroup needs Core's rare empty projections: tests/kit/check/test_power.py only.
-ALL = (
-    *ALL,
-    DeviceAfterHost,
-    HostBlocksAlias,
-    PoolBytesCountHost,
-    WindowlessPromotion,
-    SetOrderedGroups,
-    GuardedBlocks,
-    DropsRetention,
-)
-
-#: The broken builders of bugs seen in the field, each caught by its new invariant.
-FIELD: tuple[type[_Base], ...] = (
-    ScatteredDrafts,
-    HotIgnoresDecodeQuery,
-    RolelessSource,
-    InterleavedHostPool,
-    ClaimsReplicatedKV,
-)
-
-ALL = (*ALL, *FIELD)
-
-#: The field regimes the default generation reaches as classes
-#: (tests/kit/generate/test_field_generation.py: caught at 50 examples, seeds 1-5).
-FIELD_REGIMES: tuple[type[_Base], ...] = (
-    Wraps32,
-    SignedWraps32,
-    DensePadded,
-    LinearKernelPage,
-    InterleavedCompressed,
-    PlacesAbsentLayers,
-)
-
-ALL = (*ALL, *FIELD_REGIMES)
-
-#: Builders whose printed reproduce line the default suite reruns in a fresh
-#: process (tests/kit/test_meta.py); every builder's line is rerun under `-m slow`
-#: (tests/kit/run/test_reproduce.py).  One per kind of failure: grouping, placement,
-#: a hang, Core's flow.
-REPRODUCED: tuple[type[_Base], ...] = (
-    DroppedLayer,
-    OverlappingBlocks,
-    Hangs,
-    HostSizedByDeviceBlocks,
-)
+# Each collection (what it is for: ``COLLECTIONS`` in _base.py), as filled by the
+# modules above where they define their builders.
+ALL: tuple[type[_Base], ...] = tuple(COLLECTIONS["all"])
+POWER: tuple[type[_Base], ...] = tuple(COLLECTIONS["power"])
+FIELD: tuple[type[_Base], ...] = tuple(COLLECTIONS["field"])
+FIELD_REGIMES: tuple[type[_Base], ...] = tuple(COLLECTIONS["field_regimes"])
+REPRODUCED: tuple[type[_Base], ...] = tuple(COLLECTIONS["reproduced"])
 
 __all__ = [
     "ALL",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import attrs
 
@@ -31,6 +31,49 @@ class _Base(ReferenceKVCacheConfigBuilder):
     ALSO: frozenset[str] = frozenset()
     #: Examples the meta-test needs to meet the bug at its seed.
     EXAMPLES = 25
+
+
+#: The collections the meta-tests draw broken builders from; broken_builders
+#: reads each as a tuple (``ALL``, ``POWER``...), by module, then in definition order.
+Collection = Literal["all", "power", "field", "field_regimes", "reproduced"]
+
+#: Each collection's builders, filled where each is defined (``@member_of``).
+COLLECTIONS: dict[Collection, list[type[_Base]]] = {
+    # Caught at the meta-tests' 25 examples (seed 11) by exactly their invariant
+    # (tests/kit/test_meta.py); of the power ones, RaisesOnEmptyGroup needs Core's
+    # rare empty projections: tests/kit/check/test_power.py only.
+    "all": [],
+    # One broken builder per class of once-invisible bug
+    # (tests/kit/check/test_power.py: caught at 50 examples).
+    "power": [],
+    # The broken builders of bugs seen in the field, each caught by its new invariant.
+    "field": [],
+    # The field regimes the default generation reaches as classes
+    # (tests/kit/generate/test_field_generation.py: caught at 50 examples, seeds 1-5).
+    "field_regimes": [],
+    # Builders whose printed reproduce line the default suite reruns in a fresh
+    # process (tests/kit/test_meta.py); every builder's line is rerun under `-m slow`
+    # (tests/kit/run/test_reproduce.py).  One per kind of failure: grouping, placement,
+    # a hang, Core's flow.
+    "reproduced": [],
+}
+
+_Builder = TypeVar("_Builder", bound="type[_Base]")
+
+
+def member_of(*collections: Collection) -> Callable[[_Builder], _Builder]:
+    """A class decorator: the broken builder joins each of ``collections``.
+
+    The builder says where it is defined which runs take it, so that adding
+    one is one place, not a class and a list entry elsewhere.
+    """
+
+    def join(builder: _Builder) -> _Builder:
+        for name in collections:
+            COLLECTIONS[name].append(builder)
+        return builder
+
+    return join
 
 
 def _with_tensors(config: KVCacheConfig, tensors: Sequence[Any], **changes: Any) -> KVCacheConfig:

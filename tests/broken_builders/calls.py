@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from broken_builders._base import Groups, Specs, _Base, _Grouping
+from broken_builders._base import Groups, Specs, _Base, _Grouping, member_of
 from kvref import (
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -17,6 +17,7 @@ from kvref import (
 from kvref.specs import KVCacheSpec
 
 
+@member_of("all", "reproduced")
 class DroppedLayer(_Grouping):
     """Forgets the last layer of the largest group."""
 
@@ -41,6 +42,7 @@ class DroppedLayer(_Grouping):
         return groups
 
 
+@member_of("all")
 class DuplicatedLayer(_Grouping):
     """Puts the first layer into a second, extra group as well."""
 
@@ -56,6 +58,7 @@ class DuplicatedLayer(_Grouping):
         ]
 
 
+@member_of("all")
 class RepeatedInGroup(_Grouping):
     """Lists the first layer of the first group twice in that group."""
 
@@ -68,6 +71,7 @@ class RepeatedInGroup(_Grouping):
         return groups
 
 
+@member_of("all")
 class EmptyGroup(_Grouping):
     """Appends a group with no layers."""
 
@@ -79,6 +83,7 @@ class EmptyGroup(_Grouping):
         return groups
 
 
+@member_of("all")
 class DroppedHeads(_Grouping):
     """Halves the KV heads of every plain attention group: the layers lose half their cache."""
 
@@ -102,6 +107,7 @@ class DroppedHeads(_Grouping):
         return out
 
 
+@member_of("all")
 class Stateful(_Base):
     """Returns the groups in reverse order from its second call on."""
 
@@ -118,6 +124,7 @@ class Stateful(_Base):
         return groups[::-1] if self.calls > 1 else groups
 
 
+@member_of("all")
 class MutatesInput(_Grouping):
     """Empties the dict of layer specs it was given."""
 
@@ -129,6 +136,7 @@ class MutatesInput(_Grouping):
         return groups
 
 
+@member_of("all")
 class RaisesOnValidInput(_Base):
     """Raises on any model with more than two layers."""
 
@@ -142,6 +150,7 @@ class RaisesOnValidInput(_Base):
         return super().get_kv_cache_groups(config, kv_cache_spec)
 
 
+@member_of("all")
 class WrongReturnType(_Base):
     """Returns the config as a plain dict."""
 
@@ -155,6 +164,7 @@ class WrongReturnType(_Base):
         )
 
 
+@member_of("all", "reproduced")
 class Hangs(_Base):
     """Never returns from placement."""
 

@@ -17,6 +17,7 @@ from broken_builders._base import (
     _Regiven,
     _with_layer_specs,
     _with_tensors,
+    member_of,
 )
 from kvref import (
     KVCacheConfig,
@@ -29,6 +30,7 @@ from kvref.specs import KVCacheSpec
 # -- bugs seen in the field --------------------------------------------------------
 
 
+@member_of("all", "field")
 class ScatteredDrafts(_Grouping):
     """Moves the last of a group's equal-spec draft layers into a group of its own.
 
@@ -66,6 +68,7 @@ class ScatteredDrafts(_Grouping):
         return groups
 
 
+@member_of("all", "field")
 class HotIgnoresDecodeQuery(_Grouping):
     """Sizes HiSparse's hot groups for one top-k per request, whatever the settings say.
 
@@ -99,6 +102,7 @@ class HotIgnoresDecodeQuery(_Grouping):
         return groups
 
 
+@member_of("all", "field")
 class RolelessSource(_Grouping):
     """Rebuilds HiSparse's source group without its role (vLLM then finds no host manager)."""
 
@@ -110,6 +114,7 @@ class RolelessSource(_Grouping):
         ]
 
 
+@member_of("all", "field")
 class InterleavedHostPool(_Placement):
     """Lays HiSparse's host pool out block-interleaved: each host block holds every source page.
 
@@ -137,6 +142,7 @@ class InterleavedHostPool(_Placement):
         return _with_tensors(result, tensors)
 
 
+@member_of("all", "field_regimes")
 class Wraps32(_Placement):
     """Writes strides and offsets through 32-bit descriptors: ``x & 0xFFFFFFFF``.
 
@@ -155,6 +161,7 @@ class Wraps32(_Placement):
         return _change_fields(result, lambda x: x & wrap)
 
 
+@member_of("all", "field_regimes")
 class SignedWraps32(_Placement):
     """A descriptor's 32-bit fast path is signed: values in ``[2**31, 2**32)`` lose their top bit.
 
@@ -175,6 +182,7 @@ class SignedWraps32(_Placement):
         return _change_fields(result, field)
 
 
+@member_of("all", "field_regimes")
 class DensePadded(_LayerOuter):
     """Steps a padded page's blocks by its dense bytes, as if no backend padded pages.
 
@@ -205,6 +213,7 @@ class DensePadded(_LayerOuter):
         return attrs.evolve(tensor, block_stride=dense, layer_stride=dense * blocks)
 
 
+@member_of("all", "field_regimes")
 class LinearKernelPage(_Regiven):
     """Takes a kernel block's page as the cache block's page scaled down: ``page x k / block``.
 
@@ -241,6 +250,7 @@ class LinearKernelPage(_Regiven):
         return [_with_layer_specs(g, scaled) for g in kv_cache_groups]
 
 
+@member_of("all", "field_regimes")
 class InterleavedCompressed(_LayerOuter):
     """Lays compressed MLA caches out block-interleaved whatever the layout.
 
@@ -276,6 +286,7 @@ class InterleavedCompressed(_LayerOuter):
         return attrs.evolve(tensor, layer_stride=page, block_stride=len(tensor.layers) * page)
 
 
+@member_of("all", "field_regimes")
 class PlacesAbsentLayers(_Regiven):
     """Places the layers a projected uniform-type group names in its wrapper, on every worker.
 
@@ -302,6 +313,7 @@ class PlacesAbsentLayers(_Regiven):
         ]
 
 
+@member_of("all", "field")
 class ClaimsReplicatedKV(_LayerSpecs):
     """Records ``max_tp_shards=1`` in every attention group spec, as MLA's are.
 

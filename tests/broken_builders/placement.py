@@ -19,6 +19,7 @@ from broken_builders._base import (
     _Regiven,
     _with_layer_specs,
     _with_tensors,
+    member_of,
 )
 from kvref import (
     KVCacheConfig,
@@ -28,6 +29,7 @@ from kvref import (
 from kvref.specs import KVCacheSpec
 
 
+@member_of("all")
 class WrongNumBlocks(_Placement):
     """Reports one block more than it placed."""
 
@@ -37,6 +39,7 @@ class WrongNumBlocks(_Placement):
         return attrs.evolve(result, num_blocks=num_blocks + 1)
 
 
+@member_of("all")
 class GroupsNotEchoed(_Placement):
     """Returns the groups in reverse order."""
 
@@ -53,6 +56,7 @@ class GroupsNotEchoed(_Placement):
         return attrs.evolve(result, kv_cache_groups=list(result.kv_cache_groups)[::-1])
 
 
+@member_of("all")
 class SizeOneBlockTooBig(_Placement):
     """Sizes the backing for one block more than asked."""
 
@@ -63,6 +67,7 @@ class SizeOneBlockTooBig(_Placement):
         return _change_tensors(result, lambda t: attrs.evolve(t, size=t.size + bpb), _on_device)
 
 
+@member_of("all")
 class ConstantHeader(_Placement):
     """Reserves a 256-byte header before every tensor."""
 
@@ -74,6 +79,7 @@ class ConstantHeader(_Placement):
         )
 
 
+@member_of("all")
 class AbsurdSize(_Placement):
     """Claims a 2**60-byte backing."""
 
@@ -83,6 +89,7 @@ class AbsurdSize(_Placement):
         return _change_tensors(result, lambda t: attrs.evolve(t, size=2**60), _on_device)
 
 
+@member_of("all", "reproduced")
 class OverlappingBlocks(_Placement):
     """Halves the block stride in layer-outer layouts, so neighbouring blocks overlap."""
 
@@ -104,6 +111,7 @@ class OverlappingBlocks(_Placement):
         )
 
 
+@member_of("all")
 class OverlappingLayers(_Placement):
     """Halves the layer stride in block-outermost layouts, so a block's layers overlap."""
 
@@ -122,6 +130,7 @@ class OverlappingLayers(_Placement):
         )
 
 
+@member_of("all")
 class OutOfBoundsOffset(_Placement):
     """Starts the last tensor at the end of the backing."""
 
@@ -137,6 +146,7 @@ class OutOfBoundsOffset(_Placement):
         return _with_tensors(result, tensors)
 
 
+@member_of("all")
 class LayerInTwoTensors(_Placement):
     """Emits the first tensor twice."""
 
@@ -147,6 +157,7 @@ class LayerInTwoTensors(_Placement):
         return _with_tensors(result, [tensors[0], *tensors])
 
 
+@member_of("all")
 class MissingTensor(_Placement):
     """Drops the last device tensor."""
 
@@ -158,6 +169,7 @@ class MissingTensor(_Placement):
         return _with_tensors(result, host + device[:-1])
 
 
+@member_of("all")
 class MisalignedStride(_Placement):
     """Steps one byte more than a page per block in LBNHC/LBHNC, so typed views misalign."""
 
@@ -191,6 +203,7 @@ class MisalignedStride(_Placement):
         )
 
 
+@member_of("all")
 class AttentionFreeZeroBlocks(_Base):
     """Returns zero blocks for an attention-free model."""
 
@@ -203,6 +216,7 @@ class AttentionFreeZeroBlocks(_Base):
         return attrs.evolve(result, num_blocks=0) if not kv_cache_groups else result
 
 
+@member_of("all")
 class LyingPoolBytes(_Base):
     """Declares half the device bytes per block it really places."""
 
@@ -215,6 +229,7 @@ class LyingPoolBytes(_Base):
         return max(probe.device_size // 4, 1)
 
 
+@member_of("all")
 class PoolBytesClearsGroups(_Base):
     """Empties the group list it is asked about in ``_get_pool_bytes_per_block``.
 
@@ -233,6 +248,7 @@ class PoolBytesClearsGroups(_Base):
         return answer
 
 
+@member_of("all")
 class HostTensorOnDevice(_Placement):
     """Marks host-resident tensors as device tensors."""
 
@@ -255,6 +271,7 @@ class HostTensorOnDevice(_Placement):
         return _change_tensors(result, lambda t: attrs.evolve(t, host_resident=False))
 
 
+@member_of("all")
 class HostCountedOnDevice(_Placement):
     """Grows the device backing by the host pages when host groups exist."""
 
@@ -271,6 +288,7 @@ class HostCountedOnDevice(_Placement):
         return _change_tensors(result, lambda t: attrs.evolve(t, size=t.size + extra), _on_device)
 
 
+@member_of("all", "reproduced")
 class HostSizedByDeviceBlocks(_Placement):
     """Makes host backings one byte short of their host blocks."""
 
@@ -280,6 +298,7 @@ class HostSizedByDeviceBlocks(_Placement):
         return _change_tensors(result, lambda t: attrs.evolve(t, size=t.size - 1), _on_host)
 
 
+@member_of("all")
 class UnknownLayer(_Grouping):
     """Adds a group for a layer the model does not have."""
 
@@ -296,6 +315,7 @@ class UnknownLayer(_Grouping):
         return groups
 
 
+@member_of("all")
 class WrapperMissesLayer(_Grouping):
     """Wraps the first group's spec over all but its last layer."""
 
@@ -313,6 +333,7 @@ class WrapperMissesLayer(_Grouping):
         return groups
 
 
+@member_of("all")
 class MixedBlockSizes(_Grouping):
     """Gives the last layer of the first group twice the block size of the others."""
 
@@ -338,6 +359,7 @@ class MixedBlockSizes(_Grouping):
         return groups
 
 
+@member_of("all")
 class DeclaresEngineBlockSize(_Grouping):
     """Re-wraps each uniform-type group with the deployment's block size as its own.
 
@@ -364,6 +386,7 @@ class DeclaresEngineBlockSize(_Grouping):
         return groups
 
 
+@member_of("all")
 class GhostTensor(_Placement):
     """Emits an extra tensor for a layer no group has."""
 
@@ -377,6 +400,7 @@ class GhostTensor(_Placement):
         return _with_tensors(result, [*result.kv_cache_tensors, ghost])
 
 
+@member_of("all")
 class TwoBackingSizes(_Placement):
     """Gives the second device tensor a backing one byte larger."""
 
@@ -392,6 +416,7 @@ class TwoBackingSizes(_Placement):
         return _with_tensors(result, tensors)
 
 
+@member_of("all")
 class HalfUsedBlocks(_Placement):
     """In block-outermost layouts, doubles the backing but keeps stepping the old block size."""
 
@@ -403,6 +428,7 @@ class HalfUsedBlocks(_Placement):
         return _change_tensors(result, lambda t: attrs.evolve(t, size=t.size * 2), _on_device)
 
 
+@member_of("all")
 class MutatesGroupList(_Base):
     """Reverses the list of groups it was given, in place."""
 
@@ -417,6 +443,7 @@ class MutatesGroupList(_Base):
         return result
 
 
+@member_of("all")
 class StatefulPlacement(_Base):
     """Counts its placements in prefix_cache_retention_interval."""
 
@@ -435,6 +462,7 @@ class StatefulPlacement(_Base):
         return attrs.evolve(result, prefix_cache_retention_interval=self.calls)
 
 
+@member_of("all")
 class SwappedLayers(_Placement):
     """Swaps the last layers of two same-shaped tensors of different groups."""
 
@@ -457,6 +485,7 @@ class SwappedLayers(_Placement):
         return result
 
 
+@member_of("all")
 class IgnoresAlignment(_Regiven):
     """Places every layer as if no backend asked for a block-stride alignment."""
 
@@ -473,6 +502,7 @@ class IgnoresAlignment(_Regiven):
         return [_with_layer_specs(g, strip) for g in kv_cache_groups]
 
 
+@member_of("all")
 class ConstructsOnce(_Base):
     """Holds an exclusive resource while alive: a second live instance cannot be made.
 
@@ -495,6 +525,7 @@ class ConstructsOnce(_Base):
             type(self).held -= 1
 
 
+@member_of("all")
 class SharedInstance(_Base):
     """Hands out one shared object: every construction after the first returns it."""
 
@@ -508,6 +539,7 @@ class SharedInstance(_Base):
         return cls.shared
 
 
+@member_of("all")
 class HiSparsePoolShort(_Base):
     """Plans HiSparse's host pool one host block short of what host_pool_bytes holds."""
 

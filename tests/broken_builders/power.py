@@ -21,6 +21,7 @@ from broken_builders._base import (
     _on_host,
     _Placement,
     _with_tensors,
+    member_of,
 )
 from kvref import (
     KVCacheConfig,
@@ -32,6 +33,7 @@ from kvref.specs import KVCacheSpec
 # -- bugs the kit was blind to (tests/kit/check/test_power.py measures each class) ----------
 
 
+@member_of("power")
 class RaisesOnEmptyGroup(_Base):
     """Reads every group's first layer: a group Core projects to no layer of a worker raises.
 
@@ -50,6 +52,7 @@ class RaisesOnEmptyGroup(_Base):
         return super().get_kv_cache_config_from_groups(config, kv_cache_groups, num_blocks)
 
 
+@member_of("all", "power")
 class DeviceAfterHost(_Placement):
     """Starts the device tensors after the host bytes of a block, as if both shared one pool.
 
@@ -66,6 +69,7 @@ class DeviceAfterHost(_Placement):
         )
 
 
+@member_of("all", "power")
 class HostBlocksAlias(_Placement):
     """Steps host blocks half a host page apart: neighbouring host blocks share bytes.
 
@@ -82,6 +86,7 @@ class HostBlocksAlias(_Placement):
         )
 
 
+@member_of("all", "power")
 class PoolBytesCountHost(_Base):
     """Declares device plus host bytes per block to Core's pool-bytes hook.
 
@@ -101,6 +106,7 @@ class PoolBytesCountHost(_Base):
         return int(device + sum(host) // (probe.host_num_blocks or 1))
 
 
+@member_of("all", "power")
 class WindowlessPromotion(_LayerSpecs):
     """Allocates sliding-window layers as full attention and forgets their window.
 
@@ -133,6 +139,7 @@ class WindowlessPromotion(_LayerSpecs):
         return FullAttentionSpec(**{k: getattr(spec, k) for k in keep})
 
 
+@member_of("power")
 class DropsGroupAlignment(_LayerSpecs):
     """Rebuilds its group specs without the layers' ``block_stride_alignment``.
 
@@ -152,6 +159,7 @@ class DropsGroupAlignment(_LayerSpecs):
         return attrs.evolve(spec, block_stride_alignment=None)
 
 
+@member_of("all", "power")
 class DropsRetention(_Base):
     """Rebuilds every config without the operator's prefix-cache retention interval.
 
@@ -175,6 +183,7 @@ class DropsRetention(_Base):
         return KVCacheConfig(**{name: getattr(placed, name) for name in known})
 
 
+@member_of("all", "power")
 class SetOrderedGroups(_Grouping):
     """Orders the groups by iterating a set of their first layer names.
 
@@ -189,6 +198,7 @@ class SetOrderedGroups(_Grouping):
         return sorted(groups, key=lambda g: order.index(g.layer_names[0]))
 
 
+@member_of("all", "power")
 class GuardedBlocks(_Placement):
     """Leaves a guard of aligned bytes after every page in layer-outer layouts.
 
