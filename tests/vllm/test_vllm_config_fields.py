@@ -38,41 +38,63 @@ def _group(config: PlanningConfig, specs: dict[str, Any]) -> dict[str, Any]:
     return seen
 
 
-def test_layer_counts_and_mtp() -> None:
-    """A DeepSeek-style target of 61 layers with 3 MTP modules, as the config describes it."""
-    config = PlanningConfig(
-        num_hidden_layers=61,
-        num_draft_layers=3,
-        speculative_method="mtp",
-        num_speculative_tokens=3,
-        num_prefill_lookahead_tokens=3,
-        eagle_block_drop=True,
-    )
-    seen = _group(config, {"model.layers.0.attn": MLA})
-    assert (seen["num_hidden_layers"], seen["total_layers"], seen["nextn"]) == (61, 61, 3)
-    assert (seen["method"], seen["tokens"], seen["multi_mtp"], seen["block_drop"]) == (
-        "mtp",
-        3,
-        True,
-        True,
-    )
-    assert seen["draft_layers"] == 3
+@pytest.mark.parametrize(
+    ("described", "expected"),
+    [
+        pytest.param(
+            {
+                "num_hidden_layers": 61,
+                "num_draft_layers": 3,
+                "speculative_method": "mtp",
+                "num_speculative_tokens": 3,
+                "num_prefill_lookahead_tokens": 3,
+                "eagle_block_drop": True,
+            },
+            {
+                "num_hidden_layers": 61,
+                "total_layers": 61,
+                "nextn": 3,
+                "method": "mtp",
+                "tokens": 3,
+                "multi_mtp": True,
+                "block_drop": True,
+                "draft_layers": 3,
+            },
+            id="deepseek-61-layers-3-mtp",
+        ),
+        pytest.param(
+            {
+                "num_hidden_layers": 32,
+                "num_draft_layers": 1,
+                "speculative_method": "eagle3",
+                "num_speculative_tokens": 4,
+                "num_prefill_lookahead_tokens": 1,
+            },
+            {
+                "total_layers": 32,
+                "method": "eagle3",
+                "tokens": 4,
+                "block_drop": False,
+                "multi_mtp": False,
+                "draft_layers": 1,
+            },
+            id="eagle3-drop-off",
+        ),
+        pytest.param(
+            {},
+            {"total_layers": 2, "method": None, "nextn": None},
+            id="describes-nothing",
+        ),
+    ],
+)
+def test_layer_counts_and_speculation(described: dict[str, Any], expected: dict[str, Any]) -> None:
+    """The config's layer counts and speculative method, as the native builder sees them.
 
-
-def test_eagle_and_defaults() -> None:
-    """EAGLE-3 with the drop off; a config describing nothing keeps the two-layer stand-in."""
-    eagle = PlanningConfig(
-        num_hidden_layers=32,
-        num_draft_layers=1,
-        speculative_method="eagle3",
-        num_speculative_tokens=4,
-        num_prefill_lookahead_tokens=1,
-    )
-    seen = _group(eagle, {"model.layers.0.attn": MLA})
-    assert (seen["total_layers"], seen["method"], seen["tokens"]) == (32, "eagle3", 4)
-    assert (seen["block_drop"], seen["multi_mtp"], seen["draft_layers"]) == (False, False, 1)
-    plain = _group(PlanningConfig(), {"model.layers.0.attn": MLA})
-    assert (plain["total_layers"], plain["method"], plain["nextn"]) == (2, None, None)
+    A DeepSeek-style target of 61 layers with 3 MTP modules; EAGLE-3 with the
+    drop off; a config describing nothing keeps the two-layer stand-in.
+    """
+    seen = _group(PlanningConfig(**described), {"model.layers.0.attn": MLA})
+    assert {k: seen[k] for k in expected} == expected
 
 
 def test_vendor_subclass_arrives_as_its_own_class() -> None:
