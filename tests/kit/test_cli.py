@@ -213,25 +213,49 @@ class TestDocs:
         assert (root / "docs" / "invariants.md").read_text() == gen.render()
 
 
+#: Bad options each front end refuses with one usage error before anything runs:
+#: (arguments, what the error says, which front ends).  Both front ends' flags
+#: come from one declaration (conformance/run/option_flags.py), the CLI's ``--x``
+#: and the plugin's ``--kv-x``: ``{kv}`` stands for the plugin's ``kv-``, so a
+#: case both share is written once.  The plugin's cases are a subprocess each:
+#: a case only the CLI needs stays the CLI's.
+BAD_OPTIONS: list[tuple[str, str, tuple[str, ...]]] = [
+    ("--{kv}max-examples 0", "--{kv}max-examples", ("cli", "plugin")),
+    ("--max-examples -3", "--max-examples", ("cli",)),
+    ("--{kv}max-alloc-bytes -1", "--{kv}max-alloc-bytes", ("cli", "plugin")),
+    ("--max-alloc-bytes 0", "--max-alloc-bytes", ("cli",)),
+    ("--max-alloc-bytes -4096", "--max-alloc-bytes", ("cli",)),
+    ("--{kv}unsupported host_residnet", "host_residnet", ("cli", "plugin")),
+    ("--{kv}timeout inf", "--{kv}timeout", ("cli", "plugin")),
+    ("--timeout nan", "--timeout", ("cli",)),
+    ("--timeout 0", "--timeout", ("cli",)),
+    ("--seed -1", "--seed", ("cli",)),
+    ("--{kv}worker-memory 0", "--{kv}worker-memory", ("cli", "plugin")),
+    ("--worker-memory nan", "--worker-memory", ("cli",)),
+    ("--{kv}device bogus", "--{kv}device 'bogus' is not usable here", ("cli", "plugin")),
+    ("--kv-builder no_such_module:B", "--kv-builder", ("plugin",)),
+    ("--kv-select KV-NOPE", "KV-NOPE", ("plugin",)),
+    ("--kv-no-reach --kv-min-reach 50", "--kv-no-reach", ("plugin",)),
+    ("--kv-vllm 0.32", "--kv-vllm '0.32': vLLM 0.32.0 is not supported", ("plugin",)),
+    ("--kv-vllm all", "--kv-vllm 'all' asks for the compatibility matrix", ("plugin",)),
+    ("--kv-json /sys/r.json", "--kv-json '/sys/r.json' cannot be written", ("plugin",)),
+]
+
+
+def bad_options(front_end: str) -> list[tuple[list[str], str]]:
+    """``BAD_OPTIONS``' cases for ``front_end`` ("cli" or "plugin"), as (args, message)."""
+    kv = "kv-" if front_end == "plugin" else ""
+    return [
+        (args.format(kv=kv).split(), message.format(kv=kv))
+        for args, message, front_ends in BAD_OPTIONS
+        if front_end in front_ends
+    ]
+
+
 class TestFailFast:
     """'accepts bad options silently': every bad option is exit 2 before anything runs."""
 
-    @pytest.mark.parametrize(
-        ("args", "message"),
-        [
-            (["--max-alloc-bytes", "0"], "--max-alloc-bytes"),
-            (["--max-alloc-bytes", "-4096"], "--max-alloc-bytes"),
-            (["--unsupported", "host_residnet"], "host_residnet"),
-            (["--timeout", "inf"], "--timeout"),
-            (["--timeout", "nan"], "--timeout"),
-            (["--timeout", "0"], "--timeout"),
-            (["--seed", "-1"], "--seed"),
-            (["--max-examples", "-3"], "--max-examples"),
-            (["--worker-memory", "0"], "--worker-memory"),
-            (["--worker-memory", "nan"], "--worker-memory"),
-            (["--device", "bogus"], "--device 'bogus'"),
-        ],
-    )
+    @pytest.mark.parametrize(("args", "message"), bad_options("cli"))
     def test_bad_values(
         self, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
     ) -> None:
@@ -306,23 +330,7 @@ PLUGIN = ["--pyargs", "conformance", "-p", "no:cacheprovider", "--kv-max-example
 class TestPluginFrontEnd:
     """'the plugin answers bad options with 45 tracebacks instead of one usage error'."""
 
-    @pytest.mark.parametrize(
-        ("args", "message"),
-        [
-            (["--kv-max-examples", "0"], "--kv-max-examples"),
-            (["--kv-timeout", "inf"], "--kv-timeout"),
-            (["--kv-max-alloc-bytes", "-1"], "--kv-max-alloc-bytes"),
-            (["--kv-unsupported", "host_residnet"], "host_residnet"),
-            (["--kv-builder", "no_such_module:B"], "--kv-builder"),
-            (["--kv-device", "bogus"], "--kv-device 'bogus' is not usable here"),
-            (["--kv-worker-memory", "0"], "--kv-worker-memory"),
-            (["--kv-select", "KV-NOPE"], "KV-NOPE"),
-            (["--kv-no-reach", "--kv-min-reach", "50"], "--kv-no-reach"),
-            (["--kv-vllm", "0.32"], "--kv-vllm '0.32': vLLM 0.32.0 is not supported"),
-            (["--kv-vllm", "all"], "--kv-vllm 'all' asks for the compatibility matrix"),
-            (["--kv-json", "/sys/r.json"], "--kv-json '/sys/r.json' cannot be written"),
-        ],
-    )
+    @pytest.mark.parametrize(("args", "message"), bad_options("plugin"))
     def test_one_usage_error(
         self, args: list[str], message: str, pytester: pytest.Pytester
     ) -> None:
