@@ -17,7 +17,12 @@ pytest.importorskip("vllm.v1.core.kv_cache_planning")
 
 from vllm.v1.core.kv_cache_planning import DefaultKVCacheConfigBuilder
 
-from tests.kit.run.test_undrawable import HOST, UNDRAWABLE, run_on_models
+from tests.kit.run.test_undrawable import (
+    HOST,
+    UNDRAWABLE,
+    assert_failed_calls_decide,
+    run_on_models,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -48,9 +53,4 @@ def test_host_invariants_are_not_applicable_with_the_reason() -> None:
 
 def test_a_builder_whose_calls_fail_is_not_excused() -> None:
     """Its failed placements decide: inconclusive and a call failure, the run not OK."""
-    report = run_on_models(
-        VendorRaisesOnPlacement, models_only=True, select=("KV-HOST-DEVICE-SAFE", "KV-CALL-RAISES")
-    )
-    statuses = {r.id: r.status for r in report.results}
-    assert statuses == {"KV-HOST-DEVICE-SAFE": "inconclusive", "KV-CALL-RAISES": "fail"}
-    assert not report.ok
+    assert_failed_calls_decide(VendorRaisesOnPlacement)

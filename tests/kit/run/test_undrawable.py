@@ -99,12 +99,20 @@ def test_the_same_invariants_are_judged_where_the_run_can_feed_them() -> None:
     assert not [r for r in report.results if UNDRAWABLE in (r.reason or "")]
 
 
-def test_a_builder_whose_calls_fail_is_not_excused() -> None:
-    """A failed call of the builder's own decides first: inconclusive and a call failure."""
+def assert_failed_calls_decide(builder: type) -> None:
+    """``builder``'s failed placements decide: inconclusive and a call failure, the run not OK.
+
+    tests/vllm/test_undrawable_native.py asks it of its vLLM-native builder too.
+    """
     report = run_on_models(
-        RaisesOnPlacement, models_only=True, select=("KV-HOST-DEVICE-SAFE", "KV-CALL-RAISES")
+        builder, models_only=True, select=("KV-HOST-DEVICE-SAFE", "KV-CALL-RAISES")
     )
     statuses = {r.id: r.status for r in report.results}
     # KV-HOST-DEVICE-SAFE also reads placement, where the builder's calls failed.
     assert statuses == {"KV-HOST-DEVICE-SAFE": "inconclusive", "KV-CALL-RAISES": "fail"}
     assert not report.ok
+
+
+def test_a_builder_whose_calls_fail_is_not_excused() -> None:
+    """A failed call of the builder's own decides first: inconclusive and a call failure."""
+    assert_failed_calls_decide(RaisesOnPlacement)
