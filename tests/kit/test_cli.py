@@ -49,6 +49,15 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
+def _run(
+    args: list[str], *, cwd: Path | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``args`` run to their end in a fresh process (environment: ``_env()``), output captured."""
+    return subprocess.run(
+        args, cwd=cwd, env=_env(), capture_output=True, check=False, text=True, timeout=timeout
+    )
+
+
 class TestExitStatus:
     """0 when everything holds, 1 when something fails, 2 for usage errors."""
 
@@ -403,7 +412,7 @@ class TestFirstContact:
             "from kvref import ReferenceKVCacheConfigBuilder\n\n\n"
             "class MyBuilder(ReferenceKVCacheConfigBuilder):\n    pass\n"
         )
-        proc = subprocess.run(
+        proc = _run(
             [
                 str(SCRIPT),
                 "vendor_kv:MyBuilder",
@@ -413,11 +422,6 @@ class TestFirstContact:
                 "--no-database",
             ],
             cwd=tmp_path,
-            env=_env(),
-            capture_output=True,
-            check=False,
-            text=True,
-            timeout=300,
         )
         assert proc.returncode == 0, proc.stderr
         assert "vendor_kv:MyBuilder" in proc.stdout
@@ -429,7 +433,7 @@ class TestFirstContact:
         assert listed == ids and {i for i in ids if i.startswith("KV-DEV-")}
 
     def test_no_hypothesis_directory_with_no_database(self, tmp_path: Path) -> None:
-        proc = subprocess.run(
+        proc = _run(
             [
                 str(SCRIPT),
                 "--select",
@@ -438,11 +442,6 @@ class TestFirstContact:
                 "--no-database",
             ],
             cwd=tmp_path,
-            env=_env(),
-            capture_output=True,
-            check=False,
-            text=True,
-            timeout=300,
         )
         assert proc.returncode == 0, proc.stderr
         assert sorted(p.name for p in tmp_path.iterdir()) == []
@@ -486,21 +485,14 @@ class TestFirstContact:
         assert "1/50" in lines[0] and "50/50" in lines[1] and "grouping, focus" in lines[2]
 
     def test_version(self) -> None:
-        proc = subprocess.run(
-            [str(SCRIPT), "--version"],
-            env=_env(),
-            capture_output=True,
-            check=False,
-            text=True,
-            timeout=60,
-        )
+        proc = _run([str(SCRIPT), "--version"], timeout=60)
         assert proc.returncode == 0
         assert proc.stdout.strip() == f"kvref-conformance {version('kvref')}"
 
     @pytest.mark.parametrize("flag", ["--help", "--version"])
     def test_help_imports_nothing_heavy(self, flag: str) -> None:
         """``--help`` answered in the time Python starts: no torch, Hypothesis or kvref."""
-        proc = subprocess.run(
+        proc = _run(
             [
                 sys.executable,
                 "-X",
@@ -509,10 +501,6 @@ class TestFirstContact:
                 "import conformance.cli as c; c.entry()",
                 flag,
             ],
-            env=_env(),
-            capture_output=True,
-            check=False,
-            text=True,
             timeout=60,
         )
         assert proc.returncode == 0 and proc.stdout
