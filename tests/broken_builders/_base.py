@@ -39,9 +39,10 @@ Collection = Literal["all", "power", "field", "field_regimes", "reproduced"]
 
 #: Each collection's builders, filled where each is defined (``@member_of``).
 COLLECTIONS: dict[Collection, list[type[_Base]]] = {
-    # Caught at the meta-tests' 25 examples (seed 11) by exactly their invariant
-    # (tests/kit/test_meta.py); of the power ones, RaisesOnEmptyGroup needs Core's
-    # rare empty projections: tests/kit/check/test_power.py only.
+    # The meta-tests' broken builders (tests/kit/test_meta.py): each caught at its
+    # ``EXAMPLES`` (seed 11) by exactly its invariant.  Of the power ones,
+    # RaisesOnEmptyGroup needs Core's rare empty projections:
+    # tests/kit/check/test_power.py only.
     "all": [],
     # One broken builder per class of once-invisible bug
     # (tests/kit/check/test_power.py: caught at 50 examples).
