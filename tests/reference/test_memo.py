@@ -37,8 +37,15 @@ from kvref.specs import (
     evolve_spec,
 )
 
-#: What each spec memoises per instance, as kvref lists it for ``_forget_memoised``.
-CACHED = KVCacheSpec._MEMOISED
+#: What a spec memoises per instance: its page geometry, its equality key and hash.
+CACHED = (
+    "real_page_size_bytes",
+    "page_size_bytes",
+    "block_stride_alignment_bytes",
+    "block_stride",
+    "_eq_key",
+    "_hash",
+)
 
 
 def geometry(spec: KVCacheSpec) -> tuple[int, int, int, int]:
@@ -84,6 +91,25 @@ def test_hand_computed_geometry() -> None:
     # Mamba: 4*8*4 + 16*2 bytes; num_heads is not part of the page.
     mamba = MambaSpec(block_size=16, shapes=[[4, 8], [16]], dtypes=["fp32", "bf16"], num_heads=2)
     assert geometry(mamba) == (160, 160, 1, 160)
+
+
+def test_every_memoised_value_is_forgotten() -> None:
+    """``_forget_memoised`` drops exactly the memoised values: every cached property of
+    every spec kind, and nothing else."""
+    import kvref.extra_specs  # noqa: F401 - its kinds are subclasses too
+
+    kinds: list[type] = [KVCacheSpec]
+    for kind in kinds:
+        kinds.extend(kind.__subclasses__())
+    # attrs turns a slotted class's cached properties into slots beside its fields.
+    memoised = {
+        name
+        for kind in kinds
+        if attrs.has(kind)
+        for name in vars(kind).get("__slots__", ())
+        if name != "__weakref__" and name not in attrs.fields_dict(kind)
+    }
+    assert set(KVCacheSpec._MEMOISED) == memoised == set(CACHED)
 
 
 @pytest.mark.parametrize("spec", SPECS)
