@@ -369,7 +369,7 @@ def mamba_state(
             intermediate = heads * 128
             shapes = ((d_conv - 1, intermediate), (intermediate, d_state))
         dtypes_ = (conv_dtype, ssm_dtype)
-        size = sum(math.prod(s) * dtype_size(d) for s, d in zip(shapes, dtypes_, strict=True))
+        size = state_bytes(shapes, dtypes_)
         if size <= max_bytes or heads == 1:
             return shapes, dtypes_, mamba_type
         heads //= 2
@@ -403,7 +403,7 @@ def _mamba_spec(
     edge: bool,
 ) -> MambaSpec:
     shapes, dtypes_, mamba_type = draw(mamba_state(max_bytes=max_page_bytes))
-    real = sum(math.prod(s) * dtype_size(d) for s, d in zip(shapes, dtypes_, strict=True))
+    real = state_bytes(shapes, dtypes_)
     mode = mamba_cache_mode or pick(draw, ["none", "align", "all"])
     padded = None
     extras = [e for e in (16, 4096, real // 4) if round_up(real + e, 16) <= max_page_bytes]

@@ -7,7 +7,6 @@ whose specs are what vLLM's layers report for models of that shape.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Iterable
 
 import attrs
@@ -35,6 +34,7 @@ from conformance.generate.specs import (
     rarely,
     sliding_window_mla_specs,
     sliding_window_specs,
+    state_bytes,
 )
 from kvref.specs import (
     ChunkedLocalAttentionSpec,
@@ -191,7 +191,7 @@ def _mamba_hybrid_models(draw: st.DrawFn, max_layers: int) -> Model:
     head_size = pick(draw, [128, 64, 256])
     token_bytes = heads * 2 * head_size * dtype_size(dtype)
     shapes, dtypes_, mamba_type = draw(_HYBRID_MAMBA_STATE)
-    state = sum(math.prod(s) * dtype_size(d) for s, d in zip(shapes, dtypes_, strict=True))
+    state = state_bytes(shapes, dtypes_)
     shaping = pick(draw, ["platform", "unpadded"])
     if shaping == "platform":
         # vLLM's _align_hybrid_block_size (contract.md#grouping-examples, model (d)): raise the
