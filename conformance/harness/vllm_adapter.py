@@ -128,8 +128,7 @@ class VLLMBuilderAdapter(KVCacheConfigBuilder):
             VLLMOutputError: the hook returned something that is not a vLLM
                 ``KVCacheConfig`` kvref can represent.
         """
-        native = self.native.get_kv_cache_config_from_groups
-        result = _on_vllm_groups("placement", native, config, kv_cache_groups, num_blocks)
+        result = _on_vllm_groups("placement", self.native, config, kv_cache_groups, num_blocks)
         kvi = iv.vllm_modules().kvi
         try:
             placed: KVCacheConfig = _converted(iv.config_from_vllm, result, kvi.KVCacheConfig)
@@ -158,22 +157,29 @@ def _native_pool_bytes(
     groups are mirrored back, as placement's are: vLLM's Core hands the same
     list on to placement, so the kit's purity check must see them.
     """
-    native = self.native._get_pool_bytes_per_block
-    value: Any = _on_vllm_groups("pool-bytes", native, config, kv_cache_groups)
+    value: Any = _on_vllm_groups("pool-bytes", self.native, config, kv_cache_groups)
     return value  # type: ignore[no-any-return]
+
+
+#: The native hook each kind of call on groups runs.
+_GROUP_HOOKS = {
+    "placement": "get_kv_cache_config_from_groups",
+    "pool-bytes": "_get_pool_bytes_per_block",
+}
 
 
 def _on_vllm_groups(
     what: str,
-    native: Callable[..., Any],
+    native: Any,
     config: PlanningConfig,
     kv_cache_groups: Sequence[KVCacheGroupSpec],
     *args: Any,
 ) -> Any:
-    """``native(vLLM config, vLLM groups, *args)``: the native hook on the groups' vLLM form.
+    """The ``what`` hook of the native builder on the groups' vLLM form, with ``*args``.
 
-    ``what`` names the call in a kit-side error.  Changes to the vLLM
-    groups are mirrored back onto ``kv_cache_groups``.
+    ``what`` (a key of :data:`_GROUP_HOOKS`) also names the call in a
+    kit-side error.  Changes to the vLLM groups are mirrored back onto
+    ``kv_cache_groups``.
     """
     with kit_side("vLLM adapter", f"converting the {what} input to vLLM"):
         vcfg = iv.to_vllm_config(config)
@@ -181,7 +187,9 @@ def _on_vllm_groups(
     objects = list(groups)
     pristine = [_group_state(g) for g in groups]
     with _as_vllm_sees(config), _config_watched(config, vcfg), _native_scope():
-        result = native(vcfg, groups, *args)
+        # Looked up in the native scope too: a hook a property or __getattr__
+        # hands out runs the builder's code, traced and owned as the call is.
+        result = getattr(native, _GROUP_HOOKS[what])(vcfg, groups, *args)
     _mirror_groups(kv_cache_groups, groups, objects, pristine)
     return result
 
