@@ -90,8 +90,15 @@ def _records() -> Mapping[str, type]:
         for value in vars(module).values():
             if not isinstance(value, type) or value.__module__ != module_name:
                 continue
-            if attrs.has(value) or issubclass(value, enum.Enum):
-                found.setdefault(value.__name__, value)
+            if not (attrs.has(value) or issubclass(value, enum.Enum)):
+                continue
+            # A record travels by its bare name: two classes of one name would
+            # make the decoder build whichever module came first.
+            if found.setdefault(value.__name__, value) is not value:
+                raise TypeError(
+                    f"the wire's record types {_name(found[value.__name__])} and "
+                    f"{_name(value)} share a name"
+                )
     return found
 
 

@@ -24,6 +24,7 @@ import torch
 from specs import full, sw
 
 from conformance.errors import KitError
+from conformance.harness import wire
 from conformance.harness.wire import (
     Opaque,
     WireError,
@@ -256,6 +257,23 @@ class TestStrictDecoder:
     def test_refused(self, data: Any, message: str) -> None:
         with pytest.raises(WireError, match=f"^{re.escape(message)}$"):
             decode(data)
+
+    def test_two_record_types_of_one_name_are_a_kit_error(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A record travels by its bare name; the decoder never picks one of two classes."""
+        (tmp_path / "wire_clash.py").write_text(
+            "import attrs\n\n@attrs.frozen\nclass KVCacheTensor:\n    size: int\n"
+        )
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.setattr(wire, "_RECORD_MODULES", ("kvref.records", "wire_clash"))
+        wire._records.cache_clear()
+        try:
+            with pytest.raises(TypeError, match="share a name"):
+                decode({"record": "KVCacheTensor", "fields": {"size": 1}})
+        finally:
+            monkeypatch.undo()
+            wire._records.cache_clear()
 
     def test_nesting_past_the_limit_is_refused(self) -> None:
         data: Any = 1
