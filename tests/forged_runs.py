@@ -6,27 +6,11 @@ Shared by the tests that prove a hostile builder cannot forge a verdict
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
-#: This folder: ``forgers`` and the other test builders import from it.
-TESTS = Path(__file__).resolve().parent
-
-
-def forger_env(**extra: str) -> dict[str, str]:
-    """The environment a kit process needs to import ``forgers``, with ``extra`` set."""
-    path = [str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(path), **extra)
-
-
-def kit_command() -> list[str]:
-    """The ``kvref-conformance`` command of this interpreter's environment."""
-    script = Path(sys.executable).with_name("kvref-conformance")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "conformance.cli"]
+from subprocesses import TESTS
 
 
 def running(pid: int) -> bool:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from subprocesses import run_captured
+from subprocesses import clean_env, run_captured
 
 from conformance.ci.merge import merge_reports, read_shard_reports
 from conformance.report.render import report_to_dict
@@ -28,8 +28,7 @@ def cli(builder: str, out: Path, *extra: str, select: str | None, examples: int)
     argv += ["--max-examples", str(examples), "--focus", "off", "--no-database"]
     if select:
         argv += ["--select", select]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HYPOTHESIS"))}
-    env["PYTHONPATH"] = f"{ROOT / 'tests'}{os.pathsep}{ROOT}"
+    env = clean_env(PYTHONPATH=f"{ROOT / 'tests'}{os.pathsep}{ROOT}")
     done = run_captured([*argv, *extra, "--json", str(out)], cwd=ROOT, env=env, timeout=900)
     assert out.is_file(), done.stdout[-2000:] + done.stderr[-2000:]
     return done.returncode

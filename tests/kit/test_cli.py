@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from kit_runs import plugin_args, quick_check
+from subprocesses import clean_env, run_captured
 
 from conformance import OptionError, check_builder
 from conformance.check.catalog import catalog
@@ -46,18 +47,11 @@ AS_FOREGROUND_JOB = [
 ]
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "HYPOTHESIS"))}
-    return {**env, **extra}
-
-
 def _run(
     args: list[str], *, cwd: Path | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
-    """``args`` run to their end in a fresh process (environment: ``_env()``), output captured."""
-    return subprocess.run(
-        args, cwd=cwd, env=_env(), capture_output=True, check=False, text=True, timeout=timeout
-    )
+    """``args`` run to their end in a fresh process from a clean environment, output captured."""
+    return run_captured(args, cwd=cwd, env=clean_env(), timeout=timeout)
 
 
 class TestExitStatus:
@@ -540,7 +534,7 @@ class TestFirstContact:
                 str(tmp_path / "r.xml"),
             ],
             cwd=tmp_path,
-            env=_env(PYTHONPATH=str(TESTS)),
+            env=clean_env(PYTHONPATH=str(TESTS)),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -651,7 +645,7 @@ def test_sigusr1_prints_the_thread_stacks(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [str(SCRIPT), "--no-isolate", "verdict_builders:Slow", "--seed", "1", "--no-database"],
         cwd=tmp_path,
-        env=_env(PYTHONPATH=str(TESTS)),
+        env=clean_env(PYTHONPATH=str(TESTS)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -723,7 +717,7 @@ class TestKilledRuns:
                 str(junit),
             ],
             cwd=tmp_path,
-            env=_env(PYTHONPATH=str(TESTS)),
+            env=clean_env(PYTHONPATH=str(TESTS)),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

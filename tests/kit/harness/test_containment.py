@@ -23,9 +23,8 @@ import broken_builders
 import hostile_builders
 import pytest
 import torch
-from forged_runs import forger_env, kit_command
 from kit_runs import quick_check
-from subprocesses import run_captured
+from subprocesses import kit_command, kit_env, run_captured
 
 from conformance.check.bounds import MAX_BYTES, byte_count_problem, tensor_problems
 from conformance.check.catalog import by_id
@@ -53,7 +52,7 @@ _PAPER = ["KV-CALL", "KV-GROUP", "KV-PLACE", "KV-HOST", "KV-CORE"]
 
 def _cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``kvref-conformance`` in a fresh process (a crash there cannot end the tests)."""
-    return run_captured(kit_command() + args, cwd=cwd, env=forger_env(), timeout=timeout)
+    return run_captured(kit_command() + args, cwd=cwd, env=kit_env(), timeout=timeout)
 
 
 def _specs(layers: int) -> dict[str, FullAttentionSpec]:
@@ -433,7 +432,7 @@ class TestHoldsTheGIL:
             f"'--seed', '1', '--select', 'KV-CALL-TIMEOUT', '--no-database', "
             f"'--json', {str(report)!r}])\n"
         )
-        done = run_captured([sys.executable, "-c", script], cwd=work, env=forger_env(), timeout=300)
+        done = run_captured([sys.executable, "-c", script], cwd=work, env=kit_env(), timeout=300)
         assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
         assert "Timeout" in done.stderr and "attack" in done.stderr, done.stderr[-2000:]
         assert json.loads(report.read_text())["complete"] is False

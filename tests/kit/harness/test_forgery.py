@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from forged_runs import TESTS, forger_env, kit_command, left_running
+from forged_runs import left_running
+from subprocesses import TESTS, kit_command, kit_env
 
 from conformance import check_builder
 
@@ -58,7 +59,7 @@ def test_cli_defaults_are_not_forged(builder: str, tmp_path: Path) -> None:
     proc = _cli(
         [builder, *FAST, "--select", SELECT, "--json", str(report)],
         tmp_path,
-        forger_env(KVREF_FORGE_MARKER=str(marker)),
+        kit_env(KVREF_FORGE_MARKER=str(marker)),
     )
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 1, out[-2000:] + err[-2000:]
@@ -118,7 +119,7 @@ def test_plugin_defaults_are_not_forged(
 def test_fake_report_lines_are_marked(tmp_path: Path) -> None:
     """What the builder prints comes after the report, every line marked; never a bare OK."""
     proc = _cli(
-        ["forgers.attacks:PrintsFakeReports", *FAST, "--select", SELECT], tmp_path, forger_env()
+        ["forgers.attacks:PrintsFakeReports", *FAST, "--select", SELECT], tmp_path, kit_env()
     )
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 1
@@ -135,7 +136,7 @@ def test_a_forked_child_ends_with_the_run(tmp_path: Path) -> None:
     proc = _cli(
         ["forgers.attacks:ForksChild", *FAST, "--select", SELECT],
         tmp_path,
-        forger_env(KVREF_CHILD_PIDS=str(pids)),
+        kit_env(KVREF_CHILD_PIDS=str(pids)),
     )
     proc.communicate(timeout=600)
     children = [int(p) for p in pids.read_text().split()]
@@ -149,7 +150,7 @@ def test_a_worker_that_dies_every_call_is_not_restarted_forever(tmp_path: Path) 
     proc = _cli(
         ["forgers.attacks:DiesOnEveryCall", *FAST, "--select", "KV-CALL-RAISES"],
         tmp_path,
-        forger_env(KVREF_STARTS=str(starts)),
+        kit_env(KVREF_STARTS=str(starts)),
     )
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 1

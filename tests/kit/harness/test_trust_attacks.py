@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from forged_runs import TESTS, forger_env, kit_command, left_running
-from subprocesses import run_captured
+from forged_runs import left_running
+from subprocesses import TESTS, kit_command, kit_env, run_captured
 
 from conformance import check_builder
 from conformance.ci import certify
@@ -49,7 +49,7 @@ def _attack(
     """
     report = tmp_path / "report.json"
     argv = [builder, *FAST, "--select", select, "--json", str(report), *args]
-    proc = run_captured(kit_command() + argv, cwd=tmp_path, env=forger_env(**env), timeout=600)
+    proc = run_captured(kit_command() + argv, cwd=tmp_path, env=kit_env(**env), timeout=600)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc, _failed_on_the_bug(report)
 
@@ -174,7 +174,7 @@ def test_certify_with_a_forging_models_module(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(certify, "EXAMPLES", 1)
     monkeypatch.setenv("KVREF_FORGE_MARKER", str(marker))
-    monkeypatch.setenv("PYTHONPATH", forger_env()["PYTHONPATH"])  # the files child imports it too
+    monkeypatch.setenv("PYTHONPATH", kit_env()["PYTHONPATH"])  # the files child imports it too
     monkeypatch.syspath_prepend(str(TESTS))
     code = main(
         [

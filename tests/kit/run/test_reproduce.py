@@ -22,7 +22,7 @@ import attrs
 import broken_builders
 import pytest
 import reproduce_lines
-from subprocesses import run_captured
+from subprocesses import kit_env, run_captured
 
 import conformance
 from conformance.report.model import InvariantResult
@@ -45,7 +45,6 @@ def work() -> Iterator[Path]:
         yield Path(name)
 
 
-_env = reproduce_lines.env
 _ROW = reproduce_lines.ROW
 _command = reproduce_lines.command
 
@@ -87,7 +86,7 @@ class _Rerun:
             self.process = subprocess.Popen(
                 _command(self.failure.reproduce),
                 cwd=out.parent,
-                env=_env(),
+                env=kit_env(),
                 stdout=stdout,
                 stderr=stderr,
             )
@@ -178,7 +177,7 @@ def test_reproduce_line_names_a_main_builder_by_path(work: Path) -> None:
         "                      timeout=2.5, shrink=False)\n"
         "    print(next(x.reproduce for x in r.results if x.id == 'KV-GROUP-PARTITION'))\n"
     )
-    env = _env()
+    env = kit_env()
     made = run_captured([sys.executable, str(script)], cwd=work, env=env, timeout=300)
     assert made.returncode == 0, made.stderr[-2000:]
     line = made.stdout.strip().splitlines()[-1]
