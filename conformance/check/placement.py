@@ -22,15 +22,11 @@ from conformance.check.bounds import (
 )
 from conformance.check.catalog import (
     Check,
-    Invariant,
     Unjudged,
     flag,
     invariant,
     invariant_on,
-    judged_in_core,
     judged_on,
-    register,
-    stamped,
 )
 from conformance.check.observations import HostObservation, PlacementObservation
 from conformance.check.purity import changed_input, unstable
@@ -156,23 +152,15 @@ def group_index(groups: Sequence[KVCacheGroupSpec]) -> dict[str, int]:
     return {n: i for i, g in enumerate(groups) for n in g.layer_names}
 
 
-def register_placement(id_: str, title: str, anchor: str, check: Check, *, module: str) -> None:
+def register_placement(id_: str, title: str, anchor: str, check: Check) -> None:
     """Declare a placement invariant Core's flow and the profiling path judge too.
 
-    ``module``: where it is written.  Both flows hand the builder groups it
-    must place safely; the profiling path's placement is as real as Core's.
-    The check's :func:`~conformance.check.catalog.flag` violations are stamped with ``id_``.
+    For checks a factory makes (one per kind), which no decorator can name:
+    :func:`~conformance.check.catalog.invariant` with ``in_core``.  Both flows
+    hand the builder groups it must place safely; the profiling path's
+    placement is as real as Core's.
     """
-    register(
-        Invariant(
-            id=id_,
-            title=title,
-            anchor=anchor,
-            scenarios=("placement", "core", "profiling"),
-            check=judged_in_core(id_, stamped(id_, check)),
-        ),
-        module=module,
-    )
+    invariant(id_, title, anchor=anchor, scenario="placement", in_core=True)(check)
 
 
 def _coverage(kind: str) -> Check:
@@ -239,28 +227,24 @@ register_placement(
     "no device layer is in two device tensors",
     "placement-tensors",
     _coverage("once"),
-    module=__name__,
 )
 register_placement(
     "KV-PLACE-LAYER-MISSING",
     "every device layer is in a device tensor",
     "placement-tensors",
     _coverage("missing"),
-    module=__name__,
 )
 register_placement(
     "KV-PLACE-UNKNOWN-LAYER",
     "device tensors hold only layers of device groups",
     "placement-tensors",
     _coverage("unknown"),
-    module=__name__,
 )
 register_placement(
     "KV-PLACE-TENSOR-ONE-SPEC",
     "a tensor's layers share one group and one per-layer spec",
     "placement-tensors",
     _coverage("one-spec"),
-    module=__name__,
 )
 
 

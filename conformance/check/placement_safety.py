@@ -78,19 +78,16 @@ register_placement(
     "every page lies inside its backing",
     "memory-safety",
     _memory_check("bounds"),
-    module=__name__,
 )
 register_placement(
     "KV-PLACE-NO-BLOCK-ALIAS",
     "pages of different block IDs never overlap",
     "memory-safety",
     _memory_check("blocks"),
-    module=__name__,
 )
 register_placement(
     "KV-PLACE-NO-LAYER-OVERLAP",
     "layers of one group never overlap within a block",
     "memory-safety",
     _memory_check("layers"),
-    module=__name__,
 )

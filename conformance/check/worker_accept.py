@@ -147,7 +147,6 @@ register_placement(
     "vLLM's GPU worker accepts the placement: one backing size for all device tensors",
     "worker-acceptance",
     judged_on(honest_configs, _one_backing),
-    module=__name__,
 )
 
 
