@@ -31,7 +31,7 @@ from conformance.check.catalog import Unjudged
 from conformance.check.catalog import violation as _v
 from conformance.check.footprint import MIN_PAGE_RUNS, tensor_footprints
 from conformance.check.observations import PlacementObservation
-from conformance.check.placement import device_size, honest_configs
+from conformance.check.placement import device_size, first_findings, honest_configs
 from conformance.check.segments import Escape, committed_escapes, worker_segments
 from conformance.check.violations import Violation
 from conformance.check.worker_accept import (
@@ -146,30 +146,35 @@ def _pool_bytes(obs: PlacementObservation) -> list[Violation] | Unjudged | None:
     if planned is None or configs is None:
         return None
     pool, source = planned
-    out: list[Violation] = []
-    for n, c in capacity_first(obs, configs):
-        segments = worker_segments(c, obs.layout)
-        if segments is None or pool == segments.bytes_per_block:
-            continue
-        worker = segments.bytes_per_block
-        effect = (
-            "Core reserves fewer blocks than the memory holds, and the worker never commits more "
-            "than Core reserved"
-            if pool > worker
-            else "Core reserves address space for more blocks than the memory holds"
+    return first_findings(
+        capacity_first(obs, configs), lambda n, c: _pool_finding(obs, pool, source, n, c)
+    )
+
+
+def _pool_finding(
+    obs: PlacementObservation, pool: int, source: str, n: int, c: KVCacheConfig
+) -> list[Violation]:
+    """The finding that the worker cuts ``c`` (at ``n`` blocks) other than ``pool`` plans."""
+    segments = worker_segments(c, obs.layout)
+    if segments is None or pool == segments.bytes_per_block:
+        return []
+    worker = segments.bytes_per_block
+    effect = (
+        "Core reserves fewer blocks than the memory holds, and the worker never commits more "
+        "than Core reserved"
+        if pool > worker
+        else "Core reserves address space for more blocks than the memory holds"
+    )
+    return [
+        _v(
+            "",
+            f"Core plans the capacity with {pool} bytes per block ({source}), but at {n} "
+            f"blocks vLLM {obs.config.vllm_version}'s worker cuts the placement into "
+            f"{segments.count} segments of {worker} bytes per block in all (the sum of "
+            f"their block strides, ExtensibleKVCache.bytes_per_block, {_EXTENSIBLE}) and "
+            f"commits blocks by that: {effect} (finalize_extensible_kv_cache, {_PLANNING})",
         )
-        out.append(
-            _v(
-                "",
-                f"Core plans the capacity with {pool} bytes per block ({source}), but at {n} "
-                f"blocks vLLM {obs.config.vllm_version}'s worker cuts the placement into "
-                f"{segments.count} segments of {worker} bytes per block in all (the sum of "
-                f"their block strides, ExtensibleKVCache.bytes_per_block, {_EXTENSIBLE}) and "
-                f"commits blocks by that: {effect} (finalize_extensible_kv_cache, {_PLANNING})",
-            )
-        )
-        break
-    return out
+    ]
 
 
 register_extensible(
