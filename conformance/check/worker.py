@@ -114,7 +114,7 @@ def allocate_backings(
     """
     target = torch.device(device)
     # The kit's own message first: its findings cite the contract.
-    size = _single_size([t for t in config.kv_cache_tensors if not t.host_resident])
+    size = _single_size(config.device_tensors)
     reuse = size is not None and scratch and not zeroed and target.type == "cpu"
     return _allocate_backings(
         config,
@@ -217,7 +217,7 @@ def allocate_kv_cache(
     """
     target = torch.device(device)
     chosen = resolve_layout(config, layout)
-    _single_size([t for t in config.kv_cache_tensors if not t.host_resident])
+    _single_size(config.device_tensors)
     geometries = worker_tensors(config, chosen)
     _validate(geometries)
     return WorkerAllocation.bind(
