@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 from conformance.check.catalog import Unjudged, invariant
 from conformance.check.catalog import violation as _v
-from conformance.check.grouping import returned_groups
+from conformance.check.grouping import first_groups
 from conformance.check.observations import GroupingObservation
 from conformance.check.violations import Violation
 from conformance.check.worker_model import first_group_of
@@ -108,7 +108,7 @@ def _drafts_together(obs: GroupingObservation) -> list[Violation] | Unjudged | N
         # A drafter of one layer per spec cannot be spread: counting such
         # examples would report a pass no builder could fail.
         return Unjudged("no drafter with two layers of one spec", applicable=False)
-    groups = returned_groups(obs.first)
+    groups = first_groups(obs)
     if groups is None:
         return None
     # A layer in no group, or in two, is KV-GROUP-PARTITION's finding: each
